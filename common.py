@@ -562,7 +562,7 @@ class _SceneSet(torch.utils.data.Dataset):
         return {"image": self.transform(render(s, seed=self.seed + i)), "caption": s["caption"]}
 
 
-TINY_PRETRAIN = dict(n=12000, epochs=4, batch=128, lr=2e-3, wd=0.1, seed=0, version=1)
+TINY_PRETRAIN = dict(n=10000, epochs=5, batch=128, lr=1e-3, wd=0.1, seed=0, version=2)  # version: bump when the world changes
 
 
 def pretrain_tiny(force: bool = False) -> Path:
@@ -575,6 +575,16 @@ def pretrain_tiny(force: bool = False) -> Path:
     if path.exists() and not force:
         return path
     _register_tiny()
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    import fcntl  # one process pretrains; others (parallel tests, ranks) wait for its file
+    with open(CACHE_DIR / f"{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and not force:
+            return path
+        return _pretrain_tiny(path, key)
+
+
+def _pretrain_tiny(path: Path, key: str) -> Path:
     t0 = time.time()
     print(f"[clipft] pretraining the tiny backbone on the synthetic world's short captions -> {path}",
           file=sys.stderr)
@@ -1047,12 +1057,12 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             if rank == 0 and (step % cfg.log_every == 0 or step == total):
                 dt = (time.time() - t_log) / cfg.log_every
                 t_log = time.time()
-                rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss), **last,
+                rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()), **last,
                        "logit_scale": float(logit_scale.exp()) if logit_scale is not None else None,
                        "sec_per_step": dt}
                 metrics_f.write(json.dumps(rec) + "\n")
                 metrics_f.flush()
-                bar.set_postfix(loss=f"{float(loss):.4f}")
+                bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
             if cfg.save_every and step % cfg.save_every == 0 and step < total:
                 save()
             if step >= total or (cfg.stop_at and step >= cfg.stop_at):

@@ -1,0 +1,154 @@
+"""Hand-computed cases for the shared math in common.py."""
+import math
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+
+
+def test_clip_loss_by_hand():
+    img = torch.eye(2)
+    txt = torch.eye(2)
+    # logits = I; each row: -log(e / (e + 1)) = log(1 + e^-1); both directions alike
+    expected = math.log(1 + math.exp(-1))
+    assert common.clip_loss(img, txt, torch.tensor(1.0)).item() == pytest.approx(expected, rel=1e-6)
+    # label smoothing eps over 2 classes: (1 - eps) * nll + eps * mean_c(-log p_c)
+    eps = 0.2
+    p = torch.tensor([math.e, 1.0]) / (math.e + 1)
+    smoothed = (1 - eps) * -math.log(p[0]) + eps * -(torch.log(p).mean().item())
+    assert common.clip_loss(img, txt, torch.tensor(1.0), eps).item() == pytest.approx(smoothed, rel=1e-6)
+
+
+def test_clip_loss_matches_open_clip():
+    g = torch.Generator().manual_seed(0)
+    img = F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    ours = common.clip_loss(img, txt, torch.tensor(20.0))
+    ref = open_clip.ClipLoss()(img, txt, torch.tensor(20.0))
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_encode_text_trimmed_equals_open_clip(tiny_random):
+    model, _, _, tok = tiny_random
+    texts = ["a red circle.", "a photo of a blue square at the top left of the picture.", "x",
+             "There is a large red circle at the top left. " * 5]  # the last one overflows the context
+    tokens = tok(texts)
+    model.eval()
+    with torch.no_grad():
+        ref = model.encode_text(tokens, normalize=True)
+        ours = common.encode_text(model, tokens)
+    assert torch.allclose(ours, ref, atol=1e-5)
+    # and on a batch of only short texts, where most columns are trimmed
+    with torch.no_grad():
+        assert torch.allclose(common.encode_text(model, tokens[:1]), ref[:1], atol=1e-5)
+
+
+def test_encode_texts_keeps_order(tiny_random):
+    model, _, _, tok = tiny_random
+    texts = ["a", "a much longer caption about a green triangle", "b c", "d e f g"]
+    model.eval()
+    with torch.no_grad():
+        ref = model.encode_text(tok(texts), normalize=True)
+    assert torch.allclose(common.encode_texts(model, tok, texts, batch_size=3), ref, atol=1e-5)
+
+
+def test_retrieval_metrics_by_hand():
+    img = torch.eye(3)
+    # texts 0,1 -> image 0; text 2 -> image 1; text 3 -> image 2
+    txt = torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 0]])
+    t2i = torch.tensor([0, 0, 1, 2])
+    r = common.retrieval_metrics(img, txt, t2i, ks=(1, 2))
+    # t2i: text0 -> img0 rank 1 (hit); text1 -> scores (0,0,1): gold img0 is beaten by img2 and tied with
+    # img1 -> 2 better -> miss at 1 and 2; text2 -> img1 hit; text3 = [0,1,0] -> gold img2 scores 0,
+    # img1 scores 1 -> miss at 1, and img0 ties at 0 -> 2 better -> miss at 2.
+    assert r["t2i_R@1"] == pytest.approx(50.0)
+    assert r["t2i_R@2"] == pytest.approx(50.0)
+    # i2t: img0 best gold = text0 (1.0) -> hit; img1 gold text2 (1.0) tied with text3 (1.0) -> tie counts
+    # against -> miss at 1, hit at 2; img2 gold text3 scores 0 < text1 (1.0); ties with text0 and text2 ->
+    # 3 better -> miss.
+    assert r["i2t_R@1"] == pytest.approx(100 / 3)
+    assert r["i2t_R@2"] == pytest.approx(200 / 3)
+
+
+def test_retrieval_ties_never_inflate():
+    img = torch.ones(4, 2) / math.sqrt(2)
+    txt = torch.ones(4, 2) / math.sqrt(2)
+    r = common.retrieval_metrics(img, txt, torch.arange(4), ks=(1, 4))
+    assert r["i2t_R@1"] == 0 and r["t2i_R@1"] == 0
+    assert r["i2t_R@4"] == 100 and r["t2i_R@4"] == 100
+
+
+def test_retrieval_chunked_equals_dense():
+    g = torch.Generator().manual_seed(1)
+    img = F.normalize(torch.randn(50, 8, generator=g), dim=-1)
+    t2i = torch.arange(50).repeat_interleave(3)[torch.randperm(150, generator=g)]
+    txt = F.normalize(img[t2i] + 0.8 * torch.randn(150, 8, generator=g), dim=-1)
+    a = common.retrieval_metrics(img, txt, t2i, chunk=7)
+    b = common.retrieval_metrics(img, txt, t2i, chunk=10_000)
+    assert a == b
+    # against a per-query loop written from the definition
+    sim = img @ txt.t()
+    hits = 0
+    for i in range(50):
+        order = torch.argsort(sim[i], descending=True)
+        hits += int(t2i[order[0]] == i)
+    assert a["i2t_R@1"] == pytest.approx(100 * hits / 50)
+
+
+def test_retrieval_requires_every_image_captioned():
+    with pytest.raises(ValueError, match="no caption"):
+        common.retrieval_metrics(torch.eye(3), torch.eye(3)[:2], torch.tensor([0, 1]))
+
+
+def test_zero_shot_accuracy_by_hand():
+    img = torch.tensor([[1.0, 0], [0, 1], [0.6, 0.8]])
+    clf = torch.eye(2)  # (D, C)
+    acc = common.zero_shot_accuracy(img, clf, torch.tensor([0, 1, 0]), ks=(1, 2))
+    assert acc["top1"] == pytest.approx(200 / 3)
+    assert acc["top2"] == pytest.approx(100.0)
+
+
+def test_zero_shot_classifier_equals_open_clip(tiny_random):
+    model, _, _, tok = tiny_random
+    model.eval()
+    names, templates = ["circle", "red square", "cat"], ["a photo of a {}.", "a {}."]
+    ours = common.zero_shot_classifier(model, tok, names, templates)
+    ref = open_clip.build_zero_shot_classifier(model, tok, names, templates, device="cpu")
+    assert ours.shape == (model.text_projection.shape[1], 3)
+    assert torch.allclose(ours, ref, atol=1e-5)
+
+
+def test_continual_metrics_by_hand():
+    R = np.array([[10, 20, 30],
+                  [50, 22, 31],
+                  [40, 60, 33],
+                  [45, 55, 70.0]])
+    m = common.continual_metrics(R)
+    assert m["last"] == pytest.approx((45 + 55 + 70) / 3)
+    assert m["avg"] == pytest.approx((50 + (40 + 60) / 2 + (45 + 55 + 70) / 3) / 3)
+    assert m["bwt"] == pytest.approx(((45 - 50) + (55 - 60)) / 2)
+    assert m["forgetting"] == pytest.approx(((50 - 45) + (60 - 55)) / 2)
+    with pytest.raises(ValueError):
+        common.continual_metrics(R[1:])
+
+
+def test_warmup_cosine_schedule():
+    f = common.warmup_cosine(10, 110)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0)
+
+
+def test_param_groups_no_decay(tiny_random):
+    model = tiny_random[0]
+    groups = common.param_groups(common.ClipFineTune(model), lr=1e-3, wd=0.1)
+    by_decay = {g["weight_decay"]: set(g["names"]) for g in groups}
+    no = by_decay[0.0]
+    assert "model.logit_scale" in no and "model.token_embedding.weight" in no
+    assert "model.positional_embedding" in no and "model.ln_final.weight" in no
+    assert all(n.endswith("bias") is False for n in by_decay[0.1])
+    assert "model.transformer.resblocks.0.mlp.c_fc.weight" in by_decay[0.1]
+    assert "model.visual.proj" in by_decay[0.1]

@@ -1,0 +1,77 @@
+"""load_model: names, weights, the QuickGELU guard, failing fast without weights, the tiny backbone."""
+import time
+
+import pytest
+import torch
+
+import common
+
+
+def test_openai_and_open_clip_names_resolve():
+    assert common.resolve_backbone("ViT-B/16") == "ViT-B-16"
+    assert common.resolve_backbone("ViT-L/14") == "ViT-L-14"
+    assert common.resolve_backbone("RN50") == "RN50"
+    assert common.resolve_backbone("ViT-B-32") == "ViT-B-32"
+    assert common.resolve_backbone("tiny") == common.TINY_NAME
+    with pytest.raises(ValueError, match="unknown backbone"):
+        common.resolve_backbone("ViT-Q/99")
+
+
+def test_missing_weights_fail_fast_with_instructions(monkeypatch, tmp_path):
+    monkeypatch.setattr(common, "_hub_reachable", lambda timeout=3.0: False)
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match=r"cannot get the ViT-B-16 weights 'openai'.*--pretrained /path/to/file.pt"):
+        common.load_model("ViT-B/16", cache_dir=str(tmp_path))
+    assert time.time() - t0 < 10
+
+
+def test_unknown_tag_or_path_is_an_error():
+    with pytest.raises(ValueError, match="neither a file nor an open_clip tag"):
+        common.load_model("ViT-B/32", "no-such-tag-or-file")
+
+
+def test_quick_gelu_guard(monkeypatch, tmp_path):
+    # OpenAI's weights were trained with QuickGELU: asking for plain GELU with them is refused
+    with pytest.raises(ValueError, match="quick_gelu=True"):
+        common.load_model("ViT-B/32", "openai", quick_gelu=False)
+    # a raw local file under an OpenAI spelling gets QuickGELU; the sidecar decides for our own files
+    seen = {}
+    real = common.open_clip.create_model_and_transforms
+
+    def spy(name, pretrained=None, force_quick_gelu=False, **kw):
+        seen["qg"] = force_quick_gelu
+        raise RuntimeError("stop before building a large model")
+
+    monkeypatch.setattr(common.open_clip, "create_model_and_transforms", spy)
+    f = tmp_path / "ViT-B-32.pt"
+    f.write_bytes(b"")
+    with pytest.raises(RuntimeError, match="stop"):
+        common.load_model("ViT-B/32", str(f))
+    assert seen["qg"] is True
+    (tmp_path / "ViT-B-32.pt.json").write_text('{"model": "ViT-B-32", "quick_gelu": false}')
+    with pytest.raises(RuntimeError, match="stop"):
+        common.load_model("ViT-B/32", str(f))
+    assert seen["qg"] is False
+    monkeypatch.setattr(common.open_clip, "create_model_and_transforms", real)
+
+
+def test_sidecar_of_another_model_is_refused(tmp_path):
+    f = tmp_path / "m.pt"
+    f.write_bytes(b"")
+    (tmp_path / "m.pt.json").write_text('{"model": "ViT-B-16"}')
+    with pytest.raises(ValueError, match="holds a ViT-B-16 model"):
+        common.load_model("ViT-B/32", str(f))
+
+
+def test_tiny_pretrained_is_better_than_chance(tmp_path):
+    """The world-pretrained tiny backbone knows colours and shapes from short captions."""
+    model, _, pre, tok = common.load_model("tiny")
+    model.eval()
+    ds = common.ManifestDataset(common.synthetic_manifest("test", tmp_path, n=150), pre, extra=("shape", "color"))
+    img, txt = common.extract_features(model, ds, tok)
+    for name, (classes, templates, col) in common.synthetic_label_sets().items():
+        clf = common.zero_shot_classifier(model, tok, classes, templates)
+        acc = common.zero_shot_accuracy(img, clf, torch.tensor([r[col] for r in ds.rows]))["top1"]
+        assert acc > 1.5 * 100 / len(classes), (name, acc)
+    r = common.retrieval_metrics(img, txt, torch.arange(len(txt)))
+    assert r["t2i_R@1"] > 3 * 100 / len(txt)

@@ -1,0 +1,164 @@
+"""The shared training loop: AMP, non-finite guard, checkpoints, resume, DDP."""
+import json
+import os
+import socket
+
+import open_clip
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import common
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(epochs=1, steps=6, batch_size=8, lr=1e-3, wd=0.1, warmup=2, workers=0, precision="fp32",
+                out=str(tmp_path / "run"), save_every=0, log_every=1, device="cpu", seed=0)
+    base.update(kw)
+    return common.Config(**base)
+
+
+def _data(tmp_path, pre, n=32):
+    return common.ManifestDataset(common.synthetic_manifest("test", tmp_path / "data", n=n), pre)
+
+
+def _fresh_tiny(seed=0):
+    torch.manual_seed(seed)
+    return common.load_model("tiny", "random")
+
+
+def test_train_writes_logs_and_checkpoint(tmp_path):
+    model, pre, _, tok = _fresh_tiny()
+    summary = common.train(_cfg(tmp_path), common.ClipFineTune(model), _data(tmp_path, pre), common.Collate(tok))
+    out = tmp_path / "run"
+    assert summary["steps"] == 6
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == list(range(1, 7)) and "loss_clip" in lines[0]
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 8
+    assert (out / "checkpoints" / "last.pt").exists() and (out / "model.pt").exists()
+    assert model.logit_scale.item() <= common.LOGIT_SCALE_MAX + 1e-6
+
+
+def test_logit_scale_is_clamped(tmp_path):
+    model, pre, _, tok = _fresh_tiny()
+    with torch.no_grad():
+        model.logit_scale.fill_(common.LOGIT_SCALE_MAX + 1.0)
+    common.train(_cfg(tmp_path, steps=1, lr=1e-6), common.ClipFineTune(model), _data(tmp_path, pre),
+                 common.Collate(tok), export=False)
+    assert model.logit_scale.item() == pytest.approx(common.LOGIT_SCALE_MAX)
+
+
+def test_bf16_autocast_step_on_cpu(tmp_path):
+    model, pre, _, tok = _fresh_tiny()
+    before = model.visual.conv1.weight.detach().clone()
+    s = common.train(_cfg(tmp_path, steps=2, precision="bf16"), common.ClipFineTune(model),
+                     _data(tmp_path, pre), common.Collate(tok), export=False)
+    assert s["precision"] == "bf16" and torch.isfinite(torch.tensor(s["final_losses"]["loss_clip"]))
+    assert not torch.equal(before, model.visual.conv1.weight)
+
+
+def test_fp16_refused_on_cpu():
+    with pytest.raises(ValueError, match="needs CUDA"):
+        common.resolve_precision("fp16", "cpu")
+
+
+class _Exploding(common.ClipFineTune):
+    def forward(self, batch, ctx=None):
+        out = super().forward(batch, ctx)
+        if ctx.step >= 3:
+            out["loss_bad"] = torch.tensor(float("nan"))
+        return out
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    model, pre, _, tok = _fresh_tiny()
+    cfg = _cfg(tmp_path, save_every=2)
+    with pytest.raises(FloatingPointError, match=r"step 3: .*loss_bad"):
+        common.train(cfg, _Exploding(model), _data(tmp_path, pre), common.Collate(tok))
+    ck = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["step"] == 2
+    assert all(torch.isfinite(v).all() for v in ck["net"].values() if v.is_floating_point())
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    """Stop at step 3 of 7 (across an epoch boundary: 4 steps per epoch), resume, compare."""
+    model_a, pre, _, tok = _fresh_tiny()
+    data = _data(tmp_path, pre)
+    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "a")), common.ClipFineTune(model_a), data,
+                 common.Collate(tok), export=False)
+    model_b = _fresh_tiny()[0]
+    cfg_b = _cfg(tmp_path, steps=7, out=str(tmp_path / "b"), stop_at=3)
+    assert common.train(cfg_b, common.ClipFineTune(model_b), data, common.Collate(tok))["stopped_at"] == 3
+    torch.manual_seed(123)  # the resumed process starts from another RNG state
+    model_c = _fresh_tiny(seed=99)[0]
+    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "b"), resume="latest"), common.ClipFineTune(model_c),
+                 data, common.Collate(tok), export=False)
+    for (k, a), (_, c) in zip(model_a.state_dict().items(), model_c.state_dict().items()):
+        assert torch.allclose(a, c, atol=1e-6), k
+
+
+def test_resume_without_checkpoint_fails(tmp_path):
+    model, pre, _, tok = _fresh_tiny()
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        common.train(_cfg(tmp_path, resume="latest"), common.ClipFineTune(model), _data(tmp_path, pre),
+                     common.Collate(tok))
+
+
+def test_checkpoint_round_trip_through_open_clip(tmp_path):
+    model, _, pre, tok = _fresh_tiny()
+    model.eval()
+    path = common.save_model(model, tmp_path / "m.pt", "tiny", source="random")
+    meta = json.loads((tmp_path / "m.pt.json").read_text())
+    assert meta["model"] == common.TINY_NAME and meta["context_length"] == 24 and meta["quick_gelu"] is False
+    sd = torch.load(path, weights_only=True)
+    assert not any(k.startswith("module.") for k in sd)
+    other, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path))
+    other.eval()
+    x = torch.randn(2, 3, 48, 48)
+    t = tok(["a red circle.", "a photo of a blue square."])
+    with torch.no_grad():
+        assert torch.allclose(model.encode_image(x), other.encode_image(x), atol=1e-6)
+        assert torch.allclose(model.encode_text(t), other.encode_text(t), atol=1e-6)
+    again = common.load_model("tiny", str(path))[0].eval()
+    with torch.no_grad():
+        assert torch.allclose(model.encode_text(t), again.encode_text(t), atol=1e-6)
+
+
+def _ddp_worker(rank, world, port, tmp, batch):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = common.load_model("tiny", "random")[0]
+    net = common.ClipFineTune(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    half = len(batch["image"]) // world
+    local = {k: v[rank * half:(rank + 1) * half] for k, v in batch.items()}
+    loss = ddp(local)["loss_clip"]
+    loss.backward()
+    if rank == 0:
+        torch.save({"loss": loss.detach(), "grads": {n: p.grad for n, p in net.named_parameters()}},
+                   os.path.join(tmp, "ddp.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_two_processes_match_one(tmp_path):
+    torch.manual_seed(0)
+    model = common.load_model("tiny", "random")[0]
+    tok = open_clip.get_tokenizer(common.TINY_NAME)
+    g = torch.Generator().manual_seed(1)
+    batch = {"image": torch.randn(8, 3, 48, 48, generator=g),
+             "text": tok([f"a photo of a {c} {s}." for c, s in zip(common.COLORS, common.SHAPES * 2)][:6]
+                         + ["a red cross.", "a dark picture of a blue diamond."])}
+    net = common.ClipFineTune(model)
+    loss = net(batch)["loss_clip"]
+    loss.backward()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path), batch), nprocs=2, join=True)
+    res = torch.load(tmp_path / "ddp.pt", weights_only=False)
+    assert res["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
+    for n, p in net.named_parameters():
+        assert torch.allclose(res["grads"][n], p.grad, atol=1e-6, rtol=1e-4), n
