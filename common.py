@@ -223,31 +223,41 @@ def zero_shot_accuracy(img, classifier, labels, ks=(1, 5)):
 
 
 @torch.no_grad()
-def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), chunk: int = 1024):
+def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), max_chunk_scores: int = 2 ** 24):
     """Recall@k in percent for both directions.
 
     img (N, D), txt (M, D) normalised; text_to_image (M,) = index of text j's
     image (several captions per image allowed). Image-to-text: a hit when any
     of the image's captions ranks in the top k; text-to-image: when the text's
     image does. A candidate scoring equal to the best gold counts as ranked
-    above it, so ties never inflate recall. Rows are processed in chunks, so
-    5k x 25k never needs more than chunk x 25k float32 scores at once."""
+    above it, so ties never inflate recall. Rows are processed in chunks of
+    at most max_chunk_scores scores (64 MiB of float32), so 5k x 25k never
+    needs the dense matrix."""
     img, txt = img.float(), txt.float()
     t2i = torch.as_tensor(text_to_image, device=txt.device).long()
-    n_img = len(img)
+    n_img, n_txt = len(img), len(txt)
     if torch.bincount(t2i, minlength=n_img).min() == 0:
         raise ValueError("retrieval_metrics: some images have no caption")
-    hits_t2i = torch.empty(len(txt), dtype=torch.long)
-    for s in range(0, len(txt), chunk):
+    hits_t2i = torch.empty(n_txt, dtype=torch.long)
+    chunk = max(1, max_chunk_scores // n_img)
+    for s in range(0, n_txt, chunk):
         sim = txt[s:s + chunk] @ img.t()  # (c, N)
-        gold = sim.gather(1, t2i[s:s + chunk, None].to(sim.device))
-        hits_t2i[s:s + chunk] = ((sim >= gold).sum(1) - 1).cpu()
+        gold = sim.gather(1, t2i[s:s + chunk, None].to(sim.device))  # (c, 1)
+        hits_t2i[s:s + chunk] = ((sim >= gold).sum(1) - 1).cpu()  # candidates at least as good, minus itself
     hits_i2t = torch.empty(n_img, dtype=torch.long)
+    order = torch.argsort(t2i, stable=True)  # texts grouped by image
+    starts = torch.searchsorted(t2i[order], torch.arange(n_img + 1, device=t2i.device))
+    chunk = max(1, max_chunk_scores // n_txt)
     for s in range(0, n_img, chunk):
-        sim = img[s:s + chunk] @ txt.t()  # (c, M)
-        is_gold = t2i[None, :].to(sim.device) == torch.arange(s, s + len(sim), device=sim.device)[:, None]
-        best = sim.masked_fill(~is_gold, -float("inf")).max(1, keepdim=True).values
-        hits_i2t[s:s + chunk] = ((sim >= best) & ~is_gold).sum(1).cpu()
+        e = min(n_img, s + chunk)
+        sim = img[s:e] @ txt.t()  # (c, M)
+        gold_txt = order[starts[s]:starts[e]]  # the chunk's gold texts
+        gold_row = t2i[gold_txt] - s
+        gold_val = sim[gold_row, gold_txt]
+        best = torch.full((e - s,), -float("inf"), device=sim.device).scatter_reduce(0, gold_row, gold_val, "amax")
+        n_gold_at_best = torch.zeros(e - s, dtype=torch.long, device=sim.device).index_add_(
+            0, gold_row, (gold_val >= best[gold_row]).long())
+        hits_i2t[s:e] = ((sim >= best[:, None]).sum(1) - n_gold_at_best).cpu()  # non-gold texts >= best gold
     out = {}
     for k in ks:
         out[f"i2t_R@{k}"] = 100.0 * (hits_i2t < k).float().mean().item()
@@ -329,7 +339,6 @@ def _weights_cached(name, tag, cache_dir) -> bool:
     hub = cfg.get("hf_hub", "")
     if hub:
         from huggingface_hub import try_to_load_from_cache
-        repo, _, sub = hub.rstrip("/").partition("/")[0], None, None
         repo_id = "/".join(hub.strip("/").split("/")[:2])
         for fname in ("open_clip_pytorch_model.bin", "open_clip_model.safetensors"):
             hit = try_to_load_from_cache(repo_id, fname, cache_dir=cache_dir or None)

