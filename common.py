@@ -1150,7 +1150,8 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
     R[i][j] = score on task j after learning tasks 1..i (row 0: before any
     training), plus per-row scalars such as zero-shot accuracy.
 
-    learn_task(i, task, task_out, resume) trains task i in place;
+    learn_task(i, task, task_out, resume) trains task i in place and returns
+    common.train's summary (one with 'stopped_at' ends the sequence early);
     evaluate() -> {"per_task": {metric: [score per task]}, "scalars": {name: value}};
     save_state(path) / load_state(path) store / restore the method's state at
     a task boundary. Everything is written after each task, so a crash loses
@@ -1185,6 +1186,9 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         task_out = out / f"task{i + 1}-{task.name}"
         summary = learn_task(i, task, task_out, resume and latest_checkpoint(task_out) is not None) or {}
         seconds = time.time() - t0
+        if "stopped_at" in summary:  # --stop-at inside this task: nothing recorded, --resume latest goes on
+            log(f"task {i + 1} ({task.name}) stopped at step {summary['stopped_at']}; continue with --resume latest")
+            return {"stopped_at": summary["stopped_at"], "task": i + 1}
         save_state(boundary)
         record(evaluate(), seconds, summary.get("steps", 0))
         log(f"task {i + 1}/{len(tasks)} ({task.name}) learned in {seconds:.0f}s")
