@@ -1,0 +1,525 @@
+"""C-CLIP: Multimodal Continual Learning for Vision-Language Model.
+
+Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025.
+https://proceedings.iclr.cc/paper_files/paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
+(We worked from a Korean summary of the paper, ../shared/papers/cclip.ko.md; it
+carries no equation numbers, so the comments cite sections.)
+
+What this file implements
+  Sec. 4.1  LoRA integration: at task t the backbone {theta, phi} of BOTH
+            encoders is frozen, new rank-r adapters train, and at the end of
+            the task they are folded in:
+              theta_t = theta_{t-1} + alpha * DeltaW_t,   alpha = 0.5.
+  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the
+            NEW model's embeddings, the frozen OLD model (end of task t-1;
+            pretrained CLIP for t = 1) gives the targets. With the image and
+            text rows stacked along the batch (2N rows),
+              p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
+              L_CKC = 1/2 [ CE(s p z^T, I_2N) + CE(s z p^T, I_2N) ]
+            and the task loss is L = L_CLIP + L_CKC.
+  Sec. 3    The VLCL protocol: after every task, R@1 in both directions on
+            every task's test set, zero-shot retrieval on an unseen set and
+            zero-shot classification; the matrices R[i][j] (row 0 = before
+            training), BWT, forgetting and PD = acc(pretrained) - acc(final)
+            (common.run_continual / continual_metrics, shared with dns.py).
+  Sec. 5.2.1 Ablations by --method: full (sequential full fine-tuning),
+            lora (LoRA integration only), ckc (full fine-tuning + CKC),
+            cclip (LoRA + CKC).
+
+Code name -> paper symbol
+  model.visual / text tower      f_theta / g_phi (the new model)
+  teacher                        f_{theta^{t-1}}, g_{phi^{t-1}} (frozen old model)
+  LoRA.A (r, in), LoRA.B (out, r) A, B;  DeltaW = (lora_alpha / r) * B @ A
+  merge_alpha                    alpha (integration coefficient, Sec. 4.1)
+  projector                      h_psi (Sec. 4.2)
+  p_img, p_txt                   h_psi(f_theta(v)), h_psi(g_phi(c))
+  z_img, z_txt                   f_{theta^{t-1}}(v), g_{phi^{t-1}}(c)
+  logit_scale                    s = 1 / tau
+  R[i][j] (continual.json)       R@1 on task j after tasks 1..i
+
+Deviations (numbered; paper = the summary + METHODS.md sec. 3)
+  1. alpha = 0.5 merge, as the paper says. The authors' research code merges
+     LoRA at full strength and then interpolates whole checkpoints (1:1 after
+     task 2, 2:1 old:new later); we follow the paper.
+  2. LoRA really acts on the attention: adapters are weight parametrizations
+     (torch.nn.utils.parametrize) of attn.in_proj_weight, attn.out_proj.weight,
+     mlp.c_fc.weight and mlp.c_proj.weight in both towers. The authors' code
+     wraps attn.out_proj as a module, which nn.MultiheadAttention never calls
+     (it reads out_proj.weight directly), so its attention adapters did
+     nothing, and it has no adapter on in_proj_weight. The fused q/k/v matrix
+     gets ONE rank-r adapter.
+  3. LoRA dropout acts on the adapter's input features through A's columns
+     (one mask per step, shared by every token), because a weight
+     parametrization never sees the activations; standard LoRA drops the
+     activations per token. Default 0 (the authors' code: 0.1).
+  4. Only adapters and the projector train by default (the paper, Sec. 4.1).
+     The authors' code also trains embeddings, norms and projections at full
+     strength; --train-rest does that (those changes are not scaled by alpha).
+  5. The projector sees the unnormalised embeddings and is applied to the
+     image rows and the text rows in two calls (BatchNorm statistics per
+     modality), as the notation h(f(v)), h(g(c)) reads; the CKC temperature is
+     the model's current logit_scale (authors' code).
+  6. Features are gathered over ranks before both contrastive losses (one
+     process on the global batch); the authors' code does not gather (each of
+     8 GPUs sees its own 128 of the 1024).
+  7. Warm-up: 12% of the steps (5 of 40 epochs = 12.5%; common's warm-up is an
+     integer percentage). Weight decay 0.2 (paper; code 0.1).
+  8. Parameters outside the two towers (projector, logit_scale) use --lr
+     (1e-5, Sec. 5); the towers use the per-encoder rates (Sec. 5.2.3).
+  9. Zero-shot PD: of the paper's six sets (ImageNet, CIFAR-100, Flowers, DTD,
+     Food101, StanfordCars) eval.py loads ImageNet and CIFAR-100 by name; the
+     others enter as --zero-shot ...,imagefolder:<path> (class names = folder
+     names, OpenAI's 80 ImageNet templates, not the sets' own templates).
+
+Commands
+  one GPU (the paper's 8 tasks; manifests the user provides under
+  data/vlcl/<name>/{train,test}.jsonl, unseen set data/vlcl/havg/test.jsonl):
+    python cclip.py --tasks vlcl --out runs/cclip
+  a custom sequence:
+    python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4
+  torchrun (global batch split across ranks, features gathered):
+    torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip
+  resume after an interruption (at a task boundary or mid-task):
+    python cclip.py --tasks vlcl --out runs/cclip --resume latest
+  demo (4 synthetic domains + an unseen one, tiny backbone, CPU, all four
+  methods; demo-only settings in DEMO):
+    python cclip.py --demo
+"""
+# =============================================================================
+# Imports
+# =============================================================================
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+import common
+import eval as evaluation
+
+# =============================================================================
+# Config
+# =============================================================================
+PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
+# (image lr, text lr) per task, the authors' settings (Sec. 5, 5.2.3; METHODS.md sec. 3)
+PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
+                  **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
+PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six that eval.py loads by name
+DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.c_proj.weight"
+METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
+
+
+@dataclasses.dataclass(frozen=True)
+class CClipConfig(common.Config):
+    backbone: str = common.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
+    method: str = common.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
+    tasks: str = common.arg("synthetic", "'synthetic' (4 domains, short captions), 'synthetic-long' (the same, "
+                                         "long captions), 'vlcl' (the paper's 8 tasks from data/vlcl/<name>/"
+                                         "{train,test}.jsonl) or name=train[:test],... in order")
+    unseen: str = common.arg("auto", "unseen retrieval set: eval task name or manifest; 'auto': "
+                                     "synthetic-unseen / data/vlcl/havg/test.jsonl; '' = none")
+    zero_shot: str = common.arg("auto", "zero-shot classification sets (eval.py names), comma-separated; "
+                                        "'auto': synthetic-shape,color / imagenet,cifar100 (deviation 9); '' = none")
+    # LoRA integration (Sec. 4.1)
+    lora_rank: int = common.arg(16, "LoRA rank r (Sec. 5)")
+    lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (authors' code)")
+    lora_dropout: float = common.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
+    lora_targets: str = common.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
+    merge_alpha: float = common.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
+    train_rest: bool = common.arg(False, "also train non-adapted weights, as the authors' code (deviation 4)")
+    # CKC (Sec. 4.2)
+    proj_hidden: int = common.arg(2048, "projector hidden width (authors' code)")
+    ckc_weight: float = common.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
+    # optimisation (Sec. 5)
+    epochs: int = common.arg(40, "epochs per task (Sec. 5)")
+    batch_size: int = common.arg(1024, "global batch (Sec. 5)")
+    lr: float = common.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
+    lr_image: float = common.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
+    lr_text: float = common.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
+    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for tasks named after the "
+                                         "paper's datasets (Sec. 5.2.3); 'none'", choices=("paper", "none"))
+    wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; authors' code 0.1)")
+    beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
+    warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
+    out: str = common.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
+    resume: str = common.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
+    # ours
+    eval_n: int = common.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n scenes (0: all)")
+    threads: int = common.arg(0, "ours: CPU threads for torch (0: common.set_threads' choice)")
+    stop_after_tasks: int = common.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
+    demo: bool = common.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
+
+
+# Demo-only settings (ours, not the paper's): tiny backbone, the 4 synthetic
+# domains with their long captions (the tiny backbone was pretrained on short
+# ones only, so there is something to learn; short captions repeat and make
+# R@1 ties), 30 steps per task, learning rates that move a tiny model in 30
+# steps (text 5x image, the paper's direction), small eval sets.
+DEMO = dict(backbone="tiny", tasks="synthetic-long", eval_n=100, epochs=1, steps=30, batch_size=32, lr=1e-3,
+            lr_image=2e-4, lr_text=1e-3, warmup=-10, wd=0.1, proj_hidden=512, workers=0, device="cpu", precision="fp32",
+            save_every=0, log_every=10, threads=1, out="runs/cclip-demo")
+# LoRA variants (lora, cclip) in the demo: 5x the full fine-tuning rates, as
+# LoRA usually needs (B starts at 0, and only alpha = 0.5 of DeltaW is kept);
+# we tried (1e-3, 5e-3) and (2e-3, 1e-2) and kept the first.
+DEMO_LORA = dict(lr_image=1e-3, lr_text=5e-3)
+# threads=1: on a shared 2-core machine two torch threads stall each other (we
+# measured 10x slower steps under load); one thread is predictable.
+
+
+# =============================================================================
+# Losses
+# =============================================================================
+def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale):
+    """Contrastive knowledge consolidation, Sec. 4.2.
+
+    p_img, p_txt: (N, D) projected new-model embeddings h(f(v)), h(g(c));
+    z_img, z_txt: (N, D) old-model embeddings f_old(v), g_old(c) (targets);
+    logit_scale: s = 1 / tau. None of them need be normalised.
+        p = normalise([p_img; p_txt]), z = normalise([z_img; z_txt])   (2N, D)
+        L_CKC = 1/2 [ CE(s p z^T, I) + CE(s z p^T, I) ]
+    Row i's positive is the old embedding of the same image (text); the
+    other 2N - 1 old embeddings, of both modalities, are its negatives."""
+    p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D)
+    z = F.normalize(torch.cat([z_img, z_txt]).float(), dim=-1)  # (2N, D)
+    # Sec. 4.2 (L_CKC): 1/2 [CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))] = CLIP's loss on (p, z)
+    return common.clip_loss(p, z, logit_scale)
+
+
+# =============================================================================
+# Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step
+# =============================================================================
+class LoRA(nn.Module):
+    """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
+
+    Because it replaces the weight tensor itself, it acts wherever the weight
+    is read, including nn.MultiheadAttention's in_proj_weight and
+    out_proj.weight. B starts at zero, so a fresh adapter changes nothing."""
+
+    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        self.A = nn.Parameter(torch.empty(rank, in_features))  # (r, in)
+        self.B = nn.Parameter(torch.zeros(out_features, rank))  # (out, r)
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # LoRA's init of A (as nn.Linear)
+        self.scale = alpha / rank
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def delta(self):
+        """DeltaW = (alpha / r) B A, (out, in), without dropout."""
+        return self.scale * (self.B @ self.A)
+
+    def forward(self, weight):
+        if isinstance(self.dropout, nn.Identity) or not self.training:
+            return weight + self.delta().to(weight.dtype)
+        mask = self.dropout(torch.ones(self.A.shape[1], device=self.A.device, dtype=self.A.dtype))  # (in,)
+        return weight + (self.scale * (self.B @ (self.A * mask))).to(weight.dtype)  # deviation 3
+
+
+def _targets(model, targets):
+    """(module, tensor name, full name) of every 2-D weight whose name ends in a target suffix."""
+    found = []
+    for mod_name, mod in model.named_modules():
+        for p_name, p in list(mod.named_parameters(recurse=False)):
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if p.ndim == 2 and any(full.endswith(t) for t in targets):
+                found.append((mod, p_name, full))
+    return found
+
+
+def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
+             targets=tuple(DEFAULT_TARGETS.split(","))):
+    """Freezes every weight of `model` and adds zero-initialised LoRA
+    adapters (Sec. 4.1) to each 2-D parameter whose name ends in one of
+    `targets` (default: attention in/out and MLP weights of both towers).
+    The outputs are unchanged until the adapters train. Returns the list of
+    adapted parameter names."""
+    model.requires_grad_(False)
+    found = _targets(model, tuple(targets))
+    if not found:
+        raise ValueError(f"add_lora: no plain parameter ends in any of {targets} (already adapted? merge first)")
+    for mod, p_name, _ in found:
+        w = getattr(mod, p_name)
+        lora = LoRA(w.shape[0], w.shape[1], rank, alpha, dropout).to(w.device)
+        parametrize.register_parametrization(mod, p_name, lora)
+    return [full for _, _, full in found]
+
+
+@torch.no_grad()
+def merge_lora(model, coef: float = 0.5):
+    """Folds every adapter into its weight, theta <- theta + coef * DeltaW
+    (Sec. 4.1, coef = alpha), and removes the parametrizations: the model is
+    a plain open_clip model again, its state_dict has the original keys, and
+    every weight is trainable."""
+    for mod in list(model.modules()):
+        if not parametrize.is_parametrized(mod):
+            continue
+        for p_name in list(mod.parametrizations.keys()):
+            plist = getattr(mod.parametrizations, p_name)
+            loras = [m for m in plist if isinstance(m, LoRA)]
+            if len(loras) != len(plist):
+                raise ValueError(f"merge_lora: {p_name} carries a parametrization that is not LoRA")
+            theta = plist.original
+            merged = theta + coef * sum(lora.delta() for lora in loras)  # Sec. 4.1: theta + alpha * DeltaW
+            parametrize.remove_parametrizations(mod, p_name, leave_parametrized=False)
+            getattr(mod, p_name).copy_(merged)
+    model.requires_grad_(True)
+    return model
+
+
+def projector(dim: int, hidden: int = 2048):
+    """h_psi (Sec. 4.2; authors' code): Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
+    return nn.Sequential(nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
+                         nn.Linear(hidden, dim))
+
+
+class CClip(nn.Module):
+    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC
+    when a projector and the old model are given. forward(batch, ctx)
+    returns the named, already-weighted loss terms."""
+
+    no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
+
+    def __init__(self, model, teacher=None, projector=None, ckc_weight: float = 1.0,
+                 label_smoothing: float = 0.0):
+        super().__init__()
+        self.model, self.teacher, self.projector = model, teacher, projector
+        self.ckc_weight, self.label_smoothing = ckc_weight, label_smoothing
+        if teacher is not None:
+            teacher.requires_grad_(False).eval()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.teacher is not None:
+            self.teacher.eval()  # the old model is a fixed function
+        return self
+
+    def forward(self, batch, ctx=None):
+        img_raw = self.model.encode_image(batch["image"])  # (B, D) f_theta(v), unnormalised
+        txt_raw = common.encode_text(self.model, batch["text"], normalize=False)  # (B, D) g_phi(c)
+        img, txt = common.gather(F.normalize(img_raw, dim=-1), F.normalize(txt_raw, dim=-1))
+        scale = self.model.logit_scale.exp()
+        losses = {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
+        if self.projector is not None:
+            with torch.no_grad():
+                z_img = self.teacher.encode_image(batch["image"])  # (B, D) f_{theta^{t-1}}(v)
+                z_txt = common.encode_text(self.teacher, batch["text"], normalize=False)  # (B, D)
+            p_img, p_txt = self.projector(img_raw), self.projector(txt_raw)  # (B, D) each, deviation 5
+            p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, z_img, z_txt)
+            # Sec. 4.2: L = L_CLIP + L_CKC
+            losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale)
+        return losses
+
+
+# =============================================================================
+# Training: one task, evaluation after each task, the sequence
+# =============================================================================
+class Interrupted(Exception):
+    """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
+
+
+def long_caption_manifest(path) -> Path:
+    """A copy of a synthetic manifest whose 'caption' is the row's long
+    caption (written once, next to the original, so image paths still hold)."""
+    path = Path(path)
+    target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
+    if not target.exists():
+        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
+                for r in common.read_manifest(path)]
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(target)
+    return target
+
+
+def resolve_tasks(cfg) -> list[common.Task]:
+    if cfg.tasks == "synthetic-long":  # ours: the 4 domain tasks, trained and tested on their long captions
+        return [common.Task(t.name, str(long_caption_manifest(t.train)), str(long_caption_manifest(t.test)))
+                for t in common.parse_tasks("synthetic", cfg.data_root)]
+    if cfg.tasks == "vlcl":
+        root = Path(cfg.data_root) / "vlcl"
+        spec = ",".join(f"{n}={root / n / 'train.jsonl'}:{root / n / 'test.jsonl'}" for n in PAPER_TASKS)
+        return common.parse_tasks(spec, cfg.data_root)
+    return common.parse_tasks(cfg.tasks, cfg.data_root)
+
+
+def resolve_eval_sets(cfg):
+    """(unseen retrieval set or None, zero-shot classification sets)."""
+    unseen = cfg.unseen
+    if unseen == "auto":
+        unseen = {"synthetic": "synthetic-unseen", "synthetic-long": "synthetic-unseen-long",
+                  "vlcl": str(Path(cfg.data_root) / "vlcl" / "havg" / "test.jsonl")}.get(cfg.tasks, "")
+    if cfg.zero_shot != "auto":
+        zero_shot = [z for z in cfg.zero_shot.split(",") if z]
+    elif cfg.tasks == "vlcl":  # deviation 9
+        zero_shot = list(PAPER_ZERO_SHOT)
+    elif cfg.tasks.startswith("synthetic"):
+        zero_shot = [z for z in evaluation.CLASSIFICATION_TASKS if z.startswith("synthetic-")]
+    else:
+        zero_shot = []
+    return unseen or None, zero_shot
+
+
+def task_lrs(cfg, task_name: str):
+    """(image lr, text lr) of a task: the paper's preset for its datasets
+    (Sec. 5.2.3), else --lr-image / --lr-text (0 means --lr)."""
+    if cfg.lr_preset == "paper" and task_name.lower() in PAPER_TASK_LRS:
+        return PAPER_TASK_LRS[task_name.lower()]
+    return cfg.lr_image or cfg.lr, cfg.lr_text or cfg.lr
+
+
+def make_lr_of(cfg, lr_image, lr_text):
+    """Per-encoder learning rates (Sec. 5.2.3): image tower, text tower, rest."""
+    def lr_of(name):
+        if name.startswith("model.visual."):
+            return lr_image
+        if name.startswith("projector.") or name in ("model.logit_scale", "model.logit_bias"):
+            return cfg.lr
+        return lr_text  # token/positional embedding, text transformer, ln_final, text_projection
+    return lr_of
+
+
+def evaluate_all(model, preprocess, tokenizer, tasks, unseen, zero_shot, cfg, device):
+    """One row of the continual matrices (Sec. 3.3): R@1 both ways on every
+    task's test set, plus 'R@1' = their mean (per-task), and the unseen-set
+    retrieval and zero-shot accuracies (scalars '<set>/<metric>')."""
+    names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
+    records = evaluation.evaluate(model, preprocess, tokenizer, [*names, *extra], cfg.data_root, device=device,
+                                  synthetic_n=cfg.eval_n or None)
+    row = evaluation.continual_row(records, names, zero_shot=extra)
+    i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
+    row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
+    return row
+
+
+def run(cfg: CClipConfig) -> dict:
+    """The continual sequence for one method; returns the summary."""
+    common.set_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = common.init_distributed(cfg.device)
+    rank = common.dist_info()[0]
+    tasks = resolve_tasks(cfg)
+    unseen, zero_shot = resolve_eval_sets(cfg)
+    if cfg.tasks == "vlcl" and cfg.zero_shot == "auto":
+        print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
+              "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
+    torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
+    model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, device=device,
+                                                            cache_dir=cfg.cache_dir)
+    use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
+    out = Path(cfg.out)
+
+    def learn_task(i, task, task_out, resume):
+        if cfg.stop_after_tasks and i >= cfg.stop_after_tasks:
+            raise Interrupted(f"stopped before task {i + 1} (--stop-after-tasks)")
+        torch.manual_seed(cfg.seed + i)  # fresh adapters / projector, the same on resume
+        teacher = copy.deepcopy(model) if use_ckc else None  # the model as it was at the end of task i-1
+        if use_lora:
+            add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","))
+            if cfg.train_rest:  # deviation 4: everything but the adapted (frozen) originals trains
+                for name, p in model.named_parameters():
+                    p.requires_grad_(not name.endswith(".original"))
+        head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
+        net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing)
+        lr_image, lr_text = task_lrs(cfg, task.name)
+        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
+                                       train_data=task.train)
+        dataset = common.ManifestDataset(task.train, train_tf, skip_bad=cfg.skip_bad)
+        summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
+                               lr_of=make_lr_of(cfg, lr_image, lr_text), export=False)
+        if "stopped_at" in summary:
+            raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} (--stop-at)")
+        if use_lora:
+            merge_lora(model, cfg.merge_alpha)  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW
+        model.requires_grad_(True)
+        if rank == 0:
+            common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")
+        return {**summary, "lr_image": lr_image, "lr_text": lr_text}
+
+    def evaluate():
+        return evaluate_all(model, eval_tf, tokenizer, tasks, unseen, zero_shot, cfg, device)
+
+    def save_state(path):  # the merged weights = the old model of the next task
+        if rank == 0:
+            common.save_model(model, path, cfg.backbone, source="cclip task boundary")
+
+    def load_state(path):
+        model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    summary = common.run_continual(out, tasks, learn_task, evaluate, save_state, load_state,
+                                   resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
+    if rank == 0:
+        common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
+        common.write_results(out, {"method": cfg.method, "config": dataclasses.asdict(cfg),
+                                   "tasks": [t.name for t in tasks], **summary})
+    return summary
+
+
+def headline(summary, unseen, zero_shot) -> dict:
+    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT,
+    forgetting, how much each task was learned while it was trained
+    (mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3) and the mean
+    zero-shot PD over the classification sets, and the mean over the sets of
+    the largest drop below the pretrained accuracy after any task."""
+    m, R = summary["metrics"]["R@1"], summary["matrices"]["R@1"]
+    pds = [summary["pd"][f"{z}/top1"] for z in zero_shot if f"{z}/top1" in summary["pd"]]
+    rows = summary["scalars"]  # the worst drop along the way, which the final PD can hide
+    drops = [max(rows[0][f"{z}/top1"] - r[f"{z}/top1"] for r in rows) for z in zero_shot if f"{z}/top1" in rows[0]]
+    return {"last R@1": m["last"], "avg R@1": m["avg"], "BWT": m["bwt"], "forgetting": m["forgetting"],
+            "learned": sum(R[j][j - 1] - R[j - 1][j - 1] for j in range(1, len(R))) / (len(R) - 1),
+            "unseen I2T R@1": summary["scalars"][-1].get(f"{unseen}/i2t_R@1") if unseen else None,
+            "zero-shot PD": sum(pds) / len(pds) if pds else None,
+            "worst zero-shot drop": sum(drops) / len(drops) if drops else None}
+
+
+# =============================================================================
+# Main
+# =============================================================================
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    demo = "--demo" in argv
+    cfg = common.parse_config(CClipConfig, argv, **(DEMO if demo else {}))
+    methods = METHODS if cfg.demo else (cfg.method,)
+    t0, rows = time.time(), []
+    for method in methods:
+        run_cfg = cfg
+        if cfg.demo:
+            run_cfg = dataclasses.replace(cfg, method=method, out=str(Path(cfg.out) / method),
+                                          **(DEMO_LORA if method in ("lora", "cclip") else {}))
+        t_m = time.time()
+        try:
+            summary = run(run_cfg)
+        except Interrupted as e:
+            print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
+            return {"interrupted": str(e)}
+        task_names = [t.name for t in resolve_tasks(run_cfg)]
+        unseen, zero_shot = resolve_eval_sets(run_cfg)
+        shown = summary if not cfg.demo else {"matrices": {"R@1": summary["matrices"]["R@1"]},
+                                              "metrics": {"R@1": summary["metrics"]["R@1"]}, "pd": {}}
+        print(f"\n## {method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
+        print(evaluation.continual_tables(shown, task_names))
+        rows.append({"method": method, **headline(summary, unseen, zero_shot), "seconds": time.time() - t_m})
+    cols = ["method", "last R@1", "avg R@1", "BWT", "forgetting", "learned", "unseen I2T R@1", "zero-shot PD",
+            "worst zero-shot drop", "seconds"]
+    table = common.markdown_table(rows, cols)
+    print(f"\n## C-CLIP ablation (Sec. 5.2.1 shape), {time.time() - t0:.0f}s in all\n\n{table}")
+    if cfg.demo:
+        common.write_results(cfg.out, {"rows": rows, "table": table, "seconds": time.time() - t0,
+                                       "demo_settings": DEMO, "demo_lora_lrs": DEMO_LORA})
+    return {"rows": rows, "table": table, "summary": summary}
+
+
+if __name__ == "__main__":
+    main()

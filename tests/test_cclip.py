@@ -1,0 +1,296 @@
+"""Tests of cclip.py: LoRA by weight parametrization (fresh = no-op, acts on
+both towers through the attention weights, exact merge), CKC against a
+per-sample loop and a hand-computed case, reduction to plain CLIP, which
+parameters get gradient, a bf16 step, resume of the task sequence, and the
+script end to end."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cclip  # noqa: E402
+import common  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture()
+def tiny():
+    torch.manual_seed(0)
+    model, _, _, tok = common.load_model("tiny", "random")
+    return model.eval(), tok
+
+
+def _batch(tok, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    caps = ["a photo of a red circle.", "a dark picture of a blue square.", "a line drawing of a green cross.",
+            "a striped scene with a yellow diamond.", "a photo of a purple triangle.", "a tiled picture of a cross."]
+    return {"image": torch.randn(n, 3, 48, 48, generator=g), "text": tok(caps[:n])}
+
+
+def _encode(model, batch):
+    return model.encode_image(batch["image"]), common.encode_text(model, batch["text"])
+
+
+def _adapters(model, prefix=""):
+    """name -> LoRA module, for adapters whose module path starts with prefix."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, cclip.LoRA) and n.startswith(prefix)}
+
+
+# ----------------------------------------------------------------------------- LoRA
+def test_fresh_adapter_leaves_outputs_unchanged(tiny):
+    model, tok = tiny
+    batch = _batch(tok)
+    img0, txt0 = _encode(model, batch)
+    names = cclip.add_lora(model)
+    # 4 targets x 4 blocks x 2 towers
+    assert len(names) == 32 and any(n.startswith("visual.") for n in names) and any(
+        n.startswith("transformer.") for n in names)
+    img1, txt1 = _encode(model, batch)  # equal up to float rounding (another matmul kernel may run)
+    torch.testing.assert_close(img1, img0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(txt1, txt0, atol=1e-6, rtol=0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(n.endswith((".A", ".B")) for n in trainable)
+
+
+@pytest.mark.parametrize("target", ["attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight"])
+def test_nonzero_adapter_changes_each_tower_through_that_weight(tiny, target):
+    """nn.MultiheadAttention reads in_proj_weight and out_proj.weight directly;
+    a module wrapper on out_proj would leave the output unchanged here."""
+    model, tok = tiny
+    batch = _batch(tok)
+    cclip.add_lora(model, targets=(target,))
+    img0, txt0 = _encode(model, batch)  # fresh adapters
+    with torch.no_grad():
+        for m in _adapters(model, "visual.").values():
+            m.B.normal_(std=0.05)
+    img1, txt1 = _encode(model, batch)
+    assert (img1 - img0).abs().max() > 1e-3 and torch.equal(txt1, txt0)  # only the image tower moved
+    with torch.no_grad():
+        for m in _adapters(model, "transformer.").values():
+            m.B.normal_(std=0.05)
+    img2, txt2 = _encode(model, batch)
+    assert torch.equal(img2, img1) and (txt2 - txt1).abs().max() > 1e-3
+
+
+def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
+    model, tok = tiny
+    batch = _batch(tok)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    names = cclip.add_lora(model, rank=4, alpha=8.0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for m in _adapters(model).values():
+            m.B.normal_(std=0.05)
+    # theta and DeltaW = (alpha / r) B A of every adapted weight, read before merging
+    theta, delta = {}, {}
+    for n in names:
+        mod_name, _, p_name = n.rpartition(".")
+        mod = model.get_submodule(mod_name)
+        plist = getattr(mod.parametrizations, p_name)
+        theta[n] = plist.original.detach().clone()
+        delta[n] = (8.0 / 4) * (plist[0].B @ plist[0].A).detach()
+    img_adapted, txt_adapted = _encode(model, batch)
+
+    torch.manual_seed(0)  # an identical twin (a deepcopy would share the parametrized classes)
+    twin = common.load_model("tiny", "random")[0].eval()
+    cclip.add_lora(twin, rank=4, alpha=8.0)
+    twin.load_state_dict(model.state_dict())
+    cclip.merge_lora(twin, 1.0)  # coef 1: the same function as the adapted model
+    img_m, txt_m = _encode(twin, batch)
+    torch.testing.assert_close(img_m, img_adapted, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(txt_m, txt_adapted, atol=1e-5, rtol=1e-5)
+
+    cclip.merge_lora(model, 0.5)  # coef 0.5: theta + 0.5 DeltaW, exactly
+    sd = model.state_dict()
+    for n in names:
+        assert torch.equal(sd[n], theta[n] + 0.5 * delta[n]), n
+    assert {k: v.shape for k, v in sd.items()} == shapes  # the original keys, nothing added
+    assert not any(parametrize.is_parametrized(m) for m in model.modules())
+    assert all(p.requires_grad for p in model.parameters())
+    common.save_model(model, tmp_path / "m.pt", "tiny")  # refuses adapter keys; must pass
+
+
+def test_merge_coef_zero_is_the_old_model(tiny):
+    model, tok = tiny
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cclip.add_lora(model)
+    with torch.no_grad():
+        for m in _adapters(model).values():
+            m.B.normal_(std=0.05)
+    cclip.merge_lora(model, 0.0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- CKC loss
+def test_ckc_loss_hand_computed():
+    # N = 1: p = [e1; e2], z = [e1; e2], s = 1 -> logits = I_2, each row
+    # CE = -log(e / (e + 1)) = log(1 + 1/e), in both directions.
+    e1, e2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    loss = cclip.ckc_loss(3 * e1, 2 * e2, e1, 5 * e2, torch.tensor(1.0))  # scale of the inputs is irrelevant
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(-1)), abs=1e-6)
+
+
+def test_ckc_loss_matches_per_sample_loop():
+    g = torch.Generator().manual_seed(0)
+    N, D, s = 5, 7, 12.0
+    p_img, p_txt, z_img, z_txt = (torch.randn(N, D, generator=g) * 3 for _ in range(4))
+    p = [x / x.norm() for x in torch.cat([p_img, p_txt])]
+    z = [x / x.norm() for x in torch.cat([z_img, z_txt])]
+    total = 0.0
+    for i in range(2 * N):  # L = -1/(2N) sum_i 1/2 [log softmax_j(s p_i z_j)_i + log softmax_j(s z_i p_j)_i]
+        fwd = s * (p[i] @ z[i]) - torch.logsumexp(torch.stack([s * (p[i] @ z[j]) for j in range(2 * N)]), 0)
+        bwd = s * (z[i] @ p[i]) - torch.logsumexp(torch.stack([s * (z[i] @ p[j]) for j in range(2 * N)]), 0)
+        total += -0.5 * (fwd + bwd) / (2 * N)
+    assert cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(s)).item() == pytest.approx(total.item(), abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- the training step
+def _cclip_net(model, hidden=32):
+    teacher = cclip.copy.deepcopy(model)
+    cclip.add_lora(model)
+    return cclip.CClip(model, teacher, cclip.projector(model.visual.output_dim, hidden))
+
+
+def test_without_ckc_the_step_is_plain_clip(tiny):
+    model, tok = tiny
+    batch = _batch(tok)
+    plain = common.ClipFineTune(model)(batch)
+    losses = cclip.CClip(model)(batch)  # no projector: the full fine-tuning / LoRA-only step
+    assert list(losses) == ["loss_clip"]
+    torch.testing.assert_close(losses["loss_clip"], plain["loss_clip"])
+    net = _cclip_net(model)  # fresh adapters change nothing; CKC weighted 0
+    net.ckc_weight = 0.0
+    losses = net(batch)
+    assert losses["loss_ckc"].item() == 0.0
+    torch.testing.assert_close(losses["loss_clip"], plain["loss_clip"], atol=1e-5, rtol=0)
+
+
+def test_only_adapters_and_projector_get_gradient(tiny):
+    model, tok = tiny
+    net = _cclip_net(model)
+    with torch.no_grad():  # B = 0 would leave A's gradient zero
+        for m in _adapters(model).values():
+            m.B.normal_(std=0.01)
+    net.train()
+    assert not net.teacher.training and net.projector.training
+    losses = net(_batch(tok))
+    assert set(losses) == {"loss_clip", "loss_ckc"} and losses["loss_ckc"] > 0
+    sum(losses.values()).backward()
+    for name, p in net.named_parameters():
+        trains = name.startswith("projector.") or name.endswith((".A", ".B"))
+        if trains:
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name  # frozen backbone and the old model
+    assert all(p.grad is None and not p.requires_grad for p in net.teacher.parameters())
+
+
+def test_bf16_autocast_step_is_finite(tiny):
+    model, tok = tiny
+    net = _cclip_net(model).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = net(_batch(tok))
+    loss = sum(v.float() for v in losses.values())
+    assert torch.isfinite(loss) and all(v.dtype == torch.float32 for v in losses.values())
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_ckc_pulls_the_new_embeddings_toward_the_old_ones(tiny):
+    """The mechanism: a few steps of L_CKC alone on a drifted model lower it
+    and bring the new embeddings' similarity structure back toward the old
+    model's."""
+    model, tok = tiny
+    batch = _batch(tok, n=6)
+    net = _cclip_net(model)
+    with torch.no_grad():
+        for m in _adapters(model).values():
+            m.B.normal_(std=0.05)  # the new model has drifted away from the old one
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=3e-3)
+    net.train()
+    first = None
+    for _ in range(30):
+        loss = net(batch)["loss_ckc"]
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * first
+
+
+def test_lr_of_splits_the_encoders_and_the_paper_preset():
+    cfg = common.parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
+    assert cclip.task_lrs(cfg, "COCO") == (5e-7, 4e-5)  # Sec. 5.2.3 preset
+    assert cclip.task_lrs(cfg, "mine") == (2e-6, 3e-5)
+    lr_of = cclip.make_lr_of(cfg, *cclip.task_lrs(cfg, "flickr30k"))
+    assert lr_of("model.visual.transformer.resblocks.0.attn.parametrizations.in_proj_weight.0.A") == 8.6e-6
+    assert lr_of("model.transformer.resblocks.0.mlp.c_fc.parametrizations.weight.0.B") == 1.3e-4
+    assert lr_of("model.token_embedding.weight") == 1.3e-4
+    assert lr_of("projector.0.weight") == 1e-5 and lr_of("model.logit_scale") == 1e-5
+
+
+# ----------------------------------------------------------------------------- the continual driver
+def _tasks(root, n=16):
+    parts = []
+    for d in ("plain", "dark"):
+        tr = common.synthetic_manifest(f"task-{d}", root, n=n)
+        te = common.synthetic_manifest(f"task-{d}-test", root, n=n)
+        parts.append(f"{d}={tr}:{te}")
+    return ",".join(parts)
+
+
+def _argv(root, out, *extra):
+    return ["--backbone", "tiny", "--pretrained", "random", "--tasks", _tasks(root), "--unseen", "",
+            "--zero-shot", "", "--steps", "3", "--batch-size", "8", "--workers", "0", "--device", "cpu",
+            "--precision", "fp32", "--lr", "1e-3", "--lr-image", "1e-3", "--lr-text", "1e-3",
+            "--proj-hidden", "32", "--save-every", "0", "--log-every", "1", "--data-root", str(root),
+            "--out", str(out), *extra]
+
+
+def _final(out):
+    rec = json.loads((out / "continual.json").read_text())
+    return rec["rows"], torch.load(out / "model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("stop", [["--stop-after-tasks", "1"], ["--stop-at", "2"]], ids=["boundary", "mid-task"])
+def test_resume_equals_an_uninterrupted_run(tmp_path, stop):
+    root = tmp_path / "data"
+    cclip.main(_argv(root, tmp_path / "a"))
+    assert "interrupted" in cclip.main(_argv(root, tmp_path / "b", *stop))
+    assert not (tmp_path / "b" / "model.pt").exists()
+    cclip.main(_argv(root, tmp_path / "b", "--resume", "latest"))
+    rows_a, sd_a = _final(tmp_path / "a")
+    rows_b, sd_b = _final(tmp_path / "b")
+    assert len(rows_a) == 3 and rows_a == rows_b
+    assert sd_a.keys() == sd_b.keys()
+    for k in sd_a:
+        torch.testing.assert_close(sd_a[k], sd_b[k], atol=1e-6, rtol=0, msg=k)
+
+
+def test_main_end_to_end(tmp_path):
+    """Pretrained tiny backbone, two small synthetic tasks, unseen retrieval
+    and zero-shot classification; results, matrices and per-task models."""
+    root, out = tmp_path / "data", tmp_path / "run"
+    unseen = common.synthetic_manifest("unseen", root, n=32)
+    argv = _argv(root, out, "--unseen", str(unseen), "--zero-shot", "synthetic-shape")
+    argv[argv.index("--pretrained") + 1] = ""
+    res = cclip.main(argv)
+    s = res["summary"]
+    R = s["matrices"]["R@1"]
+    assert len(R) == 3 and len(R[0]) == 2 and all(0 <= v <= 100 for r in R for v in r)
+    assert set(s["metrics"]["R@1"]) == {"last", "avg", "bwt", "forgetting"}
+    assert "synthetic-shape/top1" in s["pd"] and f"{unseen}/i2t_R@1" in s["scalars"][-1]
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["method"] == "cclip" and saved["matrices"]["R@1"] == R
+    for i, d in enumerate(("plain", "dark"), 1):
+        sd = torch.load(out / f"task{i}-{d}" / "model.pt", weights_only=True)
+        assert not any("parametrizations" in k for k in sd)
+    row = res["rows"][0]
+    assert row["method"] == "cclip" and math.isfinite(row["last R@1"])
