@@ -1,21 +1,61 @@
-"""Evaluation suite shared by every method (core; benchmark loaders grow here).
+"""Evaluation suite shared by every method (retrieval, zero-shot, WiSE-FT, geometry, ECE, SIMAT, continual).
 
-Importable API (used by the method files and tests):
-  load_retrieval(name, root) -> RetrievalSet(image_paths, texts, text_to_image, ...)
-  load_classification(name, root) -> ClassificationSet(image_paths, labels, classnames, templates)
-  evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> list of records
-  results_table(records) -> markdown
+Benchmark loaders, protocols, long-caption text modes, WiSE-FT curves,
+geometry and calibration, SIMAT, continual matrices.
 
-Run: python eval.py --backbone tiny --tasks synthetic-short,synthetic-long,synthetic-shape
+Every number a method file prints comes from `evaluate` below, so the four
+papers' tables are made by one piece of code. Protocol facts live in
+../shared/EVAL_PROTOCOLS.md; each loader states the protocol it follows and
+every result record carries it.
+
+Tasks (data root layout in README.md / `python eval.py --help`):
+  retrieval        coco (val2017 5k, all captions), coco-1cap (m2-Mix: first caption),
+                   coco-karpathy (Karpathy 5k test), flickr30k (Karpathy 1k test),
+                   flickr30k-1cap (m2-Mix), urban1k, sharegpt4v-1k, docci, long-dci, dci,
+                   any manifest (path.jsonl / .csv / .tsv, optional '#column'),
+                   synthetic-short/-long/-unseen/-unseen-long/-task-<domain>
+  classification   cifar10, cifar100, imagenet, imagefolder:<path>, synthetic-shape/-color
+  other            simat (text-driven image transformation)
+
+Importable API (method files and tests use these; names and signatures are stable):
+  load_retrieval(name, root) -> RetrievalSet(image_paths, texts, text_to_image, protocol, missing)
+  load_classification(name, root, download=False) -> ClassificationSet
+  image_features / text_features(model, tokenizer, texts, text_mode)
+  evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> records
+  results_table(records, metrics, published=None) -> markdown
+  geometry(img, txt) -> dict                 m2-Mix align/unif + Wang & Isola's versions
+  ece(img, txt, text_to_image, scale, bins=15, direction="i2t") -> float (percent)
+  ece_curve(img, txt, text_to_image, taus, bins=15, direction="i2t") -> {tau: ece}
+  simat_score(...), simat(model, preprocess, tokenizer, root)
+  load_state_dict(path), interpolate_weights(theta0, theta1, alpha), wise_ft(...)
+  continual_row(records, tasks, ...), evaluate_checkpoints(...), continual_tables(summary)
+  published_numbers(paper, backbone) -> {(task, metric): value}
+
+Runbook:
+  python eval.py --backbone tiny                                     # synthetic world, CPU
+  python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
+  python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
+  python eval.py --backbone ViT-B/32 --tasks flickr30k-1cap --analyses geometry,ece --paper m2mix
+  python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape \\
+      --wise-ft runs/x/model.pt --alphas 0,0.25,0.5,0.75,1            # WiSE-FT curve
+  python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
+      --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
+  torchrun is not needed: evaluation runs on one device.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import hashlib
 import json
+import math
+import pickle
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -23,7 +63,7 @@ import common
 
 
 # =============================================================================
-# Data sets
+# 1. Data sets and missing-data errors
 # =============================================================================
 @dataclass
 class RetrievalSet:
@@ -38,7 +78,7 @@ class RetrievalSet:
 @dataclass
 class ClassificationSet:
     name: str
-    image_paths: list
+    image_paths: list  # file paths, or a sequence of PIL images (CIFAR)
     labels: torch.Tensor  # (N,) long
     classnames: list
     templates: list
@@ -46,35 +86,253 @@ class ClassificationSet:
     missing: int = 0
 
 
-def _synthetic_retrieval(split: str, root, column: str) -> RetrievalSet:
-    ds = common.ManifestDataset(common.synthetic_manifest(split, root), need_long=True, check_images=False)
+class MissingData(common.DataError):
+    """A benchmark (or a file of it) is not where the data-root layout says."""
+
+
+# name -> (what must exist under the data root, where it is published)
+BENCHMARKS = {
+    "coco": ("coco/val2017/*.jpg + coco/annotations/captions_val2017.json",
+             "https://cocodataset.org/#download (2017 Val images, 2017 Train/Val annotations)"),
+    "coco-karpathy": ("coco/dataset_coco.json (Karpathy splits) + coco/val2014/*.jpg",
+                      "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip); "
+                      "images: https://cocodataset.org/#download (2014 Val images)"),
+    "flickr30k": ("flickr30k/dataset_flickr30k.json (Karpathy splits) + flickr30k/images/*.jpg",
+                  "https://shannon.cs.illinois.edu/DenotationGraph/ (images); Karpathy json in "
+                  "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip)"),
+    "urban1k": ("Urban1k/image/<k>.jpg + Urban1k/caption/<k>.txt, k = 1..1000",
+                "https://huggingface.co/datasets/BeichenZhang/Urban1k"),
+    "sharegpt4v-1k": ("sharegpt4v/share-captioner_coco_lcs_sam_1246k_1107.json + the images its records name, "
+                      "relative to the data root (coco/train2017/..., sam/images/...)",
+                      "https://huggingface.co/datasets/Lin-Chen/ShareGPT4V (json); images: COCO train2017, SAM"),
+    "docci": ("docci/docci_descriptions.jsonlines + docci/images/*.jpg", "https://google.github.io/docci/"),
+    "dci": ("dci/densely_captioned_images/annotations/*.json + dci/densely_captioned_images/photos/",
+            "https://github.com/facebookresearch/DCI (densely_captioned_images)"),
+    "cifar10": ("cifar10/cifar-10-batches-py/test_batch + batches.meta (torchvision's folder)",
+                "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
+    "cifar100": ("cifar100/cifar-100-python/test + meta (torchvision's folder)",
+                 "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
+    "imagenet": ("imagenet/val/<wnid>/*.JPEG, the 1,000 ILSVRC2012 class folders",
+                 "https://image-net.org/download (ILSVRC2012 validation images, sorted into wnid folders)"),
+    "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
+              "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
+}
+BENCHMARKS["coco-1cap"] = BENCHMARKS["coco"]
+BENCHMARKS["flickr30k-1cap"] = BENCHMARKS["flickr30k"]
+BENCHMARKS["long-dci"] = BENCHMARKS["dci"]
+
+
+def _require(path: Path, task: str, root):
+    """Raises MissingData naming the expected path, the layout and the source."""
+    if path.exists():
+        return path
+    layout, source = BENCHMARKS[task]
+    raise MissingData(f"{task}: {path} not found. Expected under the data root ({root}): {layout}. "
+                      f"Get it from {source}. See README.md, 'Evaluation data'.")
+
+
+def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=False) -> RetrievalSet:
+    """Drops images missing on disk (and their texts), counts them; refuses
+    an evaluation with no image at all (or any missing image when strict)."""
+    t2i = torch.as_tensor(t2i, dtype=torch.long)
+    present = torch.tensor([Path(p).is_file() for p in paths], dtype=torch.bool)
+    missing = int((~present).sum())
+    if missing:
+        first = next(str(p) for p, ok in zip(paths, present) if not ok)
+        where = f" Expected layout: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}." if task in BENCHMARKS else ""
+        msg = f"{name}: {missing} of {len(paths)} images not found (first: {first}).{where}"
+        if missing == len(paths) or strict:
+            raise MissingData(msg + ("" if missing == len(paths) else " (--strict)"))
+        print(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
+              f"the results record missing={missing}.", file=sys.stderr)
+        new_index = torch.cumsum(present.long(), 0) - 1  # old image index -> new
+        keep_text = present[t2i]
+        paths = [p for p, ok in zip(paths, present) if ok]
+        texts = [t for t, ok in zip(texts, keep_text) if ok]
+        t2i = new_index[t2i[keep_text]]
+    return RetrievalSet(name, [str(p) for p in paths], list(texts), t2i, protocol, missing)
+
+
+def _group_captions(image_keys, caption_pairs, first_only=False):
+    """image_keys: ordered image keys; caption_pairs: (key, text). -> texts, t2i."""
+    index = {k: i for i, k in enumerate(image_keys)}
+    texts, t2i, seen = [], [], set()
+    for key, text in caption_pairs:
+        if key not in index or (first_only and key in seen):
+            continue
+        seen.add(key)
+        texts.append(" ".join(str(text).split()))
+        t2i.append(index[key])
+    return texts, t2i
+
+
+# ---- retrieval benchmarks ---------------------------------------------------
+def _coco_val2017(root, first_only=False, strict=False):
+    task = "coco-1cap" if first_only else "coco"
+    root = Path(root)
+    ann = json.loads(_require(root / "coco/annotations/captions_val2017.json", task, root).read_text())
+    _require(root / "coco/val2017", task, root)
+    images = sorted(ann["images"], key=lambda im: im["id"])
+    texts, t2i = _group_captions([im["id"] for im in images],
+                                 ((a["image_id"], a["caption"]) for a in ann["annotations"]), first_only)
+    protocol = ("COCO val2017 5k, first caption per image, 1:1 (m2-Mix code)" if first_only else
+                "COCO val2017 5k, all captions (5-7 per image), I2T hit if any caption in top k")
+    return _finish(task, [root / "coco/val2017" / im["file_name"] for im in images], texts, t2i, protocol,
+                   task, root, strict)
+
+
+def _karpathy(root, dataset, first_only=False, strict=False):
+    root = Path(root)
+    if dataset == "coco":
+        task, js, img_dir = "coco-karpathy", root / "coco/dataset_coco.json", root / "coco"
+    else:
+        task = "flickr30k-1cap" if first_only else "flickr30k"
+        js, img_dir = root / "flickr30k/dataset_flickr30k.json", root / "flickr30k/images"
+    data = json.loads(_require(js, task, root).read_text())
+    images = [im for im in data["images"] if im["split"] == "test"]
+    paths = [img_dir / im.get("filepath", "") / im["filename"] for im in images]
+    pairs = ((i, s["raw"]) for i, im in enumerate(images) for s in im["sentences"])
+    texts, t2i = _group_captions(range(len(images)), pairs, first_only)
+    protocol = f"{dataset} Karpathy test ({len(images)} images), " + (
+        "first caption per image, 1:1 (m2-Mix code)" if first_only else "all captions")
+    return _finish(task, paths, texts, t2i, protocol, task, root, strict)
+
+
+def _urban1k(root, strict=False):
+    root = Path(root)
+    cap_dir = _require(root / "Urban1k/caption", "urban1k", root)
+    caps = sorted(cap_dir.glob("*.txt"), key=lambda p: int(p.stem) if p.stem.isdigit() else p.stem)
+    if not caps:
+        _require(cap_dir / "1.txt", "urban1k", root)
+    texts = [(p.read_text(encoding="utf-8").splitlines() or [""])[0].strip() for p in caps]
+    paths = [root / "Urban1k/image" / f"{p.stem}.jpg" for p in caps]
+    return _finish("urban1k", paths, texts, range(len(paths)), f"Urban1K, {len(paths)} pairs, 1:1, first line",
+                   "urban1k", root, strict)
+
+
+def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
+    """The first n objects of a (huge) JSON array, read incrementally: the
+    1.2M-record ShareGPT4V file is never parsed whole."""
+    dec, out = json.JSONDecoder(), []
+    with open(path, encoding="utf-8") as f:
+        buf, i = f.read(chunk), 0
+        i = buf.index("[") + 1
+        while len(out) < n:
+            while i < len(buf) and buf[i] in " \t\r\n,":
+                i += 1
+            if i >= len(buf):
+                more = f.read(chunk)
+                if not more:
+                    break
+                buf, i = buf[i:] + more, 0
+                continue
+            if buf[i] == "]":
+                break
+            try:
+                obj, j = dec.raw_decode(buf, i)
+            except json.JSONDecodeError:
+                more = f.read(chunk)
+                if not more:
+                    raise
+                buf, i = buf[i:] + more, 0
+                continue
+            out.append(obj)
+            i = j
+            if i > chunk:  # drop what is parsed, keep the buffer O(chunk)
+                buf, i = buf[i:], 0
+    return out
+
+
+def _sharegpt4v_1k(root, strict=False):
+    root = Path(root)
+    js = _require(root / "sharegpt4v/share-captioner_coco_lcs_sam_1246k_1107.json", "sharegpt4v-1k", root)
+    recs = _first_json_records(js, 1000)
+    texts = [" ".join(r["conversations"][1]["value"].replace("\n", " ").split()) for r in recs]
+    return _finish("sharegpt4v-1k", [root / r["image"] for r in recs], texts, range(len(recs)),
+                   f"ShareGPT4V-1k: first {len(recs)} records of {js.name}, 1:1", "sharegpt4v-1k", root, strict)
+
+
+def _docci(root, strict=False):
+    root = Path(root)
+    js = _require(root / "docci/docci_descriptions.jsonlines", "docci", root)
+    recs = [json.loads(l) for l in js.read_text(encoding="utf-8").splitlines() if l.strip()]
+    recs = [r for r in recs if r["split"] == "test"]
+    return _finish("docci", [root / "docci/images" / r["image_file"] for r in recs],
+                   [" ".join(r["description"].split()) for r in recs], range(len(recs)),
+                   f"DOCCI test split ({len(recs)} pairs), 1:1", "docci", root, strict)
+
+
+def _dci(root, field="extra_caption", strict=False):
+    task = "long-dci" if field == "extra_caption" else "dci"
+    root = Path(root)
+    ann_dir = _require(root / "dci/densely_captioned_images/annotations", task, root)
+    paths, texts = [], []
+    for p in sorted(ann_dir.glob("*.json")):
+        a = json.loads(p.read_text(encoding="utf-8"))
+        text = " ".join(str(a.get(field) or "").split())
+        if text:
+            paths.append(root / "dci/densely_captioned_images/photos" / a["image"])
+            texts.append(text)
+    if not paths:
+        raise MissingData(f"{task}: no annotation in {ann_dir} has a non-empty {field!r}. "
+                          f"Expected: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}")
+    return _finish(task, paths, texts, range(len(paths)),
+                   f"DCI annotations with non-empty {field} ({len(paths)} pairs), 1:1", task, root, strict)
+
+
+def synthetic_tasks():
+    """Evaluation task names of the synthetic world -> loader."""
+    tasks = {
+        "synthetic-short": lambda root, n=None: _synthetic_retrieval("test", root, "caption", n),
+        "synthetic-long": lambda root, n=None: _synthetic_retrieval("test", root, "long_caption", n),
+        "synthetic-unseen": lambda root, n=None: _synthetic_retrieval("unseen", root, "caption", n),
+        "synthetic-unseen-long": lambda root, n=None: _synthetic_retrieval("unseen", root, "long_caption", n),
+    }
+    for d in common.PRETRAIN_DOMAINS[:4]:
+        tasks[f"synthetic-task-{d}"] = (lambda d: lambda root, n=None: _synthetic_retrieval(
+            f"task-{d}-test", root, "caption", n))(d)
+    return tasks
+
+
+def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
+    """n: the first n scenes only (tests, demos); None = the whole split."""
+    ds = common.ManifestDataset(common.synthetic_manifest(split, root, n), need_long=True, check_images=False)
     paths = [str(ds.image_file(r)) for r in ds.rows]
     texts = [r[column] for r in ds.rows]
     return RetrievalSet(f"synthetic-{split}-{column}", paths, texts, torch.arange(len(paths)),
                         protocol=f"synthetic world, split {split}, 1:1, {column}")
 
 
-def synthetic_tasks():
-    """Evaluation task names of the synthetic world -> loader."""
-    tasks = {
-        "synthetic-short": lambda root: _synthetic_retrieval("test", root, "caption"),
-        "synthetic-long": lambda root: _synthetic_retrieval("test", root, "long_caption"),
-        "synthetic-unseen": lambda root: _synthetic_retrieval("unseen", root, "caption"),
-        "synthetic-unseen-long": lambda root: _synthetic_retrieval("unseen", root, "long_caption"),
-    }
-    for d in common.PRETRAIN_DOMAINS[:4]:
-        tasks[f"synthetic-task-{d}"] = (lambda d: lambda root: _synthetic_retrieval(f"task-{d}-test", root,
-                                                                                     "caption"))(d)
-    return tasks
+REAL_RETRIEVAL_TASKS = {
+    "coco": _coco_val2017,
+    "coco-1cap": lambda root, strict=False: _coco_val2017(root, True, strict),
+    "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
+    "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
+    "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
+    "urban1k": _urban1k,
+    "sharegpt4v-1k": _sharegpt4v_1k,
+    "docci": _docci,
+    "long-dci": _dci,
+    "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
+}
+RETRIEVAL_TASKS = {**synthetic_tasks(), **REAL_RETRIEVAL_TASKS}
+TASK_GROUPS = {  # shorthands for --tasks
+    "erclip": "urban1k,sharegpt4v-1k,docci,long-dci,coco,cifar10,cifar100,imagenet",
+    "long": "urban1k,sharegpt4v-1k,docci,long-dci",
+    "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
+    "zero-shot": "cifar10,cifar100,imagenet",
+    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color",
+}
 
 
-RETRIEVAL_TASKS = synthetic_tasks()
-
-
-def manifest_retrieval(path, column="caption") -> RetrievalSet:
-    """Any user manifest (JSONL/CSV): one text per row; rows that share an
-    image path share the image."""
-    ds = common.ManifestDataset(path, check_images=False)
+def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
+    """Any user manifest (JSONL/CSV, image path relative to the manifest):
+    one text per row from `column`; rows that share an image share it."""
+    ds = common.ManifestDataset(path, check_images=False, skip_bad=True)
+    if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
+        print(f"[eval] WARNING {path}: {len(ds.skipped)} rows skipped, e.g. {ds.skipped[0]}", file=sys.stderr)
+        if strict:
+            raise MissingData(f"{path}: {len(ds.skipped)} bad rows, e.g. {ds.skipped[0]}")
     index, paths, t2i, texts = {}, [], [], []
     for r in ds.rows:
         p = str(ds.image_file(r))
@@ -83,34 +341,153 @@ def manifest_retrieval(path, column="caption") -> RetrievalSet:
             paths.append(p)
         t2i.append(index[p])
         texts.append(r[column] if column in r else ds._caption(r))
-    return RetrievalSet(Path(path).stem, paths, texts, torch.tensor(t2i), protocol=f"manifest {path}")
+    rs = _finish(Path(path).stem, paths, texts, t2i, f"manifest {path}, column {column}", strict=strict)
+    rs.missing += len(ds.skipped)
+    return rs
 
 
-def load_retrieval(name: str, root="data") -> RetrievalSet:
-    if name in RETRIEVAL_TASKS:
-        return RETRIEVAL_TASKS[name](root)
-    if name.endswith((".jsonl", ".csv", ".tsv")):
-        return manifest_retrieval(name)
-    raise ValueError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}")
+def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=None) -> RetrievalSet:
+    """A retrieval benchmark by task name, or a manifest path ('x.jsonl',
+    'x.csv#long_caption' to read another column). strict: a missing image is
+    an error instead of being dropped and counted."""
+    if name in synthetic_tasks():
+        return RETRIEVAL_TASKS[name](root, synthetic_n)
+    if name in REAL_RETRIEVAL_TASKS:
+        return REAL_RETRIEVAL_TASKS[name](root, strict=strict)
+    path, _, column = name.partition("#")
+    if path.endswith((".jsonl", ".csv", ".tsv")):
+        return manifest_retrieval(path, column or "caption", strict)
+    raise ValueError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
 
 
-def load_classification(name: str, root="data") -> ClassificationSet:
+# ---- classification ---------------------------------------------------------
+# OpenAI's 18 CIFAR prompts (CLIP repository, notebooks/Prompt_Engineering_for_ImageNet.ipynb / data/prompts.md).
+CIFAR_TEMPLATES = [
+    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.",
+    "a low contrast photo of a {}.", "a high contrast photo of a {}.", "a bad photo of a {}.",
+    "a good photo of a {}.", "a photo of a small {}.", "a photo of a big {}.", "a photo of the {}.",
+    "a blurry photo of the {}.", "a black and white photo of the {}.", "a low contrast photo of the {}.",
+    "a high contrast photo of the {}.", "a bad photo of the {}.", "a good photo of the {}.",
+    "a photo of the small {}.", "a photo of the big {}.",
+]
+
+
+def imagenet_templates() -> list:
+    """OpenAI's 80 ImageNet prompts as format strings (open_clip ships them as lambdas)."""
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+    return [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
+
+
+class _CifarImages:
+    """CIFAR test images as PIL images, from the pickled arrays of torchvision's folder."""
+    def __init__(self, data):
+        self.data = data  # (N, 3072) uint8, channel-major
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return Image.fromarray(self.data[i].reshape(3, 32, 32).transpose(1, 2, 0))
+
+
+def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
+    """torchvision's CIFAR folders (read directly: no md5 check, so any
+    faithful copy works); download=True fetches them through torchvision."""
+    task = f"cifar{n_classes}"
+    root = Path(root)
+    folder = root / task / ("cifar-10-batches-py" if n_classes == 10 else "cifar-100-python")
+    test_file, meta_file = (("test_batch", "batches.meta") if n_classes == 10 else ("test", "meta"))
+    if download and not (folder / test_file).exists():
+        import torchvision
+        cls = torchvision.datasets.CIFAR10 if n_classes == 10 else torchvision.datasets.CIFAR100
+        cls(str(root / task), train=False, download=True)
+    _require(folder / test_file, task, root)
+    with open(_require(folder / meta_file, task, root), "rb") as f:
+        meta = pickle.load(f, encoding="latin1")
+    with open(folder / test_file, "rb") as f:
+        batch = pickle.load(f, encoding="latin1")
+    names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
+    labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
+    classnames = [c.replace("_", " ") for c in names]  # OpenAI's spelling ("aquarium fish")
+    return ClassificationSet(task, _CifarImages(np.asarray(batch["data"], dtype=np.uint8)),
+                             torch.tensor(labels), classnames, list(CIFAR_TEMPLATES),
+                             protocol=f"CIFAR-{n_classes} test ({len(labels)}), 18 OpenAI CIFAR templates, "
+                                      f"class names with spaces")
+
+
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+
+
+def _image_folder(folder: Path):
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    paths, labels = [], []
+    for c, name in enumerate(classes):
+        for p in sorted((folder / name).iterdir()):
+            if p.suffix.lower() in IMAGE_EXTS:
+                paths.append(str(p))
+                labels.append(c)
+    return classes, paths, torch.tensor(labels, dtype=torch.long)
+
+
+def _imagenet(root) -> ClassificationSet:
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+    root = Path(root)
+    val = _require(root / "imagenet/val", "imagenet", root)
+    wnids, paths, labels = _image_folder(val)
+    if len(wnids) != len(IMAGENET_CLASSNAMES):
+        raise MissingData(f"imagenet: {val} holds {len(wnids)} class folders, expected {len(IMAGENET_CLASSNAMES)} "
+                          f"(sorted wnids align with open_clip's IMAGENET_CLASSNAMES). {BENCHMARKS['imagenet'][1]}")
+    if not paths:
+        raise MissingData(f"imagenet: no images in {val}/<wnid>/")
+    return ClassificationSet("imagenet", paths, labels, list(IMAGENET_CLASSNAMES), imagenet_templates(),
+                             protocol=f"ImageNet val ({len(paths)}), 80 OpenAI templates")
+
+
+def _any_image_folder(path) -> ClassificationSet:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MissingData(f"imagefolder: {folder} is not a folder (expected <folder>/<class>/<image>)")
+    classes, paths, labels = _image_folder(folder)
+    names_file = folder / "classnames.txt"
+    names = (names_file.read_text().splitlines() if names_file.exists() else [c.replace("_", " ") for c in classes])
+    if len(names) != len(classes) or not paths:
+        raise MissingData(f"imagefolder {folder}: {len(classes)} class folders, {len(names)} class names, "
+                          f"{len(paths)} images")
+    return ClassificationSet(f"imagefolder:{path}", paths, labels, names, imagenet_templates(),
+                             protocol=f"ImageFolder {folder} ({len(paths)} images), 80 OpenAI templates")
+
+
+def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
+    """A zero-shot classification set by name; download=True lets
+    torchvision fetch CIFAR when it is absent (never implicitly)."""
     sets = common.synthetic_label_sets()
     if name.startswith("synthetic-") and name.removeprefix("synthetic-") in sets:
         classnames, templates, column = sets[name.removeprefix("synthetic-")]
-        ds = common.ManifestDataset(common.synthetic_manifest("test", root), check_images=False, extra=(column,))
+        ds = common.ManifestDataset(common.synthetic_manifest("test", root, synthetic_n), check_images=False,
+                                    extra=(column,))
         return ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
                                  torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
                                  protocol="synthetic world, test split, main object")
-    raise ValueError(f"unknown classification task {name!r}; known: "
-                     f"{', '.join('synthetic-' + k for k in sets)}")
+    if name in ("cifar10", "cifar100"):
+        return _cifar(root, int(name.removeprefix("cifar")), download)
+    if name == "imagenet":
+        return _imagenet(root)
+    if name.startswith("imagefolder:"):
+        return _any_image_folder(name.partition(":")[2])
+    raise ValueError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
+                     f"imagefolder:<path>")
 
 
-CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in common.synthetic_label_sets())
+CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in common.synthetic_label_sets()) + (
+    "cifar10", "cifar100", "imagenet")
+
+
+def is_classification(name: str) -> bool:
+    return name in CLASSIFICATION_TASKS or name.startswith("imagefolder:")
 
 
 # =============================================================================
-# Features
+# 2. Features (each computed once per task and model)
 # =============================================================================
 class _Images(torch.utils.data.Dataset):
     def __init__(self, paths, transform):
@@ -120,12 +497,17 @@ class _Images(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        with Image.open(self.paths[i]) as im:
+        item = self.paths[i]
+        if isinstance(item, Image.Image):
+            return self.transform(item.convert("RGB"))
+        with Image.open(item) as im:
             return self.transform(im.convert("RGB"))
 
 
 @torch.no_grad()
 def image_features(model, preprocess, paths, batch_size=256, workers=0, device=None):
+    """Normalised image features (N, D), float32 on CPU; AMP on CUDA.
+    `paths`: file paths or a sequence of PIL images."""
     device = device or next(model.parameters()).device
     loader = torch.utils.data.DataLoader(_Images(paths, preprocess), batch_size=batch_size, num_workers=workers,
                                          pin_memory=str(device).startswith("cuda"))
@@ -155,60 +537,615 @@ def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     raise ValueError(f"unknown text mode {text_mode!r}")
 
 
+_CLASSIFIER_CACHE: dict = {}
+
+
+@torch.no_grad()
+def _text_fingerprint(model) -> str:
+    """Identifies the text tower's current weights (changes when they train)."""
+    h = hashlib.sha1()
+    for name, p in common._text_tower(model).named_parameters():
+        if name.startswith("visual."):
+            continue
+        p = p.detach().double()
+        h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
+    return h.hexdigest()
+
+
+def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_dir=None):
+    """common.zero_shot_classifier, cached per (text weights, class names,
+    templates) in memory and, with cache_dir, on disk. Returns (D, C)."""
+    key = hashlib.sha1(json.dumps([_text_fingerprint(model), list(classnames), list(templates)]).encode()).hexdigest()
+    if key in _CLASSIFIER_CACHE:
+        return _CLASSIFIER_CACHE[key]
+    file = Path(cache_dir) / f"classifier-{key[:16]}.pt" if cache_dir else None
+    if file is not None and file.exists():
+        clf = torch.load(file, map_location="cpu")
+    else:
+        clf = common.zero_shot_classifier(model, tokenizer, classnames, templates, device=device).cpu()
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(clf, file)
+    _CLASSIFIER_CACHE[key] = clf
+    return clf
+
+
 # =============================================================================
-# Evaluate
+# 3. Geometry, calibration, SIMAT (m2-Mix's analyses; pure functions of features)
 # =============================================================================
-def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
-             device=None, model_name="", weights=""):
-    """Evaluates `model` on each task; one record per (task, metric)."""
-    model.eval()
-    records = []
-    for name in tasks:
-        if name in CLASSIFICATION_TASKS:
-            cs = load_classification(name, data_root)
-            img = image_features(model, preprocess, cs.image_paths, batch_size, device=device)
-            clf = common.zero_shot_classifier(model, tokenizer, cs.classnames, cs.templates, device=device)
-            res = common.zero_shot_accuracy(img.to(clf.device), clf, cs.labels)
-            protocol, missing = cs.protocol, cs.missing
+@torch.no_grad()
+def geometry(img, txt, chunk: int = 1024) -> dict:
+    """Embedding geometry of N paired, L2-normalised features img, txt (N, D).
+
+    m2-Mix (Sec. 3, Fig. 2; both greater-is-better), as in EVAL_PROTOCOLS.md:
+      align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
+      unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
+    Wang & Isola (2020), plain versions (lower is better):
+      wi_align     = mean_i ||v_i - t_i||^2
+      wi_unif_img  = log mean_{i != j} exp(-2 ||v_i - v_j||^2)   (same for texts: wi_unif_txt)
+    gap = ||mean_i v_i - mean_i t_i|| (the modality gap).
+    Computed in row chunks: memory O(chunk x N)."""
+    img, txt = img.float(), txt.float()
+    n = len(img)
+    if n < 2 or txt.shape != img.shape:
+        raise ValueError(f"geometry needs N >= 2 paired rows, got {tuple(img.shape)} and {tuple(txt.shape)}")
+    pos = (img - txt).square().sum(1)  # (N,)
+    hardest, lse = torch.empty(n), []
+    for s in range(0, n, chunk):
+        d2 = (2 - 2 * img[s:s + chunk] @ txt.t()).clamp(min=0)  # (c, N) squared distances on the sphere
+        rows = torch.arange(s, min(s + chunk, n))
+        lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
+        d2[rows - s, rows] = float("inf")  # k != i
+        hardest[s:s + chunk] = d2.min(1).values
+    out = {"align": -(pos - hardest).mean().item(),
+           "unif": -(torch.logsumexp(torch.stack(lse), 0) - math.log(n * n)).item(),
+           "wi_align": pos.mean().item()}
+    for name, x in (("img", img), ("txt", txt)):
+        lse = []
+        for s in range(0, n, chunk):
+            d2 = (2 - 2 * x[s:s + chunk] @ x.t()).clamp(min=0)
+            rows = torch.arange(s, min(s + chunk, n))
+            d2[rows - s, rows] = float("inf")  # i != j: exp(-inf) = 0
+            lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
+        out[f"wi_unif_{name}"] = (torch.logsumexp(torch.stack(lse), 0) - math.log(n * (n - 1))).item()
+    out["gap"] = (img.mean(0) - txt.mean(0)).norm().item()
+    return out
+
+
+@torch.no_grad()
+def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
+    """Per query: max softmax(scale * sim) over all candidates, and whether
+    the argmax is a gold match (ties: the first index wins, as argmax does)."""
+    img, txt = img.float(), txt.float()
+    t2i = torch.as_tensor(text_to_image).long()
+    conf, correct = [], []
+    queries, cands = (img, txt) if direction == "i2t" else (txt, img)
+    for s in range(0, len(queries), chunk):
+        logits = scale * queries[s:s + chunk] @ cands.t()  # (c, K)
+        conf.append(torch.softmax(logits, 1).max(1).values)
+        top = logits.argmax(1)
+        if direction == "i2t":
+            correct.append(t2i[top] == torch.arange(s, s + len(top)))
         else:
-            rs = load_retrieval(name, data_root)
-            img = image_features(model, preprocess, rs.image_paths, batch_size, device=device)
-            txt = text_features(model, tokenizer, rs.texts, text_mode, device=device)
-            res = common.retrieval_metrics(img, txt, rs.text_to_image)
-            protocol, missing = rs.protocol, rs.missing
-        for metric, value in res.items():
-            records.append({"task": name, "metric": metric, "value": value, "protocol": protocol,
-                            "text_mode": text_mode, "missing": missing, "model": model_name, "weights": weights})
+            correct.append(top == t2i[s:s + len(top)])
+    return torch.cat(conf), torch.cat(correct).float()
+
+
+def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
+    """Expected calibration error of retrieval R@1, in percent (m2-Mix
+    Tab. 2 reports ECE of Flickr30k I2T/T2I R@1; no released code, so the
+    standard definition, Guo et al. 2017):
+      each query (an image for i2t, a text for t2i) is a classification over
+      all candidates with p = softmax(scale * sim); confidence = max p,
+      correct = the argmax is a gold match; equal-width bins on [0, 1];
+      ECE = sum_b |B_b| / N * |acc_b - conf_b|.
+    img (N, D), txt (M, D) normalised; text_to_image (M,); scale = 1 / tau."""
+    if direction not in ("i2t", "t2i"):
+        raise ValueError("direction is 'i2t' or 't2i'")
+    conf, correct = _confidence_correct(img, txt, text_to_image, float(scale), direction)
+    b = (conf * bins).long().clamp(max=bins - 1)  # bin index; conf = 1 goes in the last bin
+    count = torch.bincount(b, minlength=bins).double()
+    gap = torch.bincount(b, weights=(correct - conf).double(), minlength=bins)  # sum (acc - conf) per bin
+    return 100.0 * (gap.abs().sum() / count.sum()).item()
+
+
+ECE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2, 0.5, 1.0)
+
+
+def ece_curve(img, txt, text_to_image, taus=ECE_TAUS, bins: int = 15, direction: str = "i2t") -> dict:
+    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function
+    of the temperature tau (scale = 1 / tau). Returns {tau: ece}. Its minimum
+    is temperature scaling fitted on the test set itself (an oracle)."""
+    return {float(t): ece(img, txt, text_to_image, 1.0 / t, bins, direction) for t in taus}
+
+
+def first_caption_pairs(text_to_image) -> torch.Tensor:
+    """Index of each image's first text: turns a many-caption set into the
+    1:1 pairs that geometry() needs."""
+    t2i = torch.as_tensor(text_to_image).long()
+    first = torch.full((int(t2i.max()) + 1,), -1, dtype=torch.long)
+    idx = torch.arange(len(t2i))
+    first.scatter_reduce_(0, t2i, idx, reduce="amin", include_self=False)
+    return first
+
+
+def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) -> dict:
+    """Geometry (on each image's first caption) and ECE of both directions at
+    the model's scale, plus the ECE-temperature sweep summarised by its
+    minimum and the tau reaching it."""
+    pairs = first_caption_pairs(text_to_image)
+    out = geometry(img, txt[pairs])
+    out["ece_scale"] = float(scale)  # the model's own 1 / tau, at which ece_i2t / ece_t2i are taken
+    for d in ("i2t", "t2i"):
+        out[f"ece_{d}"] = ece(img, txt, text_to_image, scale, bins, d)
+        curve = ece_curve(img, txt, text_to_image, taus, bins, d)
+        best = min(curve, key=curve.get)
+        out[f"ece_{d}_min"], out[f"ece_{d}_best_tau"] = curve[best], best
+        out.update({f"ece_{d}@tau={t:g}": v for t, v in curve.items()})
+    return out
+
+
+SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # 0.5, 1, ..., 7
+
+
+@torch.no_grad()
+def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, lambdas=SIMAT_LAMBDAS) -> dict:
+    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation
+    query q: x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the
+    image with the highest cosine to x_q that is not the source; the query
+    succeeds when OSCAR's similarity of that image and the target caption
+    exceeds 0.5. Score = 100 * weighted mean of successes.
+      img (N, D) normalised database; source (Q,) image index of each query;
+      value_emb, target_emb (Q, D) normalised word embeddings; target_ids (Q,)
+      column of `oscar` (N, C); weights (Q,) query weights (1/sqrt(norm2)).
+    Returns {lam: score}."""
+    img = img.float()
+    delta = (target_emb - value_emb).float()
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    w = w / w.sum()
+    out = {}
+    for lam in lambdas:
+        x = img[source] + lam * delta  # (Q, D)
+        sim = x @ img.t()  # (Q, N)
+        sim[torch.arange(len(x)), source] = -float("inf")  # never the source itself
+        hit = oscar[sim.argmax(1), torch.as_tensor(target_ids)] > 0.5
+        out[float(lam)] = 100.0 * (w * hit.double()).sum().item()
+    return out
+
+
+def _simat_dir(root) -> Path:
+    root = Path(root)
+    for d in (root / "simat/simat_db", root / "simat"):
+        if (d / "transfos.csv").exists():
+            return d
+    return _require(root / "simat/simat_db/transfos.csv", "simat", root).parent
+
+
+def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
+          device=None) -> dict:
+    """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg,
+    triplets.csv (region_id, subj, rel, obj[, dataset_id]), transfos.csv
+    (region_id, value, target, target_ids, norm2, is_test), and the OSCAR
+    matrix oscar_similarity_matrix.pt (images in dataset_id order x captions).
+    Image order = dataset_id, else ImageFolder order (sorted folder, file).
+    Words are encoded bare, as in the SIMAT release."""
+    d = _simat_dir(root)
+    with open(d / "triplets.csv", newline="") as f:
+        trip = list(csv.DictReader(f))
+    for r in trip:
+        r["folder"] = f"A {r['subj']} {r['rel']} {r['obj']}"
+    if "dataset_id" in trip[0]:
+        trip.sort(key=lambda r: int(r["dataset_id"]))
+    else:
+        trip.sort(key=lambda r: (r["folder"], f"{r['region_id']}.jpg"))
+    rid2did = {int(r["region_id"]): i for i, r in enumerate(trip)}
+    paths = [d / "images" / r["folder"] / f"{r['region_id']}.jpg" for r in trip]
+    missing = sum(not p.is_file() for p in paths)
+    if missing:
+        raise MissingData(f"simat: {missing} of {len(paths)} images not found (e.g. {next(p for p in paths if not p.is_file())}); "
+                          f"run SIMAT's prepare_dataset.py. {BENCHMARKS['simat'][1]}")
+    with open(d / "transfos.csv", newline="") as f:
+        tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
+    oscar = torch.as_tensor(torch.load(_require(d / "oscar_similarity_matrix.pt", "simat", root), map_location="cpu"))
+    img = image_features(model, preprocess, [str(p) for p in paths], batch_size, device=device)
+    words = sorted({r["value"] for r in tr} | {r["target"] for r in tr})
+    w = dict(zip(words, common.encode_texts(model, tokenizer, words, device=device)))
+    scores = simat_score(img, torch.tensor([rid2did[int(r["region_id"])] for r in tr]),
+                         torch.stack([w[r["value"]] for r in tr]), torch.stack([w[r["target"]] for r in tr]),
+                         [int(r["target_ids"]) for r in tr], oscar, [float(r["norm2"]) ** -0.5 for r in tr], lambdas)
+    best = max(scores, key=scores.get)
+    return {"simat": scores[best], "simat_best_lambda": best, **{f"simat@lambda={k:g}": v for k, v in scores.items()},
+            "queries": len(tr)}
+
+
+# =============================================================================
+# 4. Evaluate
+# =============================================================================
+def _modes(text_mode):
+    if text_mode == "both":
+        return ["truncate", "sentence-mean"]
+    return [text_mode] if isinstance(text_mode, str) else list(text_mode)
+
+
+def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
+             device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
+             cache_dir=None, synthetic_n=None, log=None):
+    """Evaluates `model` on each task; one record per (task, metric, text mode).
+
+    text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or
+    a list. Image features are computed once per task, text features once
+    per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry
+    and calibration (from the same features) to retrieval tasks. A task may
+    also be 'simat'. Records: task, metric, value, protocol, text_mode,
+    missing (images absent on disk), n (queries), model, weights.
+    synthetic_n: evaluate on the first n scenes of the synthetic splits."""
+    model.eval()
+    modes = _modes(text_mode)
+    records = []
+    base = {"model": model_name, "weights": weights}
+    for name in tasks:
+        t0 = time.time()
+        if name == "simat":
+            res = simat(model, preprocess, tokenizer, data_root, batch_size=batch_size, device=device)
+            n = res.pop("queries")
+            records += [{"task": name, "metric": m, "value": v, "protocol": "SIMAT test, max over lambda",
+                         "text_mode": "words", "missing": 0, "n": n, **base} for m, v in res.items()]
+        elif is_classification(name):
+            cs = load_classification(name, data_root, download=download, synthetic_n=synthetic_n)
+            img = image_features(model, preprocess, cs.image_paths, batch_size, workers, device=device)
+            clf = zero_shot_head(model, tokenizer, cs.classnames, cs.templates, device=device, cache_dir=cache_dir)
+            res = common.zero_shot_accuracy(img, clf, cs.labels)
+            records += [{"task": name, "metric": m, "value": v, "protocol": cs.protocol,
+                         "text_mode": "prompt-ensemble", "missing": cs.missing, "n": len(cs.labels), **base}
+                        for m, v in res.items()]
+        else:
+            rs = load_retrieval(name, data_root, strict=strict, synthetic_n=synthetic_n)
+            img = image_features(model, preprocess, rs.image_paths, batch_size, workers, device=device)
+            for mode in modes:
+                txt = text_features(model, tokenizer, rs.texts, mode, device=device)
+                res = common.retrieval_metrics(img, txt, rs.text_to_image)
+                if analyses:
+                    extra = analyze_retrieval(img, txt, rs.text_to_image, model.logit_scale.exp().item())
+                    keep = [k for k in extra if ("geometry" in analyses and not k.startswith("ece"))
+                            or ("ece" in analyses and k.startswith("ece"))]
+                    res.update({k: extra[k] for k in keep})
+                records += [{"task": name, "metric": m, "value": v, "protocol": rs.protocol, "text_mode": mode,
+                             "missing": rs.missing, "n": len(rs.texts), **base} for m, v in res.items()]
+        if log:
+            log(f"[eval] {name}: {time.time() - t0:.1f}s")
     return records
 
 
-def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
+# Published CLIP numbers (the pretrained model, no fine-tuning) whose protocol
+# matches one of our tasks. Keys: paper -> backbone -> {(task, metric): value}.
+PUBLISHED = {
+    "erclip": {  # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, all captions; truncate
+        "ViT-B/32": {("urban1k", "i2t_R@1"): 61.20, ("urban1k", "t2i_R@1"): 46.60,
+                     ("sharegpt4v-1k", "i2t_R@1"): 83.30, ("sharegpt4v-1k", "t2i_R@1"): 77.10,
+                     ("docci", "i2t_R@1"): 58.04, ("docci", "t2i_R@1"): 53.40,
+                     ("long-dci", "i2t_R@1"): 34.79, ("long-dci", "t2i_R@1"): 30.60,
+                     ("coco", "i2t_R@1"): 50.00, ("coco", "t2i_R@1"): 30.37,
+                     ("cifar10", "top1"): 89.76, ("cifar100", "top1"): 64.31, ("imagenet", "top1"): 63.34},
+        "ViT-B/16": {("urban1k", "i2t_R@1"): 67.50, ("urban1k", "t2i_R@1"): 53.30,
+                     ("sharegpt4v-1k", "i2t_R@1"): 84.50, ("sharegpt4v-1k", "t2i_R@1"): 79.60,
+                     ("docci", "i2t_R@1"): 60.76, ("docci", "t2i_R@1"): 57.10,
+                     ("long-dci", "i2t_R@1"): 36.91, ("long-dci", "t2i_R@1"): 33.73,
+                     ("coco", "i2t_R@1"): 51.72, ("coco", "t2i_R@1"): 32.66,
+                     ("cifar10", "top1"): 90.81, ("cifar100", "top1"): 67.22, ("imagenet", "top1"): 68.35},
+        "ViT-L/14": {("urban1k", "i2t_R@1"): 68.20, ("urban1k", "t2i_R@1"): 56.00,
+                     ("sharegpt4v-1k", "i2t_R@1"): 84.20, ("sharegpt4v-1k", "t2i_R@1"): 83.50,
+                     ("docci", "i2t_R@1"): 65.70, ("docci", "t2i_R@1"): 63.16,
+                     ("long-dci", "i2t_R@1"): 36.98, ("long-dci", "t2i_R@1"): 35.06,
+                     ("coco", "i2t_R@1"): 56.10, ("coco", "t2i_R@1"): 35.33,
+                     ("cifar10", "top1"): 95.70, ("cifar100", "top1"): 76.44, ("imagenet", "top1"): 75.53},
+    },
+    "m2mix": {  # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
+        "ViT-B/32": {("flickr30k-1cap", "i2t_R@1"): 71.1, ("flickr30k-1cap", "i2t_R@5"): 90.4,
+                     ("flickr30k-1cap", "t2i_R@1"): 68.5, ("flickr30k-1cap", "t2i_R@5"): 88.9,
+                     ("coco-1cap", "i2t_R@1"): 31.93, ("coco-1cap", "i2t_R@5"): 56.87,
+                     ("coco-1cap", "t2i_R@1"): 28.54, ("coco-1cap", "t2i_R@5"): 53.12,
+                     ("flickr30k-1cap", "ece_i2t"): 1.90, ("flickr30k-1cap", "ece_t2i"): 1.88,
+                     ("flickr30k-1cap", "align"): 0.04, ("flickr30k-1cap", "unif"): 1.98,
+                     ("simat", "simat"): 34.4},
+    },
+    "cclip": {  # C-CLIP Sec. 5 (pretrained ViT-B/16 zero-shot ImageNet)
+        "ViT-B/16": {("imagenet", "top1"): 67.73},
+    },
+    "clip": {  # EVAL_PROTOCOLS.md: OpenAI CLIP on the standard protocols
+        "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
+                     ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
+                     ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},
+        "ViT-L/14": {("coco-karpathy", "i2t_R@1"): 56.3, ("coco-karpathy", "t2i_R@1"): 36.5,
+                     ("flickr30k", "i2t_R@1"): 85.2, ("flickr30k", "t2i_R@1"): 65.0,
+                     ("imagenet", "top1"): 75.5, ("cifar10", "top1"): 95.7, ("cifar100", "top1"): 76.1},
+    },
+}
+
+
+def published_numbers(paper: str, backbone: str) -> dict:
+    """{(task, metric): value} of the paper's CLIP baseline for this backbone
+    (OpenAI or open_clip spelling); {} when the paper has no such row."""
+    if paper not in PUBLISHED:
+        raise ValueError(f"unknown paper {paper!r}; known: {', '.join(PUBLISHED)}")
+    openai = {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
+    return PUBLISHED[paper].get(openai, {})
+
+
+def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
+    """Markdown table, one row per task (and text mode when several); with
+    `published` ({(task, metric): value}) a 'paper' column after each metric;
+    a 'missing' column when some benchmark lacked images."""
+    modes = {r["text_mode"] for r in records if not is_classification(r["task"])} - {"words"}
     rows = {}
     for r in records:
-        if r["metric"] in metrics:
-            rows.setdefault(r["task"], {"task": r["task"]})[r["metric"]] = r["value"]
-    return common.markdown_table(list(rows.values()), ["task", *metrics])
+        if r["metric"] not in metrics:
+            continue
+        label = r["task"] + (f" [{r['text_mode']}]" if len(modes) > 1 and r["text_mode"] in modes else "")
+        row = rows.setdefault(label, {"task": label, "missing": r.get("missing", 0)})
+        row[r["metric"]] = r["value"]
+        if published and (r["task"], r["metric"]) in published:
+            row[f"{r['metric']} (paper)"] = float(published[(r["task"], r["metric"])])
+    cols = ["task"]
+    for m in metrics:
+        cols.append(m)
+        if published and any(k[1] == m for k in published):
+            cols.append(f"{m} (paper)")
+    if any(row["missing"] for row in rows.values()):
+        cols.append("missing")
+    return common.markdown_table(list(rows.values()), cols)
+
+
+ANALYSIS_METRICS = ("align", "unif", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
+                    "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min", "ece_t2i_best_tau", "simat",
+                    "simat_best_lambda")
+
+
+def analysis_table(records, published=None) -> str:
+    """Geometry / ECE / SIMAT records: one row per (task, text mode), one
+    column per metric; with `published`, a '(paper)' row under each task."""
+    rows, cols = {}, ["task"]
+    for r in records:
+        if r["metric"] not in ANALYSIS_METRICS:
+            continue
+        label = r["task"] + ("" if r["text_mode"] in ("truncate", "words") else f" [{r['text_mode']}]")
+        rows.setdefault(label, {"task": label})[r["metric"]] = r["value"]
+        paper = (published or {}).get((r["task"], r["metric"]))
+        if paper is not None:
+            rows.setdefault(f"{r['task']} (paper)", {"task": f"{r['task']} (paper)"})[r["metric"]] = float(paper)
+    for m in ANALYSIS_METRICS:
+        if any(m in row for row in rows.values()):
+            cols.append(m)
+    return common.markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
+
+
+# =============================================================================
+# 5. WiSE-FT weight interpolation
+# =============================================================================
+def load_state_dict(path) -> dict:
+    """A plain open_clip state_dict from: common.save_model files, training
+    checkpoints (common.train's {'net': ...}, keys 'model.*'), open_clip /
+    OpenAI .pt/.bin files, or .safetensors."""
+    path = str(path)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        sd = load_file(path)
+    else:
+        sd = torch.load(path, map_location="cpu", weights_only=False)
+        if isinstance(sd, torch.jit.ScriptModule):
+            sd = sd.state_dict()
+    for key in ("state_dict", "net", "model"):
+        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
+            sd = sd[key]
+    if any(k.startswith("model.") for k in sd):  # a method wrapper's state: keep the CLIP model
+        sd = {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")}
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
+    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha)
+    theta0 + alpha theta1, key by key. The two state_dicts must have the same
+    keys and shapes; non-float entries (integer buffers) must be equal."""
+    k0, k1 = set(theta0), set(theta1)
+    if k0 != k1:
+        raise ValueError(f"WiSE-FT: the state_dicts differ in keys: only in theta0 {sorted(k0 - k1)[:5]}, "
+                         f"only in theta1 {sorted(k1 - k0)[:5]}")
+    out = {}
+    for k in theta0:
+        a, b = theta0[k], theta1[k]
+        if a.shape != b.shape:
+            raise ValueError(f"WiSE-FT: {k} has shape {tuple(a.shape)} in theta0 and {tuple(b.shape)} in theta1")
+        if a.is_floating_point():
+            out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype)
+        else:
+            if not torch.equal(a, b):
+                raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
+            out[k] = a.clone()
+    return out
+
+
+def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
+    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) ->
+    records (or any value); restores the model's weights afterwards.
+    Returns [{'alpha': a, 'records': ...}]."""
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = []
+    try:
+        for a in alphas:
+            model.load_state_dict(interpolate_weights(theta0, theta1, float(a)))
+            out.append({"alpha": float(a), "records": evaluate_fn(model)})
+    finally:
+        model.load_state_dict(saved)
+    return out
+
+
+def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
+    """One row per alpha, one column per (task, metric): the target-task
+    score against zero-shot retention."""
+    rows, cols = [], ["alpha"]
+    for point in curve:
+        row = {"alpha": f"{point['alpha']:g}"}
+        for r in point["records"]:
+            if r["metric"] in metrics:
+                c = f"{r['task']} {r['metric']}" + ("" if r["text_mode"] in ("truncate", "prompt-ensemble")
+                                                    else f" [{r['text_mode']}]")
+                row[c] = r["value"]
+                if c not in cols:
+                    cols.append(c)
+        rows.append(row)
+    return common.markdown_table(rows, cols)
+
+
+# =============================================================================
+# 6. Continual evaluation (C-CLIP, DNS)
+# =============================================================================
+def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
+    """One row of the continual matrices from evaluate()'s records, in the
+    format common.run_continual's evaluate() returns:
+      per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for
+      the zero-shot tasks (PD = scalar before training - scalar at the end)."""
+    value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
+    first_mode = {}
+    for r in records:
+        first_mode.setdefault(r["task"], r["text_mode"])
+    per_task = {m: [value[(t, m, first_mode[t])] for t in tasks] for m in metrics}
+    scalars = {f"{r['task']}/{r['metric']}": r["value"] for r in records
+               if r["task"] in zero_shot and r["text_mode"] == first_mode[r["task"]]}
+    return {"per_task": per_task, "scalars": scalars}
+
+
+def continual_summary(rows) -> dict:
+    """common.summarize_continual over rows made by continual_row (row 0 =
+    before any training): matrices, common.continual_metrics per metric, PD."""
+    rec = {"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
+           "seconds": [0.0] * len(rows), "steps": [0] * len(rows)}
+    return common.summarize_continual(rec)
+
+
+def continual_tables(summary, tasks) -> str:
+    """Markdown: each metric's matrix R (rows = after task i), its summaries, and PD."""
+    parts = []
+    for m, R in summary["matrices"].items():
+        rows = [{"after": "pretrained" if i == 0 else f"task {i}", **dict(zip(tasks, map(float, row)))}
+                for i, row in enumerate(R)]
+        parts.append(f"R[i][j], {m}:\n\n" + common.markdown_table(rows, ["after", *tasks]))
+    mrows = [{"metric": m, **v} for m, v in summary["metrics"].items()]
+    parts.append(common.markdown_table(mrows, ["metric", "last", "avg", "bwt", "forgetting"]))
+    if summary["pd"]:
+        parts.append(common.markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
+                                           ["zero-shot", "PD"]))
+    return "\n\n".join(parts)
+
+
+def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
+                         metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
+    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the
+    model before any training ('pretrained' = the backbone's default
+    weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
+    test set. Returns common.summarize_continual's dict (+ 'records')."""
+    if len(checkpoints) != len(tasks) + 1:
+        raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
+    rows, records = [], []
+    for i, ck in enumerate(checkpoints):
+        model, _, preprocess, tok = common.load_model(backbone, "" if ck == "pretrained" else ck, device=device)
+        recs = evaluate(model, preprocess, tok, [*tasks, *zero_shot], data_root, model_name=backbone, weights=ck,
+                        device=device, **kw)
+        rows.append(continual_row(recs, tasks, metrics, zero_shot))
+        records += [dict(r, row=i) for r in recs]
+    return {**continual_summary(rows), "records": records}
+
+
+# =============================================================================
+# 7. Main
+# =============================================================================
+def _task_help() -> str:
+    real = ", ".join(REAL_RETRIEVAL_TASKS)
+    synth = ", ".join(synthetic_tasks())
+    lines = [f"retrieval tasks: {real}",
+             f"  synthetic world: {synth}",
+             "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
+             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>",
+             "other: simat",
+             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()),
+             "", "data root layout (--data-root):"]
+    lines += [f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def _expand(spec: str) -> list:
+    out = []
+    for t in filter(None, (s.strip() for s in spec.split(","))):
+        out += _expand(TASK_GROUPS[t]) if t in TASK_GROUPS else [t]
+    return out
 
 
 def main(argv=None):
-    all_tasks = [*RETRIEVAL_TASKS, *CLASSIFICATION_TASKS]
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="tasks: " + ", ".join(all_tasks))
-    p.add_argument("--backbone", default="tiny")
-    p.add_argument("--pretrained", default="")
-    p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
+    p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")
+    p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
+                   help="comma-separated task names or groups (see below)")
     p.add_argument("--data-root", default="data")
-    p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean"))
+    p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
+    p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
+    p.add_argument("--paper", default="", choices=("", *PUBLISHED), help="print that paper's CLIP numbers beside ours")
+    p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
+    p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
+    p.add_argument("--wise-ft", default="", help="fine-tuned checkpoint: evaluate the WiSE-FT curve to it")
+    p.add_argument("--wise-base", default="", help="its starting weights (default: --pretrained)")
+    p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", help="WiSE-FT mixing coefficients")
+    p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
+    p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
+    p.add_argument("--synthetic-n", type=int, default=None, help="first n scenes of each synthetic split")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", default="")
+    p.add_argument("--cache-dir", default=str(common.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
+    p.add_argument("--out", default="runs/eval", help="folder for results.json")
     a = p.parse_args(argv)
     device = common.init_distributed(a.device)
-    model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
-    records = evaluate(model, preprocess, tok, a.tasks.split(","), a.data_root, a.text_mode,
-                       model_name=a.backbone, weights=a.pretrained or "default")
-    print(results_table(records))
+    tasks = _expand(a.tasks)
+    kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
+              download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
+              synthetic_n=a.synthetic_n,
+              log=lambda s: print(s, file=sys.stderr))
+    published = published_numbers(a.paper, a.backbone) if a.paper else None
+    if a.paper and not published:
+        print(f"[eval] {a.paper} publishes no CLIP row for {a.backbone}", file=sys.stderr)
+    t0 = time.time()
+    results = {"backbone": a.backbone, "pretrained": a.pretrained or "default", "tasks": tasks,
+               "text_mode": a.text_mode, "data_root": a.data_root}
+    if a.continual:
+        zs = _expand(a.zero_shot)
+        summary = evaluate_checkpoints(a.backbone, a.continual.split(","), tasks, zs, a.data_root, device, **kw)
+        print(continual_tables(summary, tasks))
+        results.update(continual=summary, records=summary.pop("records"))
+    else:
+        model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
+        if a.wise_ft:
+            theta0 = (load_state_dict(a.wise_base) if a.wise_base else
+                      {k: v.detach().cpu() for k, v in model.state_dict().items()})
+            theta1 = load_state_dict(a.wise_ft)
+            curve = wise_ft(model, theta0, theta1, [float(x) for x in a.alphas.split(",")],
+                            lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
+                                               model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
+            print(wise_ft_table(curve))
+            results.update(wise_ft=curve, records=[dict(r, alpha=c["alpha"]) for c in curve for r in c["records"]])
+        else:
+            records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
+                               weights=a.pretrained or "default", **kw)
+            print(results_table(records, published=published))
+            extra = analysis_table(records, published)
+            if extra:
+                print("\n" + extra)
+            results["records"] = records
+    results["seconds"] = time.time() - t0
+    if published:
+        results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
     if a.out:
-        common.write_results(a.out, {"records": records})
-    return records
+        common.write_results(a.out, results)
+        print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)
+    return results.get("records", [])
 
 
 if __name__ == "__main__":

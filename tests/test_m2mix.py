@@ -1,0 +1,298 @@
+"""Tests of m2mix.py: geodesic mixup, the four mix losses against per-sample
+loops written from the paper's equations, reduction to CLIP, gradients, bf16,
+the training wrapper and an end-to-end run on the synthetic world."""
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import m2mix
+
+torch.set_num_threads(1)
+
+
+def unit(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(*shape, generator=g, dtype=torch.float64), dim=-1).float()
+
+
+def slerp_ref(lam, a, b):
+    """Eq. (3) for one pair of unit vectors, in float64 numpy."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    theta = math.acos(float(np.clip(a @ b, -1, 1)))
+    if theta < 1e-7:  # a = b: the limit of Eq. (3) is a
+        return a
+    return a * math.sin(lam * theta) / math.sin(theta) + b * math.sin((1 - lam) * theta) / math.sin(theta)
+
+
+def log_softmax_row(row):
+    row = np.asarray(row, np.float64)
+    return row - row.max() - math.log(np.exp(row - row.max()).sum())
+
+
+# ----------------------------------------------------------------------------- geodesic mixup
+def test_orthogonal_half_is_the_bisector():
+    # theta = pi/2, lam = 1/2: a sin(pi/4)/1 + b sin(pi/4)/1 = (a + b)/sqrt(2)
+    a, b = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]])
+    assert torch.allclose(m2mix.geodesic_mix(0.5, a, b), (a + b) / math.sqrt(2), atol=1e-6)
+    # lam = 1/3 of the way from b: angle to a is (1 - 1/3) pi/2 -> (cos 60, sin 60... ) = (sin(pi/6), sin(pi/3))
+    out = m2mix.geodesic_mix(1 / 3, a, b)
+    assert torch.allclose(out, torch.tensor([[0.5, math.sqrt(3) / 2, 0.0]]), atol=1e-6)
+
+
+def test_endpoints_unit_norm_and_per_row_formula():
+    a, b = unit(16, 8, seed=1), unit(16, 8, seed=2)
+    assert torch.allclose(m2mix.geodesic_mix(1.0, a, b), a, atol=1e-5)
+    assert torch.allclose(m2mix.geodesic_mix(0.0, a, b), b, atol=1e-5)
+    for lam in (0.1, 0.37, 0.9):
+        out = m2mix.geodesic_mix(lam, a, b)
+        assert torch.allclose(out.norm(dim=-1), torch.ones(16), atol=1e-5)
+        ref = np.stack([slerp_ref(lam, a[i], b[i]) for i in range(16)])
+        assert np.allclose(out.numpy(), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_identical_and_opposite_vectors_give_no_nan(sign):
+    a = unit(4, 8, seed=3).requires_grad_()
+    b = (sign * a.detach()).clone().requires_grad_()
+    out = m2mix.geodesic_mix(0.3, a, b)
+    (out * unit(4, 8, seed=4)).sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+    if sign > 0:  # a = b: the mix is a itself, on the sphere
+        assert torch.allclose(out, a, atol=1e-4)
+        assert torch.allclose(out.norm(dim=-1), torch.ones(4), atol=1e-4)
+    near = F.normalize(-a.detach() + 1e-3 * unit(4, 8, seed=5), dim=-1)  # nearly opposite: still unit norm
+    assert torch.allclose(m2mix.geodesic_mix(0.3, a.detach(), near).norm(dim=-1), torch.ones(4), atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- losses vs loops
+def test_m2mix_loss_matches_per_sample_loop():
+    B, s, lam = 6, 7.0, 0.35
+    img, txt = unit(B, 5, seed=10), unit(B, 5, seed=11)
+    mix = [slerp_ref(lam, img[j], txt[j]) for j in range(B)]
+    terms = []
+    for anchor in (img, txt):  # Eq. (4) with the anchor I_i, then T_i
+        c = 0.0
+        for i in range(B):
+            pos = s * float(img[i] @ txt[i])
+            row = [pos if j == i else s * float(anchor[i].double().numpy() @ mix[j]) for j in range(B)]
+            c -= log_softmax_row(row)[i]
+        terms.append(c / B)
+    expected = 0.5 * (terms[0] + terms[1])  # Eq. (5)
+    assert m2mix.m2mix_loss(img, txt, s, lam).item() == pytest.approx(expected, rel=1e-5)
+    assert m2mix.m2mix_loss(img, txt, s, lam, "sum").item() == pytest.approx(2 * expected, rel=1e-5)
+
+
+def _uni_loop(img, txt, s, lam, mix_side):
+    """C_V / C_L from Sec. 4.2.1, normalised over the mixed row (deviation 2),
+    soft targets lam on i and 1-lam on i' = B-1-i, in both directions."""
+    B = len(img)
+    if mix_side == "image":
+        left = [slerp_ref(lam, img[i], img[B - 1 - i]) for i in range(B)]
+        right = [txt[j].double().numpy() for j in range(B)]
+    else:
+        left = [img[i].double().numpy() for i in range(B)]
+        right = [slerp_ref(lam, txt[j], txt[B - 1 - j]) for j in range(B)]
+    M = np.array([[s * left[i] @ right[j] for j in range(B)] for i in range(B)])
+    rows = cols = 0.0
+    for i in range(B):
+        lr, lc = log_softmax_row(M[i]), log_softmax_row(M[:, i])
+        rows -= lam * lr[i] + (1 - lam) * lr[B - 1 - i]
+        cols -= lam * lc[i] + (1 - lam) * lc[B - 1 - i]
+    return 0.5 * (rows + cols) / B
+
+
+@pytest.mark.parametrize("B", [6, 7])  # odd B: the middle row is its own partner
+def test_vmix_and_lmix_match_per_sample_loop(B):
+    s, lam = 9.0, 0.7
+    img, txt = unit(B, 5, seed=20), unit(B, 5, seed=21)
+    assert m2mix.vmix_loss(img, txt, s, lam).item() == pytest.approx(_uni_loop(img, txt, s, lam, "image"), rel=1e-5)
+    assert m2mix.lmix_loss(img, txt, s, lam).item() == pytest.approx(_uni_loop(img, txt, s, lam, "text"), rel=1e-5)
+
+
+@pytest.mark.parametrize("target", ["paper", "code"])
+def test_vlmix_matches_per_sample_loop(target):
+    B, s, lam = 6, 5.0, 0.4
+    img, txt = unit(B, 5, seed=30), unit(B, 5, seed=31)
+    vi = [slerp_ref(lam, img[i], img[B - 1 - i]) for i in range(B)]
+    vt = [slerp_ref(lam, txt[i], txt[B - 1 - i]) for i in range(B)]
+    M = np.array([[s * vi[i] @ vt[j] for j in range(B)] for i in range(B)])
+    total = 0.0
+    for i in range(B):  # target I (paper) or I + I_R (code), rows of M and of M^T
+        for lp in (log_softmax_row(M[i]), log_softmax_row(M[:, i])):
+            total -= lp[i] + (lp[B - 1 - i] if target == "code" else 0.0)
+    expected = 0.5 * total / B
+    assert m2mix.vlmix_loss(img, txt, s, lam, target).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_reductions_to_clip():
+    img, txt, s = unit(8, 6, seed=40), unit(8, 6, seed=41), 12.0
+    clip = common.clip_loss(img, txt, s)
+    assert torch.allclose(m2mix.vlmix_loss(img, txt, s, 1.0), clip, atol=1e-5)  # lam = 1: nothing mixed
+    # lam = 1 for V-Mix / L-Mix: targets I, the un-mixed matrix -> CLIP as well
+    assert torch.allclose(m2mix.vmix_loss(img, txt, s, 1.0), clip, atol=1e-5)
+    assert torch.allclose(m2mix.lmix_loss(img, txt, s, 1.0), clip, atol=1e-5)
+    # m2-Mix on a perfectly aligned batch (T = I): every mix is I_j, both anchors give CLIP's matrix
+    assert torch.allclose(m2mix.m2mix_loss(img, img, s, 0.3), common.clip_loss(img, img, s), atol=1e-5)
+
+
+def test_m2mix_negatives_are_harder_than_clip_negatives():
+    # Sec. 4.1: the mixes are closer to every anchor than the other-modality negatives when the
+    # two modalities are separated (CLIP's gap), so the m2 loss is larger than the CLIP loss.
+    shift = torch.zeros(16)
+    shift[0] = 3.0
+    img = F.normalize(unit(8, 16, seed=50) + shift, dim=-1)
+    txt = F.normalize(unit(8, 16, seed=51) - shift, dim=-1)
+    assert m2mix.m2mix_loss(img, txt, 10.0, 0.5) > common.clip_loss(img, txt, 10.0)
+
+
+# ----------------------------------------------------------------------------- wrapper
+@pytest.fixture(scope="module")
+def tiny_random():
+    torch.manual_seed(0)
+    model, _, _, tok = common.load_model("tiny", "random")
+    return model, tok
+
+
+def _batch(tok, B=6):
+    g = torch.Generator().manual_seed(0)
+    caps = [f"a photo of a {c} circle." for c in ("red", "green", "blue", "yellow", "purple", "orange")][:B]
+    return {"image": torch.randn(B, 3, 48, 48, generator=g), "text": tok(caps)}
+
+
+def _ctx(step=0, epoch=0):
+    return SimpleNamespace(step=step, epoch=epoch, generator=common.step_generator(0, step))
+
+
+def test_mixed_terms_give_gradients_to_both_encoders(tiny_random):
+    model, tok = tiny_random
+    cfg = m2mix.M2MixConfig(method="m3", backbone="tiny")
+    net = m2mix.M2Mix(model, cfg)
+    losses = net(_batch(tok), _ctx())
+    assert set(losses) == {"loss_clip", "loss_m2", "loss_uni", "loss_vl"}
+    model.zero_grad()
+    (losses["loss_m2"] + losses["loss_uni"] + losses["loss_vl"]).backward()
+    for part in (model.visual, model.transformer):
+        grads = [p.grad for p in part.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+        assert sum(g.abs().sum() for g in grads) > 0
+    for name, loss in (("loss_m2", "m2"), ("loss_uni", "uni"), ("loss_vl", "vl")):
+        model.zero_grad()
+        net(_batch(tok), _ctx())[name].backward()
+        assert model.visual.conv1.weight.grad.abs().sum() > 0, loss
+        assert model.token_embedding.weight.grad.abs().sum() > 0, loss
+
+
+def test_method_switches_weights_and_code_flags(tiny_random):
+    model, tok = tiny_random
+    batch = _batch(tok)
+    ft = m2mix.M2Mix(model, m2mix.M2MixConfig(method="ft"))(batch, _ctx())
+    assert set(ft) == {"loss_clip"}
+    m2 = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_weight=0.5))(batch, _ctx())
+    assert set(m2) == {"loss_clip", "loss_m2"} and torch.allclose(ft["loss_clip"], m2["loss_clip"])
+    m2_double = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_weight=1.0))(batch, _ctx())
+    assert torch.allclose(2 * m2["loss_m2"], m2_double["loss_m2"], atol=1e-5)
+    decayed = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_weight=1.0, mix_decay=True))(batch, _ctx(epoch=3))
+    assert torch.allclose(m2_double["loss_m2"] / 4, decayed["loss_m2"], atol=1e-5)  # 1/(epoch+1)
+    assert not torch.allclose(m2["loss_m2"], m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_weight=0.5))(
+        batch, _ctx(step=1))["loss_m2"])  # a new lam per step
+
+
+def test_fixed_base_scale_freezes_logit_scale_and_eval_mode():
+    model, _, _, tok = common.load_model("tiny", "random")
+    net = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m3", base_tau=0.01, m2_tau=0.07))
+    losses = net(_batch(tok), _ctx())
+    sum(losses.values()).backward()
+    assert model.logit_scale.grad is None and not model.logit_scale.requires_grad
+    net.train()
+    assert net.training and not model.training  # Sec. 5.1: eval() mode while training
+    m2mix.M2Mix(model, m2mix.M2MixConfig(eval_mode=False)).train()
+    assert model.training
+
+
+def test_bf16_autocast_step_on_cpu(tiny_random):
+    model, tok = tiny_random
+    net = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m3"))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = net(_batch(tok), _ctx())
+    loss = sum(v.float() for v in losses.values())
+    assert all(v.dtype == torch.float32 for v in losses.values()) and torch.isfinite(loss)
+    loss.backward()
+    opt.step()
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def test_sample_lam_is_seeded_and_beta_shaped():
+    a = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
+    b = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
+    assert a == b and all(0 <= x <= 1 for x in a)
+    assert abs(np.mean(a) - 0.5) < 0.05 and np.var(a) == pytest.approx(1 / 8, abs=0.02)  # Beta(.5,.5): var 1/8
+
+
+# ----------------------------------------------------------------------------- data, tables
+def test_karpathy_manifest_first_and_all(tmp_path):
+    (tmp_path / "flickr30k").mkdir()
+    images = [{"filename": f"{i}.jpg", "split": sp, "sentences": [{"raw": f"cap {i}.{k} "} for k in range(5)]}
+              for i, sp in enumerate(("train", "train", "test", "val"))]
+    (tmp_path / "flickr30k" / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
+    first = m2mix.karpathy_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
+    rows = [json.loads(x) for x in first.read_text().splitlines()]
+    assert [r["caption"] for r in rows] == ["cap 0.0", "cap 1.0"]
+    assert rows[0]["image"] == str((tmp_path / "flickr30k" / "images" / "0.jpg").resolve())
+    every = m2mix.karpathy_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
+    assert len(every.read_text().splitlines()) == 5
+    with pytest.raises(common.DataError):
+        m2mix.karpathy_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
+
+
+def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
+    (tmp_path / "coco" / "annotations").mkdir(parents=True)
+    ann = {"images": [{"id": 7, "file_name": "a.jpg"}, {"id": 9, "file_name": "b.jpg"}],
+           "annotations": [{"image_id": 9, "caption": "b  one"}, {"image_id": 7, "caption": "a one"},
+                           {"image_id": 9, "caption": "b two"}]}
+    (tmp_path / "coco" / "annotations" / "captions_train2017.json").write_text(json.dumps(ann))
+    first = m2mix.coco2017_manifest(tmp_path, "first", tmp_path / "m")
+    rows = [json.loads(x) for x in first.read_text().splitlines()]
+    assert [r["caption"] for r in rows] == ["b one", "a one"]  # first annotation of each image, file order
+    assert rows[1]["image"].endswith("coco/train2017/a.jpg")
+    assert len(m2mix.coco2017_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
+    # COCO 2017 train is tested on val2017; Flickr30k Karpathy train on Karpathy test (both protocols)
+    assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
+    assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
+                                                                                       "flickr30k-1cap"}
+    assert list(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="x.jsonl", eval_on="synthetic-long,coco"))) == [
+        "synthetic-long", "coco"]
+
+
+def test_table1_puts_paper_values_beside_the_matching_protocol():
+    recs = [{"task": t, "model": "ZS", "metric": m, "value": 50.0}
+            for t in ("flickr30k", "flickr30k-1cap") for m in m2mix.TABLE1_METRICS]
+    out = m2mix.table1(recs)
+    one = out.split("### flickr30k-1cap")[1]
+    assert "50.0 (71.1)" in one and "- (82.1)" in one  # ZS ours (paper); m3-Mix: paper only
+    assert "50.00 (1.9)" in one  # ECE i2t, Table 2
+    assert "(71.1)" not in out.split("### flickr30k-1cap")[0]  # all-caption protocol: no paper column
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_main_end_to_end_on_the_synthetic_world(tmp_path):
+    manifest = common.synthetic_manifest("train", tmp_path / "data", n=32)
+    out = tmp_path / "run"
+    args = ["--backbone", "tiny", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
+            "--out", str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-4", "--precision", "fp32",
+            "--device", "cpu", "--workers", "0", "--log-every", "1", "--save-every", "0"]
+    res = m2mix.main(args + ["--method", "m3"])
+    assert res["summary"]["steps"] == 3
+    metrics = {(r["model"], r["metric"]) for r in res["records"]}
+    assert {("ZS", "i2t_R@1"), ("m3-Mix", "t2i_R@5"), ("m3-Mix", "align"), ("m3-Mix", "ece_i2t")} <= metrics
+    log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss_clip", "loss_m2", "loss_uni", "loss_vl"} <= set(log[-1])
+    assert (out / "model.pt").exists() and (out / "results.json").exists()
+    table = m2mix.main(["--collect", str(out)])
+    assert "m3-Mix" in table and "ZS" in table
