@@ -162,9 +162,9 @@ class CClipConfig(common.Config):
 
 # Demo-only settings (ours, not the paper's): tiny backbone, the 4 synthetic
 # domains with their long captions (the tiny backbone was pretrained on short
-# ones only, so there is something to learn; short captions repeat and make
-# R@1 ties), 30 steps per task, learning rates that move a tiny model in 30
-# steps (text 5x image, the paper's direction), small eval sets.
+# ones only, so there is something to learn in every domain), 30 steps per
+# task, learning rates that move a tiny model in 30 steps (text 5x image, the
+# paper's direction), small eval sets.
 DEMO = dict(backbone="tiny", tasks="synthetic-long", eval_n=100, epochs=1, steps=30, batch_size=32, lr=1e-3,
             lr_image=2e-4, lr_text=1e-3, warmup=-10, wd=0.1, proj_hidden=512, workers=0, device="cpu", precision="fp32",
             save_every=0, log_every=10, threads=1, out="runs/cclip-demo")

@@ -135,7 +135,7 @@ def clip_loss(img, txt, logit_scale, label_smoothing: float = 0.0):
                   + F.cross_entropy(logits.t(), labels, label_smoothing=label_smoothing))
 
 
-def _text_tower(model):
+def text_tower(model):
     """The modules of the text encoder, for CLIP (flat) and CustomTextCLIP (model.text)."""
     return model.text if hasattr(model, "text") else model
 
@@ -148,7 +148,7 @@ def encode_text(model, tokens, normalize: bool = True):
     so the pooled end-token feature is exactly model.encode_text(tokens); the
     cost falls from O(context) to O(longest caption). Models without a causal
     mask (or non-argmax pooling) take the untrimmed path."""
-    t = _text_tower(model)
+    t = text_tower(model)
     causal = getattr(t, "attn_mask", None) is not None
     if not causal or getattr(t, "text_pool_type", getattr(t, "pool_type", "")) != "argmax" \
             or not hasattr(t, "token_embedding") or getattr(t, "cls_emb", None) is not None:
@@ -172,7 +172,7 @@ def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, 
     device = device or next(model.parameters()).device
     tokens = tokenizer(list(texts))
     order = torch.argsort((tokens != 0).sum(1), descending=True)
-    out = torch.empty(len(texts), _embed_dim(model))
+    out = torch.empty(len(texts), embed_dim(model))
     for i in range(0, len(texts), batch_size):
         idx = order[i:i + batch_size]
         with autocast(device):
@@ -180,8 +180,8 @@ def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, 
     return out
 
 
-def _embed_dim(model):
-    t = _text_tower(model)
+def embed_dim(model):
+    t = text_tower(model)
     p = getattr(t, "text_projection", None)
     if isinstance(p, nn.Linear):
         return p.out_features
@@ -426,7 +426,7 @@ def save_model(model, path, backbone: str, source: str = ""):
     pp = getattr(model.visual, "preprocess_cfg", {})
     meta = {"model": name, "backbone": backbone, "source_weights": source,
             "quick_gelu": bool(getattr(model, "quick_gelu", False)),
-            "context_length": int(_text_tower(model).context_length),
+            "context_length": int(text_tower(model).context_length),
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
     Path(str(path) + ".json").write_text(json.dumps(meta, indent=1))
@@ -463,7 +463,7 @@ def world_sample(rng: random.Random, domain: str):
                  size=rng.choice(("small", "large")), cell=c) for c in cells]
     main = max(objs, key=lambda o: (o["size"] == "large", -objs.index(o)))  # first large one, else first
     d = DOMAINS[domain]
-    short = f"{d['phrase']} a {main['color']} {main['shape']}."
+    short = f"{d['phrase']} a {main['size']} {main['color']} {main['shape']} at the {POSITIONS[main['cell']]}."
     sentences = [f"There is a {o['size']} {o['color']} {o['shape']} at the {POSITIONS[o['cell']]}."
                  for o in sorted(objs, key=lambda o: o["cell"])]
     sentences.append(f"The picture is {d['phrase']} {n} object{'s' if n > 1 else ''}.")
@@ -571,7 +571,7 @@ class _SceneSet(torch.utils.data.Dataset):
         return {"image": self.transform(render(s, seed=self.seed + i)), "caption": s["caption"]}
 
 
-TINY_PRETRAIN = dict(n=10000, epochs=5, batch=128, lr=1e-3, wd=0.1, seed=0, version=2)  # version: bump when the world changes
+TINY_PRETRAIN = dict(n=10000, epochs=5, batch=128, lr=1e-3, wd=0.1, seed=0, version=3)  # version: bump when the world changes
 
 
 def pretrain_tiny(force: bool = False) -> Path:
@@ -932,12 +932,12 @@ def _set_rng_state(s):
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def _net_state(net):
+def checkpoint_state(net):
     skip = tuple(getattr(net, "no_checkpoint", ()))
     return {k: v for k, v in net.state_dict().items() if not (skip and k.startswith(skip))}
 
 
-def _load_net_state(net, sd):
+def load_checkpoint_state(net, sd):
     skip = tuple(getattr(net, "no_checkpoint", ()))
     missing, unexpected = net.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not (skip and k.startswith(skip))]
@@ -1004,7 +1004,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if ck is None or not ck.exists():
             raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}")
         state = torch.load(ck, map_location="cpu", weights_only=False)
-        _load_net_state(net, state["net"])
+        load_checkpoint_state(net, state["net"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
@@ -1019,7 +1019,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         bad = [n for n, p in net.named_parameters() if not torch.isfinite(p).all()]
         if bad:  # never overwrite a good checkpoint with a broken state
             raise FloatingPointError(f"non-finite weights at step {step} ({bad[:3]}); checkpoint not written")
-        _atomic_save({"net": _net_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        _atomic_save({"net": checkpoint_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                       "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step,
                       "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg)},
                      out / "checkpoints" / f"{tag}.pt")
@@ -1067,7 +1067,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 dt = (time.time() - t_log) / cfg.log_every
                 t_log = time.time()
                 rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()), **last,
-                       "logit_scale": float(logit_scale.exp()) if logit_scale is not None else None,
+                       "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
                        "sec_per_step": dt}
                 metrics_f.write(json.dumps(rec) + "\n")
                 metrics_f.flush()

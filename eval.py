@@ -544,7 +544,7 @@ _CLASSIFIER_CACHE: dict = {}
 def _text_fingerprint(model) -> str:
     """Identifies the text tower's current weights (changes when they train)."""
     h = hashlib.sha1()
-    for name, p in common._text_tower(model).named_parameters():
+    for name, p in common.text_tower(model).named_parameters():
         if name.startswith("visual."):
             continue
         p = p.detach().double()

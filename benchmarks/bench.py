@@ -1,0 +1,495 @@
+"""Speed and memory of every method and of the evaluation, as ratios against
+open_clip (or plain CLIP fine-tuning) measured in the same run.
+
+    python benchmarks/bench.py --quick      # within ~3 minutes on 2 CPU cores
+    python benchmarks/bench.py              # full shapes (slow on CPU; meant for a GPU)
+
+CPU by default, CUDA when present (unchanged code). Every comparison first
+checks that both sides compute the same result, then times them with warm-up
+and the median of repeated runs (the spread is reported). Ratios, not seconds,
+are the claims: these machines are shared and noisy. Writes
+benchmarks/results.json (one record per measurement) and prints a markdown
+table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import common  # noqa: E402
+import open_clip  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+RECORDS: list[dict] = []
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timeit(fn, warmup=1, repeat=5):
+    """Median and (min, max) seconds of fn() over `repeat` runs after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), (min(times), max(times))
+
+
+def record(name, value, baseline, *, kind, goal, unit="s", spread=None, baseline_spread=None, note=""):
+    """kind='speedup': ratio = baseline / value, met when >= goal;
+    kind='cost': ratio = value / baseline, met when <= goal."""
+    ratio = baseline / value if kind == "speedup" else value / baseline
+    met = None if goal is None else (ratio >= goal if kind == "speedup" else ratio <= goal)
+    rec = {"name": name, "value": value, "baseline": baseline, "ratio": ratio, "kind": kind, "goal": goal,
+           "met": met, "unit": unit, "spread": spread, "baseline_spread": baseline_spread, "note": note,
+           "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+           "torch": torch.__version__}
+    RECORDS.append(rec)
+    goal_s = "" if goal is None else (f">= {goal}x" if kind == "speedup" else f"<= {goal}x")
+    print(f"  {name}: ours {value:.4g}{unit} vs {baseline:.4g}{unit} -> {ratio:.2f}x (goal {goal_s or '-'}; "
+          f"{'met' if met else 'MISSED' if met is not None else 'info'})", flush=True)
+    return rec
+
+
+def reset_peak_memory() -> int:
+    """Resets the peak counter; returns the current usage in bytes (CUDA:
+    allocated memory; CPU: resident set size, peak reset via clear_refs)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    Path("/proc/self/clear_refs").write_text("5")
+    return _proc_status("VmRSS")
+
+
+def peak_memory() -> int:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    return _proc_status("VmHWM")
+
+
+def _proc_status(key) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def random_model(name, precision="fp32"):
+    torch.manual_seed(0)
+    model = open_clip.create_model(name, pretrained=None, device=DEVICE)
+    return model.eval(), open_clip.get_tokenizer(name)
+
+
+def coco_like_captions(n, seed=0):
+    """Captions of about 12-20 tokens, like COCO's."""
+    import random
+    rng = random.Random(seed)
+    subj = ["a man", "a woman", "two dogs", "a small child", "a group of people", "a red bus", "a cat"]
+    verb = ["is riding", "is sitting on", "are playing with", "stands next to", "is looking at", "walks past"]
+    obj = ["a wooden bench in the park", "a large white truck", "a frisbee on a sunny beach",
+           "a plate of food on a table", "an old brick building", "a surfboard in the waves"]
+    tail = ["", " at night", " on a rainy afternoon", " near the river"]
+    return [f"{rng.choice(subj)} {rng.choice(verb)} {rng.choice(obj)}{rng.choice(tail)}." for _ in range(n)]
+
+
+# =============================================================================
+# 1. Text encoding: trimmed vs open_clip's encode_text
+# =============================================================================
+def bench_text(quick):
+    print("1. text encoding", flush=True)
+    model, tok = random_model("ViT-B-16")
+    n = 64 if quick else 1024
+    for label, texts in (("COCO captions", coco_like_captions(n)),
+                         ("ERCLIP sentences", [s for c in coco_like_captions(n // 2, seed=1)
+                                               for s in (c, "The sky is blue.")][:n])):
+        tokens = tok(texts).to(DEVICE)
+        lengths = (tokens != 0).sum(1)
+        with torch.no_grad(), common.autocast(DEVICE):
+            ours_f = common.encode_text(model, tokens)
+            ref_f = model.encode_text(tokens, normalize=True)
+        err = (ours_f.float() - ref_f.float()).abs().max().item()
+        assert err < (1e-4 if DEVICE.type == "cpu" else 2e-2), f"trimmed text encoding differs by {err}"
+
+        def ours():
+            with torch.no_grad(), common.autocast(DEVICE):
+                common.encode_text(model, tokens)
+
+        def ref():
+            with torch.no_grad(), common.autocast(DEVICE):
+                model.encode_text(tokens, normalize=True)
+
+        t_o, s_o = timeit(ours, repeat=3 if quick else 5)
+        t_r, s_r = timeit(ref, repeat=3 if quick else 5)
+        record(f"encode_text, {label} ({int(lengths.min())}-{int(lengths.max())} tokens, batch {n})", t_o, t_r,
+               kind="speedup", goal=3.0, spread=s_o, baseline_spread=s_r, note=f"max abs diff {err:.1e}")
+
+
+# =============================================================================
+# 2. Zero-shot classifier construction
+# =============================================================================
+def bench_zero_shot(quick):
+    print("2. zero-shot classifier", flush=True)
+    model, tok = random_model("ViT-B-16")
+    n_cls = 25 if quick else 1000
+    names = open_clip.IMAGENET_CLASSNAMES[:n_cls]
+    templates = open_clip.OPENAI_IMAGENET_TEMPLATES  # 80
+
+    def ours():
+        return common.zero_shot_classifier(model, tok, names, templates, device=DEVICE)
+
+    def ref():
+        with torch.no_grad(), common.autocast(DEVICE):
+            return open_clip.build_zero_shot_classifier(model, tok, names, templates, device=DEVICE)
+
+    err = (ours().float() - ref().float()).abs().max().item()
+    assert err < (1e-4 if DEVICE.type == "cpu" else 2e-2), f"zero-shot weights differ by {err}"
+    t_o, s_o = timeit(ours, warmup=0 if quick else 1, repeat=1 if quick else 3)
+    t_r, s_r = timeit(ref, warmup=0 if quick else 1, repeat=1 if quick else 3)
+    record(f"zero-shot classifier ({n_cls} classes x 80 templates)", t_o, t_r, kind="speedup", goal=3.0,
+           spread=s_o, baseline_spread=s_r, note=f"max abs diff {err:.1e}")
+
+
+# =============================================================================
+# 3. One training step of each method against a plain CLIP step
+# =============================================================================
+def fake_batch(model, tok, b, sentences=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    size = model.visual.image_size[0] if isinstance(model.visual.image_size, tuple) else model.visual.image_size
+    caps = coco_like_captions(b, seed)
+    longs = [" ".join(coco_like_captions(sentences, seed * 1000 + i)) for i in range(b)]
+    return {"image": torch.randn(b, 3, size, size, generator=g).to(DEVICE), "text": tok(caps).to(DEVICE),
+            "caption": caps, "long_caption": longs, "index": torch.arange(b, device=DEVICE)}
+
+
+def make_step(net, batch, precision):
+    """One optimizer step of `net` on `batch`, as a function."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    scaler = torch.amp.GradScaler(DEVICE.type, enabled=precision == "fp16")
+    net.train()
+    ctx = SimpleNamespace(step=0, epoch=0, total_steps=10, device=DEVICE, precision=precision,
+                          generator=common.step_generator(0, 0))
+
+    def one():
+        ctx.generator = common.step_generator(0, 0)
+        with common.autocast(DEVICE, precision):
+            losses = net(batch, ctx)
+        loss = sum(v.float() for v in losses.values())
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return one
+
+
+def step_time(net, batch, precision, repeat):
+    return timeit(make_step(net, batch, precision), warmup=1, repeat=repeat)
+
+
+def _erclip(fusion, lambda_p):
+    def build(model, tok, batch):
+        import erclip
+        net = erclip.ERCLIP(model, erclip.ERCLIPConfig(fusion=fusion, lambda_p=lambda_p))
+        items = [{"image": batch["image"][i].cpu(), "caption": batch["caption"][i],
+                  "long_caption": batch["long_caption"][i], "index": i} for i in range(len(batch["caption"]))]
+        b = erclip.SentenceCollate(tok)(items)
+        return net, {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in b.items()}
+    return build
+
+
+def _m2mix(method):
+    def build(model, tok, batch):
+        import m2mix
+        return m2mix.M2Mix(model, m2mix.M2MixConfig(method=method)), batch
+    return build
+
+
+def _cclip(model, tok, batch):
+    import copy
+    import cclip
+    teacher = copy.deepcopy(model)  # the old model (pretrained CLIP for task 1)
+    cclip.add_lora(model)
+    return cclip.CClip(model, teacher, cclip.projector(common.embed_dim(model))), batch
+
+
+# name -> (goal as a multiple of a plain CLIP step, builder(model, tokenizer, batch) -> (net, batch))
+METHOD_STEPS = {
+    "ERCLIP M (6 sentences/caption)": (None, _erclip("mean", 0.0)),
+    "ERCLIP M+P (6 sentences/caption)": (1.6, _erclip("mean", 1.0)),
+    "ERCLIP RT+P (6 sentences/caption)": (None, _erclip("rt", 1.0)),
+    "m2-Mix": (1.1, _m2mix("m2")),
+    "m3-Mix": (1.1, _m2mix("m3")),
+    "C-CLIP (LoRA + CKC, old model)": (1.6, _cclip),
+}
+
+
+def bench_steps(quick, backbone):
+    print(f"3. training steps ({backbone})", flush=True)
+    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+    b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
+    repeat = 3 if quick else 5
+    model, tok = random_model(backbone)
+    batch = fake_batch(model, tok, b)
+    base, base_s = step_time(common.ClipFineTune(model), batch, precision, repeat)
+    del model
+    for name, (goal, build) in METHOD_STEPS.items():
+        m, _ = random_model(backbone)
+        net, b_batch = build(m, tok, batch)
+        t, s = step_time(net.to(DEVICE), b_batch, precision, repeat)
+        record(f"step {name} vs plain CLIP ({backbone}, batch {b}, {precision})", t, base, kind="cost",
+               goal=goal, spread=s, baseline_spread=base_s)
+        del net, m
+
+
+def bench_dns(quick):
+    """DNS trains two D x D maps on cached features: the projection's share of
+    a step, and the per-task projector rebuild."""
+    import dns
+    print("3b. DNS on cached features", flush=True)
+    d, b = 512, 64
+    g = torch.Generator().manual_seed(0)
+    img = F.normalize(torch.randn(b, d, generator=g), dim=-1).to(DEVICE)
+    txt = F.normalize(img + 0.5 * torch.randn(b, d, generator=g).to(DEVICE), dim=-1)
+    old = F.normalize(torch.randn(4 * d, d, generator=g), dim=-1)
+    Z, _ = dns.update_covariance(torch.zeros(d, d, dtype=torch.float64), 0, old[:, :].double())
+    times = {}
+    for mode in ("vanilla", "gradient", "update"):
+        net = dns.DNSNet(d, math.log(100)).to(DEVICE)
+        hooks = None if mode == "vanilla" else dns.NullSpaceProjection(
+            mode, dns.build_projectors(net.model, Z, Z, 0.01))
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+        def one():
+            loss = net({"img": img, "txt": txt})["loss_clip"]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if hooks:
+                hooks.before_optimizer_step(net)
+            opt.step()
+            if hooks:
+                hooks.after_optimizer_step(net)
+        times[mode] = timeit(one, warmup=3, repeat=20 if quick else 50)
+    for mode in ("gradient", "update"):
+        record(f"DNS step, {mode}-mode projection vs none (d={d}, batch {b})", times[mode][0], times["vanilla"][0],
+               kind="cost", goal=1.05, spread=times[mode][1], baseline_spread=times["vanilla"][1],
+               note="the whole step is two d x d matmuls, so the projection's fixed cost weighs heavily")
+    for dim in (512, 768, 1024):
+        net = dns.DualMaps(dim, math.log(100))
+        Zd = torch.eye(dim, dtype=torch.float64)
+        t, s = timeit(lambda: dns.build_projectors(net, Zd, Zd, 0.01), warmup=1, repeat=3)
+        RECORDS.append({"name": f"DNS projector rebuild per task (d={dim})", "value": t, "baseline": None,
+                        "ratio": None, "kind": "info", "goal": None, "met": None, "unit": "s", "spread": s,
+                        "device": "cpu (eigh in float64)", "torch": torch.__version__, "note": ""})
+        print(f"  DNS projector rebuild (d={dim}): {t:.3f}s", flush=True)
+
+
+def _step_memory_child(method, backbone, b):
+    """Peak memory of one training step (after one warm-up step) in a fresh process."""
+    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+    model, tok = random_model(backbone)
+    batch = fake_batch(model, tok, b)
+    net, batch = (common.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
+    step = make_step(net.to(DEVICE), batch, precision)
+    step()  # warm-up: optimizer state allocated
+    base = reset_peak_memory()
+    step()
+    print(json.dumps({"peak": peak_memory(), "base": base}))
+
+
+def bench_memory(quick, backbone):
+    print(f"6. peak memory of a training step ({backbone})", flush=True)
+    b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
+    res = {}
+    for method in ["plain", *METHOD_STEPS]:
+        r = subprocess.run([sys.executable, __file__, "--child-memory", method, backbone, str(b)],
+                           capture_output=True, text=True, check=True)
+        res[method] = json.loads(r.stdout.strip().splitlines()[-1])["peak"] / 2 ** 20
+    for method in METHOD_STEPS:
+        record(f"peak memory, step {method} vs plain ({backbone}, batch {b})", res[method], res["plain"],
+               kind="cost", goal=None, unit="MiB")
+
+
+# =============================================================================
+# 4. The shared loop against open_clip_train's train_one_epoch
+# =============================================================================
+class _TensorPairs(torch.utils.data.Dataset):
+    def __init__(self, n, size, tok, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randn(n, 3, size, size, generator=g)
+        self.captions = coco_like_captions(n, seed)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return {"image": self.images[i], "caption": self.captions[i]}
+
+
+def bench_loop(quick, backbone, tmp):
+    print(f"4. training loop vs open_clip_train ({backbone})", flush=True)
+    from open_clip_train.train import train_one_epoch
+    steps = 4 if quick else 20
+    b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
+    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+    model, tok = random_model(backbone)
+    size = model.visual.image_size[0] if isinstance(model.visual.image_size, tuple) else model.visual.image_size
+    data = _TensorPairs(b * (steps + 1), size, tok)
+
+    # ours: per-step time from metrics.jsonl (log_every=1), first step dropped as warm-up
+    cfg = common.Config(steps=steps + 1, batch_size=b, lr=1e-6, workers=0, precision=precision,
+                        out=str(tmp / "ours"), save_every=0, log_every=1, device=str(DEVICE))
+    common.train(cfg, common.ClipFineTune(model), data, common.Collate(tok), export=False)
+    ours = [json.loads(l)["sec_per_step"] for l in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()][1:]
+
+    # open_clip_train: the same model, data, batch, precision and plain CLIP loss
+    torch.manual_seed(0)
+    model2, _ = random_model(backbone)
+    stamps = []
+
+    class Timed:
+        def __init__(self, loader):
+            self.loader, self.num_batches, self.num_samples = loader, len(loader), len(loader.dataset)
+
+        def __iter__(self):
+            for x in self.loader:
+                stamps.append(time.perf_counter())
+                yield x
+            stamps.append(time.perf_counter())
+
+        def __len__(self):
+            return self.num_batches
+
+    pairs = [(data.images[i], tok([data.captions[i]])[0]) for i in range(len(data))]
+    loader = torch.utils.data.DataLoader(pairs, batch_size=b, drop_last=True)
+    dl = SimpleNamespace(dataloader=Timed(loader), set_epoch=lambda e: None)
+    args = SimpleNamespace(device=str(DEVICE), precision="amp" if precision == "fp16" else "fp32", accum_freq=1,
+                           distill=False, skip_scheduler=True, horovod=False, grad_clip_norm=None, batch_size=b,
+                           world_size=1, rank=0, local_loss=False, gather_with_grad=False, log_every_n_steps=10 ** 9,
+                           wandb=False, save_logs=False, val_frequency=0, model="", lr_scheduler="cosine",
+                           train_num_samples=len(data), distributed=False)
+    opt = torch.optim.AdamW(model2.parameters(), lr=1e-6)
+    scaler = torch.amp.GradScaler(DEVICE.type, enabled=precision == "fp16")
+    loss = open_clip.ClipLoss()
+    train_one_epoch(model2, {"train": dl}, loss, 0, opt, scaler if precision == "fp16" else None, None, None, args)
+    theirs = [b_ - a for a, b_ in zip(stamps[:-1], stamps[1:])][1:]
+    t_o, t_r = statistics.median(ours), statistics.median(theirs)
+    record(f"training loop throughput vs open_clip_train ({backbone}, batch {b}, {precision})", t_o, t_r,
+           kind="speedup", goal=1.0, spread=(min(ours), max(ours)), baseline_spread=(min(theirs), max(theirs)))
+
+
+# =============================================================================
+# 5. Retrieval evaluation: chunked vs dense
+# =============================================================================
+def dense_retrieval(img, txt, t2i, ks=(1, 5, 10)):
+    """One-shot reference: the whole similarity matrix at once (float32)."""
+    sim = txt @ img.t()  # (M, N)
+    gold = sim.gather(1, t2i[:, None])
+    r_t2i = (sim >= gold).sum(1) - 1
+    is_gold = t2i[None, :] == torch.arange(len(img), device=img.device)[:, None]  # (N, M)
+    sim_i = sim.t()
+    best = sim_i.masked_fill(~is_gold, -float("inf")).max(1, keepdim=True).values
+    r_i2t = ((sim_i >= best) & ~is_gold).sum(1)
+    out = {}
+    for k in ks:
+        out[f"i2t_R@{k}"] = 100.0 * (r_i2t < k).float().mean().item()
+        out[f"t2i_R@{k}"] = 100.0 * (r_t2i < k).float().mean().item()
+    return out
+
+
+def _retrieval_child(which, n_img, n_txt):
+    g = torch.Generator().manual_seed(0)
+    img = F.normalize(torch.randn(n_img, 512, generator=g), dim=-1).to(DEVICE)
+    t2i = torch.arange(n_img).repeat_interleave(n_txt // n_img).to(DEVICE)
+    txt = F.normalize(img[t2i] + 1.5 * torch.randn(len(t2i), 512, generator=g).to(DEVICE), dim=-1)
+    fn = common.retrieval_metrics if which == "ours" else dense_retrieval
+    base = reset_peak_memory()
+    res = fn(img, txt, t2i)
+    peak = peak_memory() - base
+    t, s = timeit(lambda: fn(img, txt, t2i), warmup=0, repeat=2)
+    print(json.dumps({"t": t, "s": s, "peak": peak, "res": res}))
+
+
+def bench_retrieval(quick):
+    print("5. retrieval metrics, 5k images x 25k texts", flush=True)
+    n_img, n_txt = 5000, 25000
+    out = {}
+    for which in ("ours", "dense"):
+        r = subprocess.run([sys.executable, __file__, "--child-retrieval", which, str(n_img), str(n_txt)],
+                           capture_output=True, text=True, check=True)
+        out[which] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ours"]["res"] == out["dense"]["res"], "chunked and dense retrieval disagree"
+    record(f"retrieval metrics time ({n_img} x {n_txt})", out["ours"]["t"], out["dense"]["t"], kind="cost",
+           goal=1.5, spread=out["ours"]["s"], baseline_spread=out["dense"]["s"])
+    record(f"retrieval metrics peak memory ({n_img} x {n_txt})", out["ours"]["peak"] / 2 ** 20,
+           out["dense"]["peak"] / 2 ** 20, kind="cost", goal=0.5, unit="MiB")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
+    p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    p.add_argument("--child-retrieval", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child_retrieval:
+        return _retrieval_child(a.child_retrieval[0], int(a.child_retrieval[1]), int(a.child_retrieval[2]))
+    if a.child_memory:
+        return _step_memory_child(a.child_memory[0], a.child_memory[1], int(a.child_memory[2]))
+    import tempfile
+    sections = set(a.only.split(",")) if a.only else {"text", "zeroshot", "steps", "dns", "loop",
+                                                                 "retrieval", "memory"}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        if "text" in sections:
+            bench_text(a.quick)
+        if "zeroshot" in sections:
+            bench_zero_shot(a.quick)
+        if "steps" in sections:
+            for bb in (["ViT-B-32"] if a.quick else ["ViT-B-32", "ViT-B-16"]):
+                bench_steps(a.quick, bb)
+        if "dns" in sections:
+            bench_dns(a.quick)
+        if "loop" in sections:
+            bench_loop(a.quick, "ViT-B-32", Path(tmp))
+        if "retrieval" in sections:
+            bench_retrieval(a.quick)
+        if "memory" in sections:
+            bench_memory(a.quick, "ViT-B-32")
+    rows = [{"measurement": r["name"], "ours": f"{r['value']:.4g}{r['unit']}",
+             "baseline": "" if r["baseline"] is None else f"{r['baseline']:.4g}{r['unit']}",
+             "ratio": "" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+             "goal": "" if r["goal"] is None else ((">= " if r["kind"] == "speedup" else "<= ") + f"{r['goal']}x"),
+             "met": {True: "yes", False: "NO", None: "-"}[r["met"]]} for r in RECORDS]
+    print()
+    print(f"device: {RECORDS[0]['device'] if RECORDS else DEVICE}, torch {torch.__version__}, "
+          f"{'quick' if a.quick else 'full'} mode, {time.time() - t0:.0f}s")
+    print(common.markdown_table(rows, ["measurement", "ours", "baseline", "ratio", "goal", "met"]))
+    Path(a.out).write_text(json.dumps(RECORDS, indent=1, default=str))
+    return RECORDS
+
+
+if __name__ == "__main__":
+    main()

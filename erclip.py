@@ -1,0 +1,645 @@
+"""ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval.
+
+Hoang-Bao Le, Allie Tran, Binh T. Nguyen, Liting Zhou, Cathal Gurrin.
+arXiv 2610.29939, https://arxiv.org/abs/2610.29939 (paper in ../shared/papers/erclip.md).
+
+What it implements
+------------------
+Training-only sentence pathway + preservation loss (Sec. 3). A long caption L
+is split into sentences s_1..s_N; every sentence of the batch goes through the
+SHARED text encoder in one padded batch, e_i = f_text(s_i); the sentence
+embeddings are fused per caption into l and contrasted with the image. A
+frozen copy of the initial model anchors the image and short-caption
+embeddings. At test time the model is a plain CLIP (77-token truncation).
+The paper prints its displayed equations without numbers; they are numbered
+here in order of appearance:
+
+  Sec. 3.1  z_mean = 1/N sum_i e_i                                   (M)
+  Eq. (1)   H = TBlock(E + P),  w_i = softmax_i g(h_i),  z_attn = sum_i w_i e_i
+  Eq. (2)   z_long = z_mean + gamma (z_attn - z_mean),  l = z_long / ||z_long||   (RT)
+  Eq. (3)   L_clip(V, Y) = 1/2 [CE_eps(V Y^T / tau, I) + CE_eps(Y V^T / tau, I)]
+  Eq. (4)   L_pres = 1/(2B) sum_b [(1 - v_b . v0_b) + (1 - t_b . t0_b)]
+            L = L_short + alpha L_long + lambda_p L_pres
+            with L_short = L_clip(V, T_short), L_long = L_clip(V, l).
+
+Variants (Sec. 4, Table 2): M = --fusion mean --lambda-p 0; M+P = --fusion mean
+(default); RT+P = --fusion rt; v1 ablations: --fusion lstm / --fusion transformer
+(with --lambda-p 0, as in Table 2).
+
+Code name -> paper symbol
+-------------------------
+  img, txt             v_b, t_b   image / short-caption embeddings (L2-normalised)
+  img0, txt0           v0_b, t0_b the frozen initial model's embeddings
+  sentence_emb, E      e_i, E     sentence embeddings, (B, N, d) padded + mask
+  z_mean, z_attn       z_mean, z_attn
+  gamma                gamma      gate of the residual fusion, initialised 0
+  pos_embedding        P          learned sentence positions
+  scorer               g          sentence scorer
+  long_emb             l          fused long-caption embedding (normalised)
+  logit_scale          1/tau      the multiplier (exp of the model's parameter)
+  label_smoothing      eps        of CE_eps
+  alpha, lambda_p      alpha, lambda_p
+  teacher              the frozen copy of the initial CLIP
+
+Deviations and choices (paper location in brackets)
+---------------------------------------------------
+ 1. eps of CE_eps is not printed [Sec. 3.2]: default --label-smoothing 0.1.
+ 2. AdamW betas/eps are not printed [Sec. 4]: CLIP's (0.9, 0.98), 1e-6.
+ 3. The temperature is kept FIXED at the backbone's value: Sec. 4.3 says a
+    learned temperature was "not tested". --learn-temperature trains it.
+ 4. Sentence embeddings are L2-normalised before fusion [Sec. 3.1 leaves it
+    open]; they are CLIP embeddings, and eval.py's sentence-mean does the same.
+ 5. TBlock / g / P are not specified [Sec. 3.1]: TBlock = one pre-norm
+    nn.TransformerEncoderLayer (d/64 heads, FFN 4d, no dropout); g =
+    Linear(d, d) - GELU - Linear(d, 1); P = 64 learned positions (N(0, 0.01));
+    sentences past the 64th share the last position.
+ 6. The v1 fusions have no equations [Tab. 2]: LSTM = one layer, hidden d, its
+    state at the last real sentence replaces z_mean; v1 Transformer = Eq. (1)
+    with z_attn replacing z_mean (no residual, no gate).
+ 7. Splitting on sentence-final periods [Sec. 3.1]: a '.' followed by
+    whitespace or the end of the text ends a sentence, so decimals ("2.5")
+    stay whole; abbreviations ("Mr. X") do split; '!' / '?' do not (the paper
+    says periods); fragments with no letter or digit are dropped; whitespace
+    (newlines) collapses to one space; a text with no period is one sentence.
+ 8. No sentence cap in the paper; --max-sentences K keeps the first K per
+    caption and counts what it drops (reported in results.json).
+ 9. Training manifest [Sec. 4]: "first COCO caption" = first annotation of the
+    image in captions_train2017.json file order; a ShareGPT4V record counts
+    when its image is "coco/train2017/..." (first record per image); images of
+    the first 1,000 records (the ShareGPT4V-1k test set) are left out of the
+    pool, so no test image is trained on.
+10. The teacher is a frozen copy made at construction, in eval mode, run under
+    the same autocast as the student; it is not checkpointed and on resume is
+    rebuilt from the same initial weights.
+11. The fusion module uses the encoders' lr [Sec. 4: one lr]; --fusion-lr
+    overrides it (ours).
+12. Under DDP each rank encodes and fuses its own sentences; all embeddings
+    are then gathered with gradient, so every loss is over the global batch.
+No authors' code is public to compare with.
+
+Commands
+--------
+  one GPU (paper, ViT-B/16, M+P):
+    python erclip.py --backbone ViT-B/16 --train-data coco-sharegpt4v --data-root data --out runs/erclip-b16-mp
+  RT+P / M:   add --fusion rt   /   --lambda-p 0
+  torchrun:   torchrun --nproc_per_node 4 erclip.py --backbone ViT-B/16 --train-data coco-sharegpt4v
+  demo (synthetic world, tiny backbone, 2 CPU cores, a few minutes):
+    python erclip.py --demo
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import eval as evaluation
+
+
+# =============================================================================
+# Config
+# =============================================================================
+@dataclasses.dataclass(frozen=True)
+class ERCLIPConfig(common.Config):
+    lr: float = common.arg(5e-6, "peak learning rate")                          # Sec. 4
+    wd: float = common.arg(0.05, "AdamW weight decay")                           # Sec. 4
+    warmup: int = common.arg(200, "linear warm-up steps, then cosine")           # Sec. 4
+    batch_size: int = common.arg(64, "global batch size")                        # Sec. 4
+    epochs: int = common.arg(1, "epochs (the paper's fixed budget)")             # Sec. 4, 4.3
+    label_smoothing: float = common.arg(0.1, "eps of CE_eps (not printed; ours)")  # Sec. 3.2, deviation 1
+    alpha: float = common.arg(1.0, "weight of L_long")                           # Sec. 4
+    lambda_p: float = common.arg(1.0, "weight of L_pres (0: variant M)")         # Sec. 4
+    fusion: str = common.arg("mean", "mean (M) | rt (residual Transformer) | lstm / transformer (v1 ablations)",
+                             choices=("mean", "rt", "lstm", "transformer"))      # Sec. 3.1, Tab. 2
+    max_sentences: int = common.arg(0, "keep at most K sentences per caption, count the rest (0: all; ours)")
+    fusion_lr: float = common.arg(0.0, "lr of the fusion module (0: the encoders' lr; ours)")
+    learn_temperature: bool = common.arg(False, "train logit_scale (the paper keeps it fixed, Sec. 4.3)")
+    train_pairs: int = common.arg(0, "training pairs (0: 20000 for coco-sharegpt4v [Sec. 4], whole split for synthetic)")
+    coco_captions: str = common.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
+    sharegpt4v: str = common.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
+    eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: the paper's (or synthetic) set; none")
+    eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning")
+    demo: bool = common.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny backbone)")
+
+
+PAPER_EVAL_TASKS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci", "coco", "cifar10", "cifar100", "imagenet")
+SYNTHETIC_EVAL_TASKS = ("synthetic-long", "synthetic-short", "synthetic-shape", "synthetic-color")
+TRAIN_POOL = "coco-sharegpt4v"
+
+
+# =============================================================================
+# Losses and fusion
+# =============================================================================
+_SENTENCE_END = re.compile(r"(?<=\.)\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sec. 3.1: split a long caption on sentence-final periods (deviation 7).
+    A '.' followed by whitespace (or the end) closes a sentence; '2.5' does
+    not. Whitespace collapses; fragments with no letter/digit are dropped."""
+    out = []
+    for s in _SENTENCE_END.split(text.strip()):
+        s = " ".join(s.split())
+        if any(ch.isalnum() for ch in s):
+            out.append(s)
+    return out
+
+
+def pad_sentences(sentence_emb, counts):
+    """Scatters one flat batch of sentence embeddings into a padded tensor.
+    sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with
+    sum S. Returns E (B, N, d) zero-padded, N = max count, and mask (B, N)."""
+    counts = counts.to(sentence_emb.device)
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)  # (S,)
+    start = torch.cumsum(counts, 0) - counts  # (B,) offset of each caption's first sentence
+    pos = torch.arange(len(owner), device=counts.device) - start[owner]  # (S,) index within its caption
+    n = int(counts.max().clamp(min=1))
+    E = sentence_emb.new_zeros(len(counts), n, sentence_emb.shape[-1])
+    E[owner, pos] = sentence_emb
+    mask = torch.arange(n, device=counts.device)[None, :] < counts[:, None]  # (B, N)
+    return E, mask
+
+
+def mean_fusion(E, mask):
+    """Sec. 3.1, z_mean = 1/N sum_i e_i over the real sentences.
+    E: (B, N, d) padded sentence embeddings; mask: (B, N) bool. Returns (B, d)."""
+    m = mask.to(E.dtype).unsqueeze(-1)  # (B, N, 1)
+    # Sec. 3.1: z_mean = 1/N sum_i e_i (count guarded against 0)
+    return (E * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+class ResidualTransformerFusion(nn.Module):
+    """Eqs. (1)-(2): gated residual Transformer fusion (RT). With
+    residual=False it is the v1 Transformer ablation (z_attn replaces z_mean).
+    forward(E (B, N, d), mask (B, N) bool) -> z_long (B, d), unnormalised."""
+
+    def __init__(self, dim: int, max_positions: int = 64, residual: bool = True):
+        super().__init__()
+        self.block = nn.TransformerEncoderLayer(dim, max(1, dim // 64), 4 * dim, dropout=0.0, activation="gelu",
+                                                batch_first=True, norm_first=True)  # TBlock (deviation 5)
+        self.pos_embedding = nn.Parameter(0.01 * torch.randn(max_positions, dim))  # P
+        self.scorer = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))  # g
+        self.residual = residual
+        self.gamma = nn.Parameter(torch.zeros(1)) if residual else None  # starts at mean pooling
+
+    def forward(self, E, mask):
+        pos = torch.arange(E.shape[1], device=E.device).clamp(max=len(self.pos_embedding) - 1)
+        # Eq. (1): H = TBlock(E + P), w_i = softmax_i g(h_i), z_attn = sum_i w_i e_i
+        H = self.block(E + self.pos_embedding[pos].to(E.dtype), src_key_padding_mask=~mask)  # (B, N, d)
+        scores = self.scorer(H).squeeze(-1).float().masked_fill(~mask, -float("inf"))  # (B, N)
+        w = torch.softmax(scores, dim=1)
+        z_attn = (w.unsqueeze(-1) * E.float()).sum(1)  # (B, d)
+        if not self.residual:
+            return z_attn
+        z_mean = mean_fusion(E.float(), mask)
+        # Eq. (2): z_long = z_mean + gamma (z_attn - z_mean)
+        return z_mean + self.gamma * (z_attn - z_mean)
+
+
+class LSTMFusion(nn.Module):
+    """v1 ablation (Tab. 2): an LSTM over the sentence sequence; its state at
+    the last real sentence replaces z_mean (deviation 6).
+    forward(E (B, N, d), mask (B, N)) -> (B, d)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.lstm = nn.LSTM(dim, dim, batch_first=True)
+
+    def forward(self, E, mask):
+        lengths = mask.sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(E.float(), lengths, batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return h[-1]  # (B, d)
+
+
+def preservation_loss(img, img0, txt, txt0):
+    """Eq. (4): L_pres = 1/(2B) sum_b [(1 - v_b . v0_b) + (1 - t_b . t0_b)].
+    img, img0: (B, d) student / frozen-initial image embeddings; txt, txt0:
+    (B, d) short-caption embeddings; all L2-normalised."""
+    cos_img = (img.float() * img0.float()).sum(-1)  # (B,)
+    cos_txt = (txt.float() * txt0.float()).sum(-1)
+    # Eq. (4): L_pres = 1/(2B) sum_b [(1 - v_b.v0_b) + (1 - t_b.t0_b)]
+    return ((1 - cos_img) + (1 - cos_txt)).sum() / (2 * len(img))
+
+
+def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lambda_p, label_smoothing):
+    """Eqs. (3)-(4): the already-weighted terms of
+    L = L_short + alpha L_long + lambda_p L_pres.
+    img, txt_short, long_emb: (B, d) normalised v, t, l; img0, txt0: (B, d)
+    the frozen initial model's (None when lambda_p = 0); logit_scale: 1/tau."""
+    # Eq. (3): L_short = L_clip(V, T_short), L_long = L_clip(V, l), CE with label smoothing eps
+    loss_short = common.clip_loss(img, txt_short, logit_scale, label_smoothing)
+    loss_long = common.clip_loss(img, long_emb, logit_scale, label_smoothing)
+    if img0 is None:
+        loss_pres = img.new_zeros((), dtype=torch.float32)
+    else:
+        loss_pres = preservation_loss(img, img0, txt_short, txt0)
+    # Eq. (4): L = L_short + alpha L_long + lambda_p L_pres
+    return {"loss_short": loss_short, "loss_long": alpha * loss_long, "loss_pres": lambda_p * loss_pres}
+
+
+# =============================================================================
+# Model wrapper
+# =============================================================================
+class SentenceCollate(common.Collate):
+    """common.Collate plus the sentence pathway's tokens: every sentence of
+    the batch in one (S, context) tensor, captions back to back, with
+    sentence_counts (B,) and sentences_dropped (B,) by the --max-sentences cap."""
+
+    def __init__(self, tokenizer, max_sentences: int = 0):
+        super().__init__(tokenizer)
+        self.max_sentences = max_sentences
+
+    def __call__(self, items):
+        out = super().__call__(items)
+        sentences, counts, dropped = [], [], []
+        for text in out["long_caption"]:
+            s = split_sentences(text) or [" ".join(text.split())]
+            keep = s[:self.max_sentences] if self.max_sentences > 0 else s
+            sentences += keep
+            counts.append(len(keep))
+            dropped.append(len(s) - len(keep))
+        out["sentence_tokens"] = self.tokenizer(sentences)  # (S, context)
+        out["sentence_counts"] = torch.tensor(counts)
+        out["sentences_dropped"] = torch.tensor(dropped)
+        return out
+
+
+def make_fusion(kind: str, dim: int):
+    if kind == "mean":
+        return None  # no parameters
+    if kind == "rt":
+        return ResidualTransformerFusion(dim)
+    if kind == "transformer":
+        return ResidualTransformerFusion(dim, residual=False)
+    if kind == "lstm":
+        return LSTMFusion(dim)
+    raise ValueError(f"unknown fusion {kind!r}")
+
+
+class ERCLIP(nn.Module):
+    """The training wrapper: the open_clip model, the fusion module and the
+    frozen teacher (only when lambda_p > 0). forward(batch, ctx) returns the
+    weighted loss terms; the teacher is excluded from checkpoints."""
+    no_checkpoint = ("teacher.",)
+
+    def __init__(self, model, cfg: ERCLIPConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        self.fusion = make_fusion(cfg.fusion, common.embed_dim(model))
+        self.teacher = None
+        if cfg.lambda_p > 0:  # a frozen copy of the INITIAL model (deviation 10)
+            self.teacher = copy.deepcopy(model).eval().requires_grad_(False)
+        if not cfg.learn_temperature:  # deviation 3
+            model.logit_scale.requires_grad_(False)
+        self.sentences_seen = self.sentences_dropped = 0
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.teacher is not None:
+            self.teacher.eval()  # the teacher never leaves eval mode
+        return self
+
+    def encode_long(self, sentence_tokens, sentence_counts):
+        """All sentences of the batch in ONE padded batch through the shared
+        text encoder (trimmed padding), then fused per caption. -> l (B, d)."""
+        e = common.encode_text(self.model, sentence_tokens)  # (S, d) normalised (deviation 4)
+        E, mask = pad_sentences(e, sentence_counts)  # (B, N, d), (B, N)
+        z_long = mean_fusion(E.float(), mask) if self.fusion is None else self.fusion(E, mask)
+        return F.normalize(z_long.float(), dim=-1)
+
+    def forward(self, batch, ctx=None):
+        self.sentences_seen += int(batch["sentence_counts"].sum())
+        self.sentences_dropped += int(batch["sentences_dropped"].sum())
+        img = self.model.encode_image(batch["image"], normalize=True)  # (B, d)
+        txt = common.encode_text(self.model, batch["text"])  # (B, d)
+        long_emb = self.encode_long(batch["sentence_tokens"], batch["sentence_counts"])  # (B, d)
+        if self.teacher is not None:
+            with torch.no_grad():
+                img0 = self.teacher.encode_image(batch["image"], normalize=True)
+                txt0 = common.encode_text(self.teacher, batch["text"])
+            img, txt, long_emb, img0, txt0 = common.gather(img, txt, long_emb, img0, txt0)
+        else:
+            img, txt, long_emb = common.gather(img, txt, long_emb)
+            img0 = txt0 = None
+        return erclip_losses(img, txt, long_emb, img0, txt0, self.model.logit_scale.exp(),
+                             self.cfg.alpha, self.cfg.lambda_p, self.cfg.label_smoothing)
+
+
+# =============================================================================
+# Training
+# =============================================================================
+def build_train_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
+    """The paper's training set (Sec. 4, deviation 9): the first n_pairs, in
+    COCO image-id order, of the COCO train2017 images that ShareGPT4V
+    describes; short caption = the image's first COCO caption, long caption =
+    the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
+    records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
+    (image paths relative to it) and reused."""
+    out_dir = Path(out_dir)
+    path = out_dir / f"erclip-train-{TRAIN_POOL}-{n_pairs}.jsonl"
+    if path.exists():
+        return path
+    for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
+        if not Path(p).is_file():
+            raise common.DataError(f"{what} not found: {p} (see the data layout in README.md)")
+    coco = json.loads(Path(coco_captions).read_text())
+    file_of = {im["id"]: im["file_name"] for im in coco["images"]}
+    first_caption = {}
+    for a in coco["annotations"]:  # file order: the first annotation of an image is its first caption
+        first_caption.setdefault(a["image_id"], a["caption"].strip())
+    records = json.loads(Path(sharegpt4v).read_text())
+    prefix = "coco/train2017/"
+    held_out = {r.get("image") for r in records[:holdout]}
+    long_of = {}
+    for r in records[holdout:]:
+        img = r.get("image", "")
+        if img.startswith(prefix) and img not in held_out and img not in long_of:
+            text = next((c["value"] for c in r.get("conversations", []) if c.get("from") == "gpt"), "")
+            if text.strip():
+                long_of[img] = text.strip()
+    pool = sorted(i for i, f in file_of.items() if prefix + f in long_of and i in first_caption)
+    if not pool:
+        raise common.DataError(f"no COCO train2017 image of {coco_captions} is described in {sharegpt4v}")
+    if len(pool) < n_pairs:
+        print(f"[erclip] only {len(pool)} shared images, fewer than the {n_pairs} asked for; using all",
+              file=sys.stderr)
+    rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
+    rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
+             "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    (out_dir / (path.name + ".json")).write_text(json.dumps(
+        {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
+         "pairs": len(rows), "holdout_records": holdout}, indent=1))
+    return path
+
+
+def train_manifest(cfg: ERCLIPConfig) -> Path:
+    root = Path(cfg.data_root)
+    if cfg.train_data == "synthetic":
+        return common.synthetic_manifest("train", root, n=cfg.train_pairs or None)
+    if cfg.train_data == TRAIN_POOL:
+        return build_train_manifest(
+            cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
+            cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json",
+            root / "erclip", cfg.train_pairs or 20000)
+    return Path(cfg.train_data)  # a user manifest with caption + long_caption
+
+
+def eval_tasks(cfg: ERCLIPConfig) -> list[str]:
+    if cfg.eval_tasks == "none":
+        return []
+    if cfg.eval_tasks == "auto":
+        return list(SYNTHETIC_EVAL_TASKS if cfg.train_data == "synthetic" else PAPER_EVAL_TASKS)
+    return [t for t in cfg.eval_tasks.split(",") if t]
+
+
+def check_eval_data(tasks, data_root):
+    """Loads every evaluation set's index before training, so missing data
+    fails in seconds, not after the run."""
+    for t in tasks:
+        try:
+            if t in evaluation.CLASSIFICATION_TASKS:
+                evaluation.load_classification(t, data_root)
+            else:
+                evaluation.load_retrieval(t, data_root)
+        except Exception as e:
+            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
+                                   f"(pass --eval-tasks to choose others, or none)") from e
+
+
+def variant_name(cfg: ERCLIPConfig) -> str:
+    name = {"mean": "M", "rt": "RT", "lstm": "v1 LSTM", "transformer": "v1 Transformer"}[cfg.fusion]
+    return name + ("+P" if cfg.lambda_p > 0 else "")
+
+
+def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer):
+    """Fine-tunes one variant of freshly loaded initial weights (so on resume
+    the teacher is rebuilt from them too); returns (model, summary)."""
+    dataset = common.ManifestDataset(train_manifest(cfg), train_tf, need_long=True, skip_bad=cfg.skip_bad)
+    net = ERCLIP(model, cfg)
+    lr_of = (lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr) if cfg.fusion_lr else None
+    summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences), lr_of=lr_of)
+    summary.update(variant=variant_name(cfg), train_pairs=len(dataset), skipped_rows=len(dataset.skipped),
+                   sentences_seen=net.sentences_seen, sentences_dropped=net.sentences_dropped)
+    if net.fusion is not None and getattr(net.fusion, "gamma", None) is not None:
+        summary["gamma"] = float(net.fusion.gamma.detach())
+    if net.sentences_dropped:
+        print(f"[erclip] --max-sentences {cfg.max_sentences} dropped {net.sentences_dropped} of "
+              f"{net.sentences_seen + net.sentences_dropped} sentences", file=sys.stderr)
+    return model, summary
+
+
+# =============================================================================
+# Tables
+# =============================================================================
+LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
+# Table 1 (R@1 %): Urban1K, ShareGPT4V, DOCCI, Long-DCI as I2T, T2I pairs.
+PAPER_TABLE1 = {
+    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
+    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
+    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
+    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
+    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
+    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
+    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
+    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
+    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
+    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
+    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
+    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
+}
+# Table 2: long avg I2T, T2I; COCO 5k I2T, T2I; zero-shot C10, C100, IN.
+PAPER_TABLE2 = {
+    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
+    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
+    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
+    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
+    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
+    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
+    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
+    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
+    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
+    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
+    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
+    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
+    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
+    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
+    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
+    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
+    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
+    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
+}
+T1_COLS = ["model", "ViT", "Urban1K I2T", "Urban1K T2I", "ShareGPT4V I2T", "ShareGPT4V T2I", "DOCCI I2T",
+           "DOCCI T2I", "Long-DCI I2T", "Long-DCI T2I", "Avg I2T", "Avg T2I"]
+T2_COLS = ["model", "ViT", "L_pres", "Long avg I2T", "Long avg T2I", "COCO I2T", "COCO T2I", "C10", "C100", "IN"]
+
+
+def vit_key(backbone: str) -> str:
+    m = re.search(r"([BLH])[-/](\d+)", backbone)
+    return f"{m.group(1)}/{m.group(2)}" if m else backbone
+
+
+def _value(records, task, metric):
+    return next((r["value"] for r in records if r["task"] == task and r["metric"] == metric), None)
+
+
+def _mean(vals):
+    return sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
+
+
+def table_rows(records, name, vit, lambda_p):
+    """Our rows of Tables 1 and 2 from eval.evaluate's records."""
+    t1 = [_value(records, t, m) for t in LONG_SETS for m in ("i2t_R@1", "t2i_R@1")]
+    long_avg = (_mean(t1[0::2]), _mean(t1[1::2]))
+    row1 = dict(zip(T1_COLS, [name + " (ours)", vit, *t1, *long_avg]))
+    t2 = [*long_avg, _value(records, "coco", "i2t_R@1"), _value(records, "coco", "t2i_R@1"),
+          *(_value(records, t, "top1") for t in ("cifar10", "cifar100", "imagenet"))]
+    pres = "-" if name == "CLIP" else ("yes" if lambda_p > 0 else "no")
+    row2 = dict(zip(T2_COLS, [name + " (ours)", vit, pres, *t2]))
+    return row1, row2
+
+
+def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
+    """Tables 1 and 2 in the paper's layout: the paper's rows for this
+    backbone (prefixed 'paper') beside ours. ours: (name, records, lambda_p)."""
+    rows1, rows2 = [], []
+    for (v, name), vals in PAPER_TABLE1.items():
+        if v == vit:
+            rows1.append(dict(zip(T1_COLS, [f"paper {name}", v, *vals, _mean(vals[0::2]), _mean(vals[1::2])])))
+    for (v, name), vals in PAPER_TABLE2.items():
+        if v == vit:
+            pres = "-" if name == "CLIP" else ("yes" if name.endswith("+P") else "no")
+            rows2.append(dict(zip(T2_COLS, [f"paper {name}", v, pres, *vals])))
+    for name, records, lambda_p in ours:
+        r1, r2 = table_rows(records, name, vit, lambda_p)
+        rows1.append(r1)
+        rows2.append(r2)
+    fmt = "{:.2f}"
+    return ("Table 1: long-caption retrieval, R@1 (%), captions truncated at the context\n\n"
+            + common.markdown_table(rows1, T1_COLS, fmt)
+            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
+            + common.markdown_table(rows2, T2_COLS, fmt))
+
+
+# =============================================================================
+# Demo (synthetic world, tiny backbone, 2 CPU cores)
+# =============================================================================
+# Demo settings (ours, NOT the paper's): the tiny model and 2,000 pairs need a
+# larger lr and several passes (120 x 64 = 3.8 passes over the 2,000 pairs) to move
+# within the 5-minute CPU budget.
+DEMO = dict(backbone="tiny", train_data="synthetic", lr=3e-4, wd=0.05, warmup=12, steps=120, batch_size=64,
+            label_smoothing=0.1, workers=0, precision="fp32", out="runs/erclip-demo", save_every=0)
+DEMO_VARIANTS = (("M", "mean", 0.0), ("M+P", "mean", 1.0), ("RT+P", "rt", 1.0))
+DEMO_COLS = ["model", "long I2T", "long T2I", "long-sent I2T", "long-sent T2I", "short I2T", "short T2I",
+             "shape", "color"]
+
+
+def demo_eval(model, preprocess, tokenizer, data_root):
+    """The synthetic measurements of the demo table, one row dict."""
+    rec = evaluation.evaluate(model, preprocess, tokenizer, list(SYNTHETIC_EVAL_TASKS), data_root)
+    rec_sent = evaluation.evaluate(model, preprocess, tokenizer, ["synthetic-long"], data_root,
+                                   text_mode="sentence-mean")
+    v = lambda r, t, m: _value(r, t, m)  # noqa: E731
+    return dict(zip(DEMO_COLS[1:], [
+        v(rec, "synthetic-long", "i2t_R@1"), v(rec, "synthetic-long", "t2i_R@1"),
+        v(rec_sent, "synthetic-long", "i2t_R@1"), v(rec_sent, "synthetic-long", "t2i_R@1"),
+        v(rec, "synthetic-short", "i2t_R@1"), v(rec, "synthetic-short", "t2i_R@1"),
+        v(rec, "synthetic-shape", "top1"), v(rec, "synthetic-color", "top1")])), rec + rec_sent
+
+
+def demo_summary(rows: dict) -> str:
+    """The paper's two claims, measured on the demo rows."""
+    long_ = lambda r: (r["long I2T"] + r["long T2I"]) / 2  # noqa: E731
+    zs = lambda r: (r["shape"] + r["color"]) / 2  # noqa: E731
+    base, lines = rows["CLIP"], []
+    for name in rows:
+        if name != "CLIP":
+            lines.append(f"{name}: long R@1 (truncated, mean of both directions) {long_(base):.1f} -> "
+                         f"{long_(rows[name]):.1f} ({long_(rows[name]) - long_(base):+.1f}); zero-shot mean "
+                         f"{zs(base):.1f} -> {zs(rows[name]):.1f} ({zs(rows[name]) - zs(base):+.1f})")
+    if "M" in rows and "M+P" in rows:
+        lost = zs(base) - zs(rows["M"])
+        back = zs(rows["M+P"]) - zs(rows["M"])
+        share = f" ({100 * back / lost:.0f}% of the loss)" if lost > 0 else " (M lost nothing to recover)"
+        lines.append(f"M lost {lost:+.1f} zero-shot points; preservation (M+P) recovers {back:+.1f}{share}")
+    return "\n".join(lines)
+
+
+def run_demo(cfg: ERCLIPConfig):
+    t0 = time.time()
+    common.set_threads()
+    out = Path(cfg.out)
+    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    rows, results = {}, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg)}
+    rows["CLIP"], results["CLIP"] = demo_eval(model, preprocess, tokenizer, cfg.data_root)
+    for name, fusion, lambda_p in DEMO_VARIANTS:
+        vcfg = dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, out=str(out / name.replace("+", "")))
+        model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+        model, summary = train_erclip(vcfg, model, train_tf, tokenizer)
+        rows[name], records = demo_eval(model, preprocess, tokenizer, cfg.data_root)
+        results[name] = {"summary": summary, "records": records}
+        print(f"[erclip demo] {name} trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
+    table = common.markdown_table([{"model": k, **v} for k, v in rows.items()], DEMO_COLS)
+    text = (f"ERCLIP demo: synthetic world, tiny backbone, {cfg.steps} steps x batch {cfg.batch_size}, "
+            f"lr {cfg.lr:g} (demo settings). long = long captions truncated at the context (the paper's "
+            f"protocol); long-sent = sentence-mean text encoding; R@1 %, zero-shot top-1 %.\n\n{table}\n\n"
+            f"{demo_summary(rows)}\nwall time {time.time() - t0:.0f}s")
+    print(text)
+    results.update(table=table, rows=rows, wall_seconds=time.time() - t0)
+    common.write_results(out, results)
+    return rows
+
+
+# =============================================================================
+# Main
+# =============================================================================
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = common.parse_config(ERCLIPConfig, argv, **(DEMO if "--demo" in argv else {}))
+    if cfg.demo:
+        return run_demo(cfg)
+    common.set_threads()
+    torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
+    tasks = eval_tasks(cfg)
+    rank = common.dist_info()[0]
+    manifest = train_manifest(cfg)  # fails at once when the training data is missing
+    check_eval_data(tasks, cfg.data_root)
+    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
+                                                               cache_dir=cfg.cache_dir)
+    device = common.init_distributed(cfg.device)
+    base = []
+    if tasks and cfg.eval_base and rank == 0:
+        base = evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks, cfg.data_root,
+                                   model_name=cfg.backbone, weights="before fine-tuning")
+    model, summary = train_erclip(cfg, model, train_tf, tokenizer)
+    if rank != 0:
+        return summary
+    tuned = evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
+                                weights=str(Path(cfg.out) / "model.pt")) if tasks else []
+    name, vit = variant_name(cfg), vit_key(cfg.backbone)
+    if cfg.train_data == "synthetic":
+        text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}"
+                           for title, r in (("CLIP", base), (f"ERCLIP {name}", tuned)) if r)
+    else:
+        text = paper_tables(([("CLIP", base, 0.0)] if base else []) + [(name, tuned, cfg.lambda_p)], vit)
+    print(text)
+    common.write_results(cfg.out, {"variant": name, "manifest": str(manifest), "summary": summary,
+                                   "base": base, "tuned": tuned, "tables": text,
+                                   "config": dataclasses.asdict(cfg)})
+    return {"summary": summary, "base": base, "tuned": tuned}
+
+
+if __name__ == "__main__":
+    main()
