@@ -41,8 +41,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timeit(fn, warmup=1, repeat=5):
-    """Median and (min, max) seconds of fn() over `repeat` runs after `warmup`."""
+def timeit(fn, warmup=1, repeat=5, samples=False):
+    """Median and (min, max) seconds of fn() over `repeat` runs after
+    `warmup` (or the list of timings with samples=True)."""
     for _ in range(warmup):
         fn()
     sync()
@@ -52,6 +53,8 @@ def timeit(fn, warmup=1, repeat=5):
         fn()
         sync()
         times.append(time.perf_counter() - t0)
+    if samples:
+        return times
     return statistics.median(times), (min(times), max(times))
 
 
@@ -96,10 +99,16 @@ def _proc_status(key) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
+_MODELS = {}
+
+
 def random_model(name, precision="fp32"):
-    torch.manual_seed(0)
-    model = open_clip.create_model(name, pretrained=None, device=DEVICE)
-    return model.eval(), open_clip.get_tokenizer(name)
+    """A randomly initialised open_clip model (a fresh copy of one built per name) and its tokenizer."""
+    if name not in _MODELS:
+        torch.manual_seed(0)
+        _MODELS[name] = open_clip.create_model(name, pretrained=None, device=DEVICE).eval()
+    import copy
+    return copy.deepcopy(_MODELS[name]), open_clip.get_tokenizer(name)
 
 
 def coco_like_captions(n, seed=0):
@@ -140,8 +149,8 @@ def bench_text(quick):
             with torch.no_grad(), common.autocast(DEVICE):
                 model.encode_text(tokens, normalize=True)
 
-        t_o, s_o = timeit(ours, repeat=3 if quick else 5)
-        t_r, s_r = timeit(ref, repeat=3 if quick else 5)
+        t_o, s_o = timeit(ours, repeat=2 if quick else 5)
+        t_r, s_r = timeit(ref, repeat=2 if quick else 5)
         record(f"encode_text, {label} ({int(lengths.min())}-{int(lengths.max())} tokens, batch {n})", t_o, t_r,
                kind="speedup", goal=3.0, spread=s_o, baseline_spread=s_r, note=f"max abs diff {err:.1e}")
 
@@ -152,21 +161,23 @@ def bench_text(quick):
 def bench_zero_shot(quick):
     print("2. zero-shot classifier", flush=True)
     model, tok = random_model("ViT-B-16")
-    n_cls = 25 if quick else 1000
+    n_cls = 3 if quick else 1000
     names = open_clip.IMAGENET_CLASSNAMES[:n_cls]
     templates = open_clip.OPENAI_IMAGENET_TEMPLATES  # 80
 
+    out = {}
+
     def ours():
-        return common.zero_shot_classifier(model, tok, names, templates, device=DEVICE)
+        out["ours"] = common.zero_shot_classifier(model, tok, names, templates, device=DEVICE)
 
     def ref():
         with torch.no_grad(), common.autocast(DEVICE):
-            return open_clip.build_zero_shot_classifier(model, tok, names, templates, device=DEVICE)
+            out["ref"] = open_clip.build_zero_shot_classifier(model, tok, names, templates, device=DEVICE)
 
-    err = (ours().float() - ref().float()).abs().max().item()
-    assert err < (1e-4 if DEVICE.type == "cpu" else 2e-2), f"zero-shot weights differ by {err}"
     t_o, s_o = timeit(ours, warmup=0 if quick else 1, repeat=1 if quick else 3)
     t_r, s_r = timeit(ref, warmup=0 if quick else 1, repeat=1 if quick else 3)
+    err = (out["ours"].float() - out["ref"].float()).abs().max().item()
+    assert err < (1e-4 if DEVICE.type == "cpu" else 2e-2), f"zero-shot weights differ by {err}"
     record(f"zero-shot classifier ({n_cls} classes x 80 templates)", t_o, t_r, kind="speedup", goal=3.0,
            spread=s_o, baseline_spread=s_r, note=f"max abs diff {err:.1e}")
 
@@ -236,31 +247,36 @@ def _cclip(model, tok, batch):
 
 # name -> (goal as a multiple of a plain CLIP step, builder(model, tokenizer, batch) -> (net, batch))
 METHOD_STEPS = {
-    "ERCLIP M (6 sentences/caption)": (None, _erclip("mean", 0.0)),
     "ERCLIP M+P (6 sentences/caption)": (1.6, _erclip("mean", 1.0)),
-    "ERCLIP RT+P (6 sentences/caption)": (None, _erclip("rt", 1.0)),
     "m2-Mix": (1.1, _m2mix("m2")),
     "m3-Mix": (1.1, _m2mix("m3")),
     "C-CLIP (LoRA + CKC, old model)": (1.6, _cclip),
+    "ERCLIP M (6 sentences/caption)": (None, _erclip("mean", 0.0)),
+    "ERCLIP RT+P (6 sentences/caption)": (None, _erclip("rt", 1.0)),
 }
+QUICK_STEPS = 4  # --quick times the first four (the ones with goals)
 
 
 def bench_steps(quick, backbone):
     print(f"3. training steps ({backbone})", flush=True)
     precision = "fp16" if DEVICE.type == "cuda" else "fp32"
     b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
-    repeat = 3 if quick else 5
+    repeat = 2 if quick else 5
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
-    base, base_s = step_time(common.ClipFineTune(model), batch, precision, repeat)
-    del model
-    for name, (goal, build) in METHOD_STEPS.items():
+    plain = make_step(common.ClipFineTune(model), batch, precision)
+    base_times = timeit(plain, warmup=1, repeat=repeat, samples=True)
+    results = []
+    for name, (goal, build) in list(METHOD_STEPS.items())[:QUICK_STEPS if quick else None]:
         m, _ = random_model(backbone)
         net, b_batch = build(m, tok, batch)
-        t, s = step_time(net.to(DEVICE), b_batch, precision, repeat)
+        results.append((name, goal, step_time(net.to(DEVICE), b_batch, precision, repeat)))
+        del net, m
+    base_times += timeit(plain, warmup=0, repeat=repeat, samples=True)  # before and after: drift cancels
+    base, base_s = statistics.median(base_times), (min(base_times), max(base_times))
+    for name, goal, (t, s) in results:
         record(f"step {name} vs plain CLIP ({backbone}, batch {b}, {precision})", t, base, kind="cost",
                goal=goal, spread=s, baseline_spread=base_s)
-        del net, m
 
 
 def bench_dns(quick):
@@ -272,8 +288,9 @@ def bench_dns(quick):
     g = torch.Generator().manual_seed(0)
     img = F.normalize(torch.randn(b, d, generator=g), dim=-1).to(DEVICE)
     txt = F.normalize(img + 0.5 * torch.randn(b, d, generator=g).to(DEVICE), dim=-1)
-    old = F.normalize(torch.randn(4 * d, d, generator=g), dim=-1)
-    Z, _ = dns.update_covariance(torch.zeros(d, d, dtype=torch.float64), 0, old[:, :].double())
+    # old tasks' features on a 64-dimensional subspace (like CLIP features, few dominant directions)
+    old = F.normalize(torch.randn(4 * d, 64, generator=g) @ torch.randn(64, d, generator=g), dim=-1)
+    Z, _ = dns.update_covariance(torch.zeros(d, d, dtype=torch.float64), 0, old.double())
     times = {}
     for mode in ("vanilla", "gradient", "update"):
         net = dns.DNSNet(d, math.log(100)).to(DEVICE)
@@ -322,11 +339,13 @@ def bench_memory(quick, backbone):
     print(f"6. peak memory of a training step ({backbone})", flush=True)
     b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
     res = {}
-    for method in ["plain", *METHOD_STEPS]:
+    # --quick: the two methods whose memory differs from plain (m2/m3-Mix add only (B, B) logits)
+    methods = ["ERCLIP M+P (6 sentences/caption)", "C-CLIP (LoRA + CKC, old model)"] if quick else list(METHOD_STEPS)
+    for method in ["plain", *methods]:
         r = subprocess.run([sys.executable, __file__, "--child-memory", method, backbone, str(b)],
                            capture_output=True, text=True, check=True)
         res[method] = json.loads(r.stdout.strip().splitlines()[-1])["peak"] / 2 ** 20
-    for method in METHOD_STEPS:
+    for method in methods:
         record(f"peak memory, step {method} vs plain ({backbone}, batch {b})", res[method], res["plain"],
                kind="cost", goal=None, unit="MiB")
 
@@ -350,7 +369,7 @@ class _TensorPairs(torch.utils.data.Dataset):
 def bench_loop(quick, backbone, tmp):
     print(f"4. training loop vs open_clip_train ({backbone})", flush=True)
     from open_clip_train.train import train_one_epoch
-    steps = 4 if quick else 20
+    steps = 3 if quick else 20
     b = 8 if quick else (16 if DEVICE.type == "cpu" else 128)
     precision = "fp16" if DEVICE.type == "cuda" else "fp32"
     model, tok = random_model(backbone)
@@ -366,6 +385,7 @@ def bench_loop(quick, backbone, tmp):
     # open_clip_train: the same model, data, batch, precision and plain CLIP loss
     torch.manual_seed(0)
     model2, _ = random_model(backbone)
+    model2.output_dict = True  # as open_clip_train's main creates it
     stamps = []
 
     class Timed:
@@ -418,7 +438,7 @@ def dense_retrieval(img, txt, t2i, ks=(1, 5, 10)):
     return out
 
 
-def _retrieval_child(which, n_img, n_txt):
+def _retrieval_child(which, n_img, n_txt, repeat):
     g = torch.Generator().manual_seed(0)
     img = F.normalize(torch.randn(n_img, 512, generator=g), dim=-1).to(DEVICE)
     t2i = torch.arange(n_img).repeat_interleave(n_txt // n_img).to(DEVICE)
@@ -427,7 +447,7 @@ def _retrieval_child(which, n_img, n_txt):
     base = reset_peak_memory()
     res = fn(img, txt, t2i)
     peak = peak_memory() - base
-    t, s = timeit(lambda: fn(img, txt, t2i), warmup=0, repeat=2)
+    t, s = timeit(lambda: fn(img, txt, t2i), warmup=0, repeat=repeat)
     print(json.dumps({"t": t, "s": s, "peak": peak, "res": res}))
 
 
@@ -436,7 +456,8 @@ def bench_retrieval(quick):
     n_img, n_txt = 5000, 25000
     out = {}
     for which in ("ours", "dense"):
-        r = subprocess.run([sys.executable, __file__, "--child-retrieval", which, str(n_img), str(n_txt)],
+        r = subprocess.run([sys.executable, __file__, "--child-retrieval", which, str(n_img), str(n_txt),
+                            str(1 if quick else 3)],
                            capture_output=True, text=True, check=True)
         out[which] = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["ours"]["res"] == out["dense"]["res"], "chunked and dense retrieval disagree"
@@ -451,11 +472,11 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
     p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
-    p.add_argument("--child-retrieval", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child_retrieval:
-        return _retrieval_child(a.child_retrieval[0], int(a.child_retrieval[1]), int(a.child_retrieval[2]))
+        return _retrieval_child(a.child_retrieval[0], *map(int, a.child_retrieval[1:]))
     if a.child_memory:
         return _step_memory_child(a.child_memory[0], a.child_memory[1], int(a.child_memory[2]))
     import tempfile
