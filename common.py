@@ -1041,7 +1041,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 losses = ddp(batch, ctx)
             loss = sum(v.float() for v in losses.values())
             if not torch.isfinite(loss):
-                terms = {k: float(v) for k, v in losses.items()}
+                terms = {k: float(v.detach()) for k, v in losses.items()}
                 raise FloatingPointError(f"non-finite loss at step {step}: {terms}; last good checkpoint kept "
                                          f"in {out / 'checkpoints'}")
             opt.zero_grad(set_to_none=True)
