@@ -578,7 +578,7 @@ def pretrain_tiny(force: bool = False) -> Path:
     """The tiny backbone's 'pretrained' weights: contrastive training from
     scratch on the world's SHORT captions only (CLIP's situation: short
     alt-text pretraining, then asked about long captions). Deterministic,
-    cached in CLIPFT_CACHE after the first run (about a minute on 2 cores)."""
+    cached in CLIPFT_CACHE after the first run (about 3 minutes on 2 cores)."""
     key = hashlib.sha1(json.dumps([TINY_CFG, TINY_PRETRAIN], sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if path.exists() and not force:

@@ -109,6 +109,22 @@ def test_one_padded_sentence_batch_equals_separate_encoding(tiny_random):
             assert torch.allclose(long_emb[b], F.normalize(e.mean(0), dim=-1), atol=1e-5)
 
 
+def test_a_caption_with_hundreds_of_sentences_and_one_without_a_period(tiny_random):
+    model, _, eval_tf, tok = tiny_random
+    image = eval_tf(common.render(common.world_split(("plain",), 1, 0)[0]))
+    long_caps = [" ".join(f"Object {i} is red." for i in range(300)), "a caption with no period at all"]
+    items = [{"image": image, "caption": "a red circle.", "long_caption": c, "index": i}
+             for i, c in enumerate(long_caps)]
+    batch = erclip.SentenceCollate(tok)(items)
+    assert batch["sentence_counts"].tolist() == [300, 1] and batch["sentences_dropped"].tolist() == [0, 0]
+    net = erclip.ERCLIP(model, cfg_of(lambda_p=0.0, fusion="rt")).eval()
+    with torch.no_grad():
+        long_emb = net.encode_long(batch["sentence_tokens"], batch["sentence_counts"])
+    assert long_emb.shape == (2, common.embed_dim(model)) and torch.isfinite(long_emb).all()
+    capped = erclip.SentenceCollate(tok, max_sentences=8)(items)
+    assert capped["sentence_counts"].tolist() == [8, 1] and capped["sentences_dropped"].tolist() == [292, 0]
+
+
 # ----------------------------------------------------------------------------- fusions
 def test_rt_fusion_starts_at_the_mean_and_gamma_learns():
     torch.manual_seed(0)
