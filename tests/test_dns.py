@@ -41,6 +41,18 @@ def test_null_space_projector_on_a_known_subspace():
     assert torch.equal(dns.null_space_projector(torch.zeros(4, 4), 0.01), torch.zeros(4, 4))
 
 
+def test_factored_projection_equals_the_dense_one():
+    """The hooks' speed path (bases instead of projectors) computes project_gradient exactly."""
+    g = torch.Generator().manual_seed(2)
+    for k_out, k_in in ((3, 5), (0, 4), (8, 8)):
+        P_out, P_in = _random_projector(8, k_out, g), _random_projector(8, k_in, g)
+        U_out, U_in = dns.projector_basis(P_out), dns.projector_basis(P_in)
+        assert U_out.shape == (8, k_out) and U_in.shape == (8, k_in)
+        G = torch.randn(8, 8, generator=g)
+        assert torch.allclose(dns.project_gradient_factored(G, U_out, U_in), dns.project_gradient(G, P_out, P_in),
+                              atol=1e-5)
+
+
 def test_projected_change_is_invisible_to_every_old_pair():
     g = torch.Generator().manual_seed(1)
     P_out, P_in = _random_projector(8, 3, g), _random_projector(8, 5, g)
