@@ -155,7 +155,7 @@ class CClipConfig(common.Config):
     resume: str = common.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
     eval_n: int = common.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n scenes (0: all)")
-    threads: int = common.arg(0, "ours: CPU threads for torch (0: common.set_threads' choice)")
+    threads: int = common.arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = common.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
     demo: bool = common.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
@@ -402,7 +402,6 @@ def evaluate_all(model, preprocess, tokenizer, tasks, unseen, zero_shot, cfg, de
 
 def run(cfg: CClipConfig) -> dict:
     """The continual sequence for one method; returns the summary."""
-    common.set_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)

@@ -779,28 +779,6 @@ class ResumableSampler(torch.utils.data.Sampler):
         return len(self._indices()) - self.skip_batches * self.batch
 
 
-def make_loader(dataset, batch_size, collate, shuffle=False, workers=0, seed=0, device="cpu", drop_last=False):
-    """Loader for evaluation / feature extraction (not sharded)."""
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers,
-                                       collate_fn=collate, pin_memory=str(device).startswith("cuda"),
-                                       drop_last=drop_last, generator=torch.Generator().manual_seed(seed),
-                                       persistent_workers=False)
-
-
-@torch.no_grad()
-def extract_features(model, dataset, tokenizer, batch_size=256, workers=0, device=None):
-    """Normalised image features of a dataset (eval transform inside) and
-    its captions' text features; each computed once."""
-    device = device or next(model.parameters()).device
-    loader = make_loader(dataset, batch_size, Collate(tokenizer), workers=workers, device=device)
-    imgs, caps = [], []
-    for batch in loader:
-        with autocast(device):
-            imgs.append(model.encode_image(batch["image"].to(device, non_blocking=True), normalize=True).float().cpu())
-        caps += batch["caption"]
-    return torch.cat(imgs), encode_texts(model, tokenizer, caps, device=device)
-
-
 # =============================================================================
 # 6. Distributed
 # =============================================================================
@@ -1105,12 +1083,6 @@ def markdown_table(rows: list[dict], columns: Sequence[str], floatfmt="{:.1f}") 
         return floatfmt.format(v) if isinstance(v, float) else ("" if v is None else str(v))
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
     return head + "\n".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows)
-
-
-def set_threads():
-    """Keep CPU runs from oversubscribing small machines."""
-    if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
 
 
 # =============================================================================

@@ -511,7 +511,6 @@ def run(cfg: DNSConfig) -> dict:
     """One continual run (one mode) through common.run_continual."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("dns.py trains two D x D maps on cached features: run it as one process (deviation 11)")
-    common.set_threads()
     device = common.init_distributed(cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

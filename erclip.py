@@ -579,7 +579,6 @@ def demo_summary(rows: dict) -> str:
 
 def run_demo(cfg: ERCLIPConfig):
     t0 = time.time()
-    common.set_threads()
     out = Path(cfg.out)
     model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
     rows, results = {}, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg)}
@@ -610,7 +609,6 @@ def main(argv=None):
     cfg = common.parse_config(ERCLIPConfig, argv, **(DEMO if "--demo" in argv else {}))
     if cfg.demo:
         return run_demo(cfg)
-    common.set_threads()
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = eval_tasks(cfg)
     rank = common.dist_info()[0]

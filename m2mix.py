@@ -397,7 +397,6 @@ def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -
 def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     """Loads the backbone, evaluates it (ZS), fine-tunes with cfg.method,
     evaluates again; writes results.json and returns it."""
-    common.set_threads()
     device = common.init_distributed(cfg.device)
     model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, device=device,
                                                             cache_dir=cfg.cache_dir)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import common
+import eval as clip_eval
 
 
 def test_openai_and_open_clip_names_resolve():
@@ -68,7 +69,8 @@ def test_tiny_pretrained_is_better_than_chance(tmp_path):
     model, _, pre, tok = common.load_model("tiny")
     model.eval()
     ds = common.ManifestDataset(common.synthetic_manifest("test", tmp_path), pre, extra=("shape", "color"))
-    img, txt = common.extract_features(model, ds, tok)
+    img = clip_eval.image_features(model, pre, [str(ds.image_file(r)) for r in ds.rows])
+    txt = common.encode_texts(model, tok, [r["caption"] for r in ds.rows])
     acc = {}
     for name, (classes, templates, col) in common.synthetic_label_sets().items():
         clf = common.zero_shot_classifier(model, tok, classes, templates)
