@@ -126,6 +126,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
+import lab
 import eval as clip_eval
 
 
@@ -450,7 +451,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
     weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
     weights = weights or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(common.pretrain_tiny())
+        weights = str(lab.pretrain_tiny())
     elif os.path.isfile(weights):
         weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
     base = {"backbone": cfg.backbone, "weights": weights}
@@ -463,7 +464,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
 
     column, task_clf = "", None
     if cfg.task_classes:
-        classnames, templates, column = common.synthetic_label_sets()[cfg.task_classes]
+        classnames, templates, column = lab.label_sets()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],

@@ -60,6 +60,7 @@ import torch
 from PIL import Image
 
 import common
+import lab
 
 
 # =============================================================================
@@ -281,14 +282,14 @@ def _dci(root, field="extra_caption", strict=False):
 
 
 def synthetic_tasks():
-    """Evaluation task names of the synthetic world -> loader."""
+    """Evaluation task names of the lab's world (lab.py) -> loader."""
     tasks = {
         "synthetic-short": lambda root, n=None: _synthetic_retrieval("test", root, "caption", n),
         "synthetic-long": lambda root, n=None: _synthetic_retrieval("test", root, "long_caption", n),
         "synthetic-unseen": lambda root, n=None: _synthetic_retrieval("unseen", root, "caption", n),
         "synthetic-unseen-long": lambda root, n=None: _synthetic_retrieval("unseen", root, "long_caption", n),
     }
-    for d in common.PRETRAIN_DOMAINS[:4]:
+    for d in lab.TASK_DOMAINS:
         tasks[f"synthetic-task-{d}"] = (lambda d: lambda root, n=None: _synthetic_retrieval(
             f"task-{d}-test", root, "caption", n))(d)
     return tasks
@@ -296,7 +297,7 @@ def synthetic_tasks():
 
 def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
     """n: the first n scenes only (tests, demos); None = the whole split."""
-    ds = common.ManifestDataset(common.synthetic_manifest(split, root, n), need_long=True, check_images=False)
+    ds = common.ManifestDataset(lab.synthetic_manifest(split, root, n), need_long=True, check_images=False)
     paths = [str(ds.image_file(r)) for r in ds.rows]
     texts = [r[column] for r in ds.rows]
     return RetrievalSet(f"synthetic-{split}-{column}", paths, texts, torch.arange(len(paths)),
@@ -321,7 +322,7 @@ TASK_GROUPS = {  # shorthands for --tasks
     "long": "urban1k,sharegpt4v-1k,docci,long-dci",
     "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
     "zero-shot": "cifar10,cifar100,imagenet",
-    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color",
+    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
 }
 
 
@@ -460,14 +461,14 @@ def _any_image_folder(path) -> ClassificationSet:
 def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
     """A zero-shot classification set by name; download=True lets
     torchvision fetch CIFAR when it is absent (never implicitly)."""
-    sets = common.synthetic_label_sets()
+    sets = lab.label_sets()
     if name.startswith("synthetic-") and name.removeprefix("synthetic-") in sets:
         classnames, templates, column = sets[name.removeprefix("synthetic-")]
-        ds = common.ManifestDataset(common.synthetic_manifest("test", root, synthetic_n), check_images=False,
+        ds = common.ManifestDataset(lab.synthetic_manifest("zs-test", root, synthetic_n), check_images=False,
                                     extra=(column,))
         return ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
                                  torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
-                                 protocol="synthetic world, test split, main object")
+                                 protocol=f"synthetic world, zs-test split, {column} ({len(classnames)} classes)")
     if name in ("cifar10", "cifar100"):
         return _cifar(root, int(name.removeprefix("cifar")), download)
     if name == "imagenet":
@@ -478,7 +479,7 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
                      f"imagefolder:<path>")
 
 
-CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in common.synthetic_label_sets()) + (
+CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in lab.label_sets()) + (
     "cifar10", "cifar100", "imagenet")
 
 

@@ -101,6 +101,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
+import lab
 import eval as clip_eval
 from common import arg
 
@@ -351,7 +352,7 @@ def _write_manifest(rows, path: Path) -> Path:
 def train_manifest(cfg: M2MixConfig) -> Path:
     data_dir = Path(cfg.out) / "data"
     if cfg.train_data == "synthetic":
-        return common.synthetic_manifest("train", cfg.data_root)
+        return lab.synthetic_manifest("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
         return karpathy_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":
@@ -494,7 +495,7 @@ def demo_manifest(data_root, out_dir) -> Path:
     its LONG captions (cut at the tiny model's 24 tokens), which the backbone,
     pretrained on short captions only, has never seen; tested on the test
     split's long captions (1:1, nearly all distinct) and its short ones."""
-    src = common.ManifestDataset(common.synthetic_manifest("train", data_root), need_long=True, check_images=False)
+    src = common.ManifestDataset(lab.synthetic_manifest("train", data_root), need_long=True, check_images=False)
     rows = [{"image": str(src.image_file(r).resolve()), "caption": r["long_caption"]} for r in src.rows]
     return _write_manifest(rows, Path(out_dir) / "synthetic-train-long.jsonl")
 

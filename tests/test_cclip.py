@@ -16,6 +16,7 @@ from torch.nn.utils import parametrize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
 import common  # noqa: E402
+import lab
 
 torch.set_num_threads(1)
 
@@ -31,7 +32,7 @@ def _batch(tok, n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     caps = ["a photo of a red circle.", "a dark picture of a blue square.", "a line drawing of a green cross.",
             "a striped scene with a yellow diamond.", "a photo of a purple triangle.", "a tiled picture of a cross."]
-    return {"image": torch.randn(n, 3, 48, 48, generator=g), "text": tok(caps[:n])}
+    return {"image": torch.randn(n, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=g), "text": tok(caps[:n])}
 
 
 def _encode(model, batch):
@@ -239,9 +240,9 @@ def test_lr_of_splits_the_encoders_and_the_paper_preset():
 # ----------------------------------------------------------------------------- the continual driver
 def _tasks(root, n=16):
     parts = []
-    for d in ("plain", "dark"):
-        tr = common.synthetic_manifest(f"task-{d}", root, n=n)
-        te = common.synthetic_manifest(f"task-{d}-test", root, n=n)
+    for d in ("photo", "night"):
+        tr = lab.synthetic_manifest(f"task-{d}", root, n=n)
+        te = lab.synthetic_manifest(f"task-{d}-test", root, n=n)
         parts.append(f"{d}={tr}:{te}")
     return ",".join(parts)
 
@@ -278,7 +279,7 @@ def test_main_end_to_end(tmp_path):
     """Pretrained tiny backbone, two small synthetic tasks, unseen retrieval
     and zero-shot classification; results, matrices and per-task models."""
     root, out = tmp_path / "data", tmp_path / "run"
-    unseen = common.synthetic_manifest("unseen", root, n=32)
+    unseen = lab.synthetic_manifest("unseen", root, n=32)
     argv = _argv(root, out, "--unseen", str(unseen), "--zero-shot", "synthetic-shape")
     argv[argv.index("--pretrained") + 1] = ""
     res = cclip.main(argv)
@@ -289,7 +290,7 @@ def test_main_end_to_end(tmp_path):
     assert "synthetic-shape/top1" in s["pd"] and f"{unseen}/i2t_R@1" in s["scalars"][-1]
     saved = json.loads((out / "results.json").read_text())
     assert saved["method"] == "cclip" and saved["matrices"]["R@1"] == R
-    for i, d in enumerate(("plain", "dark"), 1):
+    for i, d in enumerate(("photo", "night"), 1):
         sd = torch.load(out / f"task{i}-{d}" / "model.pt", weights_only=True)
         assert not any("parametrizations" in k for k in sd)
     row = res["rows"][0]

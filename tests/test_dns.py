@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+import lab
 import dns
 import eval as clip_eval
 
@@ -169,7 +170,7 @@ def test_stability_guarantee_on_low_rank_features(tmp_path, capsys):
 def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
     model.eval()
-    manifest = common.synthetic_manifest("task-plain-test", tmp_path, n=6)
+    manifest = lab.synthetic_manifest("task-photo-test", tmp_path, n=6)
     key = {"manifest": str(manifest)}
     first = dns.cached(tmp_path / "cache", key, lambda: dns.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = dns.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
@@ -186,7 +187,7 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
 
 def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
-    manifest = common.synthetic_manifest("task-dark-test", tmp_path, n=40)
+    manifest = lab.synthetic_manifest("task-night-test", tmp_path, n=40)
     feats = dns.manifest_features(model, preprocess, tok, manifest)
     cs = clip_eval.load_classification("synthetic-color", tmp_path)
     zs = {"synthetic-color": {"img": clip_eval.image_features(model, preprocess, cs.image_paths),
@@ -202,8 +203,8 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
 
 # --- end to end -----------------------------------------------------------------
 def test_main_end_to_end(tmp_path):
-    spec = ",".join(f"{d}={common.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
-                    f"{common.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("plain", "dark"))
+    spec = ",".join(f"{d}={lab.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
+                    f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
     res = dns.main(["--tasks", spec, "--data-root", str(tmp_path), "--out", str(out), "--batch-size", "16",
                     "--epochs", "2", "--zeroshot", "synthetic-color", "--device", "cpu"])
@@ -213,14 +214,14 @@ def test_main_end_to_end(tmp_path):
     assert set(written["continual"]["metrics"]) >= {"i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10", "R@10", "acc"}
     assert written["tasks"][1]["old_rank"]["W_img_in"] > 0  # task 2 was projected
     assert len(res["drift"]["train"]) == 1 and res["timing"]["projection_ms_per_step"] > 0
-    assert (out / "features").is_dir() and (out / "task2-dark" / "checkpoints" / "last.pt").exists()
+    assert (out / "features").is_dir() and (out / "task2-night" / "checkpoints" / "last.pt").exists()
 
 
 def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path):
     """Interrupted in task 2 and resumed: the projectors must be rebuilt from
     the maps at the START of task 2 (the boundary state), not the checkpoint's."""
-    spec = (f"a={common.synthetic_manifest('task-plain', tmp_path, n=32)},"
-            f"b={common.synthetic_manifest('task-dark', tmp_path, n=96)}")
+    spec = (f"a={lab.synthetic_manifest('task-photo', tmp_path, n=32)},"
+            f"b={lab.synthetic_manifest('task-night', tmp_path, n=96)}")
     args = ["--tasks", spec, "--data-root", str(tmp_path), "--batch-size", "16", "--epochs", "1", "--lr", "1e-2",
             "--zeroshot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu",
             "--feature-cache", str(tmp_path / "features")]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+import lab
 import eval as ev
 
 
@@ -358,7 +359,7 @@ def test_wise_ft_endpoints_and_checks(tmp_path, tiny_random):
     theta0 = {k: v.clone() for k, v in m0.state_dict().items()}
     theta1 = {k: v.clone() for k, v in m1.state_dict().items()}
     tokens = tok(["a photo of a red circle."])
-    x = torch.rand(1, 3, 48, 48)
+    x = torch.rand(1, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE)
     feats = lambda m: (m.encode_image(x), m.encode_text(tokens))  # noqa: E731
     with torch.no_grad():
         ref0, ref1 = feats(m0), feats(m1)
@@ -416,7 +417,7 @@ def test_evaluate_checkpoints_sequence(tmp_path, tiny_random):
         with torch.no_grad():
             m.text_projection.add_(0.1 * torch.randn(m.text_projection.shape, generator=torch.Generator().manual_seed(i)))
         cks.append(str(common.save_model(m, tmp_path / f"ck{i}.pt", "tiny")))
-    tasks = ["synthetic-task-plain", "synthetic-task-dark"]
+    tasks = ["synthetic-task-photo", "synthetic-task-night"]
     s = ev.evaluate_checkpoints("tiny", cks, tasks, ("synthetic-shape",), tmp_path, synthetic_n=8, batch_size=8)
     assert np.array(s["matrices"]["i2t_R@1"]).shape == (3, 2)
     assert set(s["metrics"]) == {"i2t_R@1", "t2i_R@1"} and "synthetic-shape/top1" in s["pd"]

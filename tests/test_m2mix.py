@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import lab
 import m2mix
 
 torch.set_num_threads(1)
@@ -162,7 +163,7 @@ def tiny_random():
 def _batch(tok, B=6):
     g = torch.Generator().manual_seed(0)
     caps = [f"a photo of a {c} circle." for c in ("red", "green", "blue", "yellow", "purple", "orange")][:B]
-    return {"image": torch.randn(B, 3, 48, 48, generator=g), "text": tok(caps)}
+    return {"image": torch.randn(B, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=g), "text": tok(caps)}
 
 
 def _ctx(step=0, epoch=0):
@@ -282,7 +283,7 @@ def test_table1_puts_paper_values_beside_the_matching_protocol():
 
 # ----------------------------------------------------------------------------- end to end
 def test_main_end_to_end_on_the_synthetic_world(tmp_path):
-    manifest = common.synthetic_manifest("train", tmp_path / "data", n=32)
+    manifest = lab.synthetic_manifest("train", tmp_path / "data", n=32)
     out = tmp_path / "run"
     args = ["--backbone", "tiny", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
             "--out", str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-4", "--precision", "fp32",
