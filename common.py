@@ -369,6 +369,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         pretrained = str(pretrain_tiny())
     pretrained = pretrained or "openai"
     kwargs = dict(device=device, cache_dir=cache_dir or None)
+    context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
     if pretrained == "random":
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
         return model, train_tf, eval_tf, open_clip.get_tokenizer(name)
@@ -378,6 +379,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
             raise ValueError(f"{pretrained} holds a {meta['model']} model, not {name}")
         if quick_gelu is None:
             quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
+        context = meta.get("context_length") if meta else None
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
@@ -394,10 +396,18 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                 f"({cache_dir or 'the Hugging Face / open_clip default cache'}) and the hub is unreachable. "
                 f"Download them elsewhere and pass --pretrained /path/to/file.pt (or .bin/.safetensors), "
                 f"or --cache-dir DIR holding the hub cache.")
+    # force_context_length: open_clip would otherwise squeeze a longer positional
+    # embedding into the config's window by interpolation, silently
     model, train_tf, eval_tf = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), **kwargs)
+        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
-    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)
+    return model, train_tf, eval_tf, open_clip.get_tokenizer(name, context_length=context)
+
+
+def get_tokenizer(backbone: str, context_length: int | None = None):
+    """open_clip's tokenizer of the backbone; with context_length, one that
+    pads/truncates to that window instead (end token kept in the last slot)."""
+    return open_clip.get_tokenizer(resolve_backbone(backbone), context_length=context_length)
 
 
 def read_sidecar(path):
