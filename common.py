@@ -363,6 +363,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         pretrained = str(pretrain_tiny())
     pretrained = pretrained or "openai"
     kwargs = dict(device=device, cache_dir=cache_dir or None)
+    context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
     if pretrained == "random":
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
         return model, train_tf, eval_tf, open_clip.get_tokenizer(name)
@@ -372,6 +373,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
             raise ValueError(f"{pretrained} holds a {meta['model']} model, not {name}")
         if quick_gelu is None:
             quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
+        context = meta.get("context_length") if meta else None
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
@@ -388,10 +390,18 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                 f"({cache_dir or 'the Hugging Face / open_clip default cache'}) and the hub is unreachable. "
                 f"Download them elsewhere and pass --pretrained /path/to/file.pt (or .bin/.safetensors), "
                 f"or --cache-dir DIR holding the hub cache.")
+    # force_context_length: open_clip would otherwise squeeze a longer positional
+    # embedding into the config's window by interpolation, silently
     model, train_tf, eval_tf = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), **kwargs)
+        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
-    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)
+    return model, train_tf, eval_tf, open_clip.get_tokenizer(name, context_length=context)
+
+
+def get_tokenizer(backbone: str, context_length: int | None = None):
+    """open_clip's tokenizer of the backbone; with context_length, one that
+    pads/truncates to that window instead (end token kept in the last slot)."""
+    return open_clip.get_tokenizer(resolve_backbone(backbone), context_length=context_length)
 
 
 def read_sidecar(path):
@@ -601,6 +611,55 @@ class ResumableSampler(torch.utils.data.Sampler):
 
     def __len__(self):
         return len(self._indices()) - self.skip_batches * self.batch
+
+
+def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
+    """ERCLIP's training set (erclip.py: Sec. 4 of its paper, its deviation 9), which
+    longclip.py's --recipe erclip-budget reuses: the first n_pairs, in
+    COCO image-id order, of the COCO train2017 images that ShareGPT4V
+    describes; short caption = the image's first COCO caption, long caption =
+    the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
+    records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
+    (image paths relative to it) and reused."""
+    out_dir = Path(out_dir)
+    path = out_dir / f"erclip-train-coco-sharegpt4v-{n_pairs}.jsonl"
+    if path.exists():
+        return path
+    for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
+        if not Path(p).is_file():
+            raise DataError(f"{what} not found: {p} (see the data layout in README.md)")
+    coco = json.loads(Path(coco_captions).read_text())
+    file_of = {im["id"]: im["file_name"] for im in coco["images"]}
+    first_caption = {}
+    for a in coco["annotations"]:  # file order: the first annotation of an image is its first caption
+        first_caption.setdefault(a["image_id"], a["caption"].strip())
+    records = json.loads(Path(sharegpt4v).read_text())
+    prefix = "coco/train2017/"
+    held_out = {r.get("image") for r in records[:holdout]}
+    long_of = {}
+    for r in records[holdout:]:
+        img = r.get("image", "")
+        if img.startswith(prefix) and img not in held_out and img not in long_of:
+            text = next((c["value"] for c in r.get("conversations", []) if c.get("from") == "gpt"), "")
+            if text.strip():
+                long_of[img] = text.strip()
+    pool = sorted(i for i, f in file_of.items() if prefix + f in long_of and i in first_caption)
+    if not pool:
+        raise DataError(f"no COCO train2017 image of {coco_captions} is described in {sharegpt4v}")
+    if len(pool) < n_pairs:
+        print(f"[data] only {len(pool)} shared images, fewer than the {n_pairs} asked for; using all",
+              file=sys.stderr)
+    rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
+    rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
+             "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    (out_dir / (path.name + ".json")).write_text(json.dumps(
+        {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
+         "pairs": len(rows), "holdout_records": holdout}, indent=1))
+    return path
 
 
 # =============================================================================

@@ -340,52 +340,9 @@ class ERCLIP(nn.Module):
 # =============================================================================
 # Training
 # =============================================================================
-def build_train_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
-    """The paper's training set (Sec. 4, deviation 9): the first n_pairs, in
-    COCO image-id order, of the COCO train2017 images that ShareGPT4V
-    describes; short caption = the image's first COCO caption, long caption =
-    the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
-    records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
-    (image paths relative to it) and reused."""
-    out_dir = Path(out_dir)
-    path = out_dir / f"erclip-train-{TRAIN_POOL}-{n_pairs}.jsonl"
-    if path.exists():
-        return path
-    for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
-        if not Path(p).is_file():
-            raise common.DataError(f"{what} not found: {p} (see the data layout in README.md)")
-    coco = json.loads(Path(coco_captions).read_text())
-    file_of = {im["id"]: im["file_name"] for im in coco["images"]}
-    first_caption = {}
-    for a in coco["annotations"]:  # file order: the first annotation of an image is its first caption
-        first_caption.setdefault(a["image_id"], a["caption"].strip())
-    records = json.loads(Path(sharegpt4v).read_text())
-    prefix = "coco/train2017/"
-    held_out = {r.get("image") for r in records[:holdout]}
-    long_of = {}
-    for r in records[holdout:]:
-        img = r.get("image", "")
-        if img.startswith(prefix) and img not in held_out and img not in long_of:
-            text = next((c["value"] for c in r.get("conversations", []) if c.get("from") == "gpt"), "")
-            if text.strip():
-                long_of[img] = text.strip()
-    pool = sorted(i for i, f in file_of.items() if prefix + f in long_of and i in first_caption)
-    if not pool:
-        raise common.DataError(f"no COCO train2017 image of {coco_captions} is described in {sharegpt4v}")
-    if len(pool) < n_pairs:
-        print(f"[erclip] only {len(pool)} shared images, fewer than the {n_pairs} asked for; using all",
-              file=sys.stderr)
-    rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
-    rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
-             "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    (out_dir / (path.name + ".json")).write_text(json.dumps(
-        {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
-         "pairs": len(rows), "holdout_records": holdout}, indent=1))
-    return path
+# The training manifest builder is shared with longclip.py (same pairs, so the two
+# methods differ only in method): common.coco_sharegpt4v_manifest.
+build_train_manifest = common.coco_sharegpt4v_manifest
 
 
 def train_manifest(cfg: ERCLIPConfig) -> Path:

@@ -1088,6 +1088,8 @@ def main(argv=None):
                    help="comma-separated task names or groups (see below)")
     p.add_argument("--data-root", default="data")
     p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
+    p.add_argument("--context-length", type=int, default=0,
+                   help="tokenise with this text window, e.g. 77 on a stretched Long-CLIP model (0: the model's)")
     p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
     p.add_argument("--paper", default="", choices=("", *PUBLISHED), help="print that paper's CLIP numbers beside ours")
     p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
@@ -1123,6 +1125,12 @@ def main(argv=None):
         results.update(continual=summary, records=summary.pop("records"))
     else:
         model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
+        if a.context_length:  # another window than the model's (longclip.py evaluates both)
+            if a.context_length > common.text_tower(model).context_length:
+                p.error(f"--context-length {a.context_length} is longer than the model's text window "
+                        f"({common.text_tower(model).context_length})")
+            tok = common.get_tokenizer(a.backbone, a.context_length)
+            results["context_length"] = a.context_length
         if a.wise_ft:
             theta0 = (load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
