@@ -140,6 +140,7 @@ import torch
 import torch.nn as nn
 
 import common
+import lab
 import eval as evaluation
 
 LN_100 = math.log(100.0)
@@ -395,7 +396,7 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
     root = Path(cfg.data_root)
     sharegpt4v = cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     if cfg.train_data == "synthetic":
-        return common.synthetic_manifest("train", root, n=cfg.train_pairs or None)
+        return lab.synthetic_manifest("train", root, n=cfg.train_pairs or None)
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
         return common.coco_sharegpt4v_manifest(
             cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json", sharegpt4v,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import lab
 import eval as evaluation
 import longclip
 
@@ -30,8 +31,8 @@ def cfg_of(**kw):
 
 
 def tiny_batch(tokenizer, transform, n=4):
-    scenes = common.world_split(common.PRETRAIN_DOMAINS, n, seed=7)
-    items = [{"image": transform(common.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
+    scenes = lab.world_split(lab.FINETUNE, n, seed=7)
+    items = [{"image": transform(lab.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
               "index": i} for i, s in enumerate(scenes)]
     return longclip.LongCaptionCollate(tokenizer, "caption")(items)
 
@@ -166,7 +167,7 @@ def test_stretched_model_reads_short_texts_as_before(tiny_random):
     assert torch.equal(model.attn_mask, torch.full((TINY_WINDOW,) * 2, float("-inf")).triu(1))
     assert torch.allclose(before, after, atol=1e-6)
     long_tok = common.get_tokenizer("tiny", TINY_WINDOW)
-    long_text = long_tok([max((s["long_caption"] for s in common.world_split(common.PRETRAIN_DOMAINS, 8, seed=3)),
+    long_text = long_tok([max((s["long_caption"] for s in lab.world_split(lab.FINETUNE, 8, seed=3)),
                               key=len)])
     assert long_text.shape == (1, TINY_WINDOW) and int((long_text != 0).sum()) > 24  # past the old window
     with torch.no_grad():  # open_clip's own (untrimmed) path reads the whole window too
@@ -213,8 +214,8 @@ def test_bf16_autocast_step_on_cpu(tiny_random):
 def test_collate_short_caption_modes(tiny_random):
     _, _, eval_tf, _ = tiny_random
     tok = common.get_tokenizer("tiny", TINY_WINDOW)
-    scenes = common.world_split(common.PRETRAIN_DOMAINS, 2, seed=7)
-    items = [{"image": eval_tf(common.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
+    scenes = lab.world_split(lab.FINETUNE, 2, seed=7)
+    items = [{"image": eval_tf(lab.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
               "index": i} for i, s in enumerate(scenes)]
     first = longclip.LongCaptionCollate(tok, "first-sentence")(items)
     assert first["caption"] == [longclip.first_sentence(s["long_caption"]) for s in scenes]
@@ -233,7 +234,7 @@ def test_stretched_model_round_trip_through_open_clip(tiny_random, tmp_path):
     path = common.save_model(model, tmp_path / "m.pt", "tiny", source="random")
     assert json.loads((tmp_path / "m.pt.json").read_text())["context_length"] == TINY_WINDOW
     tok = common.get_tokenizer("tiny", TINY_WINDOW)
-    text = tok([s["long_caption"] for s in common.world_split(common.PRETRAIN_DOMAINS, 3, seed=5)])
+    text = tok([s["long_caption"] for s in lab.world_split(lab.FINETUNE, 3, seed=5)])
     again, _, _, again_tok = common.load_model("tiny", str(path))
     again.eval()
     assert again.context_length == TINY_WINDOW and again_tok.context_length == TINY_WINDOW
@@ -264,7 +265,7 @@ def _fresh(seed):
 def test_resume_equals_uninterrupted_run(tmp_path):
     model_a, pre, _, _ = _fresh(0)
     # 16 pairs, batch 4: 4 steps per epoch, so steps 5 with a stop at 3 cross an epoch boundary
-    data = common.ManifestDataset(common.synthetic_manifest("test", tmp_path / "data", n=16), pre, need_long=True)
+    data = common.ManifestDataset(lab.synthetic_manifest("test", tmp_path / "data", n=16), pre, need_long=True)
     collate = longclip.LongCaptionCollate(common.get_tokenizer("tiny", TINY_WINDOW), "first-sentence")
     common.train(_train_cfg(tmp_path, out=str(tmp_path / "a")), longclip.LongCLIP(model_a, _train_cfg(tmp_path)),
                  data, collate, export=False)
@@ -350,12 +351,12 @@ def test_paper_tables_layout():
 # ----------------------------------------------------------------------------- end to end
 def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     out = tmp_path / "run"
-    small = str(common.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
+    small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     folder = tmp_path / "zs"  # a 4-image zero-shot set (2 colours)
     for c, color in enumerate(("red", "blue")):
         (folder / color).mkdir(parents=True)
-        for i, scene in enumerate(common.world_split(common.PRETRAIN_DOMAINS, 2, seed=c)):
-            common.render(scene).save(folder / color / f"{i}.png")
+        for i, scene in enumerate(lab.world_split(lab.FINETUNE, 2, seed=c)):
+            lab.render(scene).save(folder / color / f"{i}.png")
     zero_shot = f"imagefolder:{folder}"
     result = longclip.main(["--train-data", "synthetic", "--data-root", str(tmp_path / "data"), "--train-pairs", "16",
                             "--batch-size", "8", "--steps", "3", "--warmup", "1", "--lr", "1e-4", "--workers", "0",
