@@ -94,7 +94,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -334,9 +333,7 @@ def long_caption_manifest(path) -> Path:
     if not target.exists():
         rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
                 for r in common.read_manifest(path)]
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(target)
+        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
     return target
 
 

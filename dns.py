@@ -126,7 +126,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as clip_eval
+import eval as evaluation
 
 
 # =============================================================================
@@ -416,10 +416,7 @@ def cached(cache_dir, key: dict, compute):
     if path.exists():
         return torch.load(path, weights_only=False)
     value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(value, tmp)
-    os.replace(tmp, path)
+    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value
 
 
@@ -428,14 +425,14 @@ def manifest_features(model, preprocess, tokenizer, manifest, label_column: str 
     """Frozen CLIP features of a manifest with eval.py's protocol (rows that
     share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
     from `label_column` or None. Same calls as eval.evaluate (truncate)."""
-    rs = clip_eval.manifest_retrieval(manifest)
+    rs = evaluation.manifest_retrieval(manifest)
     labels = None
     if label_column:
         ds = common.ManifestDataset(manifest, check_images=False)
         by_image = {str(ds.image_file(r)): r.get(label_column) for r in ds.rows}
         found = [by_image.get(p) for p in rs.image_paths]
         labels = None if any(v is None for v in found) else torch.tensor([int(v) for v in found])
-    return {"img": clip_eval.image_features(model, preprocess, rs.image_paths, device=device),
+    return {"img": evaluation.image_features(model, preprocess, rs.image_paths, device=device),
             "txt": common.encode_texts(model, tokenizer, rs.texts, device=device),
             "t2i": rs.text_to_image.clone(), "labels": labels}
 
@@ -471,8 +468,8 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
              "logit_scale": float(model.logit_scale.detach())}
     for name in filter(None, cfg.zeroshot.split(",")):
         def zero_shot_set(name=name):
-            cs = clip_eval.load_classification(name, cfg.data_root)
-            return {"img": clip_eval.image_features(model, preprocess, cs.image_paths, device=device),
+            cs = evaluation.load_classification(name, cfg.data_root)
+            return {"img": evaluation.image_features(model, preprocess, cs.image_paths, device=device),
                     "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates, device=device).cpu(),
                     "labels": cs.labels}
         feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
@@ -525,9 +522,7 @@ def run(cfg: DNSConfig) -> dict:
         return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
 
     def save_state(path):
-        tmp = Path(str(path) + ".tmp")
-        torch.save(learner.state_dict(), tmp)
-        os.replace(tmp, path)
+        common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp))
 
     summary = common.run_continual(
         out, tasks, learn_task,

@@ -50,6 +50,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -518,6 +519,22 @@ def image_features(model, preprocess, paths, batch_size=256, workers=0, device=N
     return torch.cat(feats)
 
 
+_SENTENCE_END = re.compile(r"(?<=\.)\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7),
+    shared by ERCLIP's training and the 'sentence-mean' text mode: a '.'
+    followed by whitespace (or the end) closes a sentence, so '2.5' stays
+    whole. Whitespace collapses; fragments with no letter/digit are dropped."""
+    out = []
+    for s in _SENTENCE_END.split(text.strip()):
+        s = " ".join(s.split())
+        if any(ch.isalnum() for ch in s):
+            out.append(s)
+    return out
+
+
 def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     """truncate: the papers' protocol (cut at the context, end token kept).
     sentence-mean: each sentence encoded within the window, normalised
@@ -525,7 +542,6 @@ def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     if text_mode == "truncate":
         return common.encode_texts(model, tokenizer, texts, device=device)
     if text_mode == "sentence-mean":
-        from erclip import split_sentences  # the same splitter ERCLIP trains with
         sents, owner = [], []
         for i, t in enumerate(texts):
             s = split_sentences(t) or [t]
@@ -816,42 +832,101 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
     return records
 
 
+# =============================================================================
+# Published numbers: the one home of every number a table puts beside ours
+# =============================================================================
+# ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
+# on the four long-caption sets as (I2T, T2I) pairs, keyed by (ViT, model).
+ERCLIP_LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
+ERCLIP_TABLE1 = {
+    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
+    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
+    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
+    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
+    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
+    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
+    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
+    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
+    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
+    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
+    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
+    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
+}
+# ERCLIP Table 2: long avg I2T, T2I; COCO val2017 5k I2T, T2I R@1; zero-shot top-1 C10, C100, IN.
+ERCLIP_TABLE2 = {
+    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
+    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
+    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
+    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
+    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
+    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
+    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
+    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
+    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
+    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
+    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
+    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
+    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
+    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
+    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
+    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
+    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
+    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
+}
+# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, keyed by our
+# task -> model -> metric: Table 1 (retrieval; one caption per image, COCO =
+# val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
+# m2-Mix alone is not in Table 1.
+M2MIX_TABLE1 = {
+    "flickr30k-1cap": {
+        "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
+               "align": 0.04, "unif": 1.98, "ece_i2t": 1.90, "ece_t2i": 1.88},
+        "FT": {"i2t_R@1": 81.2, "i2t_R@5": 95.4, "t2i_R@1": 80.70, "t2i_R@5": 95.8,
+               "align": 0.07, "unif": 1.97, "ece_i2t": 2.26, "ece_t2i": 2.00},
+        "m2-Mix": {"align": 0.17, "unif": 3.71, "ece_i2t": 1.52, "ece_t2i": 2.18},
+        "m3-Mix": {"i2t_R@1": 82.1, "i2t_R@5": 96.8, "t2i_R@1": 81.9, "t2i_R@5": 95.9,
+                   "ece_i2t": 1.54, "ece_t2i": 1.58},
+    },
+    "coco-1cap": {
+        "ZS": {"i2t_R@1": 31.93, "i2t_R@5": 56.87, "t2i_R@1": 28.54, "t2i_R@5": 53.12},
+        "FT": {"i2t_R@1": 36.65, "i2t_R@5": 63.60, "t2i_R@1": 36.85, "t2i_R@5": 63.88},
+        "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
+    },
+}
+M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); the released code's SIMAT protocol
+
+
+def _erclip_clip_rows() -> dict:
+    """ERCLIP's 'CLIP' rows of Tables 1-2 as {'ViT-B/32': {(task, metric): value}}."""
+    out = {}
+    for (vit, name), t1 in ERCLIP_TABLE1.items():
+        if name != "CLIP":
+            continue
+        row = {}
+        for k, task in enumerate(ERCLIP_LONG_SETS):
+            row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
+        t2 = ERCLIP_TABLE2[(vit, name)]
+        row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
+        row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
+        out[f"ViT-{vit}"] = row
+    return out
+
+
 # Published CLIP numbers (the pretrained model, no fine-tuning) whose protocol
 # matches one of our tasks. Keys: paper -> backbone -> {(task, metric): value}.
 PUBLISHED = {
-    "erclip": {  # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, all captions; truncate
-        "ViT-B/32": {("urban1k", "i2t_R@1"): 61.20, ("urban1k", "t2i_R@1"): 46.60,
-                     ("sharegpt4v-1k", "i2t_R@1"): 83.30, ("sharegpt4v-1k", "t2i_R@1"): 77.10,
-                     ("docci", "i2t_R@1"): 58.04, ("docci", "t2i_R@1"): 53.40,
-                     ("long-dci", "i2t_R@1"): 34.79, ("long-dci", "t2i_R@1"): 30.60,
-                     ("coco", "i2t_R@1"): 50.00, ("coco", "t2i_R@1"): 30.37,
-                     ("cifar10", "top1"): 89.76, ("cifar100", "top1"): 64.31, ("imagenet", "top1"): 63.34},
-        "ViT-B/16": {("urban1k", "i2t_R@1"): 67.50, ("urban1k", "t2i_R@1"): 53.30,
-                     ("sharegpt4v-1k", "i2t_R@1"): 84.50, ("sharegpt4v-1k", "t2i_R@1"): 79.60,
-                     ("docci", "i2t_R@1"): 60.76, ("docci", "t2i_R@1"): 57.10,
-                     ("long-dci", "i2t_R@1"): 36.91, ("long-dci", "t2i_R@1"): 33.73,
-                     ("coco", "i2t_R@1"): 51.72, ("coco", "t2i_R@1"): 32.66,
-                     ("cifar10", "top1"): 90.81, ("cifar100", "top1"): 67.22, ("imagenet", "top1"): 68.35},
-        "ViT-L/14": {("urban1k", "i2t_R@1"): 68.20, ("urban1k", "t2i_R@1"): 56.00,
-                     ("sharegpt4v-1k", "i2t_R@1"): 84.20, ("sharegpt4v-1k", "t2i_R@1"): 83.50,
-                     ("docci", "i2t_R@1"): 65.70, ("docci", "t2i_R@1"): 63.16,
-                     ("long-dci", "i2t_R@1"): 36.98, ("long-dci", "t2i_R@1"): 35.06,
-                     ("coco", "i2t_R@1"): 56.10, ("coco", "t2i_R@1"): 35.33,
-                     ("cifar10", "top1"): 95.70, ("cifar100", "top1"): 76.44, ("imagenet", "top1"): 75.53},
-    },
-    "m2mix": {  # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
-        "ViT-B/32": {("flickr30k-1cap", "i2t_R@1"): 71.1, ("flickr30k-1cap", "i2t_R@5"): 90.4,
-                     ("flickr30k-1cap", "t2i_R@1"): 68.5, ("flickr30k-1cap", "t2i_R@5"): 88.9,
-                     ("coco-1cap", "i2t_R@1"): 31.93, ("coco-1cap", "i2t_R@5"): 56.87,
-                     ("coco-1cap", "t2i_R@1"): 28.54, ("coco-1cap", "t2i_R@5"): 53.12,
-                     ("flickr30k-1cap", "ece_i2t"): 1.90, ("flickr30k-1cap", "ece_t2i"): 1.88,
-                     ("flickr30k-1cap", "align"): 0.04, ("flickr30k-1cap", "unif"): 1.98,
-                     ("simat", "simat"): 34.4},
-    },
-    "cclip": {  # C-CLIP Sec. 5 (pretrained ViT-B/16 zero-shot ImageNet)
+    # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, first 5 captions per image (Long-CLIP's
+    # protocol, our task 'coco'); long-caption sets truncated at the context
+    "erclip": _erclip_clip_rows(),
+    # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
+    "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
+                              for metric, v in models["ZS"].items()},
+                           ("simat", "simat"): M2MIX_SIMAT_ZS}},
+    "cclip": {  # C-CLIP (Liu et al., ICLR 2025) Sec. 5: pretrained ViT-B/16 zero-shot ImageNet
         "ViT-B/16": {("imagenet", "top1"): 67.73},
     },
-    "clip": {  # EVAL_PROTOCOLS.md: OpenAI CLIP on the standard protocols
+    "clip": {  # OpenAI CLIP weights on the standard protocols, as the result tables of open_clip
+        #        (github.com/mlfoundations/open_clip) and CLIP_benchmark (github.com/LAION-AI/CLIP_benchmark) give them
         "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
                      ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
                      ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},

@@ -89,7 +89,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -101,7 +100,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as clip_eval
+import eval as evaluation
 from common import arg
 
 
@@ -341,11 +340,7 @@ def coco2017_manifest(data_root, captions: str, out_dir) -> Path:
 
 def _write_manifest(rows, path: Path) -> Path:
     """Atomic, so that the ranks of a torchrun job may all write the same file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-    return path
+    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def train_manifest(cfg: M2MixConfig) -> Path:
@@ -386,11 +381,11 @@ def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -
     temperature, and the ECE-vs-tau curve)."""
     records = []
     for name, task in eval_tasks(cfg).items():
-        for r in clip_eval.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
+        for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
                                     analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
     if cfg.simat:
-        records += clip_eval.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root, model_name=label)
+        records += evaluation.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root, model_name=label)
     return records
 
 
@@ -422,24 +417,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
 # Main: Table 1, the demo, the command line
 # =============================================================================
 METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}
-# The paper's numbers (ViT-B/32) where its protocol is ours: Table 1 (retrieval, one caption per image;
-# COCO = val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif, Flickr30k). m2-Mix alone is not in Table 1.
-PAPER = {
-    "flickr30k-1cap": {
-        "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
-               "align": 0.04, "unif": 1.98, "ece_i2t": 1.90, "ece_t2i": 1.88},
-        "FT": {"i2t_R@1": 81.2, "i2t_R@5": 95.4, "t2i_R@1": 80.70, "t2i_R@5": 95.8,
-               "align": 0.07, "unif": 1.97, "ece_i2t": 2.26, "ece_t2i": 2.00},
-        "m2-Mix": {"align": 0.17, "unif": 3.71, "ece_i2t": 1.52, "ece_t2i": 2.18},
-        "m3-Mix": {"i2t_R@1": 82.1, "i2t_R@5": 96.8, "t2i_R@1": 81.9, "t2i_R@5": 95.9,
-                   "ece_i2t": 1.54, "ece_t2i": 1.58},
-    },
-    "coco-1cap": {
-        "ZS": {"i2t_R@1": 31.93, "i2t_R@5": 56.87, "t2i_R@1": 28.54, "t2i_R@5": 53.12},
-        "FT": {"i2t_R@1": 36.65, "i2t_R@5": 63.60, "t2i_R@1": 36.85, "t2i_R@5": 63.88},
-        "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
-    },
-}
+# The paper's numbers (ViT-B/32) where its protocol is ours live in eval.py
+# (evaluation.M2MIX_TABLE1: Table 1 retrieval, Table 2 ECE, Fig. 2 align / unif).
 TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
 
 
@@ -452,7 +431,7 @@ def table1(records) -> str:
         by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
     out = []
     for task, models in by.items():
-        paper = PAPER.get(task, {})
+        paper = evaluation.M2MIX_TABLE1.get(task, {})
         rows = []
         for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
             if name in models or name in paper:

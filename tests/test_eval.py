@@ -470,6 +470,17 @@ def test_published_numbers_spellings():
         ev.published_numbers("nope", "ViT-B/16")
 
 
+def test_published_clip_rows_come_from_the_paper_tables():
+    """One home: the CLIP baselines are read off the papers' tables in eval.py."""
+    b32 = ev.published_numbers("erclip", "ViT-B/32")
+    assert b32[("urban1k", "i2t_R@1")] == 61.20 and b32[("long-dci", "t2i_R@1")] == 30.60  # Table 1, row CLIP
+    assert b32[("coco", "t2i_R@1")] == 30.37 and b32[("cifar100", "top1")] == 64.31  # Table 2, row CLIP
+    assert len(b32) == 13 and set(ev.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
+    m2 = ev.published_numbers("m2mix", "ViT-B/32")
+    assert m2[("coco-1cap", "t2i_R@5")] == ev.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
+    assert m2[("simat", "simat")] == 34.4
+
+
 def test_help_lists_every_task(capsys):
     with pytest.raises(SystemExit):
         ev.main(["--help"])
