@@ -4,12 +4,58 @@ Benchmark loaders, protocols, long-caption text modes, WiSE-FT curves,
 geometry and calibration, SIMAT, continual matrices.
 
 Every number a method file prints comes from `evaluate` below, so the four
-papers' tables are made by one piece of code. Protocol facts live in
-../shared/EVAL_PROTOCOLS.md; each loader states the protocol it follows and
-every result record carries it.
+papers' tables are made by one piece of code. Each loader states the
+protocol it follows (BENCHMARKS names every set's layout and source) and
+every result record carries it, so results.json says which protocol a
+number used.
+
+Papers whose protocols this file follows
+  ERCLIP   Le, Tran, Nguyen, Zhou, Gurrin. "ERCLIP: Small-Data Adaptation of CLIP
+           for Free-Length Image-Text Retrieval." arXiv:2610.29939, Sec. 4
+           (compares with Long-CLIP: Zhang et al., "Long-CLIP: Unlocking the
+           Long-Text Capability of CLIP", ECCV 2024, arXiv:2403.15378, whose
+           evaluation scripts are eval/retrieval/{coco,Urban1k}.py of
+           github.com/beichenzbc/Long-CLIP).
+  m2-Mix   Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning."
+           NeurIPS 2023, arXiv:2203.03897, Sec. 3 (align / unif), Sec. 5.3
+           (Tab. 2, Fig. 6: ECE), Tab. 5 (SIMAT: Couairon et al., "Embedding
+           Arithmetic of Multimodal Queries for Image Retrieval",
+           arXiv:2112.03162, github.com/facebookresearch/SIMAT). Released
+           code: github.com/changdaeoh/multimodal-mixup ("the m2-Mix code").
+  C-CLIP   Liu, Zhu, Wei, Tian. ICLR 2025, Sec. 3.3 (VLCL metrics, PD).
+  CMCL     Liu et al. "Continual Multimodal Contrastive Learning." NeurIPS 2025,
+           arXiv:2503.14963 (Acc, BWT, R@10).
+
+Protocol choices and deviations (numbered E1..; "ours" is the default)
+  E1. COCO val2017 5k ('coco'): the FIRST 5 captions of each image (25,000
+      texts, images sorted by id, captions in annotation-file order), as
+      Long-CLIP's coco.py (torchvision CocoCaptions, captions[0:5]), which
+      ERCLIP's Table 2 compares with. 'coco-all' keeps all 25,014 (13 images
+      have 6-7). The record's protocol says which.
+  E2. Urban1K: the caption is the file's first line, split on "\n" only (after
+      universal-newline reading), as Long-CLIP's Urban1k.py (readlines()[0]);
+      str.splitlines() would also break at \x0c, \x85 or \u2028 inside a caption.
+  E3. m2-Mix alignment (geometry()['align']): anchored on the images and
+      negated, greater is better, as the paper describes it (Sec. 3). The
+      m2-Mix code (main.py do_valid: loss.rel_lalign_torch(text, image))
+      anchors on the TEXTS (min over images k != i for text i) and does not
+      negate; released_code_geometry()['align_code'] computes it.
+  E4. m2-Mix uniformity (geometry()['unif']): -log mean over all image-text
+      pairs (i, j) of exp(-2 ||v_i - t_j||^2), greater is better. The m2-Mix
+      code (loss.lunif(cat([image, image]))) takes log mean exp(-2 d^2) over
+      the pairs of the IMAGE features duplicated (the N zero distances of an
+      image and its copy included), not negated, no text;
+      released_code_geometry()['unif_code'] computes it.
+  E5. SIMAT: ours evaluates SIMAT's test split (transfos.csv is_test) and
+      takes the best of lambda in {0.5, 1, ..., 7} (14 values). The m2-Mix
+      code's SIMAT_eval evaluates the 'dev' split (its default, as SIMAT's own
+      eval.py) over 13 lambdas {0.5, 1, ..., 6, 7} (no 6.5):
+      simat_protocol="code" / --simat-protocol code. The m2-Mix paper states
+      neither.
 
 Tasks (data root layout in README.md / `python eval.py --help`):
-  retrieval        coco (val2017 5k, all captions), coco-1cap (m2-Mix: first caption),
+  retrieval        coco (val2017 5k, first 5 captions per image), coco-all (all 25,014 captions),
+                   coco-1cap (m2-Mix: first caption),
                    coco-karpathy (Karpathy 5k test), flickr30k (Karpathy 1k test),
                    flickr30k-1cap (m2-Mix), urban1k, sharegpt4v-1k, docci, long-dci, dci,
                    any manifest (path.jsonl / .csv / .tsv, optional '#column'),
@@ -118,7 +164,7 @@ BENCHMARKS = {
     "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
               "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
 }
-BENCHMARKS["coco-1cap"] = BENCHMARKS["coco"]
+BENCHMARKS["coco-1cap"] = BENCHMARKS["coco-all"] = BENCHMARKS["coco"]
 BENCHMARKS["flickr30k-1cap"] = BENCHMARKS["flickr30k"]
 BENCHMARKS["long-dci"] = BENCHMARKS["dci"]
 
@@ -154,30 +200,43 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
     return RetrievalSet(name, [str(p) for p in paths], list(texts), t2i, protocol, missing)
 
 
-def _group_captions(image_keys, caption_pairs, first_only=False):
-    """image_keys: ordered image keys; caption_pairs: (key, text). -> texts, t2i."""
+def _group_captions(image_keys, caption_pairs, max_per_image=None):
+    """image_keys: ordered image keys; caption_pairs: (key, text), in file
+    order; max_per_image: keep the first k captions of each image (None:
+    all). -> texts, t2i (texts in file order)."""
     index = {k: i for i, k in enumerate(image_keys)}
-    texts, t2i, seen = [], [], set()
+    texts, t2i, kept = [], [], {}
     for key, text in caption_pairs:
-        if key not in index or (first_only and key in seen):
+        if key not in index or (max_per_image is not None and kept.get(key, 0) >= max_per_image):
             continue
-        seen.add(key)
+        kept[key] = kept.get(key, 0) + 1
         texts.append(" ".join(str(text).split()))
         t2i.append(index[key])
     return texts, t2i
 
 
 # ---- retrieval benchmarks ---------------------------------------------------
-def _coco_val2017(root, first_only=False, strict=False):
-    task = "coco-1cap" if first_only else "coco"
+COCO_VAL2017 = {  # task -> captions kept per image (E1)
+    "coco": 5,  # Long-CLIP's coco.py, the protocol ERCLIP compares with
+    "coco-all": None,  # every caption (25,014 on the full set)
+    "coco-1cap": 1,  # the m2-Mix code's 1:1 protocol
+}
+
+
+def _coco_val2017(root, task="coco", strict=False):
+    """COCO val2017 5k: images sorted by id, captions in annotation-file
+    order, the first COCO_VAL2017[task] of each image (E1)."""
+    per_image = COCO_VAL2017[task]
     root = Path(root)
     ann = json.loads(_require(root / "coco/annotations/captions_val2017.json", task, root).read_text())
     _require(root / "coco/val2017", task, root)
     images = sorted(ann["images"], key=lambda im: im["id"])
     texts, t2i = _group_captions([im["id"] for im in images],
-                                 ((a["image_id"], a["caption"]) for a in ann["annotations"]), first_only)
-    protocol = ("COCO val2017 5k, first caption per image, 1:1 (m2-Mix code)" if first_only else
-                "COCO val2017 5k, all captions (5-7 per image), I2T hit if any caption in top k")
+                                 ((a["image_id"], a["caption"]) for a in ann["annotations"]), per_image)
+    protocol = {1: "COCO val2017 5k, first caption per image, 1:1 (m2-Mix code)",
+                5: "COCO val2017 5k, first 5 captions per image (Long-CLIP's coco.py), I2T hit if any in top k",
+                None: "COCO val2017 5k, all captions (5-7 per image), I2T hit if any caption in top k"}[per_image]
+    protocol += f"; {len(texts)} texts before missing images are dropped"
     return _finish(task, [root / "coco/val2017" / im["file_name"] for im in images], texts, t2i, protocol,
                    task, root, strict)
 
@@ -193,7 +252,7 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     images = [im for im in data["images"] if im["split"] == "test"]
     paths = [img_dir / im.get("filepath", "") / im["filename"] for im in images]
     pairs = ((i, s["raw"]) for i, im in enumerate(images) for s in im["sentences"])
-    texts, t2i = _group_captions(range(len(images)), pairs, first_only)
+    texts, t2i = _group_captions(range(len(images)), pairs, 1 if first_only else None)
     protocol = f"{dataset} Karpathy test ({len(images)} images), " + (
         "first caption per image, 1:1 (m2-Mix code)" if first_only else "all captions")
     return _finish(task, paths, texts, t2i, protocol, task, root, strict)
@@ -205,10 +264,12 @@ def _urban1k(root, strict=False):
     caps = sorted(cap_dir.glob("*.txt"), key=lambda p: int(p.stem) if p.stem.isdigit() else p.stem)
     if not caps:
         _require(cap_dir / "1.txt", "urban1k", root)
-    texts = [(p.read_text(encoding="utf-8").splitlines() or [""])[0].strip() for p in caps]
+    # E2: the first line, split on "\n" only, as Long-CLIP's Urban1k.py (readlines()[0]); splitlines()
+    # would also cut at \x0c, \x85, \u2028. read_text's universal newlines turn \r\n and \r into \n first.
+    texts = [p.read_text(encoding="utf-8").split("\n")[0].strip() for p in caps]
     paths = [root / "Urban1k/image" / f"{p.stem}.jpg" for p in caps]
-    return _finish("urban1k", paths, texts, range(len(paths)), f"Urban1K, {len(paths)} pairs, 1:1, first line",
-                   "urban1k", root, strict)
+    return _finish("urban1k", paths, texts, range(len(paths)), f"Urban1K, {len(paths)} pairs, 1:1, first line "
+                   "(split on newlines only)", "urban1k", root, strict)
 
 
 def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
@@ -305,8 +366,9 @@ def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
 
 
 REAL_RETRIEVAL_TASKS = {
-    "coco": _coco_val2017,
-    "coco-1cap": lambda root, strict=False: _coco_val2017(root, True, strict),
+    "coco": lambda root, strict=False: _coco_val2017(root, "coco", strict),
+    "coco-all": lambda root, strict=False: _coco_val2017(root, "coco-all", strict),
+    "coco-1cap": lambda root, strict=False: _coco_val2017(root, "coco-1cap", strict),
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
@@ -593,7 +655,7 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
 def geometry(img, txt, chunk: int = 1024) -> dict:
     """Embedding geometry of N paired, L2-normalised features img, txt (N, D).
 
-    m2-Mix (Sec. 3, Fig. 2; both greater-is-better), as in EVAL_PROTOCOLS.md:
+    m2-Mix (Oh et al. 2023, Sec. 3, Fig. 2; both greater-is-better; E3, E4):
       align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
       unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
     Wang & Isola (2020), plain versions (lower is better):
@@ -626,6 +688,34 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
         out[f"wi_unif_{name}"] = (torch.logsumexp(torch.stack(lse), 0) - math.log(n * (n - 1))).item()
     out["gap"] = (img.mean(0) - txt.mean(0)).norm().item()
     return out
+
+
+@torch.no_grad()
+def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
+    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison
+    with numbers made by github.com/changdaeoh/multimodal-mixup (main.py
+    do_valid; loss.py rel_lalign_torch, lunif). Both are lower-is-better:
+      align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
+      unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
+                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
+    img, txt: (N, D) paired, L2-normalised. Row chunks: memory O(chunk x N)."""
+    img, txt = img.float(), txt.float()
+    n = len(img)
+    if n < 2 or txt.shape != img.shape:
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
+    pos = (txt - img).square().sum(1)  # (N,)
+    hardest, lse = torch.empty(n), []
+    for s in range(0, n, chunk):
+        rows = torch.arange(s, min(s + chunk, n))
+        d2 = (2 - 2 * txt[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): text i to image k
+        d2[rows - s, rows] = float("inf")  # k != i
+        hardest[s:s + chunk] = d2.min(1).values
+        dv = (2 - 2 * img[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): image to image, diagonal 0
+        lse.append(torch.logsumexp(-2 * dv.flatten(), 0))
+    log_s = torch.logsumexp(torch.stack(lse), 0).double()  # log S
+    # sum over the pairs a < b of [v; v]: 2 S - N; their number: N (2N - 1)
+    unif = torch.log(2 * torch.exp(log_s) - n) - math.log(n * (2 * n - 1))
+    return {"align_code": (pos - hardest).mean().item(), "unif_code": unif.item()}
 
 
 @torch.no_grad()
@@ -691,6 +781,7 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
     minimum and the tau reaching it."""
     pairs = first_caption_pairs(text_to_image)
     out = geometry(img, txt[pairs])
+    out.update(released_code_geometry(img, txt[pairs]))  # E3, E4: the m2-Mix code's definitions
     out["ece_scale"] = float(scale)  # the model's own 1 / tau, at which ece_i2t / ece_t2i are taken
     for d in ("i2t", "t2i"):
         out[f"ece_{d}"] = ece(img, txt, text_to_image, scale, bins, d)
@@ -701,7 +792,12 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
     return out
 
 
-SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # 0.5, 1, ..., 7
+SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # ours: 0.5, 1, ..., 7 (14 values)
+SIMAT_LAMBDAS_CODE = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0)  # the m2-Mix code (no 6.5)
+SIMAT_PROTOCOLS = {  # name -> (split of transfos.csv, lambdas); E5
+    "ours": ("test", SIMAT_LAMBDAS),
+    "code": ("dev", SIMAT_LAMBDAS_CODE),  # the m2-Mix code's SIMAT_eval(domain='dev')
+}
 
 
 @torch.no_grad()
@@ -744,7 +840,10 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     (region_id, value, target, target_ids, norm2, is_test), and the OSCAR
     matrix oscar_similarity_matrix.pt (images in dataset_id order x captions).
     Image order = dataset_id, else ImageFolder order (sorted folder, file).
-    Words are encoded bare, as in the SIMAT release."""
+    Words are encoded bare, as in the SIMAT release. split: 'test' (rows with
+    is_test True) or 'dev' (the others)."""
+    if split not in ("test", "dev"):
+        raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
     d = _simat_dir(root)
     with open(d / "triplets.csv", newline="") as f:
         trip = list(csv.DictReader(f))
@@ -785,14 +884,14 @@ def _modes(text_mode):
 
 def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
              device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
-             cache_dir=None, synthetic_n=None, log=None):
+             cache_dir=None, synthetic_n=None, log=None, simat_protocol="ours"):
     """Evaluates `model` on each task; one record per (task, metric, text mode).
 
     text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or
     a list. Image features are computed once per task, text features once
     per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry
     and calibration (from the same features) to retrieval tasks. A task may
-    also be 'simat'. Records: task, metric, value, protocol, text_mode,
+    also be 'simat' (simat_protocol: 'ours' or 'code', E5). Records: task, metric, value, protocol, text_mode,
     missing (images absent on disk), n (queries), model, weights.
     synthetic_n: evaluate on the first n scenes of the synthetic splits."""
     model.eval()
@@ -802,9 +901,13 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
     for name in tasks:
         t0 = time.time()
         if name == "simat":
-            res = simat(model, preprocess, tokenizer, data_root, batch_size=batch_size, device=device)
+            split, lambdas = SIMAT_PROTOCOLS[simat_protocol]
+            res = simat(model, preprocess, tokenizer, data_root, split=split, lambdas=lambdas,
+                        batch_size=batch_size, device=device)
             n = res.pop("queries")
-            records += [{"task": name, "metric": m, "value": v, "protocol": "SIMAT test, max over lambda",
+            protocol = (f"SIMAT {split} split, max over lambda in {{{', '.join(f'{x:g}' for x in lambdas)}}}"
+                        + (" (m2-Mix code)" if simat_protocol == "code" else ""))
+            records += [{"task": name, "metric": m, "value": v, "protocol": protocol,
                          "text_mode": "words", "missing": 0, "n": n, **base} for m, v in res.items()]
         elif is_classification(name):
             cs = load_classification(name, data_root, download=download, synthetic_n=synthetic_n)
@@ -970,7 +1073,7 @@ def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=Non
     return common.markdown_table(list(rows.values()), cols)
 
 
-ANALYSIS_METRICS = ("align", "unif", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
+ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
                     "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min", "ece_t2i_best_tau", "simat",
                     "simat_best_lambda")
 
@@ -1163,6 +1266,8 @@ def main(argv=None):
     p.add_argument("--data-root", default="data")
     p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
     p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
+    p.add_argument("--simat-protocol", default="ours", choices=tuple(SIMAT_PROTOCOLS),
+                   help="ours: SIMAT test split, lambda 0.5..7 | code: the m2-Mix code's dev split and 13 lambdas")
     p.add_argument("--paper", default="", choices=("", *PUBLISHED), help="print that paper's CLIP numbers beside ours")
     p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
     p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
@@ -1182,7 +1287,7 @@ def main(argv=None):
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
-              synthetic_n=a.synthetic_n,
+              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol,
               log=lambda s: print(s, file=sys.stderr))
     published = published_numbers(a.paper, a.backbone) if a.paper else None
     if a.paper and not published:
@@ -1215,6 +1320,7 @@ def main(argv=None):
                 print("\n" + extra)
             results["records"] = records
     results["seconds"] = time.time() - t0
+    results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
     if a.out:
