@@ -1,7 +1,8 @@
 """ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval.
 
 Hoang-Bao Le, Allie Tran, Binh T. Nguyen, Liting Zhou, Cathal Gurrin.
-arXiv 2610.29939, https://arxiv.org/abs/2610.29939 (paper in ../shared/papers/erclip.md).
+"ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval."
+arXiv:2610.29939, https://arxiv.org/abs/2610.29939.
 
 What it implements
 ------------------
@@ -75,6 +76,13 @@ Deviations and choices (paper location in brackets)
     overrides it (ours).
 12. Under DDP each rank encodes and fuses its own sentences; all embeddings
     are then gathered with gradient, so every loss is over the global batch.
+13. Evaluation protocols [Sec. 4 names the sets, not their reading]: COCO
+    val2017 5k uses the first 5 captions of each image (25,000 texts), as
+    Long-CLIP's eval/retrieval/coco.py (github.com/beichenzbc/Long-CLIP), the
+    baseline ERCLIP compares with; --eval-tasks ...,coco-all,... keeps all
+    25,014. Urban1K captions are the first line of each file, as Long-CLIP's
+    Urban1k.py reads them. eval.py (E1, E2) states both; the results record
+    the protocol of every number.
 No authors' code is public to compare with.
 
 Commands
