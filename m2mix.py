@@ -42,7 +42,9 @@ Deviations (numbered; the released code is "the code" below)
      cross-entropy over the rows of M and of M^T), as Algorithm 1 and the code
      do. Algorithm 1 additionally puts the un-mixed logits back on the diagonal
      and anti-diagonal of M; we do not (M is fully mixed, so VL-Mix at lam = 1
-     is exactly the CLIP loss).
+     is exactly the CLIP loss), nor does the code as its scripts run it (its
+     --original_neg, unused there, does the opposite: mixed logits on the
+     diagonal and anti-diagonal, un-mixed ones elsewhere).
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2). The code uses
      I + I_R: --vl-target code.
   4. m2-Mix averages the two directions (Eq. 5's 1/2). The code sums them
