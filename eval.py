@@ -32,9 +32,9 @@ Protocol choices and deviations (numbered E1..; "ours" is the default)
       Long-CLIP's coco.py (torchvision CocoCaptions, captions[0:5]), which
       ERCLIP's Table 2 compares with. 'coco-all' keeps all 25,014 (13 images
       have 6-7). The record's protocol says which.
-  E2. Urban1K: the caption is the file's first line, split on "\n" only (after
+  E2. Urban1K: the caption is the file's first line, split on "\\n" only (after
       universal-newline reading), as Long-CLIP's Urban1k.py (readlines()[0]);
-      str.splitlines() would also break at \x0c, \x85 or \u2028 inside a caption.
+      str.splitlines() would also break at \\x0c, \\x85 or \\u2028 inside a caption.
   E3. m2-Mix alignment (geometry()['align']): anchored on the images and
       negated, greater is better, as the paper describes it (Sec. 3). The
       m2-Mix code (main.py do_valid: loss.rel_lalign_torch(text, image))
@@ -70,12 +70,14 @@ Importable API (method files and tests use these; names and signatures are stabl
   evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> records
   results_table(records, metrics, published=None) -> markdown
   geometry(img, txt) -> dict                 m2-Mix align/unif + Wang & Isola's versions
+  released_code_geometry(img, txt) -> dict   the m2-Mix code's align/unif (E3, E4)
   ece(img, txt, text_to_image, scale, bins=15, direction="i2t") -> float (percent)
   ece_curve(img, txt, text_to_image, taus, bins=15, direction="i2t") -> {tau: ece}
-  simat_score(...), simat(model, preprocess, tokenizer, root)
+  simat_score(...), simat(model, preprocess, tokenizer, root, split, lambdas); SIMAT_PROTOCOLS (E5)
   load_state_dict(path), interpolate_weights(theta0, theta1, alpha), wise_ft(...)
   continual_row(records, tasks, ...), evaluate_checkpoints(...), continual_tables(summary)
   published_numbers(paper, backbone) -> {(task, metric): value}
+  ERCLIP_TABLE1/2, M2MIX_TABLE1, PUBLISHED   the one home of the papers' numbers
 
 Runbook:
   python eval.py --backbone tiny                                     # synthetic world, CPU
