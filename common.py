@@ -303,7 +303,7 @@ def register_tiny():
     if TINY_NAME not in open_clip.list_models():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or json.loads(path.read_text()) != TINY_CFG:
-            atomic_write_text(path, json.dumps(TINY_CFG))
+            atomic_write(path, json.dumps(TINY_CFG))
         open_clip.add_model_config(path)
 
 
@@ -409,21 +409,33 @@ def read_sidecar(path):
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def atomic_write_text(path, text: str) -> Path:
-    """Writes a text file so that a reader never sees it half written."""
+def atomic_write(path, content) -> Path:
+    """Writes `path` so that no reader (another rank, a crash half-way)
+    ever sees a partial file: first a temporary file next to it, unique per
+    process, then os.replace, which is atomic on one file system. Creates
+    the parent folder. content: str (written as UTF-8), bytes, or a callable
+    that writes the temporary path it is given, e.g.
+    atomic_write(p, lambda tmp: torch.save(obj, tmp)). Returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        if callable(content):
+            content(tmp)
+        elif isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no stray temporary file after a failure
+        raise
     return path
 
 
 def _atomic_save(obj, path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through atomic_write (training checkpoints, exported models)."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def save_model(model, path, backbone: str, source: str = ""):
@@ -443,7 +455,7 @@ def save_model(model, path, backbone: str, source: str = ""):
             "context_length": int(text_tower(model).context_length),
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
-    Path(str(path) + ".json").write_text(json.dumps(meta, indent=1))
+    atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
     return path
 
 
@@ -652,11 +664,8 @@ def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 
     rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
     rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
              "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    (out_dir / (path.name + ".json")).write_text(json.dumps(
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write(out_dir / (path.name + ".json"), json.dumps(
         {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
          "pairs": len(rows), "holdout_records": holdout}, indent=1))
     return path
@@ -967,11 +976,8 @@ def machine_info() -> dict:
 
 
 def write_results(out, results: dict):
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1, default=float))
-    os.replace(tmp, out / "results.json")
+    """<out>/results.json, written atomically."""
+    return atomic_write(Path(out) / "results.json", json.dumps(results, indent=1, default=float))
 
 
 def markdown_table(rows: list[dict], columns: Sequence[str], floatfmt="{:.1f}") -> str:
@@ -1041,9 +1047,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         rec["scalars"].append(row.get("scalars", {}))
         rec["seconds"].append(seconds)
         rec["steps"].append(steps)
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=1))
-        os.replace(tmp, state_file)
+        atomic_write(state_file, json.dumps(rec, indent=1))
 
     if not rec["rows"]:
         record(evaluate(), 0.0, 0)

@@ -1,7 +1,8 @@
 """ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval.
 
 Hoang-Bao Le, Allie Tran, Binh T. Nguyen, Liting Zhou, Cathal Gurrin.
-arXiv 2610.29939, https://arxiv.org/abs/2610.29939 (paper in ../shared/papers/erclip.md).
+"ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval."
+arXiv:2610.29939, https://arxiv.org/abs/2610.29939.
 
 What it implements
 ------------------
@@ -75,6 +76,13 @@ Deviations and choices (paper location in brackets)
     overrides it (ours).
 12. Under DDP each rank encodes and fuses its own sentences; all embeddings
     are then gathered with gradient, so every loss is over the global batch.
+13. Evaluation protocols [Sec. 4 names the sets, not their reading]: COCO
+    val2017 5k uses the first 5 captions of each image (25,000 texts), as
+    Long-CLIP's eval/retrieval/coco.py (github.com/beichenzbc/Long-CLIP), the
+    baseline ERCLIP compares with; --eval-tasks ...,coco-all,... keeps all
+    25,014. Urban1K captions are the first line of each file, as Long-CLIP's
+    Urban1k.py reads them. eval.py (E1, E2) states both; the results record
+    the protocol of every number.
 No authors' code is public to compare with.
 
 Commands
@@ -141,19 +149,10 @@ TRAIN_POOL = "coco-sharegpt4v"
 # =============================================================================
 # Losses and fusion
 # =============================================================================
-_SENTENCE_END = re.compile(r"(?<=\.)\s+")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sec. 3.1: split a long caption on sentence-final periods (deviation 7).
-    A '.' followed by whitespace (or the end) closes a sentence; '2.5' does
-    not. Whitespace collapses; fragments with no letter/digit are dropped."""
-    out = []
-    for s in _SENTENCE_END.split(text.strip()):
-        s = " ".join(s.split())
-        if any(ch.isalnum() for ch in s):
-            out.append(s)
-    return out
+# Sec. 3.1: split a long caption on sentence-final periods (deviation 7). The
+# splitter lives in eval.py because its 'sentence-mean' text mode must split
+# test captions exactly as training does; erclip.split_sentences is that function.
+split_sentences = evaluation.split_sentences
 
 
 def pad_sentences(sentence_emb, counts):
@@ -404,43 +403,9 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer):
 # =============================================================================
 # Tables
 # =============================================================================
-LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
-# Table 1 (R@1 %): Urban1K, ShareGPT4V, DOCCI, Long-DCI as I2T, T2I pairs.
-PAPER_TABLE1 = {
-    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
-    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
-    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
-    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
-    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
-    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
-    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
-    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
-    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
-    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
-    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
-    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
-}
-# Table 2: long avg I2T, T2I; COCO 5k I2T, T2I; zero-shot C10, C100, IN.
-PAPER_TABLE2 = {
-    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
-    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
-    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
-    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
-    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
-    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
-    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
-    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
-    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
-    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
-    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
-    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
-    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
-    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
-    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
-    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
-    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
-    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
-}
+LONG_SETS = evaluation.ERCLIP_LONG_SETS
+# The paper's Tables 1 and 2 live in eval.py (evaluation.ERCLIP_TABLE1 / ERCLIP_TABLE2),
+# the one home of every published number.
 T1_COLS = ["model", "ViT", "Urban1K I2T", "Urban1K T2I", "ShareGPT4V I2T", "ShareGPT4V T2I", "DOCCI I2T",
            "DOCCI T2I", "Long-DCI I2T", "Long-DCI T2I", "Avg I2T", "Avg T2I"]
 T2_COLS = ["model", "ViT", "L_pres", "Long avg I2T", "Long avg T2I", "COCO I2T", "COCO T2I", "C10", "C100", "IN"]
@@ -475,10 +440,10 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     """Tables 1 and 2 in the paper's layout: the paper's rows for this
     backbone (prefixed 'paper') beside ours. ours: (name, records, lambda_p)."""
     rows1, rows2 = [], []
-    for (v, name), vals in PAPER_TABLE1.items():
+    for (v, name), vals in evaluation.ERCLIP_TABLE1.items():
         if v == vit:
             rows1.append(dict(zip(T1_COLS, [f"paper {name}", v, *vals, _mean(vals[0::2]), _mean(vals[1::2])])))
-    for (v, name), vals in PAPER_TABLE2.items():
+    for (v, name), vals in evaluation.ERCLIP_TABLE2.items():
         if v == vit:
             pres = "-" if name == "CLIP" else ("yes" if name.endswith("+P") else "no")
             rows2.append(dict(zip(T2_COLS, [f"paper {name}", v, pres, *vals])))
@@ -561,7 +526,7 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
            title="ours: lab world, tiny CLIP")
     ax.legend(fontsize=8)
     for name in ("CLIP", "M", "M+P", "RT+P"):
-        row = PAPER_TABLE2[("B/16", name)]
+        row = evaluation.ERCLIP_TABLE2[("B/16", name)]
         mark = dict(fmt="s", ms=7) if name == "CLIP" else marks[name]
         bx.errorbar((row[0] + row[1]) / 2, row[6], color=colors[name], label=name, **mark)
     bx.set(xlabel="long-caption R@1 (%; avg of 4 sets, mean of I2T, T2I)", ylabel="ImageNet zero-shot top-1 (%)",

@@ -318,7 +318,7 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
         lines.append(json.dumps({"image": rel, "caption": s["caption"], "long_caption": s["long_caption"],
                                  "background": s["labels"]["background"], "shape": s["labels"]["shape"],
                                  "color": s["labels"]["color"], "style": s["style"]}))
-    common.atomic_write_text(manifest, "\n".join(lines) + "\n")
+    common.atomic_write(manifest, "\n".join(lines) + "\n")
     return manifest
 
 
@@ -526,10 +526,6 @@ def pyplot():
 
 
 def save_figure(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + f".tmp{os.getpid()}" + path.suffix)
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    os.replace(tmp, path)
+    common.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
     pyplot().close(fig)
-    return path
+    return Path(path)

@@ -164,3 +164,20 @@ def test_ddp_two_processes_match_one(tmp_path):
     assert res["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
     for n, p in net.named_parameters():
         assert torch.allclose(res["grads"][n], p.grad, atol=1e-6, rtol=1e-4), n
+
+
+def test_atomic_write_text_bytes_callable_and_failure(tmp_path):
+    p = tmp_path / "sub" / "f.json"
+    assert common.atomic_write(p, "ünïcode") == p and p.read_text(encoding="utf-8") == "ünïcode"
+    common.atomic_write(p, b"\x00\x01")
+    assert p.read_bytes() == b"\x00\x01"
+    common.atomic_write(p, lambda tmp: torch.save({"x": 1}, tmp))
+    assert torch.load(p) == {"x": 1}
+
+    def half_written(tmp):
+        tmp.write_text("partial")
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        common.atomic_write(p, half_written)
+    assert torch.load(p) == {"x": 1}  # the old file is intact
+    assert sorted(x.name for x in p.parent.iterdir()) == ["f.json"]  # no temporary file left
