@@ -76,7 +76,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
 import sys
 import time
