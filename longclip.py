@@ -663,7 +663,7 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
         vals = np.array([[m[k] for k, _ in metrics] for m in ms])  # (seeds, metrics)
         err = vals.std(0, ddof=1) if len(ms) > 1 else None
         ax.bar(xs, vals.mean(0), width, yerr=err, capsize=3, color=colors[j % len(colors)],
-               label=f"{name} ({len(ms)} seed{'s' if len(ms) > 1 else ''})")
+               label="CLIP (pretrained)" if name == "CLIP" else f"{name} ({len(ms)} seeds)")
         for v in vals:
             ax.scatter(xs, v, s=8, color="black", zorder=3)
     ax.set_xticks(np.arange(len(metrics)), [t for _, t in metrics], fontsize=8)
