@@ -123,7 +123,33 @@ Commands
   a saved model through either window:
     python eval.py --backbone ViT-B/16 --pretrained runs/longclip-b16-budget/model.pt --tasks erclip
     python eval.py --backbone ViT-B/16 --pretrained runs/longclip-b16-budget/model.pt --tasks erclip --context-length 77
-  demo: not available yet (it waits for the revised synthetic world).
+  demo (the lab's world, tiny backbone, 2 CPU cores, seeds lab.SEEDS; minutes):
+    python longclip.py --demo
+
+Demo (ours, the lab)
+--------------------
+Same-budget Long-CLIP against ERCLIP M+P on the lab's world (lab.py), once
+per seed in lab.SEEDS, from the same pretrained tiny weights. Settings fixed
+before any demo run: the erclip-budget recipe (deviation 12) at erclip.py's
+demo settings (its DEMO: lr 1e-4, wd 0.05, 4 warm-up steps then cosine, 40
+steps at batch 32, label smoothing 0.1, fp32, workers 0, split 'train', the
+manifest's short caption, the backbone's temperature kept fixed), plus
+k = 8 principal components (ours: 32 of ViT-B/16's 512 embedding dimensions
+is 1/16; 1/16 of the tiny backbone's 128 is 8; with the paper's k = 32 at
+batch 32 the reconstruction would be exact and L_short plain CLIP). The tiny
+window 24 is stretched to 78 (keep 6, lam2 = 4).
+ERCLIP M+P runs are obtained WITHOUT importing erclip.py (method files never
+import each other): for each seed the demo runs `python erclip.py` as a
+subprocess with the same settings (--fusion mean --lambda-p 1 --eval-tasks
+none, the same seed, data root and training manifest, which the demo writes
+first) and measures the model.pt it exports in this process, exactly as the
+Long-CLIP runs are measured. Measured: R@1 (%, mean of I2T and T2I) on split
+'test' with lab.retrieval_report, long captions through the original
+24-token window (truncated) and the stretched 78-token one; short-caption
+R@1; held-out zero-shot top-1 (%) on the background family of 'zs-test'
+(lab.zero_shot_report). Claims: paired per-seed differences, verdicts by
+lab.verdict; directions and margins were fixed before running (demo_claims).
+Writes runs/longclip-demo/results.json (key `claims`) and longclip-demo.png.
 """
 from __future__ import annotations
 
@@ -132,8 +158,13 @@ import dataclasses
 import json
 import math
 import re
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 import open_clip
 import torch
@@ -183,7 +214,8 @@ class LongCLIPConfig(common.Config):
     eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: ERCLIP's (or synthetic) set; none")
     eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning (original window)")
     erclip_results: str = common.arg("", "an erclip.py results.json whose rows are printed beside ours")
-    demo: bool = common.arg(False, "not available yet: the synthetic-world demo waits for the revised world")
+    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P (subprocess), "
+                            "seeds lab.SEEDS")
 
 
 # ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs (deviation 12)
@@ -539,6 +571,183 @@ def paper_tables(ours, backbone: str) -> str:
 
 
 # =============================================================================
+# Demo (the lab: synthetic world, tiny backbone, 2 CPU cores, seeds lab.SEEDS)
+# =============================================================================
+# Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run: the
+# erclip-budget recipe at erclip.py's demo settings (its DEMO, copied here:
+# method files do not import each other), and k = 8 (module docstring, "Demo").
+DEMO = dict(recipe="erclip-budget", backbone="tiny", train_data="synthetic", lr=1e-4, wd=0.05, warmup=4, steps=40,
+            batch_size=32, label_smoothing=0.1, workers=0, precision="fp32", pca_dim=8, out="runs/longclip-demo",
+            save_every=0, log_every=20)
+DEMO_COLS = ["long", "short", "background", "long I2T", "long T2I", "short I2T", "short T2I", "shape held-out",
+             "color held-out"]
+ERCLIP_NAME = "ERCLIP M+P"
+
+
+def demo_measure(model, preprocess, tokenizers: dict, data_root) -> dict:
+    """Every number of the demo for one model, per text window
+    ({window: tokenizer}): R@1 on the fine-tuning domain's test split (long
+    captions cut at the window; both directions and their mean) and zero-shot
+    top-1 on zs-test (once, with the longest window: the prompts fit any).
+    Returns {window: measurements}."""
+    zs = lab.zero_shot_report(model, preprocess, tokenizers[max(tokenizers)], data_root)
+    out = {}
+    for window, tok in sorted(tokenizers.items()):
+        m = {**lab.retrieval_report(model, preprocess, tok, "test", data_root), **zs, "window": window}
+        m["long"] = (m["long I2T"] + m["long T2I"]) / 2
+        m["short"] = (m["short I2T"] + m["short T2I"]) / 2
+        out[window] = m
+    return out
+
+
+def _paper_long_avg(vals) -> float:
+    """Mean of the I2T and T2I long-set averages of an ERCLIP Tab. 1 row."""
+    return (sum(vals[0::2]) / 4 + sum(vals[1::2]) / 4) / 2
+
+
+def demo_paper_numbers() -> dict:
+    """Long avg R@1 differences printed in ERCLIP's Table 1 (B/16 / L/14):
+    published Long-CLIP (~1M ShareGPT4V pairs, 248 tokens) minus CLIP, and
+    minus ERCLIP M+P (20k pairs; not the same budget)."""
+    out = {}
+    for other in ("CLIP", "M+P"):
+        out[other] = " / ".join(
+            f"{_paper_long_avg(PUBLISHED_LONGCLIP[openai_name(f'ViT-{v}')]) - _paper_long_avg(evaluation.ERCLIP_TABLE1[(v, other)]):+.1f}"
+            for v in ("B/16", "L/14"))
+    return out
+
+
+def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
+    """Paired per-seed differences. Directions and margins fixed before any
+    run: Long-CLIP ahead of CLIP and of ERCLIP on long captions (Long-CLIP's
+    claim; ERCLIP's stated expectation that it closes only part of the gap
+    to Long-CLIP), the stretched window ahead of the truncated one (Long-CLIP
+    Sec. 3); short-caption R@1 and held-out zero-shot: neither paper claims a
+    direction between the two methods, so '=' within 2 points (8 test scenes
+    of 400; 14 zero-shot scenes of 720). short / full: the run names of the
+    Long-CLIP model read through the original and the stretched window."""
+    def d(a, b, key):
+        other = runs[b] if b in runs else [base] * len(runs[a])
+        return [x[key] - y[key] for x, y in zip(runs[a], other)]
+
+    paper = demo_paper_numbers()
+    gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"
+    return [
+        lab.claim(f"Long-CLIP beats CLIP on long R@1 ({full} - CLIP)",
+                  f"{paper['CLIP']} (ERCLIP Tab. 1, B/16 / L/14, ~1M pairs)", d(full, "CLIP", "long"), "+"),
+        lab.claim(f"the stretched window reads more of the long captions ({full} - {short}, long R@1)", "-",
+                  d(full, short, "long"), "+"),
+        lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, truncated ({short} - {ERCLIP_NAME})", gap,
+                  d(short, ERCLIP_NAME, "long"), "+"),
+        lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, full window ({full} - {ERCLIP_NAME})", gap,
+                  d(full, ERCLIP_NAME, "long"), "+"),
+        lab.claim(f"short R@1 about equal ({ERCLIP_NAME} - {short}; within 2 points)", "-",
+                  d(ERCLIP_NAME, short, "short"), "=", margin=2.0),
+        lab.claim(f"held-out zero-shot about equal ({ERCLIP_NAME} - Long-CLIP, background top-1; within 2 points)",
+                  "-", d(ERCLIP_NAME, short, "background"), "=", margin=2.0),
+    ]
+
+
+def demo_figure(base: dict, runs: dict, path, caption: str):
+    """Bars: mean over seeds with std error bars, per-seed points on top."""
+    plt = lab.pyplot()
+    metrics = (("long", "long-caption R@1"), ("short", "short-caption R@1"),
+               ("background", "held-out zero-shot top-1\n(background, chance 12.5)"))
+    names = ["CLIP", *runs]
+    colors = ["0.45", "tab:blue", "tab:orange", "tab:red"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        ms = [base] if name == "CLIP" else runs[name]
+        xs = np.arange(len(metrics)) + (j - (len(names) - 1) / 2) * width
+        vals = np.array([[m[k] for k, _ in metrics] for m in ms])  # (seeds, metrics)
+        err = vals.std(0, ddof=1) if len(ms) > 1 else None
+        ax.bar(xs, vals.mean(0), width, yerr=err, capsize=3, color=colors[j % len(colors)],
+               label="CLIP (pretrained)" if name == "CLIP" else f"{name} ({len(ms)} seeds)")
+        for v in vals:
+            ax.scatter(xs, v, s=8, color="black", zorder=3)
+    ax.set_xticks(np.arange(len(metrics)), [t for _, t in metrics], fontsize=8)
+    ax.set(ylabel="% (R@1: mean of I2T and T2I; top-1)", title="lab world, tiny CLIP: same-budget Long-CLIP vs ERCLIP M+P")
+    ax.legend(fontsize=8)
+    fig.suptitle(caption, fontsize=8)
+    return lab.save_figure(fig, path)
+
+
+def erclip_command(cfg: LongCLIPConfig, seed: int, out) -> list[str]:
+    """`python erclip.py` for ERCLIP M+P at the demo's settings and seed (a
+    subprocess: method files never import each other)."""
+    flags = dict(backbone=cfg.backbone, pretrained=cfg.pretrained, data_root=cfg.data_root, train_data=cfg.train_data,
+                 train_pairs=cfg.train_pairs, lr=cfg.lr, wd=cfg.wd, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                 warmup=cfg.warmup, steps=cfg.steps, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                 grad_clip=cfg.grad_clip, label_smoothing=cfg.label_smoothing, precision=cfg.precision,
+                 workers=cfg.workers, device=cfg.device, log_every=cfg.log_every, save_every=0, seed=seed, out=str(out),
+                 fusion="mean", lambda_p=1.0, eval_tasks="none")
+    args = [sys.executable, str(Path(__file__).resolve().parent / "erclip.py")]
+    for k, v in flags.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    return args + ["--no-eval-base"]
+
+
+def run_demo(cfg: LongCLIPConfig):
+    """CLIP, ERCLIP M+P (subprocess) and same-budget Long-CLIP (both
+    windows) on the lab world, once per seed in lab.SEEDS from the same
+    pretrained weights; claims from the paired differences."""
+    t0 = time.time()
+    out = Path(cfg.out)
+    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    short_window = original_context(cfg.backbone)
+    base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]
+    manifest = train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
+    runs, names = {ERCLIP_NAME: []}, {}
+    for seed in lab.SEEDS:
+        run_out = out / f"ERCLIP-MP-seed{seed}"
+        shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
+        t1 = time.time()
+        subprocess.run(erclip_command(cfg, seed, run_out), check=True, stdout=subprocess.DEVNULL)
+        model, _, preprocess, tokenizer = common.load_model(cfg.backbone, str(run_out / "model.pt"))
+        runs[ERCLIP_NAME].append({**demo_measure(model, preprocess, {short_window: tokenizer},
+                                                 cfg.data_root)[short_window], "seed": seed,
+                                  "train_seconds": time.time() - t1})
+        print(f"[longclip demo] seed {seed} {ERCLIP_NAME}: {time.time() - t1:.0f}s (subprocess)", file=sys.stderr)
+
+        run_out = out / f"LongCLIP-seed{seed}"
+        shutil.rmtree(run_out, ignore_errors=True)
+        vcfg = dataclasses.replace(cfg, seed=seed, out=str(run_out))
+        model, train_tf, preprocess, _ = common.load_model(cfg.backbone, cfg.pretrained)
+        torch.manual_seed(seed)
+        model, long_tok, summary = train_longclip(vcfg, model, train_tf, manifest)
+        window = summary["context_length"]
+        tokenizers = {window: long_tok, short_window: common.get_tokenizer(cfg.backbone, short_window)}
+        for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
+            names[w] = f"Long-CLIP, window {w}"
+            runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
+        print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
+    short, full = names[short_window], names[max(names)]
+    claims = demo_claims(base, runs, short, full)
+    wall = time.time() - t0
+    table = lab.mean_std_table({"CLIP": [base], **runs}, DEMO_COLS)
+    head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
+            f"{cfg.batch_size}, lr {cfg.lr:g}, k = {cfg.pca_dim} (demo settings; ERCLIP M+P by subprocess at the "
+            f"same settings). R@1 % (long, short: mean of I2T and T2I) on the fine-tuning domain's test split, "
+            f"long captions cut at the window ({short_window}: truncated; {max(names)}: Long-CLIP's stretched "
+            f"window); zero-shot top-1 % on zs-test: background = held-out family (8 classes, chance 12.5). "
+            f"Mean ± std over seeds.")
+    text = f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n" \
+           f"{lab.claims_table(claims)}\n\nwall time {wall:.0f}s"
+    print(text)
+    fig = demo_figure(base, runs, out / "longclip-demo.png",
+                      f"python longclip.py --demo; seeds {list(lab.SEEDS)}; error bars: std over seeds; "
+                      f"dots: seeds")
+    common.write_results(out, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg),
+                               "erclip": "python erclip.py subprocess per seed: " + " ".join(
+                                   erclip_command(cfg, lab.SEEDS[0], out / "ERCLIP-MP-seed{seed}")[1:]),
+                               "seeds": list(lab.SEEDS), "base": base, "per_seed": runs, "claims": claims,
+                               "table": table, "figure": str(fig), "wall_seconds": wall,
+                               "machine": common.machine_info()})
+    return {"base": base, "per_seed": runs, "claims": claims}
+
+
+# =============================================================================
 # Main
 # =============================================================================
 def _recipe(argv) -> str:
@@ -549,11 +758,11 @@ def _recipe(argv) -> str:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = common.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
+    demo = "--demo" in argv
+    cfg = common.parse_config(LongCLIPConfig, argv, **{**RECIPES["erclip-budget" if demo else _recipe(argv)],
+                                                       **(DEMO if demo else {})})
     if cfg.demo:
-        raise SystemExit("longclip.py: --demo is not available yet; the synthetic-world demo (ERCLIP M+P against "
-                         "same-budget Long-CLIP) waits for the revised synthetic world. Use the commands in the "
-                         "module docstring.")
+        return run_demo(cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
     tasks = eval_tasks(cfg)
     rank = common.dist_info()[0]

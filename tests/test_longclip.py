@@ -320,8 +320,12 @@ def test_recipes_and_clear_failures(tmp_path):
     assert (paper.lr, paper.wd, paper.warmup, paper.batch_size, paper.label_smoothing) == (1e-6, 0.01, 200, 2048, 0.1)
     assert paper.log_scale == pytest.approx(4.6052, abs=1e-4) and paper.train_data == "sharegpt4v"
     assert longclip._recipe(["--lr", "1", "--recipe=erclip-budget"]) == "erclip-budget"
-    with pytest.raises(SystemExit, match="not available yet"):
-        longclip.main(["--demo"])
+    demo = common.parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
+                                                                       **longclip.DEMO})
+    assert (demo.recipe, demo.train_data, demo.lr, demo.wd, demo.warmup, demo.steps, demo.batch_size) == \
+        ("erclip-budget", "synthetic", 1e-4, 0.05, 4, 40, 32)
+    assert (demo.label_smoothing, demo.precision, demo.workers, demo.pca_dim, demo.log_scale) == \
+        (0.1, "fp32", 0, 8, -1.0) and demo.short_caption == "caption"
     with pytest.raises(common.DataError, match="ShareGPT4V json not found"):
         longclip.main(["--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(common.DataError, match="captions_train2017.json not found"):
@@ -389,3 +393,28 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     with pytest.raises(SystemExit):
         evaluation.main(["--backbone", "tiny", "--pretrained", str(out / "model.pt"), "--tasks", small,
                          "--context-length", "200", "--out", ""])
+
+
+def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch):
+    """The demo's plumbing on a shrunken world (2 steps per run; ERCLIP M+P by
+    subprocess on the same training manifest): every seed of every run is
+    kept, the claims carry the agreed keys, the PNG exists."""
+    small = {"train": 64, "test": 40, "zs-test": 48}
+    monkeypatch.setattr(lab, "SPLITS", {k: (d, small.get(k, n), s) for k, (d, n, s) in lab.SPLITS.items()})
+    out = tmp_path / "demo"
+    longclip.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
+                   str(tmp_path / "data"), "--out", str(out)])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["seeds"] == list(lab.SEEDS) and len(lab.SEEDS) >= 3
+    assert set(saved["per_seed"]) == {"ERCLIP M+P", "Long-CLIP, window 24", "Long-CLIP, window 78"}
+    for runs in saved["per_seed"].values():
+        assert [r["seed"] for r in runs] == list(lab.SEEDS)
+    for s in lab.SEEDS:  # the subprocess trained on the demo's (shrunken) manifest, for 2 steps
+        summary = json.loads((out / f"ERCLIP-MP-seed{s}" / "results.json").read_text())["summary"]
+        assert summary["steps"] == 2 and summary["train_pairs"] == 64
+    assert len(saved["claims"]) >= 5
+    for c in saved["claims"]:
+        assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
+        assert c["n_seeds"] == len(lab.SEEDS) == len(c["per_seed"])
+        assert c["verdict"] in ("reproduced", "opposite", "not resolved")
+    assert (out / "longclip-demo.png").stat().st_size > 10_000
