@@ -26,7 +26,6 @@ import argparse
 import copy
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import logging

@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 import shutil
 import sys
@@ -356,28 +355,6 @@ def train_manifest(cfg: ERCLIPConfig) -> Path:
     return Path(cfg.train_data)  # a user manifest with caption + long_caption
 
 
-def eval_tasks(cfg: ERCLIPConfig) -> list[str]:
-    if cfg.eval_tasks == "none":
-        return []
-    if cfg.eval_tasks == "auto":
-        return list(SYNTHETIC_EVAL_TASKS if cfg.train_data == "synthetic" else PAPER_EVAL_TASKS)
-    return [t for t in cfg.eval_tasks.split(",") if t]
-
-
-def check_eval_data(tasks, data_root):
-    """Loads every evaluation set's index before training, so missing data
-    fails in seconds, not after the run."""
-    for t in tasks:
-        try:
-            if t in evaluation.CLASSIFICATION_TASKS:
-                evaluation.load_classification(t, data_root)
-            else:
-                evaluation.load_retrieval(t, data_root)
-        except Exception as e:
-            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass --eval-tasks to choose others, or none)") from e
-
-
 def variant_name(cfg: ERCLIPConfig) -> str:
     name = {"mean": "M", "rt": "RT", "lstm": "v1 LSTM", "transformer": "v1 Transformer"}[cfg.fusion]
     return name + ("+P" if cfg.lambda_p > 0 else "")
@@ -556,23 +533,15 @@ def run_demo(cfg: ERCLIPConfig):
             runs[name].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
                                "seed": seed, "train_seconds": summary["train_seconds"]})
             print(f"[erclip demo] seed {seed} {name}: {summary['train_seconds']:.0f}s", file=sys.stderr)
-    claims = demo_claims(base, runs)
-    wall = time.time() - t0
-    table = lab.mean_std_table({"CLIP": [base], **runs}, DEMO_COLS)
     head = (f"ERCLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g} (demo settings). R@1 % on the fine-tuning domain's test split "
             f"(long = truncated at the context, the paper's protocol); zero-shot top-1 % on zs-test: background "
             f"= held-out family (8 classes, chance 12.5), seen / held-out = classes fine-tuning shows / only "
             f"pretraining saw. Mean ± std over seeds.")
-    text = f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n" \
-           f"{lab.claims_table(claims)}\n\nwall time {wall:.0f}s"
-    print(text)
-    fig = demo_figure(base, runs, out / "erclip-demo.png",
-                      f"python erclip.py --demo; seeds {list(lab.SEEDS)}; error bars: std over seeds")
-    common.write_results(out, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg),
-                               "seeds": list(lab.SEEDS), "base": base, "per_seed": runs, "claims": claims,
-                               "table": table, "figure": str(fig), "wall_seconds": wall,
-                               "machine": common.machine_info()})
+    claims = demo_claims(base, runs)
+    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
+        base, runs, o / "erclip-demo.png", f"python erclip.py --demo; seeds {list(lab.SEEDS)}; error bars: std "
+        f"over seeds; dots: seeds"), config=dataclasses.asdict(cfg))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
@@ -585,10 +554,10 @@ def main(argv=None):
     if cfg.demo:
         return run_demo(cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
-    tasks = eval_tasks(cfg)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, PAPER_EVAL_TASKS, SYNTHETIC_EVAL_TASKS)
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
-    check_eval_data(tasks, cfg.data_root)
+    evaluation.check_tasks(tasks, cfg.data_root)
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)

@@ -552,6 +552,30 @@ def is_classification(name: str) -> bool:
     return name in CLASSIFICATION_TASKS or name.startswith("imagefolder:")
 
 
+def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[str]:
+    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks, or
+    the lab's when training on the synthetic world) or a comma list."""
+    if spec == "none":
+        return []
+    if spec == "auto":
+        return list(synthetic_tasks if train_data == "synthetic" else paper_tasks)
+    return [t for t in spec.split(",") if t]
+
+
+def check_tasks(tasks, data_root):
+    """Loads every evaluation set's index before training, so missing data
+    fails in seconds, not after the run."""
+    for t in tasks:
+        try:
+            if is_classification(t):
+                load_classification(t, data_root)
+            elif t != "simat":
+                load_retrieval(t, data_root)
+        except Exception as e:
+            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
+                                   f"(pass --eval-tasks to choose others, or none)") from e
+
+
 # =============================================================================
 # 2. Features (each computed once per task and model)
 # =============================================================================

@@ -504,6 +504,23 @@ def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model")
     return common.markdown_table(rows, [first, *columns])
 
 
+def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,
+                figure: Callable[[Path], Path], **extra) -> dict:
+    """Prints a demo's mean ± std table and claims table, draws its figure and
+    writes out/results.json with every seed's numbers; returns the record."""
+    out = Path(out)
+    table = mean_std_table({"CLIP": [base], **runs}, columns)
+    fig = figure(out)
+    wall = time.time() - t0
+    print(f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n"
+          f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
+    record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(SEEDS), "base": base,
+              "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
+              "machine": common.machine_info()}
+    common.write_results(out, record)
+    return record
+
+
 def run_seeds(seeds: Sequence[int], fn: Callable[[int], dict], log=print) -> list[dict]:
     """fn(seed) for every seed, in order; nothing dropped."""
     out = []

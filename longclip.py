@@ -438,27 +438,6 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
     return Path(cfg.train_data)
 
 
-def eval_tasks(cfg: LongCLIPConfig) -> list[str]:
-    if cfg.eval_tasks == "none":
-        return []
-    if cfg.eval_tasks == "auto":
-        return list(SYNTHETIC_EVAL_TASKS if cfg.train_data == "synthetic" else PAPER_EVAL_TASKS)
-    return [t for t in cfg.eval_tasks.split(",") if t]
-
-
-def check_eval_data(tasks, data_root):
-    """Loads every evaluation set's index before training: missing data fails in seconds."""
-    for t in tasks:
-        try:
-            if evaluation.is_classification(t):
-                evaluation.load_classification(t, data_root)
-            elif t != "simat":
-                evaluation.load_retrieval(t, data_root)
-        except Exception as e:
-            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass --eval-tasks to choose others, or none)") from e
-
-
 def read_erclip_results(path) -> tuple[str, list, float]:
     """(variant, tuned records, lambda_p) of an erclip.py results.json."""
     p = Path(path)
@@ -723,27 +702,18 @@ def run_demo(cfg: LongCLIPConfig):
             runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
         print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
     short, full = names[short_window], names[max(names)]
-    claims = demo_claims(base, runs, short, full)
-    wall = time.time() - t0
-    table = lab.mean_std_table({"CLIP": [base], **runs}, DEMO_COLS)
     head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, k = {cfg.pca_dim} (demo settings; ERCLIP M+P by subprocess at the "
             f"same settings). R@1 % (long, short: mean of I2T and T2I) on the fine-tuning domain's test split, "
             f"long captions cut at the window ({short_window}: truncated; {max(names)}: Long-CLIP's stretched "
             f"window); zero-shot top-1 % on zs-test: background = held-out family (8 classes, chance 12.5). "
             f"Mean ± std over seeds.")
-    text = f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n" \
-           f"{lab.claims_table(claims)}\n\nwall time {wall:.0f}s"
-    print(text)
-    fig = demo_figure(base, runs, out / "longclip-demo.png",
-                      f"python longclip.py --demo; seeds {list(lab.SEEDS)}; error bars: std over seeds; "
-                      f"dots: seeds")
-    common.write_results(out, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg),
-                               "erclip": "python erclip.py subprocess per seed: " + " ".join(
-                                   erclip_command(cfg, lab.SEEDS[0], out / "ERCLIP-MP-seed{seed}")[1:]),
-                               "seeds": list(lab.SEEDS), "base": base, "per_seed": runs, "claims": claims,
-                               "table": table, "figure": str(fig), "wall_seconds": wall,
-                               "machine": common.machine_info()})
+    claims = demo_claims(base, runs, short, full)
+    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
+        base, runs, o / "longclip-demo.png", f"python longclip.py --demo; seeds {list(lab.SEEDS)}; error bars: "
+        f"std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
+        erclip="python erclip.py subprocess per seed: " + " ".join(
+            erclip_command(cfg, lab.SEEDS[0], out / "ERCLIP-MP-seed{seed}")[1:]))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
@@ -764,11 +734,11 @@ def main(argv=None):
     if cfg.demo:
         return run_demo(cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
-    tasks = eval_tasks(cfg)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, PAPER_EVAL_TASKS, SYNTHETIC_EVAL_TASKS)
     rank = common.dist_info()[0]
     erclip_run = read_erclip_results(cfg.erclip_results) if cfg.erclip_results else None
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
-    check_eval_data(tasks, cfg.data_root)
+    evaluation.check_tasks(tasks, cfg.data_root)
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     base_window = common.text_tower(model).context_length

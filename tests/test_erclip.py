@@ -13,6 +13,7 @@ from PIL import Image
 import common
 import lab
 import erclip
+import eval as evaluation
 
 
 def unit(*shape, seed=0):
@@ -272,7 +273,7 @@ def test_main_fails_clearly_without_real_data(tmp_path):
     with pytest.raises(common.DataError, match="captions_train2017.json not found"):
         erclip.main(["--train-data", "coco-sharegpt4v", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(common.DataError, match="urban1k"):
-        erclip.check_eval_data(["urban1k"], tmp_path)
+        evaluation.check_tasks(["urban1k"], tmp_path)
 
 
 def test_paper_tables_layout():
