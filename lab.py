@@ -545,3 +545,30 @@ def save_figure(fig, path) -> Path:
     common.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
     pyplot().close(fig)
     return Path(path)
+
+
+def matrix_figure(matrices: dict, tasks: Sequence[str], path, caption: str, unit: str = "R@1 (%)",
+                  row_first: str = "CLIP") -> Path:
+    """Continual demos (C-CLIP, DNS): the R[i][j] matrix of each method as a
+    heat-map, side by side, on one colour scale. matrices: method -> list of
+    per-seed matrices (rows: before training, after task 1..T; columns: the
+    tasks); cells show the mean over seeds and, below it, the std."""
+    plt = pyplot()
+    means = {k: np.mean(np.asarray(v, dtype=float), 0) for k, v in matrices.items()}
+    stds = {k: np.std(np.asarray(v, dtype=float), 0, ddof=1) if len(v) > 1 else np.zeros_like(means[k])
+            for k, v in matrices.items()}
+    lo, hi = min(m.min() for m in means.values()), max(m.max() for m in means.values())
+    fig, axes = plt.subplots(1, len(means), figsize=(3.3 * len(means) + 1, 3.6), squeeze=False)
+    rows = [row_first] + [f"after {t}" for t in tasks]
+    for ax, (name, m) in zip(axes[0], means.items()):
+        im = ax.imshow(m, vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                ax.text(j, i, f"{m[i, j]:.1f}\n±{stds[name][i, j]:.1f}", ha="center", va="center", fontsize=6.5,
+                        color="white" if m[i, j] < (lo + hi) / 2 else "black")
+        ax.set_xticks(range(len(tasks)), [f"test {t}" for t in tasks], rotation=30, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows if ax is axes[0][0] else [""] * len(rows), fontsize=7)
+        ax.set_title(f"{name} ({len(matrices[name])} seeds)", fontsize=9)
+    fig.colorbar(im, ax=list(axes[0]), label=f"{unit}, mean over seeds", shrink=0.85)
+    fig.suptitle(caption, fontsize=8)
+    return save_figure(fig, path)
