@@ -331,8 +331,8 @@ def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[st
 # 3. The tiny backbone
 # =============================================================================
 # Chosen by measurement on 2 CPU cores (README, "The lab"): 32 px images in
-# 8 px patches (16 tokens) keep a step cheap (48 px in 8 px patches cost about
-# 2-3x per step); 10,000 scenes x 3 epochs fit the 90 s budget (12,000 x 4 took
+# 8 px patches (16 tokens) keep a step cheap (the previous world's 48 px images
+# gave 36); 10,000 scenes x 3 epochs fit the 90 s budget (12,000 x 4 took
 # about 120 s); a 24-token text context truncates
 # long captions the way 77 tokens truncate ShareGPT4V's.
 TINY_CFG = {
