@@ -170,6 +170,22 @@ def test_overflow_in_the_loop_is_skipped_logged_checkpointed_and_resumes_identic
     assert [l["skipped_steps"] for l in lines] == [0, 1, 1] and "loss_overflow" in lines[1]
 
 
+def test_an_fp32_checkpoint_continues_in_fp16_at_the_default_scale(tmp_path, capsys):
+    """A CPU fp32 run resumed where fp16 is on (as on a GPU with --precision
+    auto): its checkpoint has no scaler state, so the scale starts afresh."""
+    img, txt = dns.low_rank_tasks(n=64)[0]
+    cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=16, steps=4, lr=1e-3, log_every=1,
+                        out=str(tmp_path), stop_at=2)
+    common.train(cfg, dns.DNSNet(32, math.log(1 / 0.07)), dns.FeaturePairs(img, txt), common.Collate(None),
+                 export=False)
+    s = common.train(dns.dataclasses.replace(cfg, precision="fp16", stop_at=0, resume="latest"),
+                     dns.DNSNet(32, math.log(1 / 0.07)), dns.FeaturePairs(img, txt), common.Collate(None),
+                     export=False)
+    assert "has no grad-scaler state" in capsys.readouterr().err
+    assert s["steps"] == 4 and s["precision"] == "fp16" and s["grad_scale"] in (2.0 ** 16, 2.0 ** 15)
+    assert all(math.isfinite(v) for v in s["final_losses"].values())
+
+
 # ----------------------------------------------------------------------------- benchmarks/gpu_check.py
 def test_gpu_check_without_cuda_says_so_in_one_line():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
