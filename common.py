@@ -1024,7 +1024,10 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     forward(batch, ctx) returns the loss terms) and returns a summary dict.
 
     hooks: optional object with before_optimizer_step(net) (after unscaling
-    and clipping) and after_optimizer_step(net); DNS projects there."""
+    and clipping) and after_optimizer_step(net); DNS projects there. Each
+    step is train_step (its docstring gives the order and what a step
+    skipped by the fp16 grad scaler does); metrics.jsonl logs grad_scale and
+    skipped_steps when fp16 is on."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     precision = resolve_precision(cfg.precision, device)
