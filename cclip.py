@@ -1,9 +1,10 @@
 """C-CLIP: Multimodal Continual Learning for Vision-Language Model.
 
-Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025.
+Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. "C-CLIP: Multimodal Continual
+Learning for Vision-Language Model." ICLR 2025.
 https://proceedings.iclr.cc/paper_files/paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
-(We worked from a Korean summary of the paper, ../shared/papers/cclip.ko.md; it
-carries no equation numbers, so the comments cite sections.)
+The comments cite the paper's sections (Sec. 3.3 metrics, 4.1 LoRA
+integration, 4.2 CKC, 5 settings, 5.2.x ablations), not equation numbers.
 
 What this file implements
   Sec. 4.1  LoRA integration: at task t the backbone {theta, phi} of BOTH
@@ -15,7 +16,9 @@ What this file implements
             pretrained CLIP for t = 1) gives the targets. With the image and
             text rows stacked along the batch (2N rows),
               p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
-              L_CKC = 1/2 [ CE(s p z^T, I_2N) + CE(s z p^T, I_2N) ]
+              a_i = softmax_j(s p_i . z_j)_i,     b_i = softmax_j(s z_i . p_j)_i
+              L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
+                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)     (both directions SUMMED)
             and the task loss is L = L_CLIP + L_CKC.
   Sec. 3    The VLCL protocol: after every task, R@1 in both directions on
             every task's test set, zero-shot retrieval on an unseen set and
@@ -37,39 +40,76 @@ Code name -> paper symbol
   logit_scale                    s = 1 / tau
   R[i][j] (continual.json)       R@1 on task j after tasks 1..i
 
-Deviations (numbered; paper = the summary + METHODS.md sec. 3)
-  1. alpha = 0.5 merge, as the paper says. The authors' research code merges
-     LoRA at full strength and then interpolates whole checkpoints (1:1 after
-     task 2, 2:1 old:new later); we follow the paper.
+Public code the deviations compare with (no official code is released)
+  research code   the first author's research code, public as
+                  github.com/SmallPigPeppa/clip-lightning, folder clip_openai/:
+                  model_distill_zeroshot_lora_best_v2.py (the C-CLIP step),
+                  a_mix.py + a_mix.sh (checkpoint interpolation between tasks),
+                  aaaa_train_bs1024_*.sh (settings).
+  KoyoImai        github.com/KoyoImai/C-CLIP, a separate reimplementation
+                  (c_clip/losses.py, lora.py, model.py, trainer.py).
+
+Deviations (numbered; "paper" = the ICLR 2025 paper)
+  1. alpha = 0.5 merge at every task, as the paper says (and as KoyoImai,
+     lora.py merge). The research code merges LoRA at full strength (peft
+     merge_and_unload when it saves a task's checkpoint) and then
+     interpolates whole checkpoints with a_mix.py (1:1 after task 2, 2:1
+     old:new later, a_mix.sh). --merge-alpha 1 gives the full-strength merge;
+     the checkpoint interpolation is not offered.
   2. LoRA really acts on the attention: adapters are weight parametrizations
      (torch.nn.utils.parametrize) of attn.in_proj_weight, attn.out_proj.weight,
-     mlp.c_fc.weight and mlp.c_proj.weight in both towers. The authors' code
-     wraps attn.out_proj as a module, which nn.MultiheadAttention never calls
-     (it reads out_proj.weight directly), so its attention adapters did
-     nothing, and it has no adapter on in_proj_weight. The fused q/k/v matrix
-     gets ONE rank-r adapter.
+     mlp.c_fc.weight and mlp.c_proj.weight in both towers. The research code
+     wraps every nn.Linear of both transformers with peft (attn.out_proj,
+     mlp.c_fc, mlp.c_proj); nn.MultiheadAttention never calls its out_proj
+     module (it reads out_proj.weight directly), so those attention adapters
+     did nothing, and there is none on in_proj_weight. KoyoImai re-implements
+     the attention and adapts q and v inside in_proj (and out_proj), which
+     does act. Ours puts ONE rank-r adapter on the fused q/k/v matrix.
   3. LoRA dropout acts on the adapter's input features through A's columns
      (one mask per step, shared by every token), because a weight
      parametrization never sees the activations; standard LoRA drops the
-     activations per token. Default 0 (the authors' code: 0.1).
+     activations per token. Default 0 (research code and KoyoImai: 0.1).
   4. Only adapters and the projector train by default (the paper, Sec. 4.1).
-     The authors' code also trains embeddings, norms and projections at full
-     strength; --train-rest does that (those changes are not scaled by alpha).
+     The research code also trains, at full strength, everything outside the
+     two peft-wrapped transformers except visual.conv1 (embeddings, ln_pre /
+     ln_post / ln_final, the projections, logit_scale); --train-rest trains
+     every weight that is not adapted (conv1 and the blocks' norms included;
+     those changes are not scaled by alpha). KoyoImai trains the token,
+     positional and class embeddings besides the adapters.
   5. The projector sees the unnormalised embeddings and is applied to the
      image rows and the text rows in two calls (BatchNorm statistics per
-     modality), as the notation h(f(v)), h(g(c)) reads; the CKC temperature is
-     the model's current logit_scale (authors' code).
+     modality), as the notation h(f(v)), h(g(c)) reads and as the research
+     code does; the CKC temperature is the model's current logit_scale (the
+     research code; the paper gives tau no value). KoyoImai uses a fixed
+     tau = 0.07.
   6. Features are gathered over ranks before both contrastive losses (one
-     process on the global batch); the authors' code does not gather (each of
-     8 GPUs sees its own 128 of the 1024).
+     process on the global batch); the research code does not gather (DDP,
+     each of 8 GPUs sees its own 128 of the 1024).
   7. Warm-up: 12% of the steps (5 of 40 epochs = 12.5%; common's warm-up is an
-     integer percentage). Weight decay 0.2 (paper; code 0.1).
-  8. Parameters outside the two towers (projector, logit_scale) use --lr
-     (1e-5, Sec. 5); the towers use the per-encoder rates (Sec. 5.2.3).
+     integer percentage). Weight decay 0.2 (paper; research code 0.1 in its
+     aaaa_train_bs1024_*.sh).
+  8. Learning rates: the towers use the per-encoder rates (Sec. 5.2.3), the
+     projector --lr (1e-5, Sec. 5). logit_scale is frozen in the lora and
+     cclip methods (add_lora freezes it with the backbone; the paper trains
+     only the adapters and h_psi); in full and ckc, and with --train-rest, it
+     trains at --lr. The research code trains it at the text encoder's rate.
   9. Zero-shot PD: of the paper's six sets (ImageNet, CIFAR-100, Flowers, DTD,
      Food101, StanfordCars) eval.py loads ImageNet and CIFAR-100 by name; the
      others enter as --zero-shot ...,imagefolder:<path> (class names = folder
      names, OpenAI's 80 ImageNet templates, not the sets' own templates).
+ 10. CKC normalisation: the default is L_CKC as printed (Sec. 4.2), the SUM of
+     the two directions' mean cross-entropies, twice CLIP's symmetric mean.
+     The research code averages the two directions (simclr_distill_loss_func
+     called both ways, then halved), i.e. half the printed loss:
+     --ckc-directions mean (KoyoImai averages too).
+ 11. Image and text rows are stacked along the batch (2N rows, 2N x 2N
+     logits), as the printed sum over i = 1..2N and the research code read;
+     KoyoImai concatenates them along the feature axis (N rows of 2D
+     features, N x N logits). Not offered.
+ 12. The projector h_psi is made afresh (seeded) for every task and dropped
+     at its end, as in the research code (each task's run builds a new
+     DistillPredictor and saves only the CLIP weights); KoyoImai keeps one
+     projector across all tasks. The paper does not say.
 
 Commands
   one GPU (the paper's 8 tasks; manifests the user provides under
@@ -81,6 +121,9 @@ Commands
     torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip
   resume after an interruption (at a task boundary or mid-task):
     python cclip.py --tasks vlcl --out runs/cclip --resume latest
+  closer to the research code (deviations 3, 4, 7, 10; its checkpoint
+  interpolation and unadapted attention are not reproduced):
+    python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
   demo (4 synthetic domains + an unseen one, tiny backbone, CPU, all four
   methods; demo-only settings in DEMO):
     python cclip.py --demo
@@ -94,7 +137,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -111,7 +153,10 @@ import eval as evaluation
 # Config
 # =============================================================================
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
-# (image lr, text lr) per task, the authors' settings (Sec. 5, 5.2.3; METHODS.md sec. 3)
+# (image lr, text lr) per task. The paper prints COCO's pair (Sec. 5, 5.2.3: image 5e-7, text
+# 4e-5); flickr30k, coco and pets are the rates in the names of the task checkpoints the research
+# code's a_mix.sh merges; simpsons and wikiart there were trained at 5e-5 / 5e-5, lexica at
+# 1e-4 / 1e-4; kream and sketch (and lexica here) take 5e-5 / 5e-5, our assumption.
 PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
                   **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
 PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six that eval.py loads by name
@@ -132,14 +177,16 @@ class CClipConfig(common.Config):
                                         "'auto': synthetic-shape,color / imagenet,cifar100 (deviation 9); '' = none")
     # LoRA integration (Sec. 4.1)
     lora_rank: int = common.arg(16, "LoRA rank r (Sec. 5)")
-    lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (authors' code)")
+    lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
     lora_dropout: float = common.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
     lora_targets: str = common.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
     merge_alpha: float = common.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    train_rest: bool = common.arg(False, "also train non-adapted weights, as the authors' code (deviation 4)")
+    train_rest: bool = common.arg(False, "also train non-adapted weights, like the research code (deviation 4)")
     # CKC (Sec. 4.2)
-    proj_hidden: int = common.arg(2048, "projector hidden width (authors' code)")
+    proj_hidden: int = common.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
     ckc_weight: float = common.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
+    ckc_directions: str = common.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. 4.2) | mean: "
+                                            "their mean, the research code (deviation 10)", choices=("sum", "mean"))
     # optimisation (Sec. 5)
     epochs: int = common.arg(40, "epochs per task (Sec. 5)")
     batch_size: int = common.arg(1024, "global batch (Sec. 5)")
@@ -148,7 +195,7 @@ class CClipConfig(common.Config):
     lr_text: float = common.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
     lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for tasks named after the "
                                          "paper's datasets (Sec. 5.2.3); 'none'", choices=("paper", "none"))
-    wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; authors' code 0.1)")
+    wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
     out: str = common.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
@@ -179,20 +226,34 @@ DEMO_LORA = dict(lr_image=1e-3, lr_text=5e-3)
 # =============================================================================
 # Losses
 # =============================================================================
-def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale):
-    """Contrastive knowledge consolidation, Sec. 4.2.
+def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
+    """Contrastive knowledge consolidation L_CKC, Sec. 4.2.
 
     p_img, p_txt: (N, D) projected new-model embeddings h(f(v)), h(g(c));
     z_img, z_txt: (N, D) old-model embeddings f_old(v), g_old(c) (targets);
     logit_scale: s = 1 / tau. None of them need be normalised.
-        p = normalise([p_img; p_txt]), z = normalise([z_img; z_txt])   (2N, D)
-        L_CKC = 1/2 [ CE(s p z^T, I) + CE(s z p^T, I) ]
-    Row i's positive is the old embedding of the same image (text); the
-    other 2N - 1 old embeddings, of both modalities, are its negatives."""
-    p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D)
+        p = normalise([p_img; p_txt]),  z = normalise([z_img; z_txt])      (2N, D)
+        a_i = exp(s p_i.z_i) / sum_{j=1}^{2N} exp(s p_i.z_j)      new -> old
+        b_i = exp(s z_i.p_i) / sum_{j=1}^{2N} exp(s z_i.p_j)      old -> new
+        L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
+              = CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))
+    directions="sum" is that printed form; "mean" halves it (the research
+    code's average of the two directions, deviation 10), which equals
+    common.clip_loss(p, z, s). Row i's positive is the old embedding of the
+    same image (text); the other 2N - 1 old embeddings, of both modalities,
+    are its negatives."""
+    if directions not in ("sum", "mean"):
+        raise ValueError(f"directions is 'sum' or 'mean', not {directions!r}")
+    p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D): image rows, then text rows
     z = F.normalize(torch.cat([z_img, z_txt]).float(), dim=-1)  # (2N, D)
-    # Sec. 4.2 (L_CKC): 1/2 [CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))] = CLIP's loss on (p, z)
-    return common.clip_loss(p, z, logit_scale)
+    logits = logit_scale * p @ z.t()  # (2N, 2N): s p_i . z_j
+    labels = torch.arange(len(p), device=p.device)  # the positive of row i is column i
+    # Sec. 4.2: -1/(2N) sum_i log a_i (rows: new -> old) and -1/(2N) sum_i log b_i (columns: old -> new)
+    new_to_old = F.cross_entropy(logits, labels)
+    old_to_new = F.cross_entropy(logits.t(), labels)
+    # Sec. 4.2: L_CKC = the two summed (as printed); "mean": their average (deviation 10)
+    total = new_to_old + old_to_new
+    return total if directions == "sum" else 0.5 * total
 
 
 # =============================================================================
@@ -276,7 +337,8 @@ def merge_lora(model, coef: float = 0.5):
 
 
 def projector(dim: int, hidden: int = 2048):
-    """h_psi (Sec. 4.2; authors' code): Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
+    """h_psi (Sec. 4.2; layout of the research code's DistillPredictor):
+    Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
     return nn.Sequential(nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
                          nn.Linear(hidden, dim))
 
@@ -289,10 +351,10 @@ class CClip(nn.Module):
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
     def __init__(self, model, teacher=None, projector=None, ckc_weight: float = 1.0,
-                 label_smoothing: float = 0.0):
+                 label_smoothing: float = 0.0, ckc_directions: str = "sum"):
         super().__init__()
         self.model, self.teacher, self.projector = model, teacher, projector
-        self.ckc_weight, self.label_smoothing = ckc_weight, label_smoothing
+        self.ckc_weight, self.label_smoothing, self.ckc_directions = ckc_weight, label_smoothing, ckc_directions
         if teacher is not None:
             teacher.requires_grad_(False).eval()
 
@@ -315,7 +377,7 @@ class CClip(nn.Module):
             p_img, p_txt = self.projector(img_raw), self.projector(txt_raw)  # (B, D) each, deviation 5
             p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, z_img, z_txt)
             # Sec. 4.2: L = L_CLIP + L_CKC
-            losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale)
+            losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale, self.ckc_directions)
         return losses
 
 
@@ -334,9 +396,7 @@ def long_caption_manifest(path) -> Path:
     if not target.exists():
         rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
                 for r in common.read_manifest(path)]
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(target)
+        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
     return target
 
 
@@ -427,8 +487,9 @@ def run(cfg: CClipConfig) -> dict:
             if cfg.train_rest:  # deviation 4: everything but the adapted (frozen) originals trains
                 for name, p in model.named_parameters():
                     p.requires_grad_(not name.endswith(".original"))
+        # deviation 12: a fresh projector for every task, dropped at its end
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
-        net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing)
+        net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
         lr_image, lr_text = task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
                                        train_data=task.train)

@@ -1,10 +1,13 @@
 """DNS: dual-sided null-space projection for continual image-text contrastive learning.
 
-Paper: "Continual Multimodal Contrastive Learning" (CMCL), Xiaohao Liu et al.,
-NeurIPS 2025, arXiv:2503.14963, https://arxiv.org/abs/2503.14963
-(code: https://github.com/Xiaohao-Liu/CMCL). We only have a Chinese summary
-(../shared/papers/cmcl-dns.zh.md) that numbers theorems, not equations, so
-the comments below cite "Thm. 4" etc. and the summary's section names.
+Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual
+Multimodal Contrastive Learning" (CMCL). NeurIPS 2025. arXiv:2503.14963,
+https://arxiv.org/abs/2503.14963. The comments cite its theorems (Thm. 4:
+the dual-sided projection; Thm. 5, 6: the stability and plasticity bounds)
+and its problem formulation (the stability condition on alignment scores,
+the multi-step extension with running covariances).
+Released code ("the code" below): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py,
+cmcl/base.py, training.py).
 
 What is implemented, on CLIP
   Frozen open_clip encoders; every task's image and text features are
@@ -12,33 +15,37 @@ What is implemented, on CLIP
   modality, W_img and W_txt (D x D, identity at the start, so the start IS
   CLIP), and the score of an image v and a text t (L2-normalised CLIP
   features) is
-      score(v, t) = s (W_img v) . (W_txt t)                          (Sec. 3)
+      score(v, t) = s (W_img v) . (W_txt t)                (problem formulation)
   without renormalising after the map: renormalising would make the score
   non-linear in W, and the projection below would no longer be exact.
-  Training is CLIP's symmetric InfoNCE on these scores (common.clip_loss).
+  Training is CLIP's symmetric InfoNCE on these scores (common.clip_loss);
+  --loss code --bias trains as the code does (deviations 14, 4).
 
-  Stability (Sec. 3, Thm. 4): a change dW_img leaves every old score
-  unchanged to first order when  P_out dW_img P_in = 0,  where P_in projects
-  onto the span of the old image features v and P_out onto the span of the
-  old MAPPED partner features W_txt t (and symmetrically for W_txt). So each
-  change is replaced by
+  Stability (problem formulation, Thm. 4): a change dW_img leaves every old
+  score unchanged to first order when  P_out dW_img P_in = 0,  where P_in
+  projects onto the span of the old image features v and P_out onto the
+  span of the old MAPPED partner features W_txt t (and symmetrically for
+  W_txt). So each change is replaced by
       dW <- dW - P_out dW P_in                                       (Thm. 4)
   Projectors come from running uncentered covariances accumulated over all
-  past tasks without storing data ("multi-step extension"):
+  past tasks without storing data (multi-step extension):
       Z <- Z n/(n + n_t) + X^T X/(n + n_t),   n <- n + n_t
-      P = U_k U_k^T, U_k = eigenvectors of Z with eigenvalue > lambda_min
-  The input side uses Z_img (Z_txt); the output side W_txt Z_txt W_txt^T
-  (W_img Z_img W_img^T) with the weights at the end of the previous task.
-  Covariances are updated after each task; projectors are rebuilt before
-  each task and stay fixed during it.
+      P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
+  The input side uses Z_img (Z_txt); the output side, by default, the whole
+  history re-mapped with the weights at the end of the previous task,
+  W_txt Z_txt W_txt^T (W_img Z_img W_img^T): the span the stability
+  condition asks for with the current maps. --output-cov per-task
+  accumulates each task's mapped features with THAT task's end weights, as
+  the code does (deviation 13). Covariances are updated after each task;
+  projectors are rebuilt before each task and stay fixed during it.
 
-  Two places to project (--mode):
-    gradient  the paper and the released code: project the gradient, then
+  Three modes (--mode):
+    gradient  the paper and the code (default): project the gradient, then
               AdamW steps. AdamW's per-coordinate scaling, its momentum and
               its decoupled weight decay move the step out of the null space,
-              so the guarantee holds only for plain SGD.
-    update    ours (default): let AdamW compute its step, then project the
-              actual change of the weights (snapshot before the step, project
+              so the guarantee holds exactly only for plain SGD.
+    update    ours: let AdamW compute its step, then project the actual
+              change of the weights (snapshot before the step, project
               W_after - W_before after it). Every applied change satisfies
               P_out dW P_in = 0 whatever the optimizer does.
     vanilla   no projection (the paper's baseline).
@@ -52,38 +59,47 @@ Code name -> paper symbol
   img, txt            v, t: frozen, L2-normalised CLIP features (N, D)
   logit_scale         ln s (s = 1/tau), CLIP's value, frozen
   Z_img, Z_txt, n     running uncentered covariances Z-bar_{<t}^{m}, sample count
-  P_in, P_out         P (input side) and P' / P-tilde (output side) of Thm. 4
-  lambda_min          the truncation threshold lambda_min
+  P_out               P-tilde of Thm. 4, the LEFT factor: output side (old mapped partner features)
+  P_in                P' of Thm. 4, the RIGHT factor: input side (old features of this modality)
+                      (Thm. 4: Delta W = grad - P-tilde grad P'; the paper's global form writes the
+                      same projection with other letters, W-bar = W-tilde - P' W-tilde P)
+  lambda_min          the truncation threshold lambda_min (input side; --lambda-min-out the output side)
   project_gradient    dW = G - P_out G P_in (Thm. 4)
-  score_drift         ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (stability, Sec. 3)
+  score_drift         ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (the stability condition)
 
-Deviations (paper = the summary / METHODS.md sec. 4; code = authors' release)
+Deviations (numbered; "the code" = github.com/Xiaohao-Liu/CMCL)
   1. Backbone: CLIP (image, text) instead of ImageBind / LanguageBind /
      UniBind with 7 modalities; so both modalities are active in every task
      and the "zero gradient for inactive modalities" rule never triggers.
-  2. --mode update is ours and the default; --mode gradient reproduces the
-     paper and code. Reason: with AdamW the gradient projection does not
-     bound the applied step (measured in the demo and in the tests).
+  2. --mode gradient (default) is the paper's and the code's projection;
+     --mode update is ours. Reason for offering it: with AdamW the gradient
+     projection does not bound the applied step (measured in the demo and
+     in the tests).
   3. Clipping order: common.train clips the global gradient norm BEFORE the
-     hook, so in gradient mode we clip then project, like the released code
-     (the clip sees the unprojected norm). In update mode clipping only
+     hook, so in gradient mode we clip then project, like the code (the
+     Hugging Face Trainer clips before its on_pre_optimizer_step callback;
+     the clip sees the unprojected norm). In update mode clipping only
      shapes the optimizer's step; the projection of the final change comes
      after everything and is what keeps the guarantee.
-  4. No biases: the maps are bias-free, as in the paper's theory. The
-     released code leaves biases unprojected, which is another leak of the
-     guarantee (a bias shifts every old score).
+  4. No biases by default: the maps are bias-free, as in the paper's theory.
+     The code's maps are nn.Linear with biases (zero at the start) that are
+     never projected, another leak of the guarantee (a bias shifts every old
+     score): --bias.
   5. The temperature is CLIP's logit_scale, frozen (ours): a trained
      temperature rescales every old score and no projection of W can stop it.
-  6. Output side: the same lambda_min on both sides (paper). The released
-     code's output-side threshold of 0 keeps almost every direction, i.e. the
-     projection is in effect one-sided. The code's version pin that never
-     runs the projection hook is not reproduced: the tests check that the
-     hook runs and changes the step.
+  6. Output-side threshold: the same lambda_min on both sides by default
+     (paper). The code's output side uses 0 (get_projector(..., lambda_min=0)),
+     which keeps every numerically non-zero direction, i.e. the projection is
+     in effect one-sided: --lambda-min-out 0. The code's version pin
+     (transformers 4.30.2, whose Trainer has no on_pre_optimizer_step
+     callback) never runs the projection hook at all; that is not
+     reproduced: the tests check that the hook runs and changes the step.
   7. Schedule: the shared warm-up + cosine (no warm-up by default) instead
      of the code's linear decay. AdamW betas (0.9, 0.999), eps 1e-8 (PyTorch
      defaults; the paper gives no values - our assumption).
   8. Eigen-decomposition (eigh, float64) of the symmetric covariances
-     instead of an SVD (same subspace); lambda_min absolute as in the paper,
+     instead of the code's SVD (same subspace; |eigenvalue| = singular value,
+     so the thresholds mean the same); lambda_min absolute as in the paper,
      --lambda-relative (ours) makes it a fraction of the largest eigenvalue.
   9. Features are extracted once with the eval transform (no augmentation)
      and cached under --feature-cache; the encoders never run during training.
@@ -98,12 +114,27 @@ Deviations (paper = the summary / METHODS.md sec. 4; code = authors' release)
      hooks apply the same projection in factored form,
      G - U_out (U_out^T G U_in) U_in^T (project_gradient_factored), at
      (k_out + k_in) D^2 instead of 2 D^3 operations; tested equal.
+ 13. Output-side covariance: ours re-maps the whole history with the current
+     weights (W_txt Z_txt W_txt^T at the start of each task), the span the
+     stability condition needs for the maps as they are now. The code
+     accumulates each task's output-side covariance with THAT task's end
+     weights (cmcl/dns.py update_covariance), so older tasks keep the span
+     of maps that have since moved: --output-cov per-task.
+ 14. Training loss: ours is CLIP's symmetric InfoNCE at CLIP's (frozen)
+     scale. The code's (cmcl/base.py train_loss) is a one-direction
+     cross-entropy, the pair's first modality (here the image) as anchor
+     over the second, at temperature 1, on maps with biases: --loss code
+     (with --bias).
+ 15. Threshold default: 0.01, the paper's value for ImageBind / UniBind. The
+     code's training.py defaults to 0.1 (lambda_min=1e-1): --lambda-min 0.1.
 
 Commands
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
               --task-classes '' --zeroshot '' --out runs/dns
-            (add --mode gradient / --mode vanilla for the paper's projection / the baseline)
+            (--mode update for ours / --mode vanilla for the baseline)
+  the code's settings (deviations 4, 6, 13, 14, 15):
+            ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0
   torchrun: not needed (deviation 11).
   demo:     python dns.py --demo   (synthetic domains, tiny backbone, CPU, < 3 min)
 """
@@ -126,7 +157,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as clip_eval
+import lab
+import eval as evaluation
 
 
 # =============================================================================
@@ -134,12 +166,20 @@ import eval as clip_eval
 # =============================================================================
 @dataclass(frozen=True)
 class DNSConfig(common.Config):
-    mode: str = common.arg("update", "update: project the optimizer's actual step (ours) | gradient: project the "
-                           "gradient (paper, released code) | vanilla: no projection",
-                           choices=("update", "gradient", "vanilla"))
-    lambda_min: float = common.arg(0.01, "keep covariance eigen-directions with eigenvalue > this "
-                                   "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind)")
+    mode: str = common.arg("gradient", "gradient: project the gradient (paper, the code) | update: project the "
+                           "optimizer's actual step (ours, deviation 2) | vanilla: no projection",
+                           choices=("gradient", "update", "vanilla"))
+    lambda_min: float = common.arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
+                                   "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, deviation 15)")
+    lambda_min_out: float = common.arg(-1.0, "output-side threshold (< 0: --lambda-min, the paper; the code: 0, "
+                                       "deviation 6)")
     lambda_relative: bool = common.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
+    output_cov: str = common.arg("current", "output-side covariance: current: the history re-mapped with the "
+                                 "current maps (ours) | per-task: each task mapped with its end weights (the code, "
+                                 "deviation 13)", choices=("current", "per-task"))
+    loss: str = common.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
+                           "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
+    bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = common.arg("synthetic", "task sequence 'name=train.jsonl[:test.jsonl],...' or 'synthetic'")
     zeroshot: str = common.arg("synthetic-shape,synthetic-color", "eval.py classification sets measured after "
                                "every task, class prompts through W_txt ('' = none)")
@@ -160,24 +200,43 @@ class DNSConfig(common.Config):
 # =============================================================================
 # Losses and projections (pure functions of tensors)
 # =============================================================================
-def dns_scores(img, txt, W_img, W_txt):
-    """Alignment scores without the temperature (Sec. 3):
-        A[i, j] = (W_img v_i) . (W_txt t_j)
+def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
+    """Alignment scores without the temperature (problem formulation):
+        A[i, j] = (W_img v_i + b_img) . (W_txt t_j + b_txt)
     img (N, D), txt (M, D): frozen normalised features; W_img, W_txt (D, D),
-    mapped = x W^T. No renormalisation after the map. Returns (N, M)."""
-    # Sec. 3: score(v, t) = (W_txt t)^T (W_img v)
-    return (img @ W_img.t()) @ (txt @ W_txt.t()).t()
+    mapped = x W^T (+ b, only with --bias). No renormalisation after the
+    map. Returns (N, M)."""
+    mapped_img, mapped_txt = img @ W_img.t(), txt @ W_txt.t()
+    if b_img is not None:  # deviation 4: the code's biases
+        mapped_img, mapped_txt = mapped_img + b_img, mapped_txt + b_txt
+    # score(v, t) = (W_txt t)^T (W_img v)
+    return mapped_img @ mapped_txt.t()
+
+
+def code_loss(img, txt):
+    """The code's training loss (cmcl/base.py Base.train_loss; deviation 14):
+    one direction, temperature 1, on the mapped features,
+        L = CE(A B^T, arange(B)) = -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j)
+    img (B, D): mapped features of the pair's first modality (the anchors),
+    txt (B, D): mapped features of the second; neither normalised."""
+    logits = img.float() @ txt.float().t()  # (B, B), temperature 1
+    # deviation 14: rows only (image -> text), no symmetric term
+    return F.cross_entropy(logits, torch.arange(len(img), device=img.device))
 
 
 def null_space_projector(Z, lambda_min: float, relative: bool = False):
     """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose
-    eigenvalue exceeds lambda_min (absolute; with relative=True a fraction of
-    the largest eigenvalue). P projects onto the span of the old features;
-    I - P onto the null space an update may use. Returns (D, D), Z's dtype."""
+    |eigenvalue| exceeds lambda_min (absolute; with relative=True a fraction
+    of the largest eigenvalue). For the positive semi-definite covariances
+    |eigenvalue| is the singular value the code's SVD thresholds
+    (cmcl/base.py get_projector), so lambda_min = 0 keeps, as there, every
+    numerically non-zero direction, rounding noise of either sign included.
+    P projects onto the span of the old features; I - P onto the null space
+    an update may use. Returns (D, D), Z's dtype."""
     # multi-step extension: truncated eigendecomposition of the running covariance
     evals, U = torch.linalg.eigh(0.5 * (Z + Z.t()).double())
-    threshold = lambda_min * float(evals.max().clamp(min=0)) if relative else lambda_min
-    U_k = U[:, evals > threshold]  # (D, k)
+    threshold = lambda_min * float(evals.abs().max()) if relative else lambda_min
+    U_k = U[:, evals.abs() > threshold]  # (D, k)
     return (U_k @ U_k.t()).to(Z.dtype)
 
 
@@ -217,9 +276,10 @@ def update_covariance(Z, n: int, X):
 
 
 def score_drift(img, txt, maps_before, maps_after):
-    """Relative change of an old task's score matrix (stability, Sec. 3):
+    """Relative change of an old task's score matrix (the stability condition):
         ||A_after - A_before||_F / ||A_before||_F
-    img (N, D), txt (M, D); maps_* = (W_img, W_txt). Computed in float64."""
+    img (N, D), txt (M, D); maps_* = (W_img, W_txt) or (W_img, W_txt, b_img,
+    b_txt) with --bias. Computed in float64."""
     before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
     after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
@@ -229,32 +289,46 @@ def score_drift(img, txt, maps_before, maps_after):
 # Model wrapper
 # =============================================================================
 class DualMaps(nn.Module):
-    """The trainable part: W_img, W_txt (D, D) at identity, and CLIP's frozen
-    logit_scale as a buffer (common.train reads .logit_scale)."""
-    def __init__(self, dim: int, logit_scale: float):
+    """The trainable part: W_img, W_txt (D, D) at identity, with --bias the
+    code's biases b_img, b_txt (D,) at zero, and CLIP's frozen logit_scale
+    as a buffer (common.train reads .logit_scale)."""
+    def __init__(self, dim: int, logit_scale: float, bias: bool = False):
         super().__init__()
         self.W_img = nn.Parameter(torch.eye(dim))  # (D_out, D_in)
         self.W_txt = nn.Parameter(torch.eye(dim))
+        self.b_img = nn.Parameter(torch.zeros(dim)) if bias else None  # deviation 4: never projected
+        self.b_txt = nn.Parameter(torch.zeros(dim)) if bias else None
         self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))  # ln s, frozen (deviation 5)
 
     def map_image(self, img):  # (N, D) -> (N, D)
-        return img @ self.W_img.t()
+        return img @ self.W_img.t() + (self.b_img if self.b_img is not None else 0)
 
     def map_text(self, txt):
-        return txt @ self.W_txt.t()
+        return txt @ self.W_txt.t() + (self.b_txt if self.b_txt is not None else 0)
+
+    def snapshot(self) -> tuple:
+        """The maps as plain CPU tensors: (W_img, W_txt) or, with biases, (W_img, W_txt, b_img, b_txt)."""
+        params = (self.W_img, self.W_txt) + ((self.b_img, self.b_txt) if self.b_img is not None else ())
+        return tuple(p.detach().cpu().clone() for p in params)
 
 
 class DNSNet(nn.Module):
-    """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...} on
-    cached feature pairs batch["img"], batch["txt"] (B, D)."""
-    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0):
+    """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...}
+    (or {"loss_code": ...} with loss="code") on cached feature pairs
+    batch["img"], batch["txt"] (B, D)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
+                 bias: bool = False):
         super().__init__()
-        self.model, self.label_smoothing = DualMaps(dim, logit_scale), label_smoothing
+        if loss not in ("clip", "code"):
+            raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
+        self.model, self.label_smoothing, self.loss = DualMaps(dim, logit_scale, bias), label_smoothing, loss
 
     def forward(self, batch, ctx=None):
         img = self.model.map_image(batch["img"])  # (B, D), not renormalised
         txt = self.model.map_text(batch["txt"])
         img, txt = common.gather(img, txt)
+        if self.loss == "code":  # deviation 14: one direction, temperature 1
+            return {"loss_code": code_loss(img, txt)}
         return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
 
 
@@ -273,15 +347,23 @@ class FeaturePairs(torch.utils.data.Dataset):
 # =============================================================================
 # Training
 # =============================================================================
-def build_projectors(maps: DualMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False):
-    """{param name: (P_out, P_in)} from the covariances and the CURRENT maps
-    (the end of the previous task). W_img's output side is the span of the
-    old mapped texts W_txt t: covariance W_txt Z_txt W_txt^T; and vice versa."""
+def build_projectors(maps: DualMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False,
+                     lambda_min_out: float | None = None, Z_out: dict | None = None):
+    """{param name: (P_out, P_in)} from the covariances. W_img's output side
+    is the span of the old mapped texts W_txt t: by default the covariance
+    W_txt Z_txt W_txt^T with the CURRENT maps (the end of the previous task),
+    and vice versa; Z_out = {"W_img": ..., "W_txt": ...} gives the
+    output-side covariances instead (the code's per-task accumulation,
+    deviation 13). lambda_min_out: the output side's threshold (None or < 0:
+    lambda_min; the code: 0, deviation 6)."""
     W_img, W_txt = maps.W_img.detach().cpu().double(), maps.W_txt.detach().cpu().double()
     device = maps.W_img.device
-    P = {"W_img": (null_space_projector(W_txt @ Z_txt @ W_txt.t(), lambda_min, relative),
+    out_img = Z_out["W_img"] if Z_out is not None else W_txt @ Z_txt @ W_txt.t()
+    out_txt = Z_out["W_txt"] if Z_out is not None else W_img @ Z_img @ W_img.t()
+    lam_out = lambda_min if lambda_min_out is None or lambda_min_out < 0 else lambda_min_out
+    P = {"W_img": (null_space_projector(out_img, lam_out, relative),
                    null_space_projector(Z_img, lambda_min, relative)),
-         "W_txt": (null_space_projector(W_img @ Z_img @ W_img.t(), lambda_min, relative),
+         "W_txt": (null_space_projector(out_txt, lam_out, relative),
                    null_space_projector(Z_txt, lambda_min, relative))}
     return {k: tuple(p.float().to(device) for p in v) for k, v in P.items()}
 
@@ -330,11 +412,16 @@ class NullSpaceProjection:
 
 class DNSLearner:
     """The method's state over a task sequence: the maps, the running
-    covariances, the maps after each task (for the drift measure)."""
-    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0):
-        self.net = DNSNet(dim, logit_scale, label_smoothing)
+    covariances (input sides Z_img, Z_txt; the code's per-task output sides
+    Zo_img, Zo_txt, deviation 13), the maps after each task (for the drift
+    measure)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
+                 bias: bool = False):
+        self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias)
         self.Z_img = torch.zeros(dim, dim, dtype=torch.float64)
         self.Z_txt = torch.zeros(dim, dim, dtype=torch.float64)
+        self.Zo_img = torch.zeros(dim, dim, dtype=torch.float64)  # W_img's output side: texts mapped at their task's end
+        self.Zo_txt = torch.zeros(dim, dim, dtype=torch.float64)  # W_txt's output side: images mapped likewise
         self.n, self.history, self.summaries = 0, [], []
 
     def learn(self, cfg: DNSConfig, img, txt, out, resume: bool = False) -> dict:
@@ -342,19 +429,26 @@ class DNSLearner:
         the task to the covariances (after the task, as the paper)."""
         hooks, t0 = None, time.perf_counter()
         if cfg.mode != "vanilla" and self.n > 0:  # before the first task nothing is old
+            Z_out = {"W_img": self.Zo_img, "W_txt": self.Zo_txt} if cfg.output_cov == "per-task" else None
             hooks = NullSpaceProjection(cfg.mode, build_projectors(
-                self.net.model, self.Z_img, self.Z_txt, cfg.lambda_min, cfg.lambda_relative))
+                self.net.model, self.Z_img, self.Z_txt, cfg.lambda_min, cfg.lambda_relative,
+                cfg.lambda_min_out, Z_out))
         build_seconds = time.perf_counter() - t0
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
         summary = common.train(task_cfg, self.net, FeaturePairs(img, txt), common.Collate(None),
                                hooks=hooks, export=False)
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
-        self.Z_img, _ = update_covariance(self.Z_img, self.n, img)
-        self.Z_txt, self.n = update_covariance(self.Z_txt, self.n, txt)
-        self.history.append(tuple(w.detach().cpu().clone() for w in (self.net.model.W_img, self.net.model.W_txt)))
+        n = self.n
+        W_img, W_txt = (w.detach().cpu().double() for w in (self.net.model.W_img, self.net.model.W_txt))
+        self.Z_img, _ = update_covariance(self.Z_img, n, img)
+        self.Z_txt, self.n = update_covariance(self.Z_txt, n, txt)
+        # deviation 13 (the code): this task's partner features mapped with this task's end weights
+        self.Zo_img, _ = update_covariance(self.Zo_img, n, txt.cpu().double() @ W_txt.t())
+        self.Zo_txt, _ = update_covariance(self.Zo_txt, n, img.cpu().double() @ W_img.t())
+        self.history.append(self.net.model.snapshot())
         summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
-            "final_loss": summary["final_losses"].get("loss_clip"), "projector_build_seconds": build_seconds,
+            "final_loss": sum(summary["final_losses"].values()), "projector_build_seconds": build_seconds,
             "projection_seconds": hooks.seconds if hooks else 0.0,  # rank of each projector = its trace
             "old_rank": {f"{k}_{side}": round(float(P.trace()))
                          for k, pair in (hooks.projectors if hooks else {}).items()
@@ -364,11 +458,12 @@ class DNSLearner:
 
     def state_dict(self):
         return {"maps": self.net.model.state_dict(), "Z_img": self.Z_img, "Z_txt": self.Z_txt, "n": self.n,
-                "history": self.history, "summaries": self.summaries}
+                "Zo_img": self.Zo_img, "Zo_txt": self.Zo_txt, "history": self.history, "summaries": self.summaries}
 
     def load_state_dict(self, s):
         self.net.model.load_state_dict(s["maps"])
         self.Z_img, self.Z_txt, self.n = s["Z_img"], s["Z_txt"], s["n"]
+        self.Zo_img, self.Zo_txt = s["Zo_img"], s["Zo_txt"]
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
@@ -416,10 +511,7 @@ def cached(cache_dir, key: dict, compute):
     if path.exists():
         return torch.load(path, weights_only=False)
     value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(value, tmp)
-    os.replace(tmp, path)
+    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value
 
 
@@ -428,14 +520,14 @@ def manifest_features(model, preprocess, tokenizer, manifest, label_column: str 
     """Frozen CLIP features of a manifest with eval.py's protocol (rows that
     share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
     from `label_column` or None. Same calls as eval.evaluate (truncate)."""
-    rs = clip_eval.manifest_retrieval(manifest)
+    rs = evaluation.manifest_retrieval(manifest)
     labels = None
     if label_column:
         ds = common.ManifestDataset(manifest, check_images=False)
         by_image = {str(ds.image_file(r)): r.get(label_column) for r in ds.rows}
         found = [by_image.get(p) for p in rs.image_paths]
         labels = None if any(v is None for v in found) else torch.tensor([int(v) for v in found])
-    return {"img": clip_eval.image_features(model, preprocess, rs.image_paths, device=device),
+    return {"img": evaluation.image_features(model, preprocess, rs.image_paths, device=device),
             "txt": common.encode_texts(model, tokenizer, rs.texts, device=device),
             "t2i": rs.text_to_image.clone(), "labels": labels}
 
@@ -450,7 +542,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
     weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
     weights = weights or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(common.pretrain_tiny())
+        weights = str(lab.pretrain_tiny())
     elif os.path.isfile(weights):
         weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
     base = {"backbone": cfg.backbone, "weights": weights}
@@ -463,7 +555,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
 
     column, task_clf = "", None
     if cfg.task_classes:
-        classnames, templates, column = common.synthetic_label_sets()[cfg.task_classes]
+        classnames, templates, column = lab.label_sets()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
@@ -471,8 +563,8 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
              "logit_scale": float(model.logit_scale.detach())}
     for name in filter(None, cfg.zeroshot.split(",")):
         def zero_shot_set(name=name):
-            cs = clip_eval.load_classification(name, cfg.data_root)
-            return {"img": clip_eval.image_features(model, preprocess, cs.image_paths, device=device),
+            cs = evaluation.load_classification(name, cfg.data_root)
+            return {"img": evaluation.image_features(model, preprocess, cs.image_paths, device=device),
                     "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates, device=device).cpu(),
                     "labels": cs.labels}
         feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
@@ -485,20 +577,28 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
 def evaluate_maps(maps: DualMaps, tests, task_clf=None, zeroshot=None) -> dict:
     """run_continual's evaluate(): per task R@1 / R@10 both directions (and
     their mean R@10), per-task classification 'acc' when every test set has
-    labels; scalars: zero-shot top-1 per set. Everything through the maps;
-    class-prompt features (D, C) through W_txt."""
-    W_img, W_txt = maps.W_img.detach().float().cpu(), maps.W_txt.detach().float().cpu()
+    labels; scalars: zero-shot top-1 per set. Everything through the maps
+    (biases included with --bias); class-prompt features (D, C) through the
+    text map."""
+    W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
+    b_img, b_txt = biases if biases else (0.0, 0.0)
+
+    def map_img(x):  # (N, D) -> (N, D)
+        return x @ W_img.t() + b_img
+
+    def map_txt(x):
+        return x @ W_txt.t() + b_txt
     with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
     per_task = {}
     for f in tests:
-        img, txt = f["img"] @ W_img.t(), f["txt"] @ W_txt.t()
+        img, txt = map_img(f["img"]), map_txt(f["txt"])
         r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
         r["R@10"] = 0.5 * (r["i2t_R@10"] + r["t2i_R@10"])
         if with_acc:
-            r["acc"] = common.zero_shot_accuracy(img, (task_clf.t() @ W_txt.t()).t(), f["labels"], ks=(1,))["top1"]
+            r["acc"] = common.zero_shot_accuracy(img, map_txt(task_clf.t()).t(), f["labels"], ks=(1,))["top1"]
         for k, v in r.items():
             per_task.setdefault(k, []).append(v)
-    scalars = {f"{name}_top1": common.zero_shot_accuracy(z["img"] @ W_img.t(), (z["clf"].t() @ W_txt.t()).t(),
+    scalars = {f"{name}_top1": common.zero_shot_accuracy(map_img(z["img"]), map_txt(z["clf"].t()).t(),
                                                           z["labels"], ks=(1,))["top1"]
                for name, z in (zeroshot or {}).items()}
     return {"per_task": per_task, "scalars": scalars}
@@ -516,7 +616,8 @@ def run(cfg: DNSConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
     feats = load_features(cfg, tasks, device)
-    learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing)
+    learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
+                         cfg.loss, cfg.bias)
 
     def pairs(f):  # unique-image features -> one (image, text) pair per caption
         return f["img"][f["t2i"]], f["txt"]
@@ -525,9 +626,7 @@ def run(cfg: DNSConfig) -> dict:
         return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
 
     def save_state(path):
-        tmp = Path(str(path) + ".tmp")
-        torch.save(learner.state_dict(), tmp)
-        os.replace(tmp, path)
+        common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp))
 
     summary = common.run_continual(
         out, tasks, learn_task,

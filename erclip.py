@@ -1,7 +1,8 @@
 """ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval.
 
 Hoang-Bao Le, Allie Tran, Binh T. Nguyen, Liting Zhou, Cathal Gurrin.
-arXiv 2610.29939, https://arxiv.org/abs/2610.29939 (paper in ../shared/papers/erclip.md).
+"ERCLIP: Small-Data Adaptation of CLIP for Free-Length Image-Text Retrieval."
+arXiv:2610.29939, https://arxiv.org/abs/2610.29939.
 
 What it implements
 ------------------
@@ -75,6 +76,13 @@ Deviations and choices (paper location in brackets)
     overrides it (ours).
 12. Under DDP each rank encodes and fuses its own sentences; all embeddings
     are then gathered with gradient, so every loss is over the global batch.
+13. Evaluation protocols [Sec. 4 names the sets, not their reading]: COCO
+    val2017 5k uses the first 5 captions of each image (25,000 texts), as
+    Long-CLIP's eval/retrieval/coco.py (github.com/beichenzbc/Long-CLIP), the
+    baseline ERCLIP compares with; --eval-tasks ...,coco-all,... keeps all
+    25,014. Urban1K captions are the first line of each file, as Long-CLIP's
+    Urban1k.py reads them. eval.py (E1, E2) states both; the results record
+    the protocol of every number.
 No authors' code is public to compare with.
 
 Commands
@@ -90,18 +98,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import common
 import eval as evaluation
+import lab
 
 
 # =============================================================================
@@ -138,19 +148,10 @@ TRAIN_POOL = "coco-sharegpt4v"
 # =============================================================================
 # Losses and fusion
 # =============================================================================
-_SENTENCE_END = re.compile(r"(?<=\.)\s+")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sec. 3.1: split a long caption on sentence-final periods (deviation 7).
-    A '.' followed by whitespace (or the end) closes a sentence; '2.5' does
-    not. Whitespace collapses; fragments with no letter/digit are dropped."""
-    out = []
-    for s in _SENTENCE_END.split(text.strip()):
-        s = " ".join(s.split())
-        if any(ch.isalnum() for ch in s):
-            out.append(s)
-    return out
+# Sec. 3.1: split a long caption on sentence-final periods (deviation 7). The
+# splitter lives in eval.py because its 'sentence-mean' text mode must split
+# test captions exactly as training does; erclip.split_sentences is that function.
+split_sentences = evaluation.split_sentences
 
 
 def pad_sentences(sentence_emb, counts):
@@ -337,86 +338,21 @@ class ERCLIP(nn.Module):
 # =============================================================================
 # Training
 # =============================================================================
-def build_train_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
-    """The paper's training set (Sec. 4, deviation 9): the first n_pairs, in
-    COCO image-id order, of the COCO train2017 images that ShareGPT4V
-    describes; short caption = the image's first COCO caption, long caption =
-    the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
-    records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
-    (image paths relative to it) and reused."""
-    out_dir = Path(out_dir)
-    path = out_dir / f"erclip-train-{TRAIN_POOL}-{n_pairs}.jsonl"
-    if path.exists():
-        return path
-    for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
-        if not Path(p).is_file():
-            raise common.DataError(f"{what} not found: {p} (see the data layout in README.md)")
-    coco = json.loads(Path(coco_captions).read_text())
-    file_of = {im["id"]: im["file_name"] for im in coco["images"]}
-    first_caption = {}
-    for a in coco["annotations"]:  # file order: the first annotation of an image is its first caption
-        first_caption.setdefault(a["image_id"], a["caption"].strip())
-    records = json.loads(Path(sharegpt4v).read_text())
-    prefix = "coco/train2017/"
-    held_out = {r.get("image") for r in records[:holdout]}
-    long_of = {}
-    for r in records[holdout:]:
-        img = r.get("image", "")
-        if img.startswith(prefix) and img not in held_out and img not in long_of:
-            text = next((c["value"] for c in r.get("conversations", []) if c.get("from") == "gpt"), "")
-            if text.strip():
-                long_of[img] = text.strip()
-    pool = sorted(i for i, f in file_of.items() if prefix + f in long_of and i in first_caption)
-    if not pool:
-        raise common.DataError(f"no COCO train2017 image of {coco_captions} is described in {sharegpt4v}")
-    if len(pool) < n_pairs:
-        print(f"[erclip] only {len(pool)} shared images, fewer than the {n_pairs} asked for; using all",
-              file=sys.stderr)
-    rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
-    rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
-             "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    (out_dir / (path.name + ".json")).write_text(json.dumps(
-        {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
-         "pairs": len(rows), "holdout_records": holdout}, indent=1))
-    return path
+# The training manifest builder is shared with longclip.py (same pairs, so the two
+# methods differ only in method): common.coco_sharegpt4v_manifest.
+build_train_manifest = common.coco_sharegpt4v_manifest
 
 
 def train_manifest(cfg: ERCLIPConfig) -> Path:
     root = Path(cfg.data_root)
     if cfg.train_data == "synthetic":
-        return common.synthetic_manifest("train", root, n=cfg.train_pairs or None)
+        return lab.synthetic_manifest("train", root, n=cfg.train_pairs or None)
     if cfg.train_data == TRAIN_POOL:
         return build_train_manifest(
             cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
             cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json",
             root / "erclip", cfg.train_pairs or 20000)
     return Path(cfg.train_data)  # a user manifest with caption + long_caption
-
-
-def eval_tasks(cfg: ERCLIPConfig) -> list[str]:
-    if cfg.eval_tasks == "none":
-        return []
-    if cfg.eval_tasks == "auto":
-        return list(SYNTHETIC_EVAL_TASKS if cfg.train_data == "synthetic" else PAPER_EVAL_TASKS)
-    return [t for t in cfg.eval_tasks.split(",") if t]
-
-
-def check_eval_data(tasks, data_root):
-    """Loads every evaluation set's index before training, so missing data
-    fails in seconds, not after the run."""
-    for t in tasks:
-        try:
-            if t in evaluation.CLASSIFICATION_TASKS:
-                evaluation.load_classification(t, data_root)
-            else:
-                evaluation.load_retrieval(t, data_root)
-        except Exception as e:
-            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass --eval-tasks to choose others, or none)") from e
 
 
 def variant_name(cfg: ERCLIPConfig) -> str:
@@ -444,43 +380,9 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer):
 # =============================================================================
 # Tables
 # =============================================================================
-LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
-# Table 1 (R@1 %): Urban1K, ShareGPT4V, DOCCI, Long-DCI as I2T, T2I pairs.
-PAPER_TABLE1 = {
-    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
-    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
-    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
-    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
-    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
-    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
-    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
-    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
-    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
-    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
-    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
-    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
-}
-# Table 2: long avg I2T, T2I; COCO 5k I2T, T2I; zero-shot C10, C100, IN.
-PAPER_TABLE2 = {
-    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
-    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
-    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
-    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
-    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
-    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
-    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
-    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
-    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
-    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
-    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
-    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
-    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
-    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
-    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
-    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
-    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
-    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
-}
+LONG_SETS = evaluation.ERCLIP_LONG_SETS
+# The paper's Tables 1 and 2 live in eval.py (evaluation.ERCLIP_TABLE1 / ERCLIP_TABLE2),
+# the one home of every published number.
 T1_COLS = ["model", "ViT", "Urban1K I2T", "Urban1K T2I", "ShareGPT4V I2T", "ShareGPT4V T2I", "DOCCI I2T",
            "DOCCI T2I", "Long-DCI I2T", "Long-DCI T2I", "Avg I2T", "Avg T2I"]
 T2_COLS = ["model", "ViT", "L_pres", "Long avg I2T", "Long avg T2I", "COCO I2T", "COCO T2I", "C10", "C100", "IN"]
@@ -515,10 +417,10 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     """Tables 1 and 2 in the paper's layout: the paper's rows for this
     backbone (prefixed 'paper') beside ours. ours: (name, records, lambda_p)."""
     rows1, rows2 = [], []
-    for (v, name), vals in PAPER_TABLE1.items():
+    for (v, name), vals in evaluation.ERCLIP_TABLE1.items():
         if v == vit:
             rows1.append(dict(zip(T1_COLS, [f"paper {name}", v, *vals, _mean(vals[0::2]), _mean(vals[1::2])])))
-    for (v, name), vals in PAPER_TABLE2.items():
+    for (v, name), vals in evaluation.ERCLIP_TABLE2.items():
         if v == vit:
             pres = "-" if name == "CLIP" else ("yes" if name.endswith("+P") else "no")
             rows2.append(dict(zip(T2_COLS, [f"paper {name}", v, pres, *vals])))
@@ -534,71 +436,113 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
 
 
 # =============================================================================
-# Demo (synthetic world, tiny backbone, 2 CPU cores)
+# Demo (the lab: synthetic world, tiny backbone, 2 CPU cores, seeds lab.SEEDS)
 # =============================================================================
-# Demo settings (ours, NOT the paper's): the tiny model and 2,000 pairs need a
-# larger lr and several passes (120 x 64 = 3.8 passes over the 2,000 pairs) to move
-# within the 5-minute CPU budget.
-DEMO = dict(backbone="tiny", train_data="synthetic", lr=3e-4, wd=0.05, warmup=12, steps=120, batch_size=64,
-            label_smoothing=0.1, workers=0, precision="fp32", out="runs/erclip-demo", save_every=0)
+# Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run: 40
+# steps x 32 pairs fit the CPU budget; lr 1e-4 was the best of {3e-5, 1e-4,
+# 3e-4} on the 'val' split's R@1 (short and long captions) for M+P in a pilot
+# with seed 99, which is not one of lab.SEEDS.
+DEMO = dict(backbone="tiny", train_data="synthetic", lr=1e-4, wd=0.05, warmup=4, steps=40, batch_size=32,
+            label_smoothing=0.1, workers=0, precision="fp32", out="runs/erclip-demo", save_every=0, log_every=20)
 DEMO_VARIANTS = (("M", "mean", 0.0), ("M+P", "mean", 1.0), ("RT+P", "rt", 1.0))
-DEMO_COLS = ["model", "long I2T", "long T2I", "long-sent I2T", "long-sent T2I", "short I2T", "short T2I",
-             "shape", "color"]
+DEMO_COLS = ["long", "short", "background", "shape seen", "shape held-out", "color seen", "color held-out",
+             "long I2T", "long T2I", "short I2T", "short T2I"]
 
 
-def demo_eval(model, preprocess, tokenizer, data_root):
-    """The synthetic measurements of the demo table, one row dict."""
-    rec = evaluation.evaluate(model, preprocess, tokenizer, list(SYNTHETIC_EVAL_TASKS), data_root)
-    rec_sent = evaluation.evaluate(model, preprocess, tokenizer, ["synthetic-long"], data_root,
-                                   text_mode="sentence-mean")
-    v = lambda r, t, m: _value(r, t, m)  # noqa: E731
-    return dict(zip(DEMO_COLS[1:], [
-        v(rec, "synthetic-long", "i2t_R@1"), v(rec, "synthetic-long", "t2i_R@1"),
-        v(rec_sent, "synthetic-long", "i2t_R@1"), v(rec_sent, "synthetic-long", "t2i_R@1"),
-        v(rec, "synthetic-short", "i2t_R@1"), v(rec, "synthetic-short", "t2i_R@1"),
-        v(rec, "synthetic-shape", "top1"), v(rec, "synthetic-color", "top1")])), rec + rec_sent
+def demo_measure(model, preprocess, tokenizer, data_root) -> dict:
+    """Every number of the demo for one model: R@1 on the fine-tuning
+    domain's test split (long captions truncated, the paper's protocol; both
+    directions and their mean) and zero-shot top-1 on the zs-test split."""
+    m = {**lab.retrieval_report(model, preprocess, tokenizer, "test", data_root),
+         **lab.zero_shot_report(model, preprocess, tokenizer, data_root)}
+    m["long"] = (m["long I2T"] + m["long T2I"]) / 2
+    m["short"] = (m["short I2T"] + m["short T2I"]) / 2
+    return m
 
 
-def demo_summary(rows: dict) -> str:
-    """The paper's two claims, measured on the demo rows."""
-    long_ = lambda r: (r["long I2T"] + r["long T2I"]) / 2  # noqa: E731
-    zs = lambda r: (r["shape"] + r["color"]) / 2  # noqa: E731
-    base, lines = rows["CLIP"], []
-    for name in rows:
-        if name != "CLIP":
-            lines.append(f"{name}: long R@1 (truncated, mean of both directions) {long_(base):.1f} -> "
-                         f"{long_(rows[name]):.1f} ({long_(rows[name]) - long_(base):+.1f}); zero-shot mean "
-                         f"{zs(base):.1f} -> {zs(rows[name]):.1f} ({zs(rows[name]) - zs(base):+.1f})")
-    if "M" in rows and "M+P" in rows:
-        lost = zs(base) - zs(rows["M"])
-        back = zs(rows["M+P"]) - zs(rows["M"])
-        share = f" ({100 * back / lost:.0f}% of the loss)" if lost > 0 else " (M lost nothing to recover)"
-        lines.append(f"M lost {lost:+.1f} zero-shot points; preservation (M+P) recovers {back:+.1f}{share}")
-    return "\n".join(lines)
+def demo_claims(base: dict, runs: dict) -> list[dict]:
+    """The paper's quantitative claims as paired per-seed differences.
+    Paper numbers: Table 2 (ViT-B/32, B/16, L/14)."""
+    def d(a, b, key):  # per-seed a - b; "CLIP" is the pretrained model, the same for every seed
+        other = runs[b] if b in runs else [base] * len(runs[a])
+        return [x[key] - y[key] for x, y in zip(runs[a], other)]
+
+    erosion, back = d("M", "CLIP", "background"), d("M+P", "M", "background")
+    share = [100 * b / -e if e < 0 else float("nan") for b, e in zip(back, erosion)]  # % of M's loss recovered
+    return [
+        lab.claim("long-caption R@1 rises (M+P - CLIP, mean of I2T/T2I)", "+6.5 / +7.6 / +11.2",
+                  d("M+P", "CLIP", "long"), "+"),
+        lab.claim("fine-tuning erodes held-out zero-shot (M - CLIP, background top-1)",
+                  "ImageNet -5.8 / -6.1 / -3.8", erosion, "-"),
+        lab.claim("preservation recovers part of it (M+P - M, background top-1)",
+                  "ImageNet +2.1 / +1.8 / +1.6", back, "+"),
+        lab.claim("... and that part is 30-42 % of M's loss (share, %)", "36 / 30 / 42", share, "range",
+                  interval=(30, 42)),
+        lab.claim("short-caption retrieval kept better with P (M+P - M, short R@1)", "COCO +1.3 / +1.3 / +0.4",
+                  d("M+P", "M", "short"), "+"),
+        lab.claim("RT+P about equal to M+P on long R@1 (RT+P - M+P; equal within 1 point)",
+                  "-0.4 / -0.1 / -0.1", d("RT+P", "M+P", "long"), "=", margin=1.0),
+    ]
+
+
+def demo_figure(base: dict, runs: dict, path, caption: str):
+    """Long-caption R@1 against held-out zero-shot accuracy, ours (mean and
+    std over seeds) beside the paper's Table 2 (ViT-B/16, ImageNet)."""
+    plt = lab.pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2))
+    colors = {"CLIP": "black", "M": "tab:red", "M+P": "tab:blue", "RT+P": "tab:green"}
+    marks = {"M": dict(fmt="o", ms=7), "M+P": dict(fmt="D", ms=11, mfc="none"), "RT+P": dict(fmt="x", ms=9)}
+    ax.plot(base["long"], base["background"], "s", color="black", label="CLIP (pretrained)")
+    for name, ms in runs.items():
+        x = np.array([m["long"] for m in ms])
+        y = np.array([m["background"] for m in ms])
+        ax.errorbar(x.mean(), y.mean(), xerr=x.std(ddof=1), yerr=y.std(ddof=1), capsize=4, color=colors[name],
+                    label=f"{name} ({len(ms)} seeds)", **marks[name])
+        ax.scatter(x, y, s=10, color=colors[name], alpha=0.4)
+    ax.set(xlabel="long-caption R@1, truncated (%; mean of I2T, T2I)", ylabel="held-out zero-shot top-1 (%)",
+           title="ours: lab world, tiny CLIP")
+    ax.legend(fontsize=8)
+    for name in ("CLIP", "M", "M+P", "RT+P"):
+        row = evaluation.ERCLIP_TABLE2[("B/16", name)]
+        mark = dict(fmt="s", ms=7) if name == "CLIP" else marks[name]
+        bx.errorbar((row[0] + row[1]) / 2, row[6], color=colors[name], label=name, **mark)
+    bx.set(xlabel="long-caption R@1 (%; avg of 4 sets, mean of I2T, T2I)", ylabel="ImageNet zero-shot top-1 (%)",
+           title="paper: Table 2, ViT-B/16")
+    bx.legend(fontsize=8)
+    fig.suptitle(caption, fontsize=8)
+    return lab.save_figure(fig, path)
 
 
 def run_demo(cfg: ERCLIPConfig):
+    """CLIP, M, M+P and RT+P on the lab world: every variant fine-tuned from
+    the same pretrained weights once per seed in lab.SEEDS (same seed, same
+    data order across variants); claims from the paired differences."""
     t0 = time.time()
     out = Path(cfg.out)
     model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-    rows, results = {}, {"settings": "demo settings (not the paper's)", "config": dataclasses.asdict(cfg)}
-    rows["CLIP"], results["CLIP"] = demo_eval(model, preprocess, tokenizer, cfg.data_root)
-    for name, fusion, lambda_p in DEMO_VARIANTS:
-        vcfg = dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, out=str(out / name.replace("+", "")))
-        model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-        model, summary = train_erclip(vcfg, model, train_tf, tokenizer)
-        rows[name], records = demo_eval(model, preprocess, tokenizer, cfg.data_root)
-        results[name] = {"summary": summary, "records": records}
-        print(f"[erclip demo] {name} trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
-    table = common.markdown_table([{"model": k, **v} for k, v in rows.items()], DEMO_COLS)
-    text = (f"ERCLIP demo: synthetic world, tiny backbone, {cfg.steps} steps x batch {cfg.batch_size}, "
-            f"lr {cfg.lr:g} (demo settings). long = long captions truncated at the context (the paper's "
-            f"protocol); long-sent = sentence-mean text encoding; R@1 %, zero-shot top-1 %.\n\n{table}\n\n"
-            f"{demo_summary(rows)}\nwall time {time.time() - t0:.0f}s")
-    print(text)
-    results.update(table=table, rows=rows, wall_seconds=time.time() - t0)
-    common.write_results(out, results)
-    return rows
+    base = demo_measure(model, preprocess, tokenizer, cfg.data_root)
+    runs = {name: [] for name, _, _ in DEMO_VARIANTS}
+    for seed in lab.SEEDS:
+        for name, fusion, lambda_p in DEMO_VARIANTS:
+            run_out = out / f"{name.replace('+', '')}-seed{seed}"
+            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
+            vcfg = dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, seed=seed, out=str(run_out))
+            model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+            torch.manual_seed(seed)  # the fusion module's initialisation
+            model, summary = train_erclip(vcfg, model, train_tf, tokenizer)
+            runs[name].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
+                               "seed": seed, "train_seconds": summary["train_seconds"]})
+            print(f"[erclip demo] seed {seed} {name}: {summary['train_seconds']:.0f}s", file=sys.stderr)
+    head = (f"ERCLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
+            f"{cfg.batch_size}, lr {cfg.lr:g} (demo settings). R@1 % on the fine-tuning domain's test split "
+            f"(long = truncated at the context, the paper's protocol); zero-shot top-1 % on zs-test: background "
+            f"= held-out family (8 classes, chance 12.5), seen / held-out = classes fine-tuning shows / only "
+            f"pretraining saw. Mean ± std over seeds.")
+    claims = demo_claims(base, runs)
+    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
+        base, runs, o / "erclip-demo.png", f"python erclip.py --demo; seeds {list(lab.SEEDS)}; error bars: std "
+        f"over seeds; dots: seeds"), config=dataclasses.asdict(cfg))
+    return {"base": base, "per_seed": runs, "claims": claims}
 
 
 # =============================================================================
@@ -610,10 +554,10 @@ def main(argv=None):
     if cfg.demo:
         return run_demo(cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
-    tasks = eval_tasks(cfg)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, PAPER_EVAL_TASKS, SYNTHETIC_EVAL_TASKS)
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
-    check_eval_data(tasks, cfg.data_root)
+    evaluation.check_tasks(tasks, cfg.data_root)
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)

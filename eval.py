@@ -4,12 +4,58 @@ Benchmark loaders, protocols, long-caption text modes, WiSE-FT curves,
 geometry and calibration, SIMAT, continual matrices.
 
 Every number a method file prints comes from `evaluate` below, so the four
-papers' tables are made by one piece of code. Protocol facts live in
-../shared/EVAL_PROTOCOLS.md; each loader states the protocol it follows and
-every result record carries it.
+papers' tables are made by one piece of code. Each loader states the
+protocol it follows (BENCHMARKS names every set's layout and source) and
+every result record carries it, so results.json says which protocol a
+number used.
+
+Papers whose protocols this file follows
+  ERCLIP   Le, Tran, Nguyen, Zhou, Gurrin. "ERCLIP: Small-Data Adaptation of CLIP
+           for Free-Length Image-Text Retrieval." arXiv:2610.29939, Sec. 4
+           (compares with Long-CLIP: Zhang et al., "Long-CLIP: Unlocking the
+           Long-Text Capability of CLIP", ECCV 2024, arXiv:2403.15378, whose
+           evaluation scripts are eval/retrieval/{coco,Urban1k}.py of
+           github.com/beichenzbc/Long-CLIP).
+  m2-Mix   Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning."
+           NeurIPS 2023, arXiv:2203.03897, Sec. 3 (align / unif), Sec. 5.3
+           (Tab. 2, Fig. 6: ECE), Tab. 5 (SIMAT: Couairon et al., "Embedding
+           Arithmetic of Multimodal Queries for Image Retrieval",
+           arXiv:2112.03162, github.com/facebookresearch/SIMAT). Released
+           code: github.com/changdaeoh/multimodal-mixup ("the m2-Mix code").
+  C-CLIP   Liu, Zhu, Wei, Tian. ICLR 2025, Sec. 3.3 (VLCL metrics, PD).
+  CMCL     Liu et al. "Continual Multimodal Contrastive Learning." NeurIPS 2025,
+           arXiv:2503.14963 (Acc, BWT, R@10).
+
+Protocol choices and deviations (numbered E1..; "ours" is the default)
+  E1. COCO val2017 5k ('coco'): the FIRST 5 captions of each image (25,000
+      texts, images sorted by id, captions in annotation-file order), as
+      Long-CLIP's coco.py (torchvision CocoCaptions, captions[0:5]), which
+      ERCLIP's Table 2 compares with. 'coco-all' keeps all 25,014 (13 images
+      have 6-7). The record's protocol says which.
+  E2. Urban1K: the caption is the file's first line, split on "\\n" only (after
+      universal-newline reading), as Long-CLIP's Urban1k.py (readlines()[0]);
+      str.splitlines() would also break at \\x0c, \\x85 or \\u2028 inside a caption.
+  E3. m2-Mix alignment (geometry()['align']): anchored on the images and
+      negated, greater is better, as the paper describes it (Sec. 3). The
+      m2-Mix code (main.py do_valid: loss.rel_lalign_torch(text, image))
+      anchors on the TEXTS (min over images k != i for text i) and does not
+      negate; released_code_geometry()['align_code'] computes it.
+  E4. m2-Mix uniformity (geometry()['unif']): -log mean over all image-text
+      pairs (i, j) of exp(-2 ||v_i - t_j||^2), greater is better. The m2-Mix
+      code (loss.lunif(cat([image, image]))) takes log mean exp(-2 d^2) over
+      the pairs of the IMAGE features duplicated (the N zero distances of an
+      image and its copy included), not negated, no text;
+      released_code_geometry()['unif_code'] computes it.
+  E5. SIMAT: ours evaluates SIMAT's test split (transfos.csv is_test) and
+      takes the best of lambda in {0.5, 1, ..., 7} (14 values). The m2-Mix
+      code's SIMAT_eval evaluates the 'dev' split (its default, as SIMAT's own
+      eval.py) over 13 lambdas {0.5, 1, ..., 6, 7} (no 6.5):
+      simat_protocol="code" / --simat-protocol code. The m2-Mix paper states
+      neither.
 
 Tasks (data root layout in README.md / `python eval.py --help`):
-  retrieval        coco (val2017 5k, all captions), coco-1cap (m2-Mix: first caption),
+  retrieval        coco (val2017 5k, first 5 captions per image), coco-all (all 25,014 captions),
+                   coco-1cap (m2-Mix: first caption),
                    coco-karpathy (Karpathy 5k test), flickr30k (Karpathy 1k test),
                    flickr30k-1cap (m2-Mix), urban1k, sharegpt4v-1k, docci, long-dci, dci,
                    any manifest (path.jsonl / .csv / .tsv, optional '#column'),
@@ -24,12 +70,14 @@ Importable API (method files and tests use these; names and signatures are stabl
   evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> records
   results_table(records, metrics, published=None) -> markdown
   geometry(img, txt) -> dict                 m2-Mix align/unif + Wang & Isola's versions
+  released_code_geometry(img, txt) -> dict   the m2-Mix code's align/unif (E3, E4)
   ece(img, txt, text_to_image, scale, bins=15, direction="i2t") -> float (percent)
   ece_curve(img, txt, text_to_image, taus, bins=15, direction="i2t") -> {tau: ece}
-  simat_score(...), simat(model, preprocess, tokenizer, root)
+  simat_score(...), simat(model, preprocess, tokenizer, root, split, lambdas); SIMAT_PROTOCOLS (E5)
   load_state_dict(path), interpolate_weights(theta0, theta1, alpha), wise_ft(...)
   continual_row(records, tasks, ...), evaluate_checkpoints(...), continual_tables(summary)
   published_numbers(paper, backbone) -> {(task, metric): value}
+  ERCLIP_TABLE1/2, M2MIX_TABLE1, PUBLISHED   the one home of the papers' numbers
 
 Runbook:
   python eval.py --backbone tiny                                     # synthetic world, CPU
@@ -50,6 +98,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +109,7 @@ import torch
 from PIL import Image
 
 import common
+import lab
 
 
 # =============================================================================
@@ -117,7 +167,7 @@ BENCHMARKS = {
     "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
               "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
 }
-BENCHMARKS["coco-1cap"] = BENCHMARKS["coco"]
+BENCHMARKS["coco-1cap"] = BENCHMARKS["coco-all"] = BENCHMARKS["coco"]
 BENCHMARKS["flickr30k-1cap"] = BENCHMARKS["flickr30k"]
 BENCHMARKS["long-dci"] = BENCHMARKS["dci"]
 
@@ -153,30 +203,43 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
     return RetrievalSet(name, [str(p) for p in paths], list(texts), t2i, protocol, missing)
 
 
-def _group_captions(image_keys, caption_pairs, first_only=False):
-    """image_keys: ordered image keys; caption_pairs: (key, text). -> texts, t2i."""
+def _group_captions(image_keys, caption_pairs, max_per_image=None):
+    """image_keys: ordered image keys; caption_pairs: (key, text), in file
+    order; max_per_image: keep the first k captions of each image (None:
+    all). -> texts, t2i (texts in file order)."""
     index = {k: i for i, k in enumerate(image_keys)}
-    texts, t2i, seen = [], [], set()
+    texts, t2i, kept = [], [], {}
     for key, text in caption_pairs:
-        if key not in index or (first_only and key in seen):
+        if key not in index or (max_per_image is not None and kept.get(key, 0) >= max_per_image):
             continue
-        seen.add(key)
+        kept[key] = kept.get(key, 0) + 1
         texts.append(" ".join(str(text).split()))
         t2i.append(index[key])
     return texts, t2i
 
 
 # ---- retrieval benchmarks ---------------------------------------------------
-def _coco_val2017(root, first_only=False, strict=False):
-    task = "coco-1cap" if first_only else "coco"
+COCO_VAL2017 = {  # task -> captions kept per image (E1)
+    "coco": 5,  # Long-CLIP's coco.py, the protocol ERCLIP compares with
+    "coco-all": None,  # every caption (25,014 on the full set)
+    "coco-1cap": 1,  # the m2-Mix code's 1:1 protocol
+}
+
+
+def _coco_val2017(root, task="coco", strict=False):
+    """COCO val2017 5k: images sorted by id, captions in annotation-file
+    order, the first COCO_VAL2017[task] of each image (E1)."""
+    per_image = COCO_VAL2017[task]
     root = Path(root)
     ann = json.loads(_require(root / "coco/annotations/captions_val2017.json", task, root).read_text())
     _require(root / "coco/val2017", task, root)
     images = sorted(ann["images"], key=lambda im: im["id"])
     texts, t2i = _group_captions([im["id"] for im in images],
-                                 ((a["image_id"], a["caption"]) for a in ann["annotations"]), first_only)
-    protocol = ("COCO val2017 5k, first caption per image, 1:1 (m2-Mix code)" if first_only else
-                "COCO val2017 5k, all captions (5-7 per image), I2T hit if any caption in top k")
+                                 ((a["image_id"], a["caption"]) for a in ann["annotations"]), per_image)
+    protocol = {1: "COCO val2017 5k, first caption per image, 1:1 (m2-Mix code)",
+                5: "COCO val2017 5k, first 5 captions per image (Long-CLIP's coco.py), I2T hit if any in top k",
+                None: "COCO val2017 5k, all captions (5-7 per image), I2T hit if any caption in top k"}[per_image]
+    protocol += f"; {len(texts)} texts before missing images are dropped"
     return _finish(task, [root / "coco/val2017" / im["file_name"] for im in images], texts, t2i, protocol,
                    task, root, strict)
 
@@ -192,7 +255,7 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     images = [im for im in data["images"] if im["split"] == "test"]
     paths = [img_dir / im.get("filepath", "") / im["filename"] for im in images]
     pairs = ((i, s["raw"]) for i, im in enumerate(images) for s in im["sentences"])
-    texts, t2i = _group_captions(range(len(images)), pairs, first_only)
+    texts, t2i = _group_captions(range(len(images)), pairs, 1 if first_only else None)
     protocol = f"{dataset} Karpathy test ({len(images)} images), " + (
         "first caption per image, 1:1 (m2-Mix code)" if first_only else "all captions")
     return _finish(task, paths, texts, t2i, protocol, task, root, strict)
@@ -204,10 +267,12 @@ def _urban1k(root, strict=False):
     caps = sorted(cap_dir.glob("*.txt"), key=lambda p: int(p.stem) if p.stem.isdigit() else p.stem)
     if not caps:
         _require(cap_dir / "1.txt", "urban1k", root)
-    texts = [(p.read_text(encoding="utf-8").splitlines() or [""])[0].strip() for p in caps]
+    # E2: the first line, split on "\n" only, as Long-CLIP's Urban1k.py (readlines()[0]); splitlines()
+    # would also cut at \x0c, \x85, \u2028. read_text's universal newlines turn \r\n and \r into \n first.
+    texts = [p.read_text(encoding="utf-8").split("\n")[0].strip() for p in caps]
     paths = [root / "Urban1k/image" / f"{p.stem}.jpg" for p in caps]
-    return _finish("urban1k", paths, texts, range(len(paths)), f"Urban1K, {len(paths)} pairs, 1:1, first line",
-                   "urban1k", root, strict)
+    return _finish("urban1k", paths, texts, range(len(paths)), f"Urban1K, {len(paths)} pairs, 1:1, first line "
+                   "(split on newlines only)", "urban1k", root, strict)
 
 
 def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
@@ -281,14 +346,14 @@ def _dci(root, field="extra_caption", strict=False):
 
 
 def synthetic_tasks():
-    """Evaluation task names of the synthetic world -> loader."""
+    """Evaluation task names of the lab's world (lab.py) -> loader."""
     tasks = {
         "synthetic-short": lambda root, n=None: _synthetic_retrieval("test", root, "caption", n),
         "synthetic-long": lambda root, n=None: _synthetic_retrieval("test", root, "long_caption", n),
         "synthetic-unseen": lambda root, n=None: _synthetic_retrieval("unseen", root, "caption", n),
         "synthetic-unseen-long": lambda root, n=None: _synthetic_retrieval("unseen", root, "long_caption", n),
     }
-    for d in common.PRETRAIN_DOMAINS[:4]:
+    for d in lab.TASK_DOMAINS:
         tasks[f"synthetic-task-{d}"] = (lambda d: lambda root, n=None: _synthetic_retrieval(
             f"task-{d}-test", root, "caption", n))(d)
     return tasks
@@ -296,7 +361,7 @@ def synthetic_tasks():
 
 def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
     """n: the first n scenes only (tests, demos); None = the whole split."""
-    ds = common.ManifestDataset(common.synthetic_manifest(split, root, n), need_long=True, check_images=False)
+    ds = common.ManifestDataset(lab.synthetic_manifest(split, root, n), need_long=True, check_images=False)
     paths = [str(ds.image_file(r)) for r in ds.rows]
     texts = [r[column] for r in ds.rows]
     return RetrievalSet(f"synthetic-{split}-{column}", paths, texts, torch.arange(len(paths)),
@@ -304,8 +369,9 @@ def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
 
 
 REAL_RETRIEVAL_TASKS = {
-    "coco": _coco_val2017,
-    "coco-1cap": lambda root, strict=False: _coco_val2017(root, True, strict),
+    "coco": lambda root, strict=False: _coco_val2017(root, "coco", strict),
+    "coco-all": lambda root, strict=False: _coco_val2017(root, "coco-all", strict),
+    "coco-1cap": lambda root, strict=False: _coco_val2017(root, "coco-1cap", strict),
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
@@ -321,7 +387,7 @@ TASK_GROUPS = {  # shorthands for --tasks
     "long": "urban1k,sharegpt4v-1k,docci,long-dci",
     "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
     "zero-shot": "cifar10,cifar100,imagenet",
-    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color",
+    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
 }
 
 
@@ -460,14 +526,14 @@ def _any_image_folder(path) -> ClassificationSet:
 def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
     """A zero-shot classification set by name; download=True lets
     torchvision fetch CIFAR when it is absent (never implicitly)."""
-    sets = common.synthetic_label_sets()
+    sets = lab.label_sets()
     if name.startswith("synthetic-") and name.removeprefix("synthetic-") in sets:
         classnames, templates, column = sets[name.removeprefix("synthetic-")]
-        ds = common.ManifestDataset(common.synthetic_manifest("test", root, synthetic_n), check_images=False,
+        ds = common.ManifestDataset(lab.synthetic_manifest("zs-test", root, synthetic_n), check_images=False,
                                     extra=(column,))
         return ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
                                  torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
-                                 protocol="synthetic world, test split, main object")
+                                 protocol=f"synthetic world, zs-test split, {column} ({len(classnames)} classes)")
     if name in ("cifar10", "cifar100"):
         return _cifar(root, int(name.removeprefix("cifar")), download)
     if name == "imagenet":
@@ -478,12 +544,36 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
                      f"imagefolder:<path>")
 
 
-CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in common.synthetic_label_sets()) + (
+CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in lab.label_sets()) + (
     "cifar10", "cifar100", "imagenet")
 
 
 def is_classification(name: str) -> bool:
     return name in CLASSIFICATION_TASKS or name.startswith("imagefolder:")
+
+
+def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[str]:
+    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks, or
+    the lab's when training on the synthetic world) or a comma list."""
+    if spec == "none":
+        return []
+    if spec == "auto":
+        return list(synthetic_tasks if train_data == "synthetic" else paper_tasks)
+    return [t for t in spec.split(",") if t]
+
+
+def check_tasks(tasks, data_root):
+    """Loads every evaluation set's index before training, so missing data
+    fails in seconds, not after the run."""
+    for t in tasks:
+        try:
+            if is_classification(t):
+                load_classification(t, data_root)
+            elif t != "simat":
+                load_retrieval(t, data_root)
+        except Exception as e:
+            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
+                                   f"(pass --eval-tasks to choose others, or none)") from e
 
 
 # =============================================================================
@@ -518,6 +608,22 @@ def image_features(model, preprocess, paths, batch_size=256, workers=0, device=N
     return torch.cat(feats)
 
 
+_SENTENCE_END = re.compile(r"(?<=\.)\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7),
+    shared by ERCLIP's training and the 'sentence-mean' text mode: a '.'
+    followed by whitespace (or the end) closes a sentence, so '2.5' stays
+    whole. Whitespace collapses; fragments with no letter/digit are dropped."""
+    out = []
+    for s in _SENTENCE_END.split(text.strip()):
+        s = " ".join(s.split())
+        if any(ch.isalnum() for ch in s):
+            out.append(s)
+    return out
+
+
 def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     """truncate: the papers' protocol (cut at the context, end token kept).
     sentence-mean: each sentence encoded within the window, normalised
@@ -525,7 +631,6 @@ def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     if text_mode == "truncate":
         return common.encode_texts(model, tokenizer, texts, device=device)
     if text_mode == "sentence-mean":
-        from erclip import split_sentences  # the same splitter ERCLIP trains with
         sents, owner = [], []
         for i, t in enumerate(texts):
             s = split_sentences(t) or [t]
@@ -577,7 +682,7 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
 def geometry(img, txt, chunk: int = 1024) -> dict:
     """Embedding geometry of N paired, L2-normalised features img, txt (N, D).
 
-    m2-Mix (Sec. 3, Fig. 2; both greater-is-better), as in EVAL_PROTOCOLS.md:
+    m2-Mix (Oh et al. 2023, Sec. 3, Fig. 2; both greater-is-better; E3, E4):
       align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
       unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
     Wang & Isola (2020), plain versions (lower is better):
@@ -610,6 +715,34 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
         out[f"wi_unif_{name}"] = (torch.logsumexp(torch.stack(lse), 0) - math.log(n * (n - 1))).item()
     out["gap"] = (img.mean(0) - txt.mean(0)).norm().item()
     return out
+
+
+@torch.no_grad()
+def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
+    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison
+    with numbers made by github.com/changdaeoh/multimodal-mixup (main.py
+    do_valid; loss.py rel_lalign_torch, lunif). Both are lower-is-better:
+      align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
+      unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
+                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
+    img, txt: (N, D) paired, L2-normalised. Row chunks: memory O(chunk x N)."""
+    img, txt = img.float(), txt.float()
+    n = len(img)
+    if n < 2 or txt.shape != img.shape:
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
+    pos = (txt - img).square().sum(1)  # (N,)
+    hardest, lse = torch.empty(n), []
+    for s in range(0, n, chunk):
+        rows = torch.arange(s, min(s + chunk, n))
+        d2 = (2 - 2 * txt[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): text i to image k
+        d2[rows - s, rows] = float("inf")  # k != i
+        hardest[s:s + chunk] = d2.min(1).values
+        dv = (2 - 2 * img[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): image to image, diagonal 0
+        lse.append(torch.logsumexp(-2 * dv.flatten(), 0))
+    log_s = torch.logsumexp(torch.stack(lse), 0).double()  # log S
+    # sum over the pairs a < b of [v; v]: 2 S - N; their number: N (2N - 1)
+    unif = torch.log(2 * torch.exp(log_s) - n) - math.log(n * (2 * n - 1))
+    return {"align_code": (pos - hardest).mean().item(), "unif_code": unif.item()}
 
 
 @torch.no_grad()
@@ -675,6 +808,7 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
     minimum and the tau reaching it."""
     pairs = first_caption_pairs(text_to_image)
     out = geometry(img, txt[pairs])
+    out.update(released_code_geometry(img, txt[pairs]))  # E3, E4: the m2-Mix code's definitions
     out["ece_scale"] = float(scale)  # the model's own 1 / tau, at which ece_i2t / ece_t2i are taken
     for d in ("i2t", "t2i"):
         out[f"ece_{d}"] = ece(img, txt, text_to_image, scale, bins, d)
@@ -685,7 +819,12 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
     return out
 
 
-SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # 0.5, 1, ..., 7
+SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # ours: 0.5, 1, ..., 7 (14 values)
+SIMAT_LAMBDAS_CODE = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0)  # the m2-Mix code (no 6.5)
+SIMAT_PROTOCOLS = {  # name -> (split of transfos.csv, lambdas); E5
+    "ours": ("test", SIMAT_LAMBDAS),
+    "code": ("dev", SIMAT_LAMBDAS_CODE),  # the m2-Mix code's SIMAT_eval(domain='dev')
+}
 
 
 @torch.no_grad()
@@ -728,7 +867,10 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     (region_id, value, target, target_ids, norm2, is_test), and the OSCAR
     matrix oscar_similarity_matrix.pt (images in dataset_id order x captions).
     Image order = dataset_id, else ImageFolder order (sorted folder, file).
-    Words are encoded bare, as in the SIMAT release."""
+    Words are encoded bare, as in the SIMAT release. split: 'test' (rows with
+    is_test True) or 'dev' (the others)."""
+    if split not in ("test", "dev"):
+        raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
     d = _simat_dir(root)
     with open(d / "triplets.csv", newline="") as f:
         trip = list(csv.DictReader(f))
@@ -769,14 +911,14 @@ def _modes(text_mode):
 
 def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
              device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
-             cache_dir=None, synthetic_n=None, log=None):
+             cache_dir=None, synthetic_n=None, log=None, simat_protocol="ours"):
     """Evaluates `model` on each task; one record per (task, metric, text mode).
 
     text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or
     a list. Image features are computed once per task, text features once
     per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry
     and calibration (from the same features) to retrieval tasks. A task may
-    also be 'simat'. Records: task, metric, value, protocol, text_mode,
+    also be 'simat' (simat_protocol: 'ours' or 'code', E5). Records: task, metric, value, protocol, text_mode,
     missing (images absent on disk), n (queries), model, weights.
     synthetic_n: evaluate on the first n scenes of the synthetic splits."""
     model.eval()
@@ -786,9 +928,13 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
     for name in tasks:
         t0 = time.time()
         if name == "simat":
-            res = simat(model, preprocess, tokenizer, data_root, batch_size=batch_size, device=device)
+            split, lambdas = SIMAT_PROTOCOLS[simat_protocol]
+            res = simat(model, preprocess, tokenizer, data_root, split=split, lambdas=lambdas,
+                        batch_size=batch_size, device=device)
             n = res.pop("queries")
-            records += [{"task": name, "metric": m, "value": v, "protocol": "SIMAT test, max over lambda",
+            protocol = (f"SIMAT {split} split, max over lambda in {{{', '.join(f'{x:g}' for x in lambdas)}}}"
+                        + (" (m2-Mix code)" if simat_protocol == "code" else ""))
+            records += [{"task": name, "metric": m, "value": v, "protocol": protocol,
                          "text_mode": "words", "missing": 0, "n": n, **base} for m, v in res.items()]
         elif is_classification(name):
             cs = load_classification(name, data_root, download=download, synthetic_n=synthetic_n)
@@ -816,42 +962,101 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
     return records
 
 
+# =============================================================================
+# Published numbers: the one home of every number a table puts beside ours
+# =============================================================================
+# ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
+# on the four long-caption sets as (I2T, T2I) pairs, keyed by (ViT, model).
+ERCLIP_LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
+ERCLIP_TABLE1 = {
+    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
+    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
+    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
+    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
+    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
+    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
+    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
+    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
+    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
+    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
+    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
+    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
+}
+# ERCLIP Table 2: long avg I2T, T2I; COCO val2017 5k I2T, T2I R@1; zero-shot top-1 C10, C100, IN.
+ERCLIP_TABLE2 = {
+    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
+    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
+    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
+    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
+    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
+    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
+    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
+    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
+    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
+    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
+    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
+    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
+    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
+    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
+    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
+    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
+    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
+    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
+}
+# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, keyed by our
+# task -> model -> metric: Table 1 (retrieval; one caption per image, COCO =
+# val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
+# m2-Mix alone is not in Table 1.
+M2MIX_TABLE1 = {
+    "flickr30k-1cap": {
+        "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
+               "align": 0.04, "unif": 1.98, "ece_i2t": 1.90, "ece_t2i": 1.88},
+        "FT": {"i2t_R@1": 81.2, "i2t_R@5": 95.4, "t2i_R@1": 80.70, "t2i_R@5": 95.8,
+               "align": 0.07, "unif": 1.97, "ece_i2t": 2.26, "ece_t2i": 2.00},
+        "m2-Mix": {"align": 0.17, "unif": 3.71, "ece_i2t": 1.52, "ece_t2i": 2.18},
+        "m3-Mix": {"i2t_R@1": 82.1, "i2t_R@5": 96.8, "t2i_R@1": 81.9, "t2i_R@5": 95.9,
+                   "ece_i2t": 1.54, "ece_t2i": 1.58},
+    },
+    "coco-1cap": {
+        "ZS": {"i2t_R@1": 31.93, "i2t_R@5": 56.87, "t2i_R@1": 28.54, "t2i_R@5": 53.12},
+        "FT": {"i2t_R@1": 36.65, "i2t_R@5": 63.60, "t2i_R@1": 36.85, "t2i_R@5": 63.88},
+        "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
+    },
+}
+M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
+
+
+def _erclip_clip_rows() -> dict:
+    """ERCLIP's 'CLIP' rows of Tables 1-2 as {'ViT-B/32': {(task, metric): value}}."""
+    out = {}
+    for (vit, name), t1 in ERCLIP_TABLE1.items():
+        if name != "CLIP":
+            continue
+        row = {}
+        for k, task in enumerate(ERCLIP_LONG_SETS):
+            row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
+        t2 = ERCLIP_TABLE2[(vit, name)]
+        row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
+        row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
+        out[f"ViT-{vit}"] = row
+    return out
+
+
 # Published CLIP numbers (the pretrained model, no fine-tuning) whose protocol
 # matches one of our tasks. Keys: paper -> backbone -> {(task, metric): value}.
 PUBLISHED = {
-    "erclip": {  # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, all captions; truncate
-        "ViT-B/32": {("urban1k", "i2t_R@1"): 61.20, ("urban1k", "t2i_R@1"): 46.60,
-                     ("sharegpt4v-1k", "i2t_R@1"): 83.30, ("sharegpt4v-1k", "t2i_R@1"): 77.10,
-                     ("docci", "i2t_R@1"): 58.04, ("docci", "t2i_R@1"): 53.40,
-                     ("long-dci", "i2t_R@1"): 34.79, ("long-dci", "t2i_R@1"): 30.60,
-                     ("coco", "i2t_R@1"): 50.00, ("coco", "t2i_R@1"): 30.37,
-                     ("cifar10", "top1"): 89.76, ("cifar100", "top1"): 64.31, ("imagenet", "top1"): 63.34},
-        "ViT-B/16": {("urban1k", "i2t_R@1"): 67.50, ("urban1k", "t2i_R@1"): 53.30,
-                     ("sharegpt4v-1k", "i2t_R@1"): 84.50, ("sharegpt4v-1k", "t2i_R@1"): 79.60,
-                     ("docci", "i2t_R@1"): 60.76, ("docci", "t2i_R@1"): 57.10,
-                     ("long-dci", "i2t_R@1"): 36.91, ("long-dci", "t2i_R@1"): 33.73,
-                     ("coco", "i2t_R@1"): 51.72, ("coco", "t2i_R@1"): 32.66,
-                     ("cifar10", "top1"): 90.81, ("cifar100", "top1"): 67.22, ("imagenet", "top1"): 68.35},
-        "ViT-L/14": {("urban1k", "i2t_R@1"): 68.20, ("urban1k", "t2i_R@1"): 56.00,
-                     ("sharegpt4v-1k", "i2t_R@1"): 84.20, ("sharegpt4v-1k", "t2i_R@1"): 83.50,
-                     ("docci", "i2t_R@1"): 65.70, ("docci", "t2i_R@1"): 63.16,
-                     ("long-dci", "i2t_R@1"): 36.98, ("long-dci", "t2i_R@1"): 35.06,
-                     ("coco", "i2t_R@1"): 56.10, ("coco", "t2i_R@1"): 35.33,
-                     ("cifar10", "top1"): 95.70, ("cifar100", "top1"): 76.44, ("imagenet", "top1"): 75.53},
-    },
-    "m2mix": {  # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
-        "ViT-B/32": {("flickr30k-1cap", "i2t_R@1"): 71.1, ("flickr30k-1cap", "i2t_R@5"): 90.4,
-                     ("flickr30k-1cap", "t2i_R@1"): 68.5, ("flickr30k-1cap", "t2i_R@5"): 88.9,
-                     ("coco-1cap", "i2t_R@1"): 31.93, ("coco-1cap", "i2t_R@5"): 56.87,
-                     ("coco-1cap", "t2i_R@1"): 28.54, ("coco-1cap", "t2i_R@5"): 53.12,
-                     ("flickr30k-1cap", "ece_i2t"): 1.90, ("flickr30k-1cap", "ece_t2i"): 1.88,
-                     ("flickr30k-1cap", "align"): 0.04, ("flickr30k-1cap", "unif"): 1.98,
-                     ("simat", "simat"): 34.4},
-    },
-    "cclip": {  # C-CLIP Sec. 5 (pretrained ViT-B/16 zero-shot ImageNet)
+    # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, first 5 captions per image (Long-CLIP's
+    # protocol, our task 'coco'); long-caption sets truncated at the context
+    "erclip": _erclip_clip_rows(),
+    # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
+    "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
+                              for metric, v in models["ZS"].items()},
+                           ("simat", "simat"): M2MIX_SIMAT_ZS}},
+    "cclip": {  # C-CLIP (Liu et al., ICLR 2025) Sec. 5: pretrained ViT-B/16 zero-shot ImageNet
         "ViT-B/16": {("imagenet", "top1"): 67.73},
     },
-    "clip": {  # EVAL_PROTOCOLS.md: OpenAI CLIP on the standard protocols
+    "clip": {  # OpenAI CLIP weights on the standard protocols, as the result tables of open_clip
+        #        (github.com/mlfoundations/open_clip) and CLIP_benchmark (github.com/LAION-AI/CLIP_benchmark) give them
         "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
                      ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
                      ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},
@@ -895,7 +1100,7 @@ def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=Non
     return common.markdown_table(list(rows.values()), cols)
 
 
-ANALYSIS_METRICS = ("align", "unif", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
+ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
                     "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min", "ece_t2i_best_tau", "simat",
                     "simat_best_lambda")
 
@@ -1087,7 +1292,11 @@ def main(argv=None):
                    help="comma-separated task names or groups (see below)")
     p.add_argument("--data-root", default="data")
     p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
+    p.add_argument("--context-length", type=int, default=0,
+                   help="tokenise with this text window, e.g. 77 on a stretched Long-CLIP model (0: the model's)")
     p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
+    p.add_argument("--simat-protocol", default="ours", choices=tuple(SIMAT_PROTOCOLS),
+                   help="ours: SIMAT test split, lambda 0.5..7 | code: the m2-Mix code's dev split and 13 lambdas")
     p.add_argument("--paper", default="", choices=("", *PUBLISHED), help="print that paper's CLIP numbers beside ours")
     p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
     p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
@@ -1107,7 +1316,7 @@ def main(argv=None):
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
-              synthetic_n=a.synthetic_n,
+              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol,
               log=lambda s: print(s, file=sys.stderr))
     published = published_numbers(a.paper, a.backbone) if a.paper else None
     if a.paper and not published:
@@ -1122,6 +1331,12 @@ def main(argv=None):
         results.update(continual=summary, records=summary.pop("records"))
     else:
         model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
+        if a.context_length:  # another window than the model's (longclip.py evaluates both)
+            if a.context_length > common.text_tower(model).context_length:
+                p.error(f"--context-length {a.context_length} is longer than the model's text window "
+                        f"({common.text_tower(model).context_length})")
+            tok = common.get_tokenizer(a.backbone, a.context_length)
+            results["context_length"] = a.context_length
         if a.wise_ft:
             theta0 = (load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
@@ -1140,6 +1355,7 @@ def main(argv=None):
                 print("\n" + extra)
             results["records"] = records
     results["seconds"] = time.time() - t0
+    results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
     if a.out:

@@ -3,11 +3,13 @@
 Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin,
 Jong-June Jeon, Kyungwoo Song. "Geodesic Multi-Modal Mixup for Robust
 Fine-Tuning." NeurIPS 2023. https://arxiv.org/abs/2203.03897
-(local copy: ../shared/papers/m2mix.md)
+Released code ("the code" below): github.com/changdaeoh/multimodal-mixup
+(main.py do_train, loss.py, scripts/m2mix.sh, scripts/m3mix.sh).
 
 Implements
   Eq. (3)      geodesic mixup (slerp) of two batches of unit vectors
   Eqs. (4)-(5) m2-Mix: every negative replaced by the image-text mix of the other pair
+               (the text's reading by default, Eq. (4) as printed with --m2-form printed)
   Sec. 4.2.1   V-Mix, L-Mix (uni-modal mixup with the flipped batch, soft targets)
   Sec. 4.2.2   VL-Mix (images and texts mixed with the same lam)
   Sec. 4.2.3   m3-Mix = L_CLIP + L_m2 + L_uni + L_VL (each mix term weighted, Tab. 6)
@@ -21,7 +23,8 @@ Code name -> paper symbol
   lam                lambda          mixing ratio ~ Beta(alpha, alpha); weights the FIRST argument
   alpha_m2 .. _vl    alpha           Beta parameters (Tab. 6: alpha_m2, alpha_V, alpha_L, alpha_VL)
   m2_weight          lambda_1        weight of L_m2 (Tab. 6)
-  uni_weight         lambda_2        weight of L_uni = 1/2 (C_V + C_L) (Tab. 6)
+  uni_weight         lambda_2        weight of L_uni = 1/2 (C_V + C_L) (Tab. 6; --uni-combine sum: of C_V + C_L)
+  logit_scale2       1/t2            the m2 term's own trainable temperature (Algorithm 1; --m2-own-tau)
   vl_weight          lambda_3        weight of L_VL (Tab. 6)
   flip(x)            x_{i'}          the batch reversed: partner of i is i' = B-1-i
   I, I_R             I, I_R          identity and identity flipped on its rows (Algorithm 1)
@@ -39,16 +42,23 @@ Deviations (numbered; the released code is "the code" below)
      cross-entropy over the rows of M and of M^T), as Algorithm 1 and the code
      do. Algorithm 1 additionally puts the un-mixed logits back on the diagonal
      and anti-diagonal of M; we do not (M is fully mixed, so VL-Mix at lam = 1
-     is exactly the CLIP loss).
+     is exactly the CLIP loss), nor does the code as its scripts run it (its
+     --original_neg, unused there, does the opposite: mixed logits on the
+     diagonal and anti-diagonal, un-mixed ones elsewhere).
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2). The code uses
      I + I_R: --vl-target code.
   4. m2-Mix averages the two directions (Eq. 5's 1/2). The code sums them
      (the same as a doubled weight): --m2-directions sum. Algorithm 1 builds the
-     m2 matrix as mix @ T^T (mixes as anchors), we follow Eq. (4) (the real
-     image/text as anchor, the mixes as its negatives).
-  5. Temperatures: paper = the model's learnable temperature everywhere. The
-     code uses a fixed tau2 = 0.07 for the whole m2 matrix (--m2-tau 0.07) and a
-     fixed base scale 100 (--base-tau 0.01, which also freezes logit_scale).
+     m2 matrix as mix @ T^T (mixes as anchors); we follow Eq. (4) and the code
+     (the real image / text as anchor, the mixes as its negatives).
+  5. Temperatures: the printed equations omit tau ("for simplicity", Sec. 4.1);
+     by default every term uses the model's learnable temperature (one tau,
+     as Eq. (1)). Algorithm 1 gives the m2 term its own TRAINABLE temperature
+     t2 (no initial value given): --m2-own-tau (initialised at --m2-tau, else
+     at the model's temperature; clamped at 1/t2 <= 100 like logit_scale).
+     The code uses a FIXED tau2 = 0.07 for the whole m2 matrix, diagonal
+     included (--m2-tau 0.07), and a fixed base scale 100 (--base-tau 0.01,
+     which also freezes logit_scale).
   6. The code decays every mix weight as 1/(epoch+1): --mix-decay (off by
      default, the paper does not mention it).
   7. eval() mode while training (Sec. 5.1 and the code): on by default
@@ -65,19 +75,39 @@ Deviations (numbered; the released code is "the code" below)
      and tests on Karpathy test 5k (never on val2017, whose images are in
      Karpathy's training part). --train-captions first (default) keeps the first
      caption per image as the paper and the code do; "all" uses every caption.
-     Each test set is evaluated with all captions (standard) and with the first
+     Each test set is evaluated with five captions per image (standard; for
+     COCO val2017 the first 5 of its 5-7, eval.py's 'coco') and with the first
      caption only (the code's 1:1 protocol, the one of the paper's Table 1).
  11. One lam per batch and per term (m2, V, L, VL each draw their own), drawn
      from the step's seeded generator (same on every rank, reproducible on
      resume).
  12. Numerics, not the paper: every loss (the logits included) is computed in
      float32 with autocast off, whatever --precision the encoders run in.
+ 13. Eq. (4)'s denominator. The text (Sec. 4.1: "we only change the
+     denominator", the negatives are replaced) and Algorithm 1 keep the
+     positive exp(I_i . T_i) in the denominator beside the mixed negatives
+     exp(I_i . mix_j), j != i; the code does the same. Eq. (4) AS PRINTED sums
+     exp(I_i . mix_j) over ALL j = 1..n (mix_i included, the positive absent),
+     which is no longer a cross-entropy and can be negative. We follow the
+     text (default --m2-form text); --m2-form printed computes Eq. (4) as
+     printed.
+ 14. m3-Mix weights. Sec. 4.2.1 defines L_uni = 1/2 (C_V + C_L), and uni_weight
+     multiplies it. The code weights C_V and C_L EACH by its uni weight (no 1/2):
+     --uni-combine sum (the same as doubling uni_weight). With the flags of
+     "code's settings" below the objective is the code's, term for term
+     (tested on identical inputs).
+ 15. SIMAT (Tab. 5): by default eval.py's protocol (SIMAT's test split, lambda
+     in {0.5, 1, ..., 7}); the code evaluates the 'dev' split over 13 lambdas
+     (no 6.5): --simat-protocol code. eval.py's docstring names the code's
+     alignment / uniformity definitions against ours.
 
 Commands
   one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k
             (also --method m2 and --method ft for the other rows of Table 1)
   torchrun  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
   code's settings  ... --m2-tau 0.07 --base-tau 0.01 --mix-decay --m2-directions sum --vl-target code
+            --uni-combine sum [--simat --simat-protocol code]; its m3 script's weights:
+            --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
   table     python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (ZS comes with the first run)
   SIMAT     add --simat (Tab. 5; needs data/simat, see eval.py)
   demo      python m2mix.py --demo          (synthetic world, tiny backbone, 2 CPU cores, < 5 min)
@@ -89,7 +119,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -101,7 +130,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as clip_eval
+import lab
+import eval as evaluation
 from common import arg
 
 
@@ -136,10 +166,17 @@ class M2MixConfig(common.Config):
     alpha_v: float = arg(0.5, "Beta parameter of the V-Mix ratio")  # code
     alpha_l: float = arg(0.5, "Beta parameter of the L-Mix ratio")  # code
     alpha_vl: float = arg(0.5, "Beta parameter of the VL-Mix ratio")  # code
-    # the released code's departures (deviations 3-7)
+    # the released code's departures and the paper's other readings (deviations 3-7, 13, 14)
+    m2_form: str = arg("text", "text: the positive stays in Eq. (4)'s denominator (Sec. 4.1 text, Algorithm 1, "
+                               "code) | printed: Eq. (4) as printed, all mixes, no positive (deviation 13)",
+                       choices=("text", "printed"))
     m2_directions: str = arg("mean", "mean: Eq. (5)'s 1/2 | sum: the code", choices=("mean", "sum"))
+    uni_combine: str = arg("mean", "mean: L_uni = (C_V + C_L)/2 (Sec. 4.2.1) | sum: C_V + C_L, each weighted by "
+                                   "--uni-weight (the code, deviation 14)", choices=("mean", "sum"))
     vl_target: str = arg("paper", "paper: I | code: I + I_R", choices=("paper", "code"))
-    m2_tau: float = arg(0.0, "fixed temperature of the m2 matrix (code: 0.07); 0: the model's")
+    m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; with "
+                             "--m2-own-tau its initial value")
+    m2_own_tau: bool = arg(False, "Algorithm 1: the m2 term gets its own trainable temperature t2 (deviation 5)")
     base_tau: float = arg(0.0, "fixed temperature of the CLIP/uni/VL terms (code: 0.01); 0: learnable")
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
@@ -147,6 +184,8 @@ class M2MixConfig(common.Config):
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
     eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test protocols")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
+    simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, the code's 13 "
+                                      "lambdas (deviation 15)", choices=("ours", "code"))
     collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json and exit")
     demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix) and exit")
 
@@ -182,23 +221,34 @@ def soft_cross_entropy(logits, target):
     return -(target * logits.float().log_softmax(-1)).sum(-1).mean()
 
 
-def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean"):
+def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str = "text"):
     """Eqs. (4)-(5): m2-Mix, hard negatives made by mixing image and text.
         mix_j = mix_lam(I_j, T_j)
+      form="text" (Sec. 4.1's text, Algorithm 1, the code; deviation 13):
         C_m2(I,T) = -1/B sum_i log exp(s I_i.T_i) / [exp(s I_i.T_i) + sum_{j!=i} exp(s I_i.mix_j)]
-        C_m2(T,I) = the same with T_i as anchor: negatives s T_i.mix_j
+      form="printed" (Eq. (4) as printed):
+        C_m2(I,T) = -1/B sum_i log exp(s I_i.T_i) / sum_{j=1}^{B} exp(s I_i.mix_j)
+      C_m2(T,I) = the same with T_i as anchor: negatives s T_i.mix_j
         L_m2 = 1/2 (C_m2(I,T) + C_m2(T,I))          (directions="sum": without the 1/2, the code)
     img, txt: (B, D) normalised; logit_scale: s; lam: float in [0, 1]."""
+    if form not in ("text", "printed") or directions not in ("mean", "sum"):
+        raise ValueError(f"form is 'text' or 'printed' ({form!r}), directions 'mean' or 'sum' ({directions!r})")
     img, txt = img.float(), txt.float()
     mix = geodesic_mix(lam, img, txt)  # (B, D)
     pos = (img * txt).sum(-1, keepdim=True)  # (B, 1): I_i . T_i
-    eye = torch.eye(len(img), dtype=torch.bool, device=img.device)
-    labels = torch.arange(len(img), device=img.device)
-    # Eq. (4): diagonal = positive pair, off-diagonal = anchor . mix_j
-    logits_img = logit_scale * torch.where(eye, pos, img @ mix.t())  # (B, B), anchor I_i
-    logits_txt = logit_scale * torch.where(eye, pos, txt @ mix.t())  # (B, B), anchor T_i
+    if form == "text":
+        eye = torch.eye(len(img), dtype=torch.bool, device=img.device)
+        labels = torch.arange(len(img), device=img.device)
+        # Eq. (4), the text's reading: diagonal = positive pair, off-diagonal = anchor . mix_j
+        logits_img = logit_scale * torch.where(eye, pos, img @ mix.t())  # (B, B), anchor I_i
+        logits_txt = logit_scale * torch.where(eye, pos, txt @ mix.t())  # (B, B), anchor T_i
+        c_it, c_ti = F.cross_entropy(logits_img, labels), F.cross_entropy(logits_txt, labels)
+    else:
+        # Eq. (4) as printed: -s I_i.T_i + log sum_{j=1}^{B} exp(s I_i.mix_j), all j, mix_i included
+        c_it = (torch.logsumexp(logit_scale * img @ mix.t(), dim=1) - logit_scale * pos[:, 0]).mean()
+        c_ti = (torch.logsumexp(logit_scale * txt @ mix.t(), dim=1) - logit_scale * pos[:, 0]).mean()
     # Eq. (5): L_m2 = 1/2 (C_m2(I,T) + C_m2(T,I))
-    total = F.cross_entropy(logits_img, labels) + F.cross_entropy(logits_txt, labels)
+    total = c_it + c_ti
     return 0.5 * total if directions == "mean" else total
 
 
@@ -258,6 +308,10 @@ class M2Mix(nn.Module):
         self.model, self.cfg = model, cfg
         if cfg.base_tau:  # deviation 5: the code's fixed base scale; the learnable one is unused
             model.logit_scale.requires_grad_(False)
+        self.logit_scale2 = None
+        if cfg.m2_own_tau:  # Algorithm 1's t2 (deviation 5): ln(1/t2), from --m2-tau or the model's value
+            init = math.log(1.0 / cfg.m2_tau) if cfg.m2_tau else float(model.logit_scale.detach())
+            self.logit_scale2 = nn.Parameter(torch.tensor(init))
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -281,13 +335,18 @@ class M2Mix(nn.Module):
             return losses
         decay = 1.0 / (ctx.epoch + 1) if cfg.mix_decay else 1.0  # deviation 6
         alpha_m2 = cfg.alpha_m2 or (0.5 if cfg.method == "m2" else 0.2)
-        m2_scale = 1.0 / cfg.m2_tau if cfg.m2_tau else scale
+        if self.logit_scale2 is not None:  # clamped like CLIP's logit_scale (1/t2 <= 100); clamp in the graph
+            m2_scale = self.logit_scale2.clamp(max=common.LOGIT_SCALE_MAX).exp()
+        else:
+            m2_scale = 1.0 / cfg.m2_tau if cfg.m2_tau else scale
         lam = sample_lam(alpha_m2, ctx.generator)
-        losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam, cfg.m2_directions)
+        losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam, cfg.m2_directions,
+                                                               cfg.m2_form)
         if cfg.method == "m3":
             lam_v, lam_l, lam_vl = (sample_lam(a, ctx.generator) for a in (cfg.alpha_v, cfg.alpha_l, cfg.alpha_vl))
-            # Sec. 4.2.1: L_uni = 1/2 (C_V + C_L)
-            uni = 0.5 * (vmix_loss(img, txt, scale, lam_v) + lmix_loss(img, txt, scale, lam_l))
+            c_v, c_l = vmix_loss(img, txt, scale, lam_v), lmix_loss(img, txt, scale, lam_l)
+            # Sec. 4.2.1: L_uni = 1/2 (C_V + C_L); "sum": C_V + C_L, the code (deviation 14)
+            uni = 0.5 * (c_v + c_l) if cfg.uni_combine == "mean" else c_v + c_l
             losses["loss_uni"] = cfg.uni_weight * decay * uni
             losses["loss_vl"] = cfg.vl_weight * decay * vlmix_loss(img, txt, scale, lam_vl, cfg.vl_target)
         return losses
@@ -341,17 +400,13 @@ def coco2017_manifest(data_root, captions: str, out_dir) -> Path:
 
 def _write_manifest(rows, path: Path) -> Path:
     """Atomic, so that the ranks of a torchrun job may all write the same file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-    return path
+    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def train_manifest(cfg: M2MixConfig) -> Path:
     data_dir = Path(cfg.out) / "data"
     if cfg.train_data == "synthetic":
-        return common.synthetic_manifest("train", cfg.data_root)
+        return lab.synthetic_manifest("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
         return karpathy_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":
@@ -386,11 +441,12 @@ def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -
     temperature, and the ECE-vs-tau curve)."""
     records = []
     for name, task in eval_tasks(cfg).items():
-        for r in clip_eval.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
+        for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
                                     analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
-    if cfg.simat:
-        records += clip_eval.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root, model_name=label)
+    if cfg.simat:  # deviation 15: --simat-protocol code evaluates the code's split and lambdas
+        records += evaluation.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root, model_name=label,
+                                       simat_protocol=cfg.simat_protocol)
     return records
 
 
@@ -422,24 +478,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
 # Main: Table 1, the demo, the command line
 # =============================================================================
 METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}
-# The paper's numbers (ViT-B/32) where its protocol is ours: Table 1 (retrieval, one caption per image;
-# COCO = val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif, Flickr30k). m2-Mix alone is not in Table 1.
-PAPER = {
-    "flickr30k-1cap": {
-        "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
-               "align": 0.04, "unif": 1.98, "ece_i2t": 1.90, "ece_t2i": 1.88},
-        "FT": {"i2t_R@1": 81.2, "i2t_R@5": 95.4, "t2i_R@1": 80.70, "t2i_R@5": 95.8,
-               "align": 0.07, "unif": 1.97, "ece_i2t": 2.26, "ece_t2i": 2.00},
-        "m2-Mix": {"align": 0.17, "unif": 3.71, "ece_i2t": 1.52, "ece_t2i": 2.18},
-        "m3-Mix": {"i2t_R@1": 82.1, "i2t_R@5": 96.8, "t2i_R@1": 81.9, "t2i_R@5": 95.9,
-                   "ece_i2t": 1.54, "ece_t2i": 1.58},
-    },
-    "coco-1cap": {
-        "ZS": {"i2t_R@1": 31.93, "i2t_R@5": 56.87, "t2i_R@1": 28.54, "t2i_R@5": 53.12},
-        "FT": {"i2t_R@1": 36.65, "i2t_R@5": 63.60, "t2i_R@1": 36.85, "t2i_R@5": 63.88},
-        "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
-    },
-}
+# The paper's numbers (ViT-B/32) where its protocol is ours live in eval.py
+# (evaluation.M2MIX_TABLE1: Table 1 retrieval, Table 2 ECE, Fig. 2 align / unif).
 TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
 
 
@@ -452,7 +492,7 @@ def table1(records) -> str:
         by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
     out = []
     for task, models in by.items():
-        paper = PAPER.get(task, {})
+        paper = evaluation.M2MIX_TABLE1.get(task, {})
         rows = []
         for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
             if name in models or name in paper:
@@ -494,7 +534,7 @@ def demo_manifest(data_root, out_dir) -> Path:
     its LONG captions (cut at the tiny model's 24 tokens), which the backbone,
     pretrained on short captions only, has never seen; tested on the test
     split's long captions (1:1, nearly all distinct) and its short ones."""
-    src = common.ManifestDataset(common.synthetic_manifest("train", data_root), need_long=True, check_images=False)
+    src = common.ManifestDataset(lab.synthetic_manifest("train", data_root), need_long=True, check_images=False)
     rows = [{"image": str(src.image_file(r).resolve()), "caption": r["long_caption"]} for r in src.rows]
     return _write_manifest(rows, Path(out_dir) / "synthetic-train-long.jsonl")
 

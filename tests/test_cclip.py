@@ -16,6 +16,7 @@ from torch.nn.utils import parametrize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
 import common  # noqa: E402
+import lab
 
 torch.set_num_threads(1)
 
@@ -31,7 +32,7 @@ def _batch(tok, n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     caps = ["a photo of a red circle.", "a dark picture of a blue square.", "a line drawing of a green cross.",
             "a striped scene with a yellow diamond.", "a photo of a purple triangle.", "a tiled picture of a cross."]
-    return {"image": torch.randn(n, 3, 48, 48, generator=g), "text": tok(caps[:n])}
+    return {"image": torch.randn(n, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=g), "text": tok(caps[:n])}
 
 
 def _encode(model, batch):
@@ -130,25 +131,52 @@ def test_merge_coef_zero_is_the_old_model(tiny):
 
 # ----------------------------------------------------------------------------- CKC loss
 def test_ckc_loss_hand_computed():
-    # N = 1: p = [e1; e2], z = [e1; e2], s = 1 -> logits = I_2, each row
-    # CE = -log(e / (e + 1)) = log(1 + 1/e), in both directions.
+    # N = 1: p = [e1; e2], z = [e1; e2], s = 1 -> logits = I_2, each row's
+    # CE = -log(e / (e + 1)) = log(1 + 1/e). As printed (Sec. 4.2) the two
+    # directions are summed: L = 2 log(1 + 1/e); the research code's mean: half.
     e1, e2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
     loss = cclip.ckc_loss(3 * e1, 2 * e2, e1, 5 * e2, torch.tensor(1.0))  # scale of the inputs is irrelevant
-    assert loss.item() == pytest.approx(math.log(1 + math.exp(-1)), abs=1e-6)
+    assert loss.item() == pytest.approx(2 * math.log(1 + math.exp(-1)), abs=1e-6)
+    mean = cclip.ckc_loss(3 * e1, 2 * e2, e1, 5 * e2, torch.tensor(1.0), directions="mean")
+    assert mean.item() == pytest.approx(math.log(1 + math.exp(-1)), abs=1e-6)
+    with pytest.raises(ValueError):
+        cclip.ckc_loss(e1, e2, e1, e2, 1.0, directions="half")
 
 
-def test_ckc_loss_matches_per_sample_loop():
-    g = torch.Generator().manual_seed(0)
-    N, D, s = 5, 7, 12.0
-    p_img, p_txt, z_img, z_txt = (torch.randn(N, D, generator=g) * 3 for _ in range(4))
+def _ckc_printed_loop(p_img, p_txt, z_img, z_txt, s):
+    """L_CKC written from the printed formula, one i at a time:
+    -1/(2N) sum_{i=1}^{2N} [log a_i + log b_i], a_i = exp(s p_i.z_i) / sum_j exp(s p_i.z_j),
+    b_i = exp(s z_i.p_i) / sum_j exp(s z_i.p_j), p and z the normalised stacks."""
     p = [x / x.norm() for x in torch.cat([p_img, p_txt])]
     z = [x / x.norm() for x in torch.cat([z_img, z_txt])]
-    total = 0.0
-    for i in range(2 * N):  # L = -1/(2N) sum_i 1/2 [log softmax_j(s p_i z_j)_i + log softmax_j(s z_i p_j)_i]
-        fwd = s * (p[i] @ z[i]) - torch.logsumexp(torch.stack([s * (p[i] @ z[j]) for j in range(2 * N)]), 0)
-        bwd = s * (z[i] @ p[i]) - torch.logsumexp(torch.stack([s * (z[i] @ p[j]) for j in range(2 * N)]), 0)
-        total += -0.5 * (fwd + bwd) / (2 * N)
-    assert cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(s)).item() == pytest.approx(total.item(), abs=1e-5)
+    n2, total = len(p), 0.0
+    for i in range(n2):
+        a_i = math.exp(s * float(p[i] @ z[i])) / sum(math.exp(s * float(p[i] @ z[j])) for j in range(n2))
+        b_i = math.exp(s * float(z[i] @ p[i])) / sum(math.exp(s * float(z[i] @ p[j])) for j in range(n2))
+        total += -(math.log(a_i) + math.log(b_i)) / n2
+    return total
+
+
+def test_ckc_loss_matches_the_printed_formula_per_sample():
+    g = torch.Generator().manual_seed(0)
+    N, D, s = 5, 7, 12.0
+    p_img, p_txt, z_img, z_txt = (torch.randn(N, D, generator=g).double() * 3 for _ in range(4))
+    expected = _ckc_printed_loop(p_img, p_txt, z_img, z_txt, s)
+    got = cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(s))
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+    got_mean = cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(s), directions="mean")
+    assert got_mean.item() == pytest.approx(0.5 * expected, rel=1e-5)
+
+
+def test_ckc_mean_option_is_clip_loss_on_the_stacks():
+    """Rule 9: the research code's variant is CLIP's symmetric loss on (p, z)."""
+    g = torch.Generator().manual_seed(1)
+    p_img, p_txt, z_img, z_txt = (torch.randn(4, 6, generator=g) for _ in range(4))
+    p = F.normalize(torch.cat([p_img, p_txt]), dim=-1)
+    z = F.normalize(torch.cat([z_img, z_txt]), dim=-1)
+    ref = common.clip_loss(p, z, torch.tensor(7.0))
+    torch.testing.assert_close(cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(7.0), "mean"), ref)
+    torch.testing.assert_close(cclip.ckc_loss(p_img, p_txt, z_img, z_txt, torch.tensor(7.0)), 2 * ref)
 
 
 # ----------------------------------------------------------------------------- the training step
@@ -170,6 +198,24 @@ def test_without_ckc_the_step_is_plain_clip(tiny):
     losses = net(batch)
     assert losses["loss_ckc"].item() == 0.0
     torch.testing.assert_close(losses["loss_clip"], plain["loss_clip"], atol=1e-5, rtol=0)
+
+
+def test_ckc_directions_flag_reaches_the_step(tiny):
+    model, tok = tiny
+    batch = _batch(tok)
+    net = _cclip_net(model).eval()
+    summed = net(batch)["loss_ckc"]
+    net.ckc_directions = "mean"
+    torch.testing.assert_close(net(batch)["loss_ckc"], 0.5 * summed)
+    assert common.parse_config(cclip.CClipConfig, []).ckc_directions == "sum"
+    assert common.parse_config(cclip.CClipConfig, ["--ckc-directions", "mean"]).ckc_directions == "mean"
+
+
+def test_lora_methods_freeze_logit_scale(tiny):
+    """Deviation 8: add_lora freezes logit_scale with the backbone."""
+    model, _ = tiny
+    cclip.add_lora(model)
+    assert not model.logit_scale.requires_grad
 
 
 def test_only_adapters_and_projector_get_gradient(tiny):
@@ -239,9 +285,9 @@ def test_lr_of_splits_the_encoders_and_the_paper_preset():
 # ----------------------------------------------------------------------------- the continual driver
 def _tasks(root, n=16):
     parts = []
-    for d in ("plain", "dark"):
-        tr = common.synthetic_manifest(f"task-{d}", root, n=n)
-        te = common.synthetic_manifest(f"task-{d}-test", root, n=n)
+    for d in ("photo", "night"):
+        tr = lab.synthetic_manifest(f"task-{d}", root, n=n)
+        te = lab.synthetic_manifest(f"task-{d}-test", root, n=n)
         parts.append(f"{d}={tr}:{te}")
     return ",".join(parts)
 
@@ -278,7 +324,7 @@ def test_main_end_to_end(tmp_path):
     """Pretrained tiny backbone, two small synthetic tasks, unseen retrieval
     and zero-shot classification; results, matrices and per-task models."""
     root, out = tmp_path / "data", tmp_path / "run"
-    unseen = common.synthetic_manifest("unseen", root, n=32)
+    unseen = lab.synthetic_manifest("unseen", root, n=32)
     argv = _argv(root, out, "--unseen", str(unseen), "--zero-shot", "synthetic-shape")
     argv[argv.index("--pretrained") + 1] = ""
     res = cclip.main(argv)
@@ -289,7 +335,7 @@ def test_main_end_to_end(tmp_path):
     assert "synthetic-shape/top1" in s["pd"] and f"{unseen}/i2t_R@1" in s["scalars"][-1]
     saved = json.loads((out / "results.json").read_text())
     assert saved["method"] == "cclip" and saved["matrices"]["R@1"] == R
-    for i, d in enumerate(("plain", "dark"), 1):
+    for i, d in enumerate(("photo", "night"), 1):
         sd = torch.load(out / f"task{i}-{d}" / "model.pt", weights_only=True)
         assert not any("parametrizations" in k for k in sd)
     row = res["rows"][0]

@@ -1,4 +1,4 @@
-"""The synthetic world and the manifest dataset: determinism and clear errors."""
+"""The manifest dataset: reading, validation and clear errors (the world itself: test_lab.py)."""
 import hashlib
 import json
 
@@ -7,40 +7,15 @@ import torch
 from PIL import Image
 
 import common
+import lab
 
 
 def _digest(path):
     return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
-def test_world_is_deterministic(tmp_path):
-    a = common.synthetic_manifest("test", tmp_path / "a", n=12)
-    b = common.synthetic_manifest("test", tmp_path / "b", n=12)
-    assert a.read_text() == b.read_text()
-    rows = [json.loads(l) for l in a.read_text().splitlines()]
-    for r in rows:
-        assert _digest(a.parent / r["image"]) == _digest(b.parent / r["image"])
-    assert common.world_split(common.PRETRAIN_DOMAINS, 20, 5) == common.world_split(common.PRETRAIN_DOMAINS, 20, 5)
-    assert common.world_split(common.PRETRAIN_DOMAINS, 20, 5) != common.world_split(common.PRETRAIN_DOMAINS, 20, 6)
-
-
-def test_world_texts_and_labels():
-    scenes = common.world_split(common.PRETRAIN_DOMAINS, 200, 0)
-    tok = common.open_clip.get_tokenizer(common.resolve_backbone("tiny"))
-    ctx = common.TINY_CFG["text_cfg"]["context_length"]
-    long_lengths = [len(tok.encode(s["long_caption"])) + 2 for s in scenes]
-    short_lengths = [len(tok.encode(s["caption"])) + 2 for s in scenes]
-    assert max(short_lengths) <= ctx  # short captions fit the window
-    assert sum(l > ctx for l in long_lengths) > 0.8 * len(scenes)  # long ones are truncated, like CLIP's 77
-    for s in scenes:
-        main = common.SHAPES[s["labels"]["shape"]], list(common.COLORS)[s["labels"]["color"]]
-        assert f"{main[1]} {main[0]}" in s["caption"]
-        assert s["long_caption"].count(".") == len(s["objects"]) + 1
-    assert {s["domain"] for s in scenes} == set(common.PRETRAIN_DOMAINS)
-
-
 def test_manifest_dataset_reads_jsonl_and_csv(tmp_path):
-    man = common.synthetic_manifest("test", tmp_path, n=6)
+    man = lab.synthetic_manifest("test", tmp_path, n=6)
     ds = common.ManifestDataset(man, need_long=True, extra=("shape",))
     item = ds[0]
     assert isinstance(item["image"], Image.Image) and item["caption"] and item["long_caption"]

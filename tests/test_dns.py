@@ -1,5 +1,7 @@
 """Tests of dns.py: the projections, the covariances, the cached features,
-the stability guarantee on low-rank features, and main() end to end."""
+the stability guarantee on low-rank features, the released code's
+behaviours behind flags (loss, biases, per-task output covariance,
+thresholds), and main() end to end."""
 import json
 import math
 
@@ -9,8 +11,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+import lab
 import dns
-import eval as clip_eval
+import eval as evaluation
 
 
 def _random_projector(dim, rank, g):
@@ -88,6 +91,57 @@ def test_scores_match_a_loop_over_pairs():
             assert A[i, j].item() == pytest.approx(float((W_img @ img[i]) @ (W_txt @ txt[j])), rel=1e-5, abs=1e-5)
 
 
+def test_scores_with_biases_match_a_loop_over_pairs():
+    g = torch.Generator().manual_seed(8)
+    img, txt = torch.randn(3, 4, generator=g), torch.randn(2, 4, generator=g)
+    W_img, W_txt, b_img, b_txt = (torch.randn(*s, generator=g) for s in ((4, 4), (4, 4), (4,), (4,)))
+    A = dns.dns_scores(img, txt, W_img, W_txt, b_img, b_txt)
+    for i in range(3):
+        for j in range(2):
+            ref = float((W_img @ img[i] + b_img) @ (W_txt @ txt[j] + b_txt))
+            assert A[i, j].item() == pytest.approx(ref, rel=1e-5, abs=1e-5)
+
+
+def test_code_loss_matches_a_per_sample_loop():
+    """Deviation 14: the code's loss, -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j), temperature 1."""
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g)
+    expected = 0.0
+    for i in range(5):
+        den = sum(math.exp(float(a[i] @ b[j])) for j in range(5))
+        expected -= math.log(math.exp(float(a[i] @ b[i])) / den) / 5
+    assert dns.code_loss(a, b).item() == pytest.approx(expected, rel=1e-5)
+    assert abs(dns.code_loss(b, a).item() - expected) > 1e-3  # one direction: not symmetric
+
+
+def test_code_loss_and_biases_in_the_step():
+    """--loss code --bias: the step returns loss_code, the biases train and
+    the projection hook leaves them alone (deviation 4)."""
+    g = torch.Generator().manual_seed(9)
+    img, txt = F.normalize(torch.randn(8, 16, generator=g), dim=-1), F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    net = dns.DNSNet(16, math.log(30.0), loss="code", bias=True)
+    losses = net({"img": img, "txt": txt})
+    assert list(losses) == ["loss_code"]  # identity maps, zero biases: the code's loss on the raw features
+    assert losses["loss_code"].item() == pytest.approx(dns.code_loss(img, txt).item(), rel=1e-6)
+    losses["loss_code"].backward()
+    assert sorted(n for n, _ in net.named_parameters()) == ["model.W_img", "model.W_txt", "model.b_img", "model.b_txt"]
+    b_grad = net.model.b_img.grad.clone()
+    assert b_grad.abs().sum() > 0
+    hooks = dns.NullSpaceProjection("gradient", {k: (torch.eye(16),) * 2 for k in ("W_img", "W_txt")})
+    hooks.before_optimizer_step(net)  # everything old on both sides: the weight gradients vanish ...
+    assert torch.equal(net.model.W_img.grad, torch.zeros(16, 16))
+    assert torch.equal(net.model.b_img.grad, b_grad)  # ... the bias gradient passes untouched
+    assert len(net.model.snapshot()) == 4
+    with pytest.raises(ValueError):
+        dns.DNSNet(16, 0.0, loss="nope")
+
+
+def test_defaults_follow_the_paper():
+    cfg = common.parse_config(dns.DNSConfig, [])
+    assert cfg.mode == "gradient" and cfg.loss == "clip" and not cfg.bias  # deviations 2, 14, 4
+    assert cfg.output_cov == "current" and cfg.lambda_min == 0.01 and cfg.lambda_min_out < 0  # 13, 15, 6
+
+
 # --- (c) reduction to plain CLIP ----------------------------------------------
 def test_identity_maps_give_the_clip_loss():
     g = torch.Generator().manual_seed(4)
@@ -150,6 +204,47 @@ def test_output_side_projector_spans_the_mapped_partner_features():
     assert round(float(P["W_img"][1].trace())) == 6  # the features' rank
 
 
+def test_absolute_eigenvalues_and_the_output_side_threshold():
+    """Deviations 6, 8: |eigenvalue| > lambda_min as the code's SVD; threshold
+    0 keeps every numerically non-zero direction; --lambda-min-out sets the
+    output side alone."""
+    Z = torch.diag(torch.tensor([2.0, 0.5, 1e-14, -1e-14, 0.0, 0.0], dtype=torch.float64))
+    assert torch.equal(dns.null_space_projector(Z, 0.0), torch.diag(torch.tensor([1.0, 1, 1, 1, 0, 0]).double()))
+    assert round(float(dns.null_space_projector(Z, 0.01).trace())) == 2
+    img, txt = dns.low_rank_tasks(n=64)[0]
+    maps = dns.DualMaps(32, 0.0)
+    Z_img, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, img)
+    Z_txt, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, txt)
+    paper = dns.build_projectors(maps, Z_img, Z_txt, 0.01)
+    code = dns.build_projectors(maps, Z_img, Z_txt, 0.01, lambda_min_out=0.0)
+    assert torch.equal(dns.build_projectors(maps, Z_img, Z_txt, 0.01, lambda_min_out=-1.0)["W_img"][0],
+                       paper["W_img"][0])
+    assert round(float(paper["W_img"][0].trace())) == 6  # the mapped texts' rank
+    assert float(code["W_img"][0].trace()) > 6.5  # rounding-noise directions kept: nearly one-sided
+    assert torch.equal(code["W_img"][1], paper["W_img"][1])  # the input side is unchanged
+
+
+def test_per_task_output_covariance_uses_each_tasks_end_weights(tmp_path):
+    """Deviation 13: the code accumulates each task's mapped partner features
+    with that task's end weights; ours re-maps the history with the current maps."""
+    tasks = dns.low_rank_tasks(n=64)
+    cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=32, epochs=1, lr=3e-2, log_every=100,
+                        mode="vanilla", output_cov="per-task")
+    learner = dns.DNSLearner(32, math.log(1 / 0.07))
+    for i, (img, txt) in enumerate(tasks):
+        learner.learn(cfg, img, txt, tmp_path / f"t{i}")
+    (W1_img, W1_txt), (W2_img, W2_txt) = learner.history
+    mapped = torch.cat([tasks[0][1].double() @ W1_txt.double().t(), tasks[1][1].double() @ W2_txt.double().t()])
+    assert torch.allclose(learner.Zo_img, mapped.t() @ mapped / len(mapped), atol=1e-10)
+    mapped = torch.cat([tasks[0][0].double() @ W1_img.double().t(), tasks[1][0].double() @ W2_img.double().t()])
+    assert torch.allclose(learner.Zo_txt, mapped.t() @ mapped / len(mapped), atol=1e-10)
+    ours = dns.build_projectors(learner.net.model, learner.Z_img, learner.Z_txt, 0.01)
+    code = dns.build_projectors(learner.net.model, learner.Z_img, learner.Z_txt, 0.01,
+                                Z_out={"W_img": learner.Zo_img, "W_txt": learner.Zo_txt})
+    assert (ours["W_img"][0] - code["W_img"][0]).norm() > 1e-2  # the maps moved: different output spans
+    torch.testing.assert_close(ours["W_img"][1], code["W_img"][1])  # same input side
+
+
 def test_stability_guarantee_on_low_rank_features(tmp_path, capsys):
     """Paper defaults (AdamW lr 1e-4, wd 1e-3, batch 64, 5 epochs). Update
     mode: task 1's score matrix moves <= 1e-4 relative after task 2 (what
@@ -169,7 +264,7 @@ def test_stability_guarantee_on_low_rank_features(tmp_path, capsys):
 def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
     model.eval()
-    manifest = common.synthetic_manifest("task-plain-test", tmp_path, n=6)
+    manifest = lab.synthetic_manifest("task-photo-test", tmp_path, n=6)
     key = {"manifest": str(manifest)}
     first = dns.cached(tmp_path / "cache", key, lambda: dns.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = dns.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
@@ -186,15 +281,15 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
 
 def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
-    manifest = common.synthetic_manifest("task-dark-test", tmp_path, n=40)
+    manifest = lab.synthetic_manifest("task-night-test", tmp_path, n=40)
     feats = dns.manifest_features(model, preprocess, tok, manifest)
-    cs = clip_eval.load_classification("synthetic-color", tmp_path)
-    zs = {"synthetic-color": {"img": clip_eval.image_features(model, preprocess, cs.image_paths),
+    cs = evaluation.load_classification("synthetic-color", tmp_path)
+    zs = {"synthetic-color": {"img": evaluation.image_features(model, preprocess, cs.image_paths),
                               "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates),
                               "labels": cs.labels}}
     ours = dns.evaluate_maps(dns.DualMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
-    ref = {r["metric"]: r["value"] for r in clip_eval.evaluate(model, preprocess, tok, [str(manifest)], tmp_path)}
-    ref_zs = {r["metric"]: r["value"] for r in clip_eval.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
+    ref = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, [str(manifest)], tmp_path)}
+    ref_zs = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
     for metric in ("i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10"):
         assert ours["per_task"][metric] == [ref[metric]]
     assert ours["scalars"]["synthetic-color_top1"] == ref_zs["top1"]
@@ -202,8 +297,8 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
 
 # --- end to end -----------------------------------------------------------------
 def test_main_end_to_end(tmp_path):
-    spec = ",".join(f"{d}={common.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
-                    f"{common.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("plain", "dark"))
+    spec = ",".join(f"{d}={lab.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
+                    f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
     res = dns.main(["--tasks", spec, "--data-root", str(tmp_path), "--out", str(out), "--batch-size", "16",
                     "--epochs", "2", "--zeroshot", "synthetic-color", "--device", "cpu"])
@@ -213,17 +308,22 @@ def test_main_end_to_end(tmp_path):
     assert set(written["continual"]["metrics"]) >= {"i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10", "R@10", "acc"}
     assert written["tasks"][1]["old_rank"]["W_img_in"] > 0  # task 2 was projected
     assert len(res["drift"]["train"]) == 1 and res["timing"]["projection_ms_per_step"] > 0
-    assert (out / "features").is_dir() and (out / "task2-dark" / "checkpoints" / "last.pt").exists()
+    assert (out / "features").is_dir() and (out / "task2-night" / "checkpoints" / "last.pt").exists()
 
 
-def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("code_settings", [False, True])
+def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path, code_settings):
     """Interrupted in task 2 and resumed: the projectors must be rebuilt from
-    the maps at the START of task 2 (the boundary state), not the checkpoint's."""
-    spec = (f"a={common.synthetic_manifest('task-plain', tmp_path, n=32)},"
-            f"b={common.synthetic_manifest('task-dark', tmp_path, n=96)}")
+    the maps at the START of task 2 (the boundary state), not the checkpoint's;
+    with the code's settings the per-task output covariances and the biases
+    must survive the interruption too."""
+    spec = (f"a={lab.synthetic_manifest('task-photo', tmp_path, n=32)},"
+            f"b={lab.synthetic_manifest('task-night', tmp_path, n=96)}")
     args = ["--tasks", spec, "--data-root", str(tmp_path), "--batch-size", "16", "--epochs", "1", "--lr", "1e-2",
             "--zeroshot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu",
             "--feature-cache", str(tmp_path / "features")]
+    if code_settings:
+        args += ["--loss", "code", "--bias", "--output-cov", "per-task", "--lambda-min", "0.1", "--lambda-min-out", "0"]
     full = dns.main(args + ["--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit):  # task 1 has 2 steps, task 2 has 6: stops inside task 2
         dns.main(args + ["--out", str(tmp_path / "cut"), "--stop-at", "4"])
@@ -233,3 +333,7 @@ def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path):
     W_cut = torch.load(tmp_path / "cut" / "boundary.pt", weights_only=False)["maps"]
     assert all(torch.allclose(W_full[k], W_cut[k], atol=1e-6) for k in W_full)
     assert resumed["tasks"][1]["old_rank"]["W_img_in"] > 0  # and the resumed task was projected
+    if code_settings:
+        assert "b_img" in W_full  # the code's biases are part of the saved maps
+        log = [json.loads(x) for x in (tmp_path / "full" / "task2-b" / "metrics.jsonl").read_text().splitlines()]
+        assert "loss_code" in log[-1] and "loss_clip" not in log[-1]

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+import lab
 import erclip
+import eval as evaluation
 
 
 def unit(*shape, seed=0):
@@ -23,8 +25,8 @@ def cfg_of(**kw):
 
 
 def tiny_batch(tokenizer, transform, n=4, max_sentences=0, root=None):
-    scenes = common.world_split(common.PRETRAIN_DOMAINS, n, seed=7)
-    items = [{"image": transform(common.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
+    scenes = lab.world_split(lab.FINETUNE, n, seed=7)
+    items = [{"image": transform(lab.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
               "index": i} for i, s in enumerate(scenes)]
     return erclip.SentenceCollate(tokenizer, max_sentences)(items)
 
@@ -111,7 +113,7 @@ def test_one_padded_sentence_batch_equals_separate_encoding(tiny_random):
 
 def test_a_caption_with_hundreds_of_sentences_and_one_without_a_period(tiny_random):
     model, _, eval_tf, tok = tiny_random
-    image = eval_tf(common.render(common.world_split(("plain",), 1, 0)[0]))
+    image = eval_tf(lab.render(lab.world_split(lab.FINETUNE, 1, 0)[0]))
     long_caps = [" ".join(f"Object {i} is red." for i in range(300)), "a caption with no period at all"]
     items = [{"image": image, "caption": "a red circle.", "long_caption": c, "index": i}
              for i, c in enumerate(long_caps)]
@@ -271,7 +273,7 @@ def test_main_fails_clearly_without_real_data(tmp_path):
     with pytest.raises(common.DataError, match="captions_train2017.json not found"):
         erclip.main(["--train-data", "coco-sharegpt4v", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(common.DataError, match="urban1k"):
-        erclip.check_eval_data(["urban1k"], tmp_path)
+        evaluation.check_tasks(["urban1k"], tmp_path)
 
 
 def test_paper_tables_layout():
@@ -293,12 +295,12 @@ def _run(tmp_path, *extra):
 
 def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     out = tmp_path / "run"
-    small = str(common.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
+    small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     result = _run(tmp_path, "--fusion", "rt", "--max-sentences", "2", "--out", str(out), "--eval-tasks", small)
     summary = result["summary"]
     assert summary["steps"] == 3 and summary["sentences_dropped"] > 0 and summary["gamma"] != 0.0
     assert {r["task"] for r in result["tuned"]} == {small} and result["base"]
-    initial = torch.load(common.pretrain_tiny())
+    initial = torch.load(lab.pretrain_tiny())
     tuned = torch.load(out / "model.pt")
     assert not torch.equal(initial["visual.conv1.weight"], tuned["visual.conv1.weight"])
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -317,3 +319,23 @@ def test_resume_rebuilds_the_teacher_and_matches_a_straight_run(tmp_path):
     a = torch.load(tmp_path / "straight" / "model.pt")
     b = torch.load(tmp_path / "resumed" / "model.pt")
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch):
+    """The demo's plumbing on a shrunken world (2 steps per run): every seed
+    of every variant is kept, the claims carry the agreed keys, the PNG exists."""
+    small = {"train": 64, "test": 40, "zs-test": 48}
+    monkeypatch.setattr(lab, "SPLITS", {k: (d, small.get(k, n), s) for k, (d, n, s) in lab.SPLITS.items()})
+    out = tmp_path / "demo"
+    erclip.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
+                       str(tmp_path / "data"), "--out", str(out)])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["seeds"] == list(lab.SEEDS) and len(lab.SEEDS) >= 3
+    for name in ("M", "M+P", "RT+P"):
+        assert [r["seed"] for r in saved["per_seed"][name]] == list(lab.SEEDS)
+    assert len(saved["claims"]) >= 5
+    for c in saved["claims"]:
+        assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
+        assert c["n_seeds"] == len(lab.SEEDS) == len(c["per_seed"])
+        assert c["verdict"] in ("reproduced", "opposite", "not resolved")
+    assert (out / "erclip-demo.png").stat().st_size > 10_000

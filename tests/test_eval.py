@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+import lab
 import eval as ev
 
 
@@ -117,14 +118,19 @@ def make_cifar(root, n_classes):
 
 
 # ---------------------------------------------------------------- loaders
-def test_coco_all_captions_and_first_caption(tmp_path, capsys):
+def test_coco_first_five_all_captions_and_first_caption(tmp_path, capsys):
     make_coco(tmp_path)
-    rs = ev.load_retrieval("coco", tmp_path)
+    rs = ev.load_retrieval("coco", tmp_path)  # E1: the first 5 captions per image, as Long-CLIP's coco.py
     assert rs.missing == 1  # image 4 is listed but absent: counted, its 5 captions dropped
     assert [Path(p).name for p in rs.image_paths] == [f"{i:012d}.jpg" for i in (1, 2, 3)]  # sorted by id
-    assert len(rs.texts) == 18 and torch.bincount(rs.text_to_image).tolist() == [5, 6, 7]
+    assert len(rs.texts) == 15 and torch.bincount(rs.text_to_image).tolist() == [5, 5, 5]
+    assert rs.texts[:6] == [f"image 1 caption {j}" for j in range(5)] + ["image 2 caption 0"]  # file order
+    assert "image 3 caption 5" not in rs.texts and "first 5 captions" in rs.protocol
     assert rs.texts[0] == "image 1 caption 0"  # whitespace and newlines normalised
     assert "1 of 4 images not found" in capsys.readouterr().err
+    every = ev.load_retrieval("coco-all", tmp_path)
+    assert len(every.texts) == 18 and torch.bincount(every.text_to_image).tolist() == [5, 6, 7]
+    assert "all captions" in every.protocol and every.texts[-1] == "image 3 caption 6"
     one = ev.load_retrieval("coco-1cap", tmp_path)
     assert one.texts == ["image 1 caption 0", "image 2 caption 0", "image 3 caption 0"]
     assert one.text_to_image.tolist() == [0, 1, 2]
@@ -142,6 +148,18 @@ def test_karpathy_test_splits(tmp_path):
     assert len(f.image_paths) == 3 and len(f.texts) == 15 and f.texts[5] == "flickr 12 s0"
     f1 = ev.load_retrieval("flickr30k-1cap", tmp_path)
     assert f1.texts == ["flickr 10 s0", "flickr 12 s0", "flickr 13 s0"]
+
+
+def test_urban_first_line_breaks_at_newlines_only(tmp_path):
+    """E2: Long-CLIP's Urban1k.py reads readlines()[0]; splitlines() would cut
+    at a form feed, \\x85 or \\u2028 inside the caption."""
+    make_urban(tmp_path)
+    (tmp_path / "Urban1k/caption/2.txt").write_text("Form\x0cfeed and\u2028more\x85words.\nsecond line\n",
+                                                   encoding="utf-8")
+    (tmp_path / "Urban1k/caption/10.txt").write_bytes(b"windows line\r\nsecond\r\n")
+    u = ev.load_retrieval("urban1k", tmp_path)
+    assert u.texts[1] == "Form\x0cfeed and\u2028more\x85words."
+    assert u.texts[2] == "windows line"
 
 
 def test_urban_docci_dci(tmp_path):
@@ -291,6 +309,26 @@ def test_geometry_matches_loop_and_chunks():
         assert out["wi_unif_img"] == pytest.approx(wi_img, abs=1e-5)
 
 
+def test_released_code_geometry_matches_its_formulas():
+    """E3, E4: the m2-Mix code's align (anchored on texts, not negated) and
+    unif (log mean exp(-2 d^2) over the pairs of the images duplicated), from
+    loops and torch.pdist, against the chunked closed form."""
+    g = torch.Generator().manual_seed(3)
+    img = F.normalize(torch.randn(7, 5, generator=g), dim=-1)
+    txt = F.normalize(torch.randn(7, 5, generator=g), dim=-1)
+    d = lambda a, b: float((a - b).square().sum())  # noqa: E731
+    n = len(img)
+    align = np.mean([d(txt[i], img[i]) - min(d(txt[i], img[k]) for k in range(n) if k != i) for i in range(n)])
+    x = torch.cat([img, img]).double()
+    unif = math.log(torch.pdist(x).pow(2).mul(-2).exp().mean().item())
+    for chunk in (3, 1024):
+        out = ev.released_code_geometry(img, txt, chunk=chunk)
+        assert out["align_code"] == pytest.approx(align, abs=1e-5)
+        assert out["unif_code"] == pytest.approx(unif, abs=1e-5)
+    ours = ev.geometry(img, txt)
+    assert ours["align"] != pytest.approx(-out["align_code"], abs=1e-3)  # anchored differently, not a sign flip
+
+
 def test_ece_by_hand_and_against_loop():
     e = torch.eye(2)
     # scale ln 3: each query's softmax over sims (1, 0) is (0.75, 0.25); all correct -> ECE = |1 - 0.75| = 25%
@@ -344,6 +382,15 @@ def test_simat_on_release_layout(tmp_path, tiny_random):
     out = ev.simat(model, pre, tok, tmp_path, lambdas=(0.5, 1.0))
     assert out["queries"] == 2 and set(out) >= {"simat", "simat_best_lambda", "simat@lambda=0.5"}
     assert 0.0 <= out["simat"] <= 100.0 and out["simat"] == max(out["simat@lambda=0.5"], out["simat@lambda=1"])
+    # E5: ours = the test rows over 0.5, 1, ..., 7; the m2-Mix code's = the dev rows over 13 lambdas (no 6.5)
+    for protocol, n, n_lambdas in (("ours", 2, 14), ("code", 1, 13)):
+        recs = ev.evaluate(model, pre, tok, ["simat"], tmp_path, simat_protocol=protocol)
+        lambdas = {r["metric"] for r in recs if r["metric"].startswith("simat@")}
+        assert len(lambdas) == n_lambdas and all(r["n"] == n for r in recs)
+        assert ("simat@lambda=6.5" in lambdas) == (protocol == "ours") and "simat@lambda=7" in lambdas
+        assert ("dev split" in recs[0]["protocol"]) == (protocol == "code")
+    with pytest.raises(ValueError):
+        ev.simat(model, pre, tok, tmp_path, split="val")
 
 
 # ---------------------------------------------------------------- WiSE-FT
@@ -358,7 +405,7 @@ def test_wise_ft_endpoints_and_checks(tmp_path, tiny_random):
     theta0 = {k: v.clone() for k, v in m0.state_dict().items()}
     theta1 = {k: v.clone() for k, v in m1.state_dict().items()}
     tokens = tok(["a photo of a red circle."])
-    x = torch.rand(1, 3, 48, 48)
+    x = torch.rand(1, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE)
     feats = lambda m: (m.encode_image(x), m.encode_text(tokens))  # noqa: E731
     with torch.no_grad():
         ref0, ref1 = feats(m0), feats(m1)
@@ -416,7 +463,7 @@ def test_evaluate_checkpoints_sequence(tmp_path, tiny_random):
         with torch.no_grad():
             m.text_projection.add_(0.1 * torch.randn(m.text_projection.shape, generator=torch.Generator().manual_seed(i)))
         cks.append(str(common.save_model(m, tmp_path / f"ck{i}.pt", "tiny")))
-    tasks = ["synthetic-task-plain", "synthetic-task-dark"]
+    tasks = ["synthetic-task-photo", "synthetic-task-night"]
     s = ev.evaluate_checkpoints("tiny", cks, tasks, ("synthetic-shape",), tmp_path, synthetic_n=8, batch_size=8)
     assert np.array(s["matrices"]["i2t_R@1"]).shape == (3, 2)
     assert set(s["metrics"]) == {"i2t_R@1", "t2i_R@1"} and "synthetic-shape/top1" in s["pd"]
@@ -434,10 +481,11 @@ def test_evaluate_real_layout_fixtures(tmp_path, tiny_random):
     recs = ev.evaluate(model, pre, tok, ["coco", "urban1k", "cifar10"], tmp_path, analyses=("geometry", "ece"),
                        model_name="tiny", weights="random")
     by = {(r["task"], r["metric"]): r for r in recs}
-    assert by[("coco", "i2t_R@1")]["missing"] == 1 and by[("coco", "i2t_R@1")]["n"] == 18
+    assert by[("coco", "i2t_R@1")]["missing"] == 1 and by[("coco", "i2t_R@1")]["n"] == 15  # first 5 per image
     assert by[("urban1k", "t2i_R@10")]["value"] == 100.0  # 3 candidates
     assert 0 <= by[("cifar10", "top1")]["value"] <= 100 and by[("cifar10", "top1")]["text_mode"] == "prompt-ensemble"
-    assert {"align", "unif", "ece_i2t", "ece_t2i_min", "gap"} <= {m for t, m in by if t == "coco"}
+    assert {"align", "unif", "align_code", "unif_code", "ece_i2t", "ece_t2i_min", "gap"} <= {
+        m for t, m in by if t == "coco"}
     assert all(set(r) >= {"task", "metric", "value", "protocol", "text_mode", "missing", "model", "weights"}
                for r in recs)
     table = ev.results_table(recs, published={("coco", "i2t_R@1"): 51.72})
@@ -468,6 +516,17 @@ def test_published_numbers_spellings():
     assert ev.published_numbers("cclip", "tiny") == {}
     with pytest.raises(ValueError):
         ev.published_numbers("nope", "ViT-B/16")
+
+
+def test_published_clip_rows_come_from_the_paper_tables():
+    """One home: the CLIP baselines are read off the papers' tables in eval.py."""
+    b32 = ev.published_numbers("erclip", "ViT-B/32")
+    assert b32[("urban1k", "i2t_R@1")] == 61.20 and b32[("long-dci", "t2i_R@1")] == 30.60  # Table 1, row CLIP
+    assert b32[("coco", "t2i_R@1")] == 30.37 and b32[("cifar100", "top1")] == 64.31  # Table 2, row CLIP
+    assert len(b32) == 13 and set(ev.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
+    m2 = ev.published_numbers("m2mix", "ViT-B/32")
+    assert m2[("coco-1cap", "t2i_R@5")] == ev.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
+    assert m2[("simat", "simat")] == 34.4
 
 
 def test_help_lists_every_task(capsys):

@@ -76,12 +76,14 @@ def test_overflow_with_dns_projection_hooks_is_skipped_too(mode):
 
 @pytest.mark.parametrize("broken", ["step", "update"])
 def test_the_overflow_check_catches_a_broken_skip_or_scale_update(monkeypatch, broken):
-    """The check has teeth: with the scaler's skip or its backoff disabled it reports failure."""
+    """The check has teeth: with the scaler's skip or its backoff disabled it
+    reports failure (for-each AdamW, whose skip lives in the scaler; fused
+    AdamW skips inside its kernel)."""
     if broken == "step":  # step even when an inf was found
         monkeypatch.setattr(torch.amp.GradScaler, "_maybe_opt_step", lambda self, opt, state, *a, **k: opt.step())
     else:  # never lower the scale
         monkeypatch.setattr(torch.amp.GradScaler, "update", lambda self, new_scale=None: self._per_optimizer_states.clear())
-    r = gpu_check.overflow_check(_dns_case(), "cpu")
+    r = gpu_check.overflow_check(_dns_case(), "cpu", fused=False)
     assert not r["ok"]
     expected = ["changed", "non-finite"] if broken == "step" else ["not halved", "expected [False, True, False]"]
     assert all(any(e in p for p in r["problems"]) for e in expected), r["problems"]
@@ -103,7 +105,9 @@ def test_a_huge_loss_scale_skips_until_it_fits_then_trains():
     s2 = gpu_check.Stepper(_dns_case(), "cpu", "fp16", init_scale=2.0 ** 40, lr=1e-3)
     for _ in range(n):
         s2.step()
-    assert not gpu_check.changed(start, s2.snapshot())  # n skipped steps: nothing moved
+    after_skips = s2.snapshot()  # n skipped steps: no weight moved; fused AdamW created its state, all zero
+    assert not gpu_check.changed(start, {k: v for k, v in after_skips.items() if k.startswith("param")})
+    assert all(not v.any() for k, v in after_skips.items() if k.startswith("adamw"))
     assert gpu_check.changed(start, s.snapshot())  # then it trained
 
 

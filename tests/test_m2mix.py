@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import lab
 import m2mix
 
 torch.set_num_threads(1)
@@ -88,6 +89,29 @@ def test_m2mix_loss_matches_per_sample_loop():
     assert m2mix.m2mix_loss(img, txt, s, lam, "sum").item() == pytest.approx(2 * expected, rel=1e-5)
 
 
+def test_m2mix_printed_eq4_matches_per_sample_loop():
+    """Eq. (4) as printed (deviation 13): -log exp(I_i.T_i) / sum_{j=1}^{B} exp(I_i.mix_j),
+    every mix in the denominator (mix_i included), the positive absent."""
+    B, s, lam = 6, 7.0, 0.35
+    img, txt = unit(B, 5, seed=12), unit(B, 5, seed=13)
+    mix = [slerp_ref(lam, img[j], txt[j]) for j in range(B)]
+    terms = []
+    for anchor in (img, txt):
+        c = 0.0
+        for i in range(B):
+            a = anchor[i].double().numpy()
+            den = sum(math.exp(s * float(a @ mix[j])) for j in range(B))
+            c -= math.log(math.exp(s * float(img[i] @ txt[i])) / den)
+        terms.append(c / B)
+    expected = 0.5 * (terms[0] + terms[1])
+    printed = m2mix.m2mix_loss(img, txt, s, lam, form="printed")
+    assert printed.item() == pytest.approx(expected, rel=1e-5)
+    assert m2mix.m2mix_loss(img, txt, s, lam, "sum", "printed").item() == pytest.approx(2 * expected, rel=1e-5)
+    assert abs(printed.item() - m2mix.m2mix_loss(img, txt, s, lam).item()) > 1e-3  # not the text's reading
+    with pytest.raises(ValueError):
+        m2mix.m2mix_loss(img, txt, s, lam, form="algorithm")
+
+
 def _uni_loop(img, txt, s, lam, mix_side):
     """C_V / C_L from Sec. 4.2.1, normalised over the mixed row (deviation 2),
     soft targets lam on i and 1-lam on i' = B-1-i, in both directions."""
@@ -162,7 +186,7 @@ def tiny_random():
 def _batch(tok, B=6):
     g = torch.Generator().manual_seed(0)
     caps = [f"a photo of a {c} circle." for c in ("red", "green", "blue", "yellow", "purple", "orange")][:B]
-    return {"image": torch.randn(B, 3, 48, 48, generator=g), "text": tok(caps)}
+    return {"image": torch.randn(B, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=g), "text": tok(caps)}
 
 
 def _ctx(step=0, epoch=0):
@@ -213,6 +237,76 @@ def test_fixed_base_scale_freezes_logit_scale_and_eval_mode():
     assert net.training and not model.training  # Sec. 5.1: eval() mode while training
     m2mix.M2Mix(model, m2mix.M2MixConfig(eval_mode=False)).train()
     assert model.training
+
+
+def test_own_m2_temperature_is_trainable_and_initialised(tiny_random):
+    """Algorithm 1's t2 (deviation 5): a separate trainable temperature for the m2 term."""
+    model, tok = tiny_random
+    net = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_weight=1.0, m2_own_tau=True, m2_tau=0.07))
+    assert net.logit_scale2.item() == pytest.approx(math.log(1 / 0.07))
+    assert "logit_scale2" in dict(net.named_parameters())  # the optimizer trains it (no weight decay by name)
+    assert common.no_decay("logit_scale2", torch.zeros(3, 3))
+    img, txt = unit(6, 128, seed=60), unit(6, 128, seed=61)
+    losses = net.loss_terms(img, txt, _ctx())
+    lam = m2mix.sample_lam(0.5, _ctx().generator)  # the same draw the step made
+    torch.testing.assert_close(losses["loss_m2"], m2mix.m2mix_loss(img, txt, 1 / 0.07, lam), rtol=1e-5, atol=1e-6)
+    losses["loss_m2"].backward()
+    assert net.logit_scale2.grad is not None and net.logit_scale2.grad != 0
+    fresh = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2", m2_own_tau=True))  # no --m2-tau: the model's value
+    assert fresh.logit_scale2.item() == pytest.approx(model.logit_scale.item())
+    assert m2mix.M2Mix(model, m2mix.M2MixConfig(method="m2")).logit_scale2 is None
+
+
+def _code_clip_loss(logits, targets):
+    """The code's loss.clip_loss written out: mean over i of 1/2 (row CE_i + column CE_i), soft targets."""
+    B, total = len(logits), 0.0
+    for i in range(B):
+        row, col = log_softmax_row(logits[i]), log_softmax_row(logits[:, i])
+        total += 0.5 * (-(targets[i] * row).sum() - (targets[:, i] * col).sum())
+    return total / B
+
+
+def test_code_settings_reproduce_the_released_objective(tiny_random):
+    """Deviation 14: with the "code's settings" flags the m3-Mix objective is
+    the released main.py's, term for term: base CLIP at scale 100; vmix and
+    lmix each weighted by the uni weight; vlmix with targets I + I_R; m2 at a
+    fixed 1/0.07 with the positive on the diagonal, the two directions summed;
+    the mix total scaled by 1/(epoch+1)."""
+    model, _ = tiny_random
+    w_m2, w_uni, w_vl, epoch = 0.01, 0.05, 0.1, 2
+    code = ["--method", "m3", "--m2-tau", "0.07", "--base-tau", "0.01", "--mix-decay", "--m2-directions", "sum",
+            "--vl-target", "code", "--uni-combine", "sum", "--m2-weight", str(w_m2), "--uni-weight", str(w_uni),
+            "--vl-weight", str(w_vl)]
+    cfg = common.parse_config(m2mix.M2MixConfig, code)
+    B = 6
+    img, txt = unit(B, 5, seed=70), unit(B, 5, seed=71)
+    ctx = _ctx(step=3, epoch=epoch)
+    got = sum(m2mix.M2Mix(model, cfg).loss_terms(img, txt, ctx).values()).item()
+
+    g = _ctx(step=3).generator  # the step's draws, in the step's order: m2 (Beta 0.2 in m3), V, L, VL
+    lam_m2, lam_v, lam_l, lam_vl = (m2mix.sample_lam(a, g) for a in (0.2, 0.5, 0.5, 0.5))
+    I_, T_ = img.double().numpy(), txt.double().numpy()
+    eye, flip = np.eye(B), np.eye(B)[::-1]
+    base = _code_clip_loss(100 * I_ @ T_.T, eye)
+    v = np.stack([slerp_ref(lam_v, img[i], img[B - 1 - i]) for i in range(B)])
+    vmix = _code_clip_loss(100 * v @ T_.T, lam_v * eye + (1 - lam_v) * flip)
+    t = np.stack([slerp_ref(lam_l, txt[i], txt[B - 1 - i]) for i in range(B)])
+    lmix = _code_clip_loss(100 * I_ @ t.T, lam_l * eye + (1 - lam_l) * flip)
+    vi = np.stack([slerp_ref(lam_vl, img[i], img[B - 1 - i]) for i in range(B)])
+    vt = np.stack([slerp_ref(lam_vl, txt[i], txt[B - 1 - i]) for i in range(B)])
+    vlmix = _code_clip_loss(100 * vi @ vt.T, eye + flip)
+    mix = np.stack([slerp_ref(lam_m2, img[j], txt[j]) for j in range(B)])
+    m2 = 0.0
+    for anchor in (I_, T_):  # loss.clip_loss2: row CE of the image matrix + row CE of the text matrix
+        for i in range(B):
+            row = [(I_[i] @ T_[i]) if j == i else anchor[i] @ mix[j] for j in range(B)]
+            m2 -= log_softmax_row(np.array(row) / 0.07)[i] / B
+    expected = base + (w_uni * vmix + w_uni * lmix + w_vl * vlmix + w_m2 * m2) / (epoch + 1)
+    assert got == pytest.approx(expected, rel=1e-5)
+    # the 1/2 of L_uni = 1/2 (C_V + C_L) is what --uni-combine sum removes
+    half = sum(m2mix.M2Mix(model, common.parse_config(m2mix.M2MixConfig, code[:-8] + code[-6:])).loss_terms(
+        img, txt, _ctx(step=3, epoch=epoch)).values()).item()  # a fresh ctx: the same draws again
+    assert half == pytest.approx(expected - 0.5 * w_uni * (vmix + lmix) / (epoch + 1), rel=1e-5)
 
 
 def test_bf16_autocast_step_on_cpu(tiny_random):
@@ -282,7 +376,7 @@ def test_table1_puts_paper_values_beside_the_matching_protocol():
 
 # ----------------------------------------------------------------------------- end to end
 def test_main_end_to_end_on_the_synthetic_world(tmp_path):
-    manifest = common.synthetic_manifest("train", tmp_path / "data", n=32)
+    manifest = lab.synthetic_manifest("train", tmp_path / "data", n=32)
     out = tmp_path / "run"
     args = ["--backbone", "tiny", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
             "--out", str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-4", "--precision", "fp32",

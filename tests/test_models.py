@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import common
-import eval as clip_eval
 
 
 def test_openai_and_open_clip_names_resolve():
@@ -62,21 +61,3 @@ def test_sidecar_of_another_model_is_refused(tmp_path):
     (tmp_path / "m.pt.json").write_text('{"model": "ViT-B-16"}')
     with pytest.raises(ValueError, match="holds a ViT-B-16 model"):
         common.load_model("ViT-B/32", str(f))
-
-
-def test_tiny_pretrained_is_better_than_chance(tmp_path):
-    """The world-pretrained tiny backbone knows colours and shapes from short captions."""
-    model, _, pre, tok = common.load_model("tiny")
-    model.eval()
-    ds = common.ManifestDataset(common.synthetic_manifest("test", tmp_path), pre, extra=("shape", "color"))
-    img = clip_eval.image_features(model, pre, [str(ds.image_file(r)) for r in ds.rows])
-    txt = common.encode_texts(model, tok, [r["caption"] for r in ds.rows])
-    acc = {}
-    for name, (classes, templates, col) in common.synthetic_label_sets().items():
-        clf = common.zero_shot_classifier(model, tok, classes, templates)
-        acc[name] = common.zero_shot_accuracy(img, clf, torch.tensor([r[col] for r in ds.rows]))["top1"]
-    # colour is learned well (6 classes, chance 16.7%); shape only weakly (5 classes, chance 20%)
-    assert acc["color"] > 3 * 100 / 6, acc
-    assert acc["shape"] > 100 / 5 + 3, acc
-    r = common.retrieval_metrics(img, txt, torch.arange(len(txt)))
-    assert r["t2i_R@1"] > 10 * 100 / len(txt), r

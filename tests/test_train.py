@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
+import lab
 
 
 def _cfg(tmp_path, **kw):
@@ -19,7 +20,7 @@ def _cfg(tmp_path, **kw):
 
 
 def _data(tmp_path, pre, n=32):
-    return common.ManifestDataset(common.synthetic_manifest("test", tmp_path / "data", n=n), pre)
+    return common.ManifestDataset(lab.synthetic_manifest("test", tmp_path / "data", n=n), pre)
 
 
 def _fresh_tiny(seed=0):
@@ -121,7 +122,7 @@ def test_checkpoint_round_trip_through_open_clip(tmp_path):
     assert not any(k.startswith("module.") for k in sd)
     other, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path))
     other.eval()
-    x = torch.randn(2, 3, 48, 48)
+    x = torch.randn(2, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE)
     t = tok(["a red circle.", "a photo of a blue square."])
     with torch.no_grad():
         assert torch.allclose(model.encode_image(x), other.encode_image(x), atol=1e-6)
@@ -155,8 +156,9 @@ def test_ddp_two_processes_match_one(tmp_path):
     model = common.load_model("tiny", "random")[0]
     tok = open_clip.get_tokenizer(common.TINY_NAME)
     g = torch.Generator().manual_seed(1)
-    batch = {"image": torch.randn(8, 3, 48, 48, generator=g),
-             "text": tok([f"a photo of a {c} {s}." for c, s in zip(common.COLORS, common.SHAPES * 2)][:6]
+    size = lab.TINY_CFG["vision_cfg"]["image_size"]
+    batch = {"image": torch.randn(8, 3, size, size, generator=g),
+             "text": tok([f"a photo of a {c} {s}." for c, s in zip(lab.COLORS, lab.SHAPES * 2)][:6]
                          + ["a red cross.", "a dark picture of a blue diamond."])}
     net = common.ClipFineTune(model)
     loss = net(batch)["loss_clip"]
@@ -169,3 +171,20 @@ def test_ddp_two_processes_match_one(tmp_path):
     assert res["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
     for n, p in net.named_parameters():
         assert torch.allclose(res["grads"][n], p.grad, atol=1e-6, rtol=1e-4), n
+
+
+def test_atomic_write_text_bytes_callable_and_failure(tmp_path):
+    p = tmp_path / "sub" / "f.json"
+    assert common.atomic_write(p, "ünïcode") == p and p.read_text(encoding="utf-8") == "ünïcode"
+    common.atomic_write(p, b"\x00\x01")
+    assert p.read_bytes() == b"\x00\x01"
+    common.atomic_write(p, lambda tmp: torch.save({"x": 1}, tmp))
+    assert torch.load(p) == {"x": 1}
+
+    def half_written(tmp):
+        tmp.write_text("partial")
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        common.atomic_write(p, half_written)
+    assert torch.load(p) == {"x": 1}  # the old file is intact
+    assert sorted(x.name for x in p.parent.iterdir()) == ["f.json"]  # no temporary file left
