@@ -11,7 +11,7 @@ What it runs, in order (each section is skipped with a message when the time
 budget --budget would be exceeded):
   1. per method (plain CLIP, ERCLIP M+P and RT+P, m2-Mix, m3-Mix, C-CLIP with
      LoRA + the old model, DNS with gradient- and update-mode projection on
-     ViT-B/16 features): --steps steps of common.train_step in fp16 autocast
+     ViT-B/16 features, Long-CLIP with its stretched window and batch PCA): --steps steps of common.train_step in fp16 autocast
      with a GradScaler and fused AdamW, the same steps in fp32 from the same
      weights, the losses compared; seconds per step; peak memory
      (torch.cuda.max_memory_allocated over the fp16 steps, optimizer state
@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 
-METHODS = ("plain", "erclip-m+p", "erclip-rt+p", "m2-mix", "m3-mix", "c-clip", "dns-gradient", "dns-update")
+METHODS = ("plain", "erclip-m+p", "erclip-rt+p", "m2-mix", "m3-mix", "c-clip", "dns-gradient", "dns-update",
+           "longclip")
 WORDS = (("a man", "a woman", "two dogs", "a small child", "a red bus", "a cat", "a group of people"),
          ("is sitting on", "stands next to", "is looking at", "walks past", "is playing with"),
          ("a wooden bench", "a white truck", "a frisbee on the beach", "a tall building", "a kitchen table"))
@@ -101,10 +102,13 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0, sentences: int = 6) -> Case:
+def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0, sentences: int = 6,
+          backbone: str = "tiny") -> Case:
     """The method's wrapper around `model` (modified in place: LoRA adapters,
-    a teacher copy) and a batch, on `device`, as the method's script builds
-    them with the paper's default settings. sentences: per long caption (ERCLIP)."""
+    a teacher copy, Long-CLIP's stretched window) and a batch, on `device`,
+    as the method's script builds them with the paper's default settings.
+    sentences: per long caption (ERCLIP, Long-CLIP); backbone: the model's
+    name (Long-CLIP reads its original window from it)."""
     device = torch.device(device)
     model = model.to(device)
     data = items(batch_size, image_size(model), seed, sentences)
@@ -138,6 +142,12 @@ def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0,
         net = dns.DNSNet(dim, float(model.logit_scale.detach())).to(device)
         hooks = dns.NullSpaceProjection(method.split("-")[1], dns.build_projectors(net.model, Z, Z, 0.01))
         return Case(method, net, {"img": img, "txt": txt}, hooks)
+    if method == "longclip":
+        import longclip
+        cfg = longclip.LongCLIPConfig(backbone=backbone)
+        net = longclip.LongCLIP(model, cfg)
+        collate = longclip.LongCaptionCollate(common.get_tokenizer(backbone, net.context_length), cfg.short_caption)
+        return Case(method, net.to(device), to_device(collate(data), device))
     raise ValueError(f"unknown method {method!r}; one of {METHODS}")
 
 
@@ -245,7 +255,7 @@ def overflow_check(case: Case, device, precision: str = "fp16", grad_clip: float
 
 def check_method(method: str, base_model, tokenizer, device, *, batch_size: int = 64, steps: int = 3,
                  precision: str = "fp16", reference: str = "fp32", tol: float = 2e-2, lr: float = 1e-5,
-                 sentences: int = 6) -> dict:
+                 sentences: int = 6, backbone: str = "tiny") -> dict:
     """`steps` steps of `method` in `precision` and in `reference` from the
     same weights and batch: losses finite, and each within tol (relative) of
     the reference's loss after as many applied updates (a step the scaler
@@ -256,7 +266,8 @@ def check_method(method: str, base_model, tokenizer, device, *, batch_size: int 
     runs = {}
     for prec in (reference, precision):
         torch.manual_seed(0)
-        case = build(method, copy.deepcopy(base_model), tokenizer, batch_size, device, sentences=sentences)
+        case = build(method, copy.deepcopy(base_model), tokenizer, batch_size, device, sentences=sentences,
+                     backbone=backbone)
         s = Stepper(case, device, prec, lr=lr, grad_clip=1.0)
         recs, times, peak = [], [], None
         for i in range(steps):
@@ -499,10 +510,12 @@ def main(argv=None) -> int:
     base, _, _, tok = common.load_model(a.backbone, "random", device=str(device))
     methods = [m for m in a.methods.split(",") if m]
     for m in methods:
-        run(f"{m} step", 30, lambda m=m: check_method(m, base, tok, device, batch_size=a.batch_size, steps=a.steps))
+        run(f"{m} step", 30, lambda m=m: check_method(m, base, tok, device, batch_size=a.batch_size, steps=a.steps,
+                                                      backbone=a.backbone))
     for clip in (0.0, 1.0):  # without clipping the scaler unscales inside step(); with it, before clipping
         run("overflow skip", 20, lambda clip=clip: overflow_check(
-            build(methods[0], copy.deepcopy(base), tok, min(a.batch_size, 16), device), device, grad_clip=clip))
+            build(methods[0], copy.deepcopy(base), tok, min(a.batch_size, 16), device, backbone=a.backbone),
+            device, grad_clip=clip))
     with tempfile.TemporaryDirectory() as tmp:
         run("common.train overflow + resume", 90, lambda: resume_check(a.backbone, device, "fp16", tmp))
     if device.type == "cuda" and torch.cuda.device_count() >= 2:
