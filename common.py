@@ -26,6 +26,7 @@ import argparse
 import copy
 import csv
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -35,6 +36,7 @@ import random
 import socket
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -719,14 +721,23 @@ def gather(*features):
 # 7. Training loop
 # =============================================================================
 def resolve_precision(precision: str, device) -> str:
+    """'auto' -> fp16 on CUDA, fp32 elsewhere. fp16 off CUDA is accepted for
+    testing the grad-scaler path (tests/test_fp16.py), with a warning: CPU
+    half-precision matrix products are slow, and bf16 needs no scaler."""
     dev = torch.device(device).type
     if precision == "auto":
         return "fp16" if dev == "cuda" else "fp32"
-    if precision == "fp16" and dev != "cuda":
-        raise ValueError("fp16 autocast with grad scaling needs CUDA; use bf16 or fp32 on CPU")
     if precision not in ("fp16", "bf16", "fp32"):
         raise ValueError(f"unknown precision {precision!r}")
+    if precision == "fp16" and dev != "cuda":
+        _warn_once(f"warning: --precision fp16 on {dev} is meant for testing the grad-scaler path (slow); "
+                   f"use bf16 or fp32 to train on {dev}")
     return precision
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str):
+    print(message, file=sys.stderr)
 
 
 def autocast(device, precision: str = "auto"):
@@ -825,13 +836,91 @@ def step_generator(seed: int, step: int, device="cpu"):
     return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step)
 
 
+def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
+    """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel
+    for all parameters (5x faster on CPU), which also takes the scaler's inf
+    flag and skips an overflowed step on the device (no host sync).
+    fused=False gives the for-each implementation (tests use both)."""
+    groups = param_groups(net, cfg.lr, cfg.wd, lr_of)
+    for g in groups:
+        g.pop("names")
+    fused = torch.device(device).type in ("cuda", "cpu") if fused is None else fused
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+
+
+def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None):
+    """One optimisation step: the body of train's loop, called as is by
+    tests/test_fp16.py and benchmarks/gpu_check.py. ctx needs .device and
+    .precision (and whatever net.forward reads); forward defaults to net
+    (train passes the DDP wrapper).
+
+      1. forward under autocast; the loss terms are summed in float32
+      2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run;
+         a scaled overflow (inf gradients from a too-large loss scale) is
+         not a non-finite loss and is left to the scaler
+      3. backward of loss * scale (the scale is 1, i.e. off, unless fp16)
+      4. unscale the gradients when clipping or hooks need their true values
+      5. clip the global gradient norm
+      6. hooks.before_optimizer_step(net) (DNS projects the gradients here)
+      7. scaler.step: AdamW, skipped when any gradient is inf/NaN;
+         scaler.update: the scale halves after a skipped step and doubles
+         after 2000 clean ones
+      8. the LR scheduler steps on every iteration, skipped or not
+         (open_clip_train calls scheduler(step) with the iteration index
+         whatever the scaler did): the schedule and the data order are
+         functions of the iteration, and a skip costs one step of schedule
+      9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit
+         scale to [0, ln 100], idempotent: on a skipped step the weights
+         are unchanged and already inside (only a value outside the range,
+         possible before the first step, is moved)
+
+    A skipped step leaves weights, AdamW moments and step counts bitwise
+    unchanged (fused AdamW creates its state, zeros, if the very first step
+    is skipped). Returns (losses, loss, skipped): skipped is a 0-dim bool
+    tensor on the scaler's device (None when the scaler is off); reading it
+    syncs on CUDA, so train reads it at log steps only."""
+    forward = forward or net
+    with autocast(ctx.device, ctx.precision):
+        losses = forward(batch, ctx)
+    loss = sum(v.float() for v in losses.values())
+    if not torch.isfinite(loss):
+        terms = {k: float(v.detach()) for k, v in losses.items()}
+        raise FloatingPointError(f"non-finite loss at step {ctx.step}: {terms}")
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip > 0 or hooks is not None:
+        scaler.unscale_(opt)  # clip and project the true gradients, not the scaled ones
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
+    if hooks is not None:
+        hooks.before_optimizer_step(net)
+    scale = scaler._get_scale_async().clone() if scaler.is_enabled() else None  # update() works in place
+    scaler.step(opt)
+    scaler.update()
+    skipped = scaler._get_scale_async() < scale if scale is not None else None  # only a skip lowers it
+    if sched is not None:
+        with warnings.catch_warnings():  # torch takes a skipped FIRST step for a misordered scheduler call
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            sched.step()
+    if hooks is not None:
+        hooks.after_optimizer_step(net)
+    logit_scale = getattr(net.model, "logit_scale", None)
+    if logit_scale is not None:
+        with torch.no_grad():  # CLIP: clamp the temperature at 0.01 after every step
+            logit_scale.clamp_(0, LOGIT_SCALE_MAX)
+    return losses, loss, skipped
+
+
 def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export: bool = True,
           hooks=None, method_state: Callable[[], dict] | None = None):
     """Trains `net` (a wrapper with .model = the open_clip model, whose
     forward(batch, ctx) returns the loss terms) and returns a summary dict.
 
     hooks: optional object with before_optimizer_step(net) (after unscaling
-    and clipping) and after_optimizer_step(net); DNS projects there."""
+    and clipping) and after_optimizer_step(net); DNS projects there. Each
+    step is train_step (its docstring gives the order and what a step
+    skipped by the fp16 grad scaler does); metrics.jsonl logs grad_scale and
+    skipped_steps when fp16 is on."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     precision = resolve_precision(cfg.precision, device)
@@ -856,18 +945,15 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     steps_per_epoch = len(train_set) // cfg.batch_size
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
-    groups = param_groups(net, cfg.lr, cfg.wd, lr_of)
-    names = [g.pop("names") for g in groups]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                            fused=device.type in ("cuda", "cpu"))  # one kernel for all parameters (5x faster on CPU)
+    opt = make_optimizer(cfg, net, device, lr_of)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     ddp = nn.parallel.DistributedDataParallel(
         net, device_ids=[device.index] if device.type == "cuda" else None,
         find_unused_parameters=cfg.find_unused) if world > 1 else net
-    params = [p for g in groups for p in g["params"]]
 
     step = 0
+    n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
         ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
         if ck is None or not ck.exists():
@@ -876,9 +962,14 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         load_checkpoint_state(net, state["net"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
+        if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
+            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale",
+                  file=sys.stderr)
+        else:
+            scaler.load_state_dict(state["scaler"])  # scale and growth tracker: a no-op without fp16
         _set_rng_state(state["rng"])
         step = state["step"]
+        n_skipped.fill_(state.get("skipped_steps", 0))
         if rank == 0:
             print(f"resumed from {ck} at step {step}", file=sys.stderr)
 
@@ -889,7 +980,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if bad:  # never overwrite a good checkpoint with a broken state
             raise FloatingPointError(f"non-finite weights at step {step} ({bad[:3]}); checkpoint not written")
         _atomic_save({"net": checkpoint_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                      "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step,
+                      "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step, "skipped_steps": int(n_skipped),
                       "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg)},
                      out / "checkpoints" / f"{tag}.pt")
 
@@ -906,29 +997,13 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
             ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
                                   generator=step_generator(cfg.seed, step), precision=precision)
-            with autocast(device, precision):
-                losses = ddp(batch, ctx)
-            loss = sum(v.float() for v in losses.values())
-            if not torch.isfinite(loss):
-                terms = {k: float(v.detach()) for k, v in losses.items()}
-                raise FloatingPointError(f"non-finite loss at step {step}: {terms}; last good checkpoint kept "
-                                         f"in {out / 'checkpoints'}")
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.grad_clip > 0 or hooks is not None:
-                scaler.unscale_(opt)
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            if hooks is not None:
-                hooks.before_optimizer_step(net)
-            scaler.step(opt)
-            scaler.update()
-            sched.step()
-            if hooks is not None:
-                hooks.after_optimizer_step(net)
-            if logit_scale is not None:
-                with torch.no_grad():  # CLIP: clamp the temperature at 0.01 after every step
-                    logit_scale.clamp_(0, LOGIT_SCALE_MAX)
+            try:
+                losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
+                                                   hooks=hooks, forward=ddp)
+            except FloatingPointError as e:
+                raise FloatingPointError(f"{e}; last good checkpoint kept in {out / 'checkpoints'}") from None
+            if skipped is not None:
+                n_skipped += skipped  # stays on the device; read at log steps
             step += 1
             bar.update(1)
             last = {k: float(v.detach()) for k, v in losses.items()}
@@ -938,6 +1013,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()), **last,
                        "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
                        "sec_per_step": dt}
+                if scaler.is_enabled():
+                    rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
                 metrics_f.write(json.dumps(rec) + "\n")
                 metrics_f.flush()
                 bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
@@ -953,7 +1030,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if metrics_f:
         metrics_f.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
-               "final_losses": last, "world_size": world, "precision": precision, "device": str(device)}
+               "final_losses": last, "world_size": world, "precision": precision, "device": str(device),
+               "skipped_steps": int(n_skipped), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None}
     if rank == 0:
         save()
         if export:

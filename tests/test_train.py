@@ -58,9 +58,16 @@ def test_bf16_autocast_step_on_cpu(tmp_path):
     assert not torch.equal(before, model.visual.conv1.weight)
 
 
-def test_fp16_refused_on_cpu():
-    with pytest.raises(ValueError, match="needs CUDA"):
-        common.resolve_precision("fp16", "cpu")
+def test_fp16_on_cpu_is_for_testing_and_says_so_once(capsys):
+    """fp16 + GradScaler on CPU runs (tests/test_fp16.py exercises it), with one warning line."""
+    common._warn_once.cache_clear()
+    assert common.resolve_precision("fp16", "cpu") == "fp16"
+    assert common.resolve_precision("fp16", "cpu") == "fp16"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "meant for testing" in err and "bf16" in err
+    assert common.resolve_precision("auto", "cpu") == "fp32" and common.resolve_precision("auto", "cuda") == "fp16"
+    with pytest.raises(ValueError, match="unknown precision"):
+        common.resolve_precision("fp8", "cpu")
 
 
 class _Exploding(common.ClipFineTune):
