@@ -579,8 +579,8 @@ def demo_claims(runs: dict) -> list[dict]:
     directions and the margin fixed before the seeds ran. The paper prints
     no ablation numbers in our sources; its one number here is Sec. 5's
     ImageNet after two tasks (pretrained 67.73)."""
-    def d(a, b, key):
-        return [x[key] - y[key] for x, y in zip(runs[a], runs[b])]
+    def d(a, b, key):  # per seed, a - b
+        return lab.paired(runs, a, b, key)
     return [
         lab.claim("C-CLIP beats full FT: last R@1 (mean over tasks)", "higher (Sec. 5.2.1)",
                   d("C-CLIP", "full FT", "last R@1"), "+"),

@@ -703,8 +703,8 @@ def demo_claims(runs: dict) -> list[dict]:
     """The paper's claims as paired per-seed differences, in both modes;
     directions fixed before the seeds ran. Paper: ImageBind, vanilla 47.32 acc
     / -5.72 BWT, DNS 52.52 / -0.02 (its main table)."""
-    def d(a, b, key):
-        return [x[key] - y[key] for x, y in zip(runs[a], runs[b])]
+    def d(a, b, key):  # per seed, a - b
+        return lab.paired(runs, a, b, key)
     claims = []
     for mode in ("DNS-gradient", "DNS-update"):
         ours = " (our mode)" if mode == "DNS-update" else ""

@@ -463,9 +463,8 @@ def demo_measure(model, preprocess, tokenizer, data_root) -> dict:
 def demo_claims(base: dict, runs: dict) -> list[dict]:
     """The paper's quantitative claims as paired per-seed differences.
     Paper numbers: Table 2 (ViT-B/32, B/16, L/14)."""
-    def d(a, b, key):  # per-seed a - b; "CLIP" is the pretrained model, the same for every seed
-        other = runs[b] if b in runs else [base] * len(runs[a])
-        return [x[key] - y[key] for x, y in zip(runs[a], other)]
+    def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
+        return lab.paired(runs, a, b, key, base)
 
     erosion, back = d("M", "CLIP", "background"), d("M+P", "M", "background")
     share = [100 * b / -e if e < 0 else float("nan") for b, e in zip(back, erosion)]  # % of M's loss recovered

@@ -448,6 +448,13 @@ def retrieval_report(model, preprocess, tokenizer, split="test", data_root="data
 SEEDS = (0, 1, 2)  # fixed before any demo was run; every demo uses all of them
 
 
+def paired(runs: dict, a: str, b: str, key: str, base: dict | None = None) -> list[float]:
+    """Per-seed paired differences runs[a][i][key] - runs[b][i][key]; a b that
+    is not in runs (the pretrained model) means `base`, the same for every seed."""
+    other = runs[b] if b in runs else [base] * len(runs[a])
+    return [x[key] - y[key] for x, y in zip(runs[a], other)]
+
+
 def paired_stats(diffs: Sequence[float]) -> tuple[float, float, float]:
     """(mean, sample std, standard error) of per-seed paired differences."""
     d = np.asarray(diffs, dtype=float)

@@ -605,9 +605,8 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     direction between the two methods, so '=' within 2 points (8 test scenes
     of 400; 14 zero-shot scenes of 720). short / full: the run names of the
     Long-CLIP model read through the original and the stretched window."""
-    def d(a, b, key):
-        other = runs[b] if b in runs else [base] * len(runs[a])
-        return [x[key] - y[key] for x, y in zip(runs[a], other)]
+    def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
+        return lab.paired(runs, a, b, key, base)
 
     paper = demo_paper_numbers()
     gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"

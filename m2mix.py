@@ -585,9 +585,8 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
     """The paper's claims as paired per-seed differences; directions fixed
     before the seeds ran. Paper numbers: ViT-B/32, Flickr30k (Table 1, Fig. 2,
     Table 2; eval.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
-    def d(a, b, key):
-        other = runs[b] if b in runs else [base] * len(runs[a])
-        return [x[key] - y[key] for x, y in zip(runs[a], other)]
+    def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
+        return lab.paired(runs, a, b, key, base)
     p = evaluation.M2MIX_TABLE1["flickr30k-1cap"]
     return [
         lab.claim("m3-Mix beats FT on the task (R@1, mean of I2T/T2I)", "F30k I2T +0.9, COCO +1.3",

@@ -15,3 +15,37 @@ def tiny_random():
     import common
     torch.manual_seed(0)
     return common.load_model("tiny", "random")
+
+
+@pytest.fixture
+def shrink_world(monkeypatch):
+    """Shrinks the lab's splits for the demos' plumbing tests:
+    shrink_world(size_of) with size_of(split name) -> n, or None to keep it."""
+    import lab
+
+    def shrink(size_of):
+        monkeypatch.setattr(lab, "SPLITS", {k: (d, size_of(k) or n, s) for k, (d, n, s) in lab.SPLITS.items()})
+    return shrink
+
+
+@pytest.fixture
+def check_demo_results():
+    """The checks every demo's results share: every seed of every named run is
+    kept, at least min_claims claims carry the agreed keys and a verdict, the
+    PNG exists. Returns the saved results."""
+    import json
+    import lab
+
+    def check(out, png: str, names, min_claims: int) -> dict:
+        saved = json.loads((out / "results.json").read_text())
+        assert saved["seeds"] == list(lab.SEEDS) and len(lab.SEEDS) >= 3
+        for name in names:
+            assert [r["seed"] for r in saved["per_seed"][name]] == list(lab.SEEDS)
+        assert len(saved["claims"]) >= min_claims
+        for c in saved["claims"]:
+            assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
+            assert c["n_seeds"] == len(lab.SEEDS) == len(c["per_seed"])
+            assert c["verdict"] in ("reproduced", "opposite", "not resolved")
+        assert (out / png).stat().st_size > 10_000
+        return saved
+    return check

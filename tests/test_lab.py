@@ -5,7 +5,6 @@ import json
 import math
 
 import pytest
-import torch
 
 import common
 import lab

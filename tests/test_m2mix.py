@@ -392,21 +392,11 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     assert "m3-Mix" in table and "ZS" in table
 
 
-def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch):
+def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (2 steps per run): every seed
     of every method is kept, the claims carry the agreed keys, the PNG exists."""
-    small = {"train": 64, "test": 40, "zs-test": 48}
-    monkeypatch.setattr(lab, "SPLITS", {k: (d, small.get(k, n), s) for k, (d, n, s) in lab.SPLITS.items()})
+    shrink_world({"train": 64, "test": 40, "zs-test": 48}.get)
     out = tmp_path / "demo"
     m2mix.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                 str(tmp_path / "data"), "--out", str(out)])
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["seeds"] == list(lab.SEEDS) and len(lab.SEEDS) >= 3
-    for name in ("FT", "m2-Mix", "m3-Mix"):
-        assert [r["seed"] for r in saved["per_seed"][name]] == list(lab.SEEDS)
-    assert len(saved["claims"]) >= 6
-    for c in saved["claims"]:
-        assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
-        assert c["n_seeds"] == len(lab.SEEDS) == len(c["per_seed"])
-        assert c["verdict"] in ("reproduced", "opposite", "not resolved")
-    assert (out / "m2mix-demo.png").stat().st_size > 10_000
+    check_demo_results(out, "m2mix-demo.png", ("FT", "m2-Mix", "m3-Mix"), min_claims=6)

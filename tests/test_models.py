@@ -2,7 +2,6 @@
 import time
 
 import pytest
-import torch
 
 import common
 
