@@ -163,8 +163,9 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
   Feature layouts (read_features): the code's features_storage/ h5 files
   (<dataset>_<split>_<perceptor>.h5: one (modalities, d) array per sample
   id; <dataset>_class_<perceptor>.h5: one (d,) text feature per class name),
-  plus <dataset>_<split>_labels.json {sample id: class name} (ours; the code
-  derives it from its dataset JSON, cmcl_labels() converts one); or ours for
+  each sample's class from its key ("<id>__<class name>__<class index>",
+  the code's perceptors) or a <dataset>_<split>_labels.json {sample id:
+  class name} (ours; cmcl_labels() makes one); or ours for
   any encoder: <dataset>/meta.json {"modalities", "classes"?, "metrics"?},
   <dataset>/<split>/<modality>.npy|.pt (N, d), <dataset>/<split>/samples.json
   {"ids", "labels"?}, <dataset>/classes.npy|.pt (C, d).
@@ -188,8 +189,12 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
  19. Class features: the code's extractor stores, per class, the text
      feature of the first sample of that class (save_classes); we read
      whatever the class h5 holds, keyed and sorted by class name, as the
-     code does. Labels come from the labels JSON (exact id match); the
-     code matches id prefixes split at "__" against its dataset JSON.
+     code does. A sample's class: the name field of its h5 key (the code's
+     perceptors store "<id>__<class name>__<class index>") or a labels
+     JSON; the code matches "__"-split key prefixes against its dataset
+     JSON. Features are used as stored, not renormalised (as the code:
+     its perceptors store the encoder outputs before their final
+     normalisation, so each modality keeps its own norm).
  20. Temperature: CLIP's initial 1/0.07, frozen, for the clip loss (ours;
      binding models differ); --loss code is the code's temperature 1.
  21. The demo (--demo-cmcl) runs on synthetic_multimodal(), a world of
@@ -905,8 +910,10 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
 #    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a
 #        (modalities, d) array in CMCL_DATASETS order; ids sorted as strings
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
-#    <dir>/<dataset>_<split>_labels.json     ours: {sample id: class name}; the
-#        code derives it from its dataset JSON (cmcl_labels() converts one)
+#    sample classes: from the ids, which the code's perceptors write as
+#        "<id>__<class name>__<class index>", or, when given,
+#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours;
+#        cmcl_labels() makes one from the code's dataset JSON)
 #  ours (any encoder):
 #    <dir>/<dataset>/meta.json   {"modalities": [...], "classes": [...] (optional),
 #                                 "metrics": ["recall", "acc"] (optional)}
@@ -975,14 +982,17 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             ids = sorted(f.keys())  # the code sorts the keys as strings (feature_dataset.py)
             x = torch.stack([torch.as_tensor(f[k][:]).float() for k in ids])
         class_path, label_path = root / f"{dataset}_class_{perceptor}.h5", root / f"{dataset}_{split}_labels.json"
-        if "acc" in info["metrics"] and class_path.exists() and label_path.exists():
+        if "acc" in info["metrics"] and class_path.exists():
             with h5py.File(class_path, "r") as f:
                 classes = sorted(f.keys())  # the code sorts the class names
                 class_x = torch.stack([torch.as_tensor(f[c][:]).float() for c in classes])
-            by_id = json.loads(label_path.read_text())
-            missing = [i for i in ids if i not in by_id]
+            # the code's perceptors store each sample under "<id>__<class name>__<class index>"
+            by_id = json.loads(label_path.read_text()) if label_path.exists() else \
+                {i: i.split("__")[1] for i in ids if i.count("__") >= 2}
+            missing = [i for i in ids if by_id.get(i) not in classes]
             if missing:
-                raise common.DataError(f"{label_path}: no class for {len(missing)} sample(s), e.g. {missing[0]!r}")
+                raise common.DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
+                                       f"{missing[0]!r}; give {label_path.name} ({{sample id: class name}})")
             labels = torch.tensor([classes.index(by_id[i]) for i in ids])
     else:
         folder = root / dataset / split

@@ -66,6 +66,21 @@ def test_h5_entries_are_per_sample_modality_arrays_sorted_by_id(tmp_path):
     assert feats["modalities"] == ("text", "audio") and feats["labels"] is None
 
 
+def test_classes_from_the_codes_h5_keys(tmp_path):
+    """The code's perceptors key each sample "<id>__<class name>__<class index>";
+    without a labels JSON the class comes from the key."""
+    import h5py
+    with h5py.File(tmp_path / "esc50_test_imagebind.h5", "w") as f:
+        for k in ("1-1-A-0.wav__dog__0", "1-2-A-5.wav__rain__1", "1-3-A-0.wav__dog__0"):
+            f.create_dataset(k, data=np.ones((2, 3)))
+    with h5py.File(tmp_path / "esc50_class_imagebind.h5", "w") as f:
+        for k in ("rain", "dog"):
+            f.create_dataset(k, data=np.zeros(3))
+    (tmp_path / "esc50_train_imagebind.h5").touch()
+    feats = dns.read_features(tmp_path, "esc50", "test")
+    assert feats["classes"] == ["dog", "rain"] and feats["labels"].tolist() == [0, 1, 0]
+
+
 def test_cmcl_labels_from_the_codes_dataset_json(tmp_path):
     p = tmp_path / "paired_data_test.json"
     p.write_text(json.dumps([[{"id": "x1", "name": "dog", "class": 0}], [{"id": 7, "name": "rain", "class": 1}]]))
