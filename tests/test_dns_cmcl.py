@@ -227,3 +227,13 @@ def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
     m = r["continual"]["metrics"]
     assert all(math.isfinite(m[k][s]) for k in ("acc", "R@10") for s in ("last", "bwt", "forgetting"))
     assert len(r["drift"]["test"]) == 10
+
+
+def test_cmcl_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):
+    """The CMCL demo's plumbing on a shrunken world (1 epoch per step): every
+    seed of every mode kept, claims with the agreed keys, the PNG exists."""
+    monkeypatch.setattr(dns, "CMCL_DEMO", dict(dim=8, n_train=32, n_test=16))
+    out = tmp_path / "demo"
+    dns.main(["--demo-cmcl", "--epochs", "1", "--batch-size", "16", "--out", str(out)])
+    saved = check_demo_results(out, "dns-cmcl-demo.png", dns.CMCL_DEMO_MODES.values(), min_claims=11)
+    assert len(saved["per_seed"]["vanilla"][0]["R"]) == 12  # identity + after each of the 11 steps
