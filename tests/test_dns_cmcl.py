@@ -237,3 +237,31 @@ def test_cmcl_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check
     dns.main(["--demo-cmcl", "--epochs", "1", "--batch-size", "16", "--out", str(out)])
     saved = check_demo_results(out, "dns-cmcl-demo.png", dns.CMCL_DEMO_MODES.values(), min_claims=11)
     assert len(saved["per_seed"]["vanilla"][0]["R"]) == 12  # identity + after each of the 11 steps
+
+
+@pytest.mark.parametrize("code_settings", [False, True])
+def test_resume_inside_a_projected_step_equals_an_uninterrupted_run(tmp_path, code_settings):
+    """Interrupted inside step 2 and resumed: same matrices and maps as an
+    uninterrupted run (the per-modality covariances, partner covariances and
+    frozen maps survive the boundary state; with the code's settings the
+    per-task output covariances and biases too)."""
+    world = _low_rank_world(tmp_path)
+    folder = world / "one" / "train"  # step one: 32 samples (1 batch), so --stop-at 2 falls inside step two
+    for m in ("vision", "text"):
+        torch.save(torch.load(folder / f"{m}.pt")[:32].clone(), folder / f"{m}.pt")
+    meta = json.loads((folder / "samples.json").read_text())
+    (folder / "samples.json").write_text(json.dumps({k: v[:32] for k, v in meta.items()}))
+    args = ["--features", str(world), "--tasks", "one~two~three", "--mode", "update", "--lr", "1e-2", "--epochs", "1",
+            "--batch-size", "32", "--device", "cpu", "--precision", "fp32"]
+    if code_settings:
+        args += ["--mode", "gradient", "--loss", "code", "--bias", "--output-cov", "per-task", "--lambda-min-out", "0"]
+    full = dns.main(args + ["--out", str(tmp_path / "full")])
+    with pytest.raises(SystemExit):
+        dns.main(args + ["--out", str(tmp_path / "cut"), "--stop-at", "2"])
+    resumed = dns.main(args + ["--out", str(tmp_path / "cut"), "--resume", "latest"])
+    for k, R in full["continual"]["matrices"].items():  # NaN where a metric does not apply: equal_nan
+        np.testing.assert_array_equal(np.array(resumed["continual"]["matrices"][k]), np.array(R))
+    W_full, W_cut = (torch.load(tmp_path / d / "boundary.pt", weights_only=False) for d in ("full", "cut"))
+    assert all(torch.allclose(W_full["maps"][k], W_cut["maps"][k], atol=1e-6) for k in W_full["maps"])
+    assert resumed["tasks"][1]["old_rank"]["W_text_in"] > 0  # the resumed step was projected
+    assert ("b_audio" in W_full["maps"]) == code_settings
