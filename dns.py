@@ -179,9 +179,11 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
  17. Which features feed the covariances: ours, the step's own pair. The
      code's post_step stacks the whole (modalities, d) arrays and updates
      the pair's first modality with array column 0 and the second with
-     column 1, whatever the step's indices: for nyudv2:0,2, vggsound_s:0,2 /
-     1,2 and tvl:0,2 / 1,2 the depth / video / tactile covariances receive
-     another modality's features (cmcl/dns.py, feature_pairs[:,0] / [:,1]).
+     column 1, whatever the step's indices (cmcl/dns.py post_step,
+     feature_pairs[:,0] / [:,1]): for nyudv2:0,2, vggsound_s:0,2 and tvl:0,2
+     the second modality (depth, video, tactile) receives column 1's
+     features (text, audio, text), and for vggsound_s:1,2 and tvl:1,2 both
+     sides receive another modality's features.
  18. Recall: on the whole test set (deterministic), mean of both directions.
      The code averages 5 random subsets of 1000 per direction and reports
      each direction (eval_util.py eval); the paper's R@10 presumably their
@@ -267,8 +269,8 @@ class DNSConfig(common.Config):
     feature_cache: str = common.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
     demo: bool = common.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
     features: str = common.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 "
-                               "files, or our layout); --tasks is then 'cmcl' (the code's 11 steps) or "
-                               "'dataset[:i,j]~...'")
+                               "files, or our layout); --tasks is then 'cmcl' (the code's 11 steps, also its default "
+                               "here) or 'dataset[:i,j]~...'")
     perceptor: str = common.arg("imagebind", "CMCL setting: the encoder in the h5 names "
                                 "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
     demo_cmcl: bool = common.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
@@ -1261,7 +1263,8 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     root = Path(cfg.features)
     if not root.is_dir():
         raise common.DataError(f"--features {root}: no such folder")
-    steps = parse_steps(cfg.tasks, lambda d: dataset_info(root, d, cfg.perceptor)["modalities"])
+    spec = "cmcl" if cfg.tasks == "synthetic" else cfg.tasks  # --tasks left at its default: the code's steps
+    steps = parse_steps(spec, lambda d: dataset_info(root, d, cfg.perceptor)["modalities"])
     device = common.init_distributed(cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
