@@ -1,0 +1,267 @@
+"""Tests of dns.py in CMCL's own setting: the M-modality learner (exact
+reduction to the two-modality DNSLearner, absent modalities untouched,
+per-modality projectors from every past partner, old-pair drift bounded in
+update mode), both feature layouts, the code's step list, the masked
+continual metrics, and main() end to end on a fixture in the code's layout."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import dns
+
+FAST = dict(device="cpu", precision="fp32", log_every=10_000)
+
+
+def _cfg(tmp_path, **kw):
+    return dns.DNSConfig(**(FAST | {"out": str(tmp_path)} | kw))
+
+
+# --- the code's step list and datasets --------------------------------------------
+def test_cmcl_steps_follow_the_codes_training_py():
+    steps = dns.parse_steps("cmcl", lambda d: dns.CMCL_DATASETS[d][0])
+    assert [s.dataset for s in steps] == ["ucf101", "esc50", "nyudv2", "clotho"] + ["vggsound_s"] * 3 + ["tvl"] * 3 \
+        + ["llvip"]
+    assert [s.modalities for s in steps] == [
+        ("text", "video"), ("text", "audio"), ("vision", "depth"), ("text", "audio"),
+        ("text", "audio"), ("text", "video"), ("audio", "video"),
+        ("vision", "tactile"), ("text", "tactile"), ("vision", "text"), ("vision", "thermal")]
+    assert len({s.name for s in steps}) == 11
+    for bad in ("nyudv2:0,5", "nyudv2:1,1", "esc50:a,b", ""):
+        with pytest.raises(common.DataError):
+            dns.parse_steps(bad, lambda d: dns.CMCL_DATASETS[d][0])
+
+
+# --- features in both layouts ----------------------------------------------------
+def test_both_layouts_read_the_same_world(tmp_path):
+    worlds = {lay: dns.synthetic_multimodal(tmp_path / lay, lay, dim=8, n_train=40, n_test=20) for lay in
+              ("cmcl", "ours")}
+    assert (tmp_path / "cmcl" / "esc50_train_imagebind.h5").exists()
+    assert (tmp_path / "cmcl" / "esc50_class_imagebind.h5").exists()
+    for d in ("ucf101", "nyudv2", "vggsound_s"):
+        a, b = (dns.read_features(worlds[lay], d, "test") for lay in ("cmcl", "ours"))
+        assert a["layout"] == "cmcl" and b["layout"] == "ours"
+        assert a["ids"] == b["ids"] and a["modalities"] == b["modalities"] == dns.CMCL_DATASETS[d][0]
+        assert a["x"].shape == (20, len(a["modalities"]), 8) and torch.equal(a["x"], b["x"])
+        if d == "nyudv2":  # recall only
+            assert a["labels"] is None and b["labels"] is None
+        else:
+            assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["class_x"], b["class_x"])
+            assert a["classes"] == b["classes"] and len(a["classes"]) == a["class_x"].shape[0]
+
+
+def test_h5_entries_are_per_sample_modality_arrays_sorted_by_id(tmp_path):
+    """The code's layout: one dataset per sample id, (modalities, d); read in sorted-id order."""
+    import h5py
+    rows = {"b": np.ones((2, 3)), "a": np.zeros((2, 3)), "c": 2 * np.ones((2, 3))}
+    with h5py.File(tmp_path / "clotho_train_unibind.h5", "w") as f:
+        for k, v in rows.items():
+            f.create_dataset(k, data=v)
+    feats = dns.read_features(tmp_path, "clotho", "train", "unibind")
+    assert feats["ids"] == ["a", "b", "c"] and feats["x"][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
+    assert feats["modalities"] == ("text", "audio") and feats["labels"] is None
+
+
+def test_classes_from_the_codes_h5_keys(tmp_path):
+    """The code's perceptors key each sample "<id>__<class name>__<class index>";
+    without a labels JSON the class comes from the key."""
+    import h5py
+    with h5py.File(tmp_path / "esc50_test_imagebind.h5", "w") as f:
+        for k in ("1-1-A-0.wav__dog__0", "1-2-A-5.wav__rain__1", "1-3-A-0.wav__dog__0"):
+            f.create_dataset(k, data=np.ones((2, 3)))
+    with h5py.File(tmp_path / "esc50_class_imagebind.h5", "w") as f:
+        for k in ("rain", "dog"):
+            f.create_dataset(k, data=np.zeros(3))
+    (tmp_path / "esc50_train_imagebind.h5").touch()
+    feats = dns.read_features(tmp_path, "esc50", "test")
+    assert feats["classes"] == ["dog", "rain"] and feats["labels"].tolist() == [0, 1, 0]
+
+
+def test_cmcl_labels_from_the_codes_dataset_json(tmp_path):
+    p = tmp_path / "paired_data_test.json"
+    p.write_text(json.dumps([[{"id": "x1", "name": "dog", "class": 0}], [{"id": 7, "name": "rain", "class": 1}]]))
+    assert dns.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
+
+
+def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
+    with pytest.raises(common.DataError, match="meta.json"):
+        dns.read_features(tmp_path, "esc50", "train")
+    with pytest.raises(common.DataError, match="no such folder"):
+        dns.main(["--features", str(tmp_path / "nowhere"), "--tasks", "cmcl", "--out", str(tmp_path / "o")])
+
+
+# --- the learner -------------------------------------------------------------------
+@pytest.mark.parametrize("settings", [dict(mode="gradient"), dict(mode="update"), dict(mode="vanilla"),
+                                      dict(mode="update", output_cov="per-task", bias=True, lambda_min_out=0.0)])
+def test_two_modalities_reduce_exactly_to_dns_learner(tmp_path, settings):
+    """Modalities (img, txt), three image-text steps: every weight, covariance
+    and projector rank bitwise equal to the two-modality DNSLearner."""
+    tasks = dns.low_rank_tasks(n=96) + dns.low_rank_tasks(n=96, seed=1)[:1]
+    cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, wd=0.1, **{k: v for k, v in settings.items() if k != "bias"})
+    bias = settings.get("bias", False)
+    old = dns.DNSLearner(32, math.log(1 / 0.07), bias=bias)
+    new = dns.MultiDNSLearner(("img", "txt"), 32, math.log(1 / 0.07), bias=bias)
+    for i, (img, txt) in enumerate(tasks):
+        old.learn(cfg, img, txt, tmp_path / f"old{i}")
+        new.learn(cfg, "img", "txt", img, txt, tmp_path / f"new{i}")
+        assert old.summaries[-1]["old_rank"] == new.summaries[-1]["old_rank"]
+    assert old.net.model.state_dict().keys() == new.net.model.state_dict().keys()
+    for k, v in old.net.model.state_dict().items():
+        assert torch.equal(v, new.net.model.state_dict()[k]), k
+    assert not torch.equal(old.net.model.W_img, torch.eye(32))  # it did train
+    assert torch.equal(old.Z_img, new.Z["img"]) and torch.equal(old.Z_txt, new.Z["txt"])
+    assert torch.equal(old.Zo_img, new.Zo["img"]) and torch.equal(old.Zo_txt, new.Zo["txt"])
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gradient", "update"])
+def test_absent_modalities_are_bitwise_untouched(tmp_path, mode):
+    """A step on (a, b) leaves W_c exactly as it was, weight decay included:
+    W_c is not even in the optimizer."""
+    g = torch.Generator().manual_seed(0)
+    x = {m: F.normalize(torch.randn(64, 16, generator=g), dim=-1) for m in "abc"}
+    learner = dns.MultiDNSLearner(("a", "b", "c"), 16, math.log(1 / 0.07))
+    cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, wd=0.5, mode=mode)
+    learner.learn(cfg, "c", "a", x["c"], x["a"], tmp_path / "s1")
+    W_c = learner.net.model.W_c.detach().clone()
+    assert not torch.equal(W_c, torch.eye(16))
+    learner.learn(cfg, "a", "b", x["a"], x["b"], tmp_path / "s2")
+    assert torch.equal(learner.net.model.W_c, W_c)
+    names = [n for grp in common.param_groups(learner.net, 1e-3, 0.5) for n in grp["names"]]
+    assert names == ["model.W_a", "model.W_b"]
+
+
+def test_adamw_would_decay_a_map_with_zero_gradient():
+    """Why the absent maps must stay out of the optimizer: AdamW's decoupled
+    weight decay moves a parameter whose gradient is zero."""
+    W = torch.nn.Parameter(torch.eye(4))
+    opt = torch.optim.AdamW([W], lr=1e-2, weight_decay=0.5)
+    W.grad = torch.zeros_like(W)
+    opt.step()
+    assert not torch.equal(W.detach(), torch.eye(4))
+
+
+def test_projectors_span_every_past_partner_and_input(tmp_path):
+    """After steps (a, b) and (a, c) on low-rank features, W_a's input-side
+    projector keeps a's features of both steps and its output side the
+    mapped b and c features (with the maps as they are now)."""
+    g = torch.Generator().manual_seed(3)
+    basis = {m: torch.linalg.qr(torch.randn(24, 4, generator=g))[0] for m in ("a1", "a2", "b", "c")}
+    z1, z2 = torch.randn(64, 4, generator=g), torch.randn(64, 4, generator=g)
+    xa1, xb = z1 @ basis["a1"].t(), z1 @ basis["b"].t()
+    xa2, xc = z2 @ basis["a2"].t(), z2 @ basis["c"].t()
+    learner = dns.MultiDNSLearner(("a", "b", "c"), 24, math.log(1 / 0.07))
+    cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, mode="update")
+    learner.learn(cfg, "a", "b", xa1, xb, tmp_path / "s1")
+    learner.learn(cfg, "a", "c", xa2, xc, tmp_path / "s2")
+    P = learner.projectors(cfg, "a", "b")
+    P_out, P_in = P["W_a"]
+    model = learner.net.model
+    for x in (xa1, xa2):
+        assert torch.allclose(x @ P_in, x, atol=1e-4)
+    for m, x in (("b", xb), ("c", xc)):
+        mapped = model.map(m, x).detach()
+        assert torch.allclose(mapped @ P_out, mapped, atol=1e-3)
+    assert round(float(P_in.trace())) == 8 and round(float(P_out.trace())) == 8
+    assert round(float(P["W_b"][1].trace())) == 4  # b took part once
+
+
+def _low_rank_world(tmp_path):
+    """Three modalities, three datasets pairing them, noise-free features on
+    rank-6 subspaces of R^24 (the guarantee is exact there), our layout."""
+    datasets = {"one": (("vision", "text"), True), "two": (("text", "audio"), True), "three": (("vision", "audio"), False)}
+    return dns.synthetic_multimodal(tmp_path / "world", "ours", datasets=datasets, dim=24, n_train=128, n_test=64,
+                                    latent=12, active=6, noise=0.0)
+
+
+def test_old_pair_drift_bounded_in_update_mode(tmp_path):
+    """Steps one (V-T), two (T-A), three (V-A): every map is shared with an
+    earlier step. Update mode keeps each old step's test score matrix within
+    1e-3 relative (what is left: the second-order cross term); vanilla moves
+    it far more; every mode still learns."""
+    world = _low_rank_world(tmp_path)
+    res = {}
+    for mode in ("vanilla", "update"):
+        res[mode] = dns.main(["--features", str(world), "--tasks", "one~two~three", "--mode", mode, "--lr", "1e-2",
+                              "--epochs", "3", "--batch-size", "32", "--device", "cpu", "--precision", "fp32",
+                              "--out", str(tmp_path / mode)])
+    drift = {m: r["drift"]["test"] for m, r in res.items()}
+    assert len(drift["update"]) == 2 and max(drift["update"]) <= 1e-3
+    assert min(drift["vanilla"]) > 1e-2 and min(drift["vanilla"]) > 30 * max(drift["update"])
+    for r in res.values():
+        assert all(t["final_loss"] < 1.0 for t in r["tasks"])  # chance: ln(32) = 3.47
+        R = r["continual"]["matrices"]["R@1"]
+        assert all(R[k + 1][k] > R[0][k] + 10 for k in range(3))  # each step learned its pair
+
+
+# --- metrics -----------------------------------------------------------------------
+def test_masked_metrics_equal_continual_metrics_on_full_matrices():
+    R = np.random.default_rng(0).uniform(0, 100, (5, 4))
+    assert dns.masked_continual_metrics(R) == pytest.approx(common.continual_metrics(R))
+    # column 1 has no such metric: last/bwt/forgetting over columns 0, 2, 3 by hand
+    R[:, 1] = np.nan
+    m = dns.masked_continual_metrics(R)
+    assert m["last"] == pytest.approx(R[4, [0, 2, 3]].mean())
+    assert m["bwt"] == pytest.approx(np.mean([R[4, 0] - R[1, 0], R[4, 2] - R[3, 2]]))
+    assert m["forgetting"] == pytest.approx(np.mean([R[:4, 0].max() - R[4, 0], R[:4, 2].max() - R[4, 2]]))
+    assert m["avg"] == pytest.approx(np.mean([R[1, [0]].mean(), R[2, [0]].mean(), R[3, [0, 2]].mean(),
+                                              R[4, [0, 2, 3]].mean()]))
+
+
+# --- end to end --------------------------------------------------------------------
+def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
+    """python dns.py --features <dir> --tasks cmcl --perceptor imagebind, on
+    a small fixture in the code's h5 layout."""
+    world = dns.synthetic_multimodal(tmp_path / "features_storage", "cmcl", dim=8, n_train=48, n_test=24)
+    r = dns.main(["--features", str(world), "--tasks", "cmcl", "--perceptor", "imagebind", "--mode", "update",
+                  "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--precision", "fp32",
+                  "--out", str(tmp_path / "run")])
+    assert len(r["steps"]) == 11 and (tmp_path / "run" / "results.json").exists()
+    acc, R10 = (np.array(r["continual"]["matrices"][k], dtype=float) for k in ("acc", "R@10"))
+    assert acc.shape == R10.shape == (12, 11) and np.isfinite(R10).all()
+    # accuracy where the dataset has classes and the pair includes text: ucf101, esc50, vggsound_s T-A, T-VI
+    assert [j for j in range(11) if np.isfinite(acc[-1, j])] == [0, 1, 4, 5]
+    m = r["continual"]["metrics"]
+    assert all(math.isfinite(m[k][s]) for k in ("acc", "R@10") for s in ("last", "bwt", "forgetting"))
+    assert len(r["drift"]["test"]) == 10
+
+
+def test_cmcl_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):
+    """The CMCL demo's plumbing on a shrunken world (1 epoch per step): every
+    seed of every mode kept, claims with the agreed keys, the PNG exists."""
+    monkeypatch.setattr(dns, "CMCL_DEMO", dict(dim=8, n_train=32, n_test=16))
+    out = tmp_path / "demo"
+    dns.main(["--demo-cmcl", "--epochs", "1", "--batch-size", "16", "--out", str(out)])
+    saved = check_demo_results(out, "dns-cmcl-demo.png", dns.CMCL_DEMO_MODES.values(), min_claims=11)
+    assert len(saved["per_seed"]["vanilla"][0]["R"]) == 12  # identity + after each of the 11 steps
+
+
+@pytest.mark.parametrize("code_settings", [False, True])
+def test_resume_inside_a_projected_step_equals_an_uninterrupted_run(tmp_path, code_settings):
+    """Interrupted inside step 2 and resumed: same matrices and maps as an
+    uninterrupted run (the per-modality covariances, partner covariances and
+    frozen maps survive the boundary state; with the code's settings the
+    per-task output covariances and biases too)."""
+    world = _low_rank_world(tmp_path)
+    folder = world / "one" / "train"  # step one: 32 samples (1 batch), so --stop-at 2 falls inside step two
+    for m in ("vision", "text"):
+        torch.save(torch.load(folder / f"{m}.pt")[:32].clone(), folder / f"{m}.pt")
+    meta = json.loads((folder / "samples.json").read_text())
+    (folder / "samples.json").write_text(json.dumps({k: v[:32] for k, v in meta.items()}))
+    args = ["--features", str(world), "--tasks", "one~two~three", "--mode", "update", "--lr", "1e-2", "--epochs", "1",
+            "--batch-size", "32", "--device", "cpu", "--precision", "fp32"]
+    if code_settings:
+        args += ["--mode", "gradient", "--loss", "code", "--bias", "--output-cov", "per-task", "--lambda-min-out", "0"]
+    full = dns.main(args + ["--out", str(tmp_path / "full")])
+    with pytest.raises(SystemExit):
+        dns.main(args + ["--out", str(tmp_path / "cut"), "--stop-at", "2"])
+    resumed = dns.main(args + ["--out", str(tmp_path / "cut"), "--resume", "latest"])
+    for k, R in full["continual"]["matrices"].items():  # NaN where a metric does not apply: equal_nan
+        np.testing.assert_array_equal(np.array(resumed["continual"]["matrices"][k]), np.array(R))
+    W_full, W_cut = (torch.load(tmp_path / d / "boundary.pt", weights_only=False) for d in ("full", "cut"))
+    assert all(torch.allclose(W_full["maps"][k], W_cut["maps"][k], atol=1e-6) for k in W_full["maps"])
+    assert resumed["tasks"][1]["old_rank"]["W_text_in"] > 0  # the resumed step was projected
+    assert ("b_audio" in W_full["maps"]) == code_settings
