@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -471,50 +472,137 @@ class DataError(ValueError):
     pass
 
 
-def read_manifest(path) -> list[dict]:
-    """Rows of a JSONL or CSV/TSV manifest (separator detected)."""
+MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
+
+
+def _not_utf8(values) -> bool:
+    """The manifest is decoded with errors='surrogateescape': a byte that is
+    not UTF-8 becomes a lone surrogate, so a bad row can be named and skipped
+    instead of refusing the whole file."""
+    return any(isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)
+
+
+def _json_array_rows(path, text) -> list[dict]:
+    """A manifest that is one JSON array of row objects; each row's _line is
+    the line where its object starts."""
+    try:
+        json.loads(text)  # strict parse first: a syntax error is named with its line
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: bad JSON ({e.msg})") from None
+    decoder, sep = json.JSONDecoder(), re.compile(r"[\s,]*")
+    rows, pos, line, counted = [], sep.match(text, text.index("[") + 1).end(), 1, 0
+    while text[pos] != "]":
+        line, counted = line + text.count("\n", counted, pos), pos
+        value, pos = decoder.raw_decode(text, pos)
+        if not isinstance(value, dict):
+            raise DataError(f"{path}:{line}: a JSON array manifest must hold one object per row, "
+                            f"found {type(value).__name__}")
+        rows.append({**value, "_line": line})
+        pos = sep.match(text, pos).end()
+    return rows
+
+
+def read_manifest(path, keep_bad: bool = False) -> list[dict]:
+    """Rows of a manifest: JSONL (one object per line; lines end at "\\n"
+    only, since U+2028 or \\x85 may sit inside a JSON string), a JSON array
+    of objects, or CSV/TSV (separator detected; a quoted caption may span
+    lines). Each row carries `_line`, the line where it starts. A line that
+    is not UTF-8 or not JSON raises a DataError naming file and line; with
+    keep_bad=True it comes back as {'_line': n, '_error': why} instead
+    (ManifestDataset skips and counts such rows with skip_bad)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
-    if path.suffix in (".jsonl", ".json") or text.lstrip().startswith("{"):
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+
+    def bad(line, why):
+        if not keep_bad:
+            raise DataError(f"{path}:{line}: {why}")
+        return {"_line": line, "_error": why}
+
+    start = text.lstrip()
+    if start.startswith("["):
+        rows = _json_array_rows(path, text)
+    elif path.suffix in (".jsonl", ".json") or start.startswith("{"):
         rows = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(dict(json.loads(line), _line=i))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: bad JSON ({e.msg})") from None
-        return rows
-    first = text.splitlines()[0] if text else ""
+        for i, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            if _not_utf8([line]):
+                rows.append(bad(i, "not valid UTF-8"))
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                rows.append(bad(i, f"bad JSON ({e.msg})"))
+                continue
+            rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
+    else:
+        try:
+            sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
+        except csv.Error:
+            sep = ","
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)
+        reader.fieldnames  # reads the header
+        rows, end = [], reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
+        for r in reader:
+            rows.append(dict(r, _line=end + 1))
+            end = reader.line_num
+    return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
+
+
+def image_problem(path) -> str | None:
+    """None when the image decodes in full, else what is wrong with it.
+    PIL's verify() reads headers and checksums only: a truncated JPEG, or a
+    PNG whose compressed data is broken under valid checksums, passes it and
+    fails at the first real decode. load() decodes everything; draft() lets
+    a JPEG decode at reduced scale (up to 8x faster), which still reads the
+    whole compressed stream."""
     try:
-        sep = csv.Sniffer().sniff(first, delimiters=",\t;|").delimiter
-    except csv.Error:
-        sep = ","
-    return [dict(r, _line=i) for i, r in enumerate(csv.DictReader(io.StringIO(text), delimiter=sep), 2)]
+        with Image.open(path) as im:
+            im.draft("RGB", (64, 64))
+            im.load()
+    except Exception as e:  # PIL raises many types for corrupt files
+        return f"undecodable image {path} ({type(e).__name__}: {e})"
+    return None
+
+
+def image_problems(paths, threads: int = 8) -> list[str | None]:
+    """image_problem of each path, decoded in threads (PIL releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
+        return list(pool.map(image_problem, paths, chunksize=64))
+
+
+def bad_rows_message(where, problems: Sequence[str], hint: str = "") -> str:
+    """Every bad row up to MAX_LISTED, then how many more."""
+    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return f"{where}: {len(problems)} bad row(s){hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
 
 
 class ManifestDataset(torch.utils.data.Dataset):
     """Image-caption pairs from a manifest: image path relative to the
     manifest, a caption, an optional long caption, optional extra columns.
 
-    A pre-pass before any training step checks every row: required columns,
-    empty captions, missing or undecodable images. It raises a DataError
-    naming file and line, or with skip_bad=True drops and counts them
-    (`self.skipped`)."""
+    A pre-pass before any training step checks every row: unreadable lines
+    (not UTF-8, not JSON), required columns, empty captions, missing images,
+    and (check_images) images that do not decode in full. It raises one
+    DataError naming file and line of every bad row (the first MAX_LISTED,
+    then a count), or with skip_bad=True drops them and lists them in
+    `self.skipped` (train's summary, hence results.json, records them all).
+    An image that fails later (check_images=False, or changed on disk)
+    raises a DataError naming the file and the manifest line."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool = True, extra: Sequence[str] = ()):
         self.path, self.transform = Path(path), transform
-        rows = read_manifest(self.path)
-        if not rows:
+        rows = read_manifest(self.path, keep_bad=True)
+        good = [r for r in rows if "_error" not in r]
+        if not good:
+            if rows:
+                raise DataError(bad_rows_message(self.path, [f"{self.path}:{r['_line']}: {r['_error']}" for r in rows]))
             raise DataError(f"{self.path}: no rows")
-        cols = set(rows[0]) - {"_line"}
+        cols = set(good[0]) - {"_line"}
         self.image_key = next((k for k in IMAGE_KEYS if k in cols), None)
         self.caption_key = next((k for k in CAPTION_KEYS if k in cols), None)
         if self.caption_key is None and "captions" in cols:
@@ -526,39 +614,35 @@ class ManifestDataset(torch.utils.data.Dataset):
         if missing:
             raise DataError(f"{self.path}: missing column(s) {missing}; available: {sorted(cols)}")
         self.need_long, self.extra = need_long, tuple(extra)
-        self.rows, self.skipped = [], []
-        for r in rows:
-            problem = self._check(r, check_images)
-            if problem is None:
-                self.rows.append(r)
-            elif skip_bad:
-                self.skipped.append(f"{self.path}:{r['_line']}: {problem}")
-            else:
-                raise DataError(f"{self.path}:{r['_line']}: {problem} (use --skip-bad to skip and count)")
+        problems = [r.get("_error") or self._check(r) for r in rows]
+        if check_images:  # full decode, in threads, of the rows that passed the cheap checks
+            todo = [i for i, p in enumerate(problems) if p is None]
+            for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo])):
+                problems[i] = p
+        self.rows = [r for r, p in zip(rows, problems) if p is None]
+        self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
+        if self.skipped and not skip_bad:
+            raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))
         if self.skipped:
-            log.warning("%s: skipped %d bad rows, e.g. %s", self.path, len(self.skipped), self.skipped[0])
+            log.warning("%s", bad_rows_message(f"{self.path}: skipped", self.skipped))
         if not self.rows:
             raise DataError(f"{self.path}: every row is bad")
 
     def _caption(self, r):
-        c = r[self.caption_key]
+        c = r.get(self.caption_key)
         return c[0] if isinstance(c, list) and c else c
 
-    def _check(self, r, check_images):
+    def _check(self, r):
         cap = self._caption(r)
         if not isinstance(cap, str) or not cap.strip():
             return "empty caption"
         if self.need_long and not str(r.get("long_caption") or "").strip():
             return "empty long_caption"
+        if r.get(self.image_key) is None:
+            return "no image path"
         p = self.image_file(r)
         if not p.is_file():
             return f"image not found: {p}"
-        if check_images:
-            try:
-                with Image.open(p) as im:
-                    im.verify()
-            except Exception as e:  # PIL raises many types for corrupt files
-                return f"undecodable image {p} ({type(e).__name__}: {e})"
         return None
 
     def image_file(self, r) -> Path:
@@ -569,8 +653,13 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         r = self.rows[i]
-        with Image.open(self.image_file(r)) as im:
-            image = im.convert("RGB")
+        try:
+            with Image.open(self.image_file(r)) as im:
+                image = im.convert("RGB")
+        except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
+            raise DataError(f"{self.path}:{r['_line']}: undecodable image {self.image_file(r)} "
+                            f"({type(e).__name__}: {e}); run again with --skip-bad (the row check decodes "
+                            f"every image) or fix the file") from None
         item = {"image": self.transform(image) if self.transform else image,
                 "caption": self._caption(r), "index": i}
         if self.need_long:
