@@ -574,10 +574,10 @@ def image_problems(paths, threads: int = 8) -> list[str | None]:
         return list(pool.map(image_problem, paths, chunksize=64))
 
 
-def bad_rows_message(where, problems: Sequence[str], hint: str = "") -> str:
+def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
     """Every bad row up to MAX_LISTED, then how many more."""
     more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    return f"{where}: {len(problems)} bad row(s){hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
+    return f"{where}: {len(problems)} {what}{hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
 
 
 class ManifestDataset(torch.utils.data.Dataset):
