@@ -1142,7 +1142,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         raise ValueError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
     sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
     loader = torch.utils.data.DataLoader(
-        SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers, collate_fn=collate,
+        SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
+        collate_fn=collate,
         pin_memory=device.type == "cuda", drop_last=True, generator=torch.Generator().manual_seed(cfg.seed),
         persistent_workers=False)
     steps_per_epoch = len(train_set) // cfg.batch_size
@@ -1237,7 +1238,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if metrics_f:
         metrics_f.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
-               "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision, "device": str(device),
+               "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
+               "device": str(device),
                "skipped_steps": int(n_skipped), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
                "bad_rows": list(getattr(train_set, "skipped", []))}  # every row the data check skipped
     if rank == 0:

@@ -197,7 +197,8 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
     if missing:
         first = next((str(p) for p, f in zip(paths, found) if not f), None)
         where = f" Expected layout: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}." if task in BENCHMARKS else ""
-        msg = f"{name}: {missing - len(unreadable)} of {len(paths)} images not found (first: {first}).{where}" if first else ""
+        msg = "" if first is None else (
+            f"{name}: {missing - len(unreadable)} of {len(paths)} images not found (first: {first}).{where}")
         if unreadable:
             msg += "\n" * bool(msg) + common.bad_rows_message(name, unreadable, what="undecodable image(s)")
         if missing == len(paths) or strict:

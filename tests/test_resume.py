@@ -70,7 +70,7 @@ def test_metrics_have_each_step_once_after_resume(tmp_path):
     common.train(_cfg(tmp_path, steps=6, stop_at=3), common.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "a") as f:  # what a kill after the checkpoint leaves: later steps, a line cut short
-        f.write(json.dumps({"step": 4, "loss": 1.0}) + "\n" + json.dumps({"step": 5, "loss": 1.0}) + "\n{\"step\": 6, \"lo")
+        f.write("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (4, 5)) + '{"step": 6, "lo')
     common.train(_cfg(tmp_path, steps=6, resume="latest"), common.ClipFineTune(_tiny()[0]), data,
                  common.Collate(tok), export=False)
     steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
@@ -158,12 +158,10 @@ def test_skipped_rows_are_all_in_the_summary(tmp_path):
     assert [r.split(": ")[0] for r in summary["bad_rows"]] == [f"{bad}:{i + 1}" for i in (3, 10, 17)]
 
 
-class _Exploding(common.ClipFineTune):
+class _NanAtStep3(common.ClipFineTune):
+    """A loss term that is NaN at step 3 only (the weights it breaks keep later losses NaN)."""
     def forward(self, batch, ctx=None):
-        out = super().forward(batch, ctx)
-        if ctx.step >= 3:
-            out["loss_bad"] = torch.tensor(float("nan"))
-        return out
+        return {**super().forward(batch, ctx), "loss_bad": torch.tensor(float("nan") if ctx.step == 3 else 0.0)}
 
 
 def test_nan_at_step_k_is_named_and_never_saved(tmp_path):
@@ -171,7 +169,7 @@ def test_nan_at_step_k_is_named_and_never_saved(tmp_path):
     log at step 5), which names step 3; the checkpoint of step 3 is kept."""
     _, train_tf, tok = _tiny()
     with pytest.raises(FloatingPointError, match=r"non-finite loss at step 3: .*loss_bad.*last good checkpoint"):
-        common.train(_cfg(tmp_path, steps=10, log_every=5, save_every=3), _Exploding(_tiny()[0]),
+        common.train(_cfg(tmp_path, steps=10, log_every=5, save_every=3), _NanAtStep3(_tiny()[0]),
                      _data(tmp_path, train_tf), common.Collate(tok))
     ck = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert ck["step"] == 3
