@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -471,50 +472,137 @@ class DataError(ValueError):
     pass
 
 
-def read_manifest(path) -> list[dict]:
-    """Rows of a JSONL or CSV/TSV manifest (separator detected)."""
+MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
+
+
+def _not_utf8(values) -> bool:
+    """The manifest is decoded with errors='surrogateescape': a byte that is
+    not UTF-8 becomes a lone surrogate, so a bad row can be named and skipped
+    instead of refusing the whole file."""
+    return any(isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)
+
+
+def _json_array_rows(path, text) -> list[dict]:
+    """A manifest that is one JSON array of row objects; each row's _line is
+    the line where its object starts."""
+    try:
+        json.loads(text)  # strict parse first: a syntax error is named with its line
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: bad JSON ({e.msg})") from None
+    decoder, sep = json.JSONDecoder(), re.compile(r"[\s,]*")
+    rows, pos, line, counted = [], sep.match(text, text.index("[") + 1).end(), 1, 0
+    while text[pos] != "]":
+        line, counted = line + text.count("\n", counted, pos), pos
+        value, pos = decoder.raw_decode(text, pos)
+        if not isinstance(value, dict):
+            raise DataError(f"{path}:{line}: a JSON array manifest must hold one object per row, "
+                            f"found {type(value).__name__}")
+        rows.append({**value, "_line": line})
+        pos = sep.match(text, pos).end()
+    return rows
+
+
+def read_manifest(path, keep_bad: bool = False) -> list[dict]:
+    """Rows of a manifest: JSONL (one object per line; lines end at "\\n"
+    only, since U+2028 or \\x85 may sit inside a JSON string), a JSON array
+    of objects, or CSV/TSV (separator detected; a quoted caption may span
+    lines). Each row carries `_line`, the line where it starts. A line that
+    is not UTF-8 or not JSON raises a DataError naming file and line; with
+    keep_bad=True it comes back as {'_line': n, '_error': why} instead
+    (ManifestDataset skips and counts such rows with skip_bad)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
-    if path.suffix in (".jsonl", ".json") or text.lstrip().startswith("{"):
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+
+    def bad(line, why):
+        if not keep_bad:
+            raise DataError(f"{path}:{line}: {why}")
+        return {"_line": line, "_error": why}
+
+    start = text.lstrip()
+    if start.startswith("["):
+        rows = _json_array_rows(path, text)
+    elif path.suffix in (".jsonl", ".json") or start.startswith("{"):
         rows = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(dict(json.loads(line), _line=i))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: bad JSON ({e.msg})") from None
-        return rows
-    first = text.splitlines()[0] if text else ""
+        for i, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            if _not_utf8([line]):
+                rows.append(bad(i, "not valid UTF-8"))
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                rows.append(bad(i, f"bad JSON ({e.msg})"))
+                continue
+            rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
+    else:
+        try:
+            sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
+        except csv.Error:
+            sep = ","
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)
+        reader.fieldnames  # reads the header
+        rows, end = [], reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
+        for r in reader:
+            rows.append(dict(r, _line=end + 1))
+            end = reader.line_num
+    return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
+
+
+def image_problem(path) -> str | None:
+    """None when the image decodes in full, else what is wrong with it.
+    PIL's verify() reads headers and checksums only: a truncated JPEG, or a
+    PNG whose compressed data is broken under valid checksums, passes it and
+    fails at the first real decode. load() decodes everything; draft() lets
+    a JPEG decode at reduced scale (up to 8x faster), which still reads the
+    whole compressed stream."""
     try:
-        sep = csv.Sniffer().sniff(first, delimiters=",\t;|").delimiter
-    except csv.Error:
-        sep = ","
-    return [dict(r, _line=i) for i, r in enumerate(csv.DictReader(io.StringIO(text), delimiter=sep), 2)]
+        with Image.open(path) as im:
+            im.draft("RGB", (64, 64))
+            im.load()
+    except Exception as e:  # PIL raises many types for corrupt files
+        return f"undecodable image {path} ({type(e).__name__}: {e})"
+    return None
+
+
+def image_problems(paths, threads: int = 8) -> list[str | None]:
+    """image_problem of each path, decoded in threads (PIL releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
+        return list(pool.map(image_problem, paths, chunksize=64))
+
+
+def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
+    """Every bad row up to MAX_LISTED, then how many more."""
+    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return f"{where}: {len(problems)} {what}{hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
 
 
 class ManifestDataset(torch.utils.data.Dataset):
     """Image-caption pairs from a manifest: image path relative to the
     manifest, a caption, an optional long caption, optional extra columns.
 
-    A pre-pass before any training step checks every row: required columns,
-    empty captions, missing or undecodable images. It raises a DataError
-    naming file and line, or with skip_bad=True drops and counts them
-    (`self.skipped`)."""
+    A pre-pass before any training step checks every row: unreadable lines
+    (not UTF-8, not JSON), required columns, empty captions, missing images,
+    and (check_images) images that do not decode in full. It raises one
+    DataError naming file and line of every bad row (the first MAX_LISTED,
+    then a count), or with skip_bad=True drops them and lists them in
+    `self.skipped` (train's summary, hence results.json, records them all).
+    An image that fails later (check_images=False, or changed on disk)
+    raises a DataError naming the file and the manifest line."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool = True, extra: Sequence[str] = ()):
         self.path, self.transform = Path(path), transform
-        rows = read_manifest(self.path)
-        if not rows:
+        rows = read_manifest(self.path, keep_bad=True)
+        good = [r for r in rows if "_error" not in r]
+        if not good:
+            if rows:
+                raise DataError(bad_rows_message(self.path, [f"{self.path}:{r['_line']}: {r['_error']}" for r in rows]))
             raise DataError(f"{self.path}: no rows")
-        cols = set(rows[0]) - {"_line"}
+        cols = set(good[0]) - {"_line"}
         self.image_key = next((k for k in IMAGE_KEYS if k in cols), None)
         self.caption_key = next((k for k in CAPTION_KEYS if k in cols), None)
         if self.caption_key is None and "captions" in cols:
@@ -526,39 +614,35 @@ class ManifestDataset(torch.utils.data.Dataset):
         if missing:
             raise DataError(f"{self.path}: missing column(s) {missing}; available: {sorted(cols)}")
         self.need_long, self.extra = need_long, tuple(extra)
-        self.rows, self.skipped = [], []
-        for r in rows:
-            problem = self._check(r, check_images)
-            if problem is None:
-                self.rows.append(r)
-            elif skip_bad:
-                self.skipped.append(f"{self.path}:{r['_line']}: {problem}")
-            else:
-                raise DataError(f"{self.path}:{r['_line']}: {problem} (use --skip-bad to skip and count)")
+        problems = [r.get("_error") or self._check(r) for r in rows]
+        if check_images:  # full decode, in threads, of the rows that passed the cheap checks
+            todo = [i for i, p in enumerate(problems) if p is None]
+            for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo])):
+                problems[i] = p
+        self.rows = [r for r, p in zip(rows, problems) if p is None]
+        self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
+        if self.skipped and not skip_bad:
+            raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))
         if self.skipped:
-            log.warning("%s: skipped %d bad rows, e.g. %s", self.path, len(self.skipped), self.skipped[0])
+            log.warning("%s", bad_rows_message(f"{self.path}: skipped", self.skipped))
         if not self.rows:
             raise DataError(f"{self.path}: every row is bad")
 
     def _caption(self, r):
-        c = r[self.caption_key]
+        c = r.get(self.caption_key)
         return c[0] if isinstance(c, list) and c else c
 
-    def _check(self, r, check_images):
+    def _check(self, r):
         cap = self._caption(r)
         if not isinstance(cap, str) or not cap.strip():
             return "empty caption"
         if self.need_long and not str(r.get("long_caption") or "").strip():
             return "empty long_caption"
+        if r.get(self.image_key) is None:
+            return "no image path"
         p = self.image_file(r)
         if not p.is_file():
             return f"image not found: {p}"
-        if check_images:
-            try:
-                with Image.open(p) as im:
-                    im.verify()
-            except Exception as e:  # PIL raises many types for corrupt files
-                return f"undecodable image {p} ({type(e).__name__}: {e})"
         return None
 
     def image_file(self, r) -> Path:
@@ -569,8 +653,13 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         r = self.rows[i]
-        with Image.open(self.image_file(r)) as im:
-            image = im.convert("RGB")
+        try:
+            with Image.open(self.image_file(r)) as im:
+                image = im.convert("RGB")
+        except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
+            raise DataError(f"{self.path}:{r['_line']}: undecodable image {self.image_file(r)} "
+                            f"({type(e).__name__}: {e}); run again with --skip-bad (the row check decodes "
+                            f"every image) or fix the file") from None
         item = {"image": self.transform(image) if self.transform else image,
                 "caption": self._caption(r), "index": i}
         if self.need_long:
@@ -602,10 +691,17 @@ class Collate:
 
 class ResumableSampler(torch.utils.data.Sampler):
     """Seeded shuffle per epoch, sharded across ranks, that can start part
-    way into an epoch (exact resume without replaying the data)."""
-    def __init__(self, n, batch_size, seed=0, shuffle=True, rank=0, world=1):
+    way into an epoch (exact resume without replaying the data).
+
+    batch_size is the per-rank batch. Sharding splits each global batch of
+    the one shuffle by rank (rank r takes its positions r*batch ... (r+1)*batch
+    - 1), so the global batch that gather() assembles in rank order is,
+    sample for sample, the batch of one process with batch_size * world:
+    N processes under torchrun train on the data order of one.
+    keys=True yields (epoch, index) for SeededSamples."""
+    def __init__(self, n, batch_size, seed=0, shuffle=True, rank=0, world=1, keys: bool = False):
         self.n, self.batch, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
-        self.epoch, self.skip_batches = 0, 0
+        self.epoch, self.skip_batches, self.keys = 0, 0, keys
 
     def set_epoch(self, epoch, skip_batches=0):
         self.epoch, self.skip_batches = epoch, skip_batches
@@ -616,14 +712,47 @@ class ResumableSampler(torch.utils.data.Sampler):
             idx = torch.randperm(self.n, generator=g).tolist()
         else:
             idx = list(range(self.n))
-        per_rank = self.n // self.world // self.batch * self.batch  # drop_last, same count per rank
-        return idx[self.rank * per_rank:(self.rank + 1) * per_rank]
+        n_global, b = self.n // (self.batch * self.world), self.batch  # drop_last: whole global batches only
+        mine = [idx[(g * self.world + self.rank) * b:(g * self.world + self.rank + 1) * b] for g in range(n_global)]
+        return [i for batch in mine for i in batch]
 
     def __iter__(self):
-        return iter(self._indices()[self.skip_batches * self.batch:])
+        idx = self._indices()[self.skip_batches * self.batch:]
+        return iter([(self.epoch, i) for i in idx] if self.keys else idx)
 
     def __len__(self):
         return len(self._indices()) - self.skip_batches * self.batch
+
+
+class SeededSamples(torch.utils.data.Dataset):
+    """dataset[i] with its randomness (the train transform's random crop:
+    torch's CPU generator; Python's and NumPy's too) seeded from (seed,
+    epoch, i) instead of drawn from the loading process's generator state.
+    A sample's augmentation is then the same whatever the number of
+    DataLoader workers, and a resumed run sees the crops of an uninterrupted
+    one (workers start with fresh generators at each resume). Keys are
+    (epoch, i), as ResumableSampler(keys=True) yields them. The caller's
+    generators are left as they were (workers=0 runs in the main process)."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch, i = key
+        s = ((self.seed * 1_000_003 + epoch) * 1_000_003 + i) % 2 ** 63
+        py, npy = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):  # CPU generator only: CUDA's is untouched
+            torch.default_generator.manual_seed(s)
+            random.seed(s)
+            np.random.seed(s % 2 ** 32)
+            try:
+                return self.dataset[i]
+            finally:
+                random.setstate(py)
+                np.random.set_state(npy)
 
 
 def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
@@ -798,7 +927,11 @@ class ClipFineTune(nn.Module):
 
 
 def _rng_state():
-    s = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The generators' states as tensors, ints and tuples, which
+    torch.load(weights_only=True) accepts (NumPy's key array as a tensor)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(),
+         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
     if torch.cuda.is_available():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
@@ -806,7 +939,8 @@ def _rng_state():
 
 def _set_rng_state(s):
     torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
+    kind, keys, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     random.setstate(s["python"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
@@ -823,6 +957,42 @@ def load_checkpoint_state(net, sd):
     missing = [k for k in missing if not (skip and k.startswith(skip))]
     if missing or unexpected:
         raise RuntimeError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+class UnsafeFileError(RuntimeError):
+    pass
+
+
+def load_weights_only(path, map_location="cpu"):
+    """torch.load(weights_only=True): tensors, numbers, strings and plain
+    containers only, so a swapped or tampered checkpoint or cache cannot run
+    code when it is read. What this repository saves (checkpoints, feature
+    and classifier caches) is written in those forms; anything else is
+    refused with the file named."""
+    import pickle
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[-1][:200]
+        raise UnsafeFileError(f"{path}: refused to load: it holds Python objects beyond tensors and plain "
+                              f"containers, which this repository never writes (another program's file, an "
+                              f"older version's, or tampered with); delete it if it is a cache ({reason})") from None
+
+
+def _truncate_metrics(path: Path, step: int):
+    """On resume: drops the metrics.jsonl records logged after the
+    checkpoint's step (and a line cut short by a kill), so that each step
+    appears once when the resumed run logs them again."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().split("\n"):
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    atomic_write(path, "".join(keep))
 
 
 def latest_checkpoint(out) -> Path | None:
@@ -848,16 +1018,47 @@ def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool 
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
 
 
-def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None):
+class NonFiniteGuard:
+    """The first step whose summed loss is not finite, with its loss terms,
+    kept on the device: update() queues a few tiny kernels and reads
+    nothing back, so the host never waits for a step to finish; train calls
+    check() at log and save steps and at the end. The steps between a
+    non-finite loss and the next check still run (their weights may turn
+    non-finite), but check() runs before every save, so no checkpoint ever
+    holds them, and the error names the step where it began."""
+
+    def __init__(self, device):
+        self.step = torch.full((), -1, dtype=torch.long, device=device)
+        self.terms = {}
+
+    def update(self, step: int, losses: dict, loss):
+        first = ~torch.isfinite(loss) & (self.step < 0)
+        self.step = torch.where(first, step, self.step)
+        for k, v in losses.items():
+            v = v.detach().float()
+            self.terms[k] = torch.where(first, v, self.terms.get(k, torch.full_like(v, float("nan"))))
+
+    def check(self, hint: str = ""):
+        """Raises FloatingPointError naming the first non-finite step (one host sync)."""
+        step = int(self.step)
+        if step >= 0:
+            terms = {k: float(v) for k, v in self.terms.items()}
+            raise FloatingPointError(f"non-finite loss at step {step}: {terms}{hint}")
+
+
+def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
+               guard: NonFiniteGuard | None = None):
     """One optimisation step: the body of train's loop, called as is by
     tests/test_fp16.py and benchmarks/gpu_check.py. ctx needs .device and
     .precision (and whatever net.forward reads); forward defaults to net
     (train passes the DDP wrapper).
 
       1. forward under autocast; the loss terms are summed in float32
-      2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run;
-         a scaled overflow (inf gradients from a too-large loss scale) is
-         not a non-finite loss and is left to the scaler
+      2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run
+         (raised here, one host sync, when no guard is given; with a
+         NonFiniteGuard, recorded on the device and raised at train's next
+         check); a scaled overflow (inf gradients from a too-large loss
+         scale) is not a non-finite loss and is left to the scaler
       3. backward of loss * scale (the scale is 1, i.e. off, unless fp16)
       4. unscale the gradients when clipping or hooks need their true values
       5. clip the global gradient norm
@@ -883,7 +1084,9 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
     with autocast(ctx.device, ctx.precision):
         losses = forward(batch, ctx)
     loss = sum(v.float() for v in losses.values())
-    if not torch.isfinite(loss):
+    if guard is not None:
+        guard.update(ctx.step, losses, loss)
+    elif not torch.isfinite(loss):
         terms = {k: float(v.detach()) for k, v in losses.items()}
         raise FloatingPointError(f"non-finite loss at step {ctx.step}: {terms}")
     opt.zero_grad(set_to_none=True)
@@ -937,9 +1140,10 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     local_batch = cfg.batch_size // world
     if len(train_set) < cfg.batch_size:
         raise ValueError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
-    sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world)
+    sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
     loader = torch.utils.data.DataLoader(
-        train_set, batch_size=local_batch, sampler=sampler, num_workers=cfg.workers, collate_fn=collate,
+        SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
+        collate_fn=collate,
         pin_memory=device.type == "cuda", drop_last=True, generator=torch.Generator().manual_seed(cfg.seed),
         persistent_workers=False)
     steps_per_epoch = len(train_set) // cfg.batch_size
@@ -958,7 +1162,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
         if ck is None or not ck.exists():
             raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}")
-        state = torch.load(ck, map_location="cpu", weights_only=False)
+        state = load_weights_only(ck)
         load_checkpoint_state(net, state["net"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -971,9 +1175,13 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         step = state["step"]
         n_skipped.fill_(state.get("skipped_steps", 0))
         if rank == 0:
+            _truncate_metrics(out / "metrics.jsonl", step)
             print(f"resumed from {ck} at step {step}", file=sys.stderr)
+    guard = NonFiniteGuard(device)
+    kept = f"; last good checkpoint kept in {out / 'checkpoints'}"
 
     def save(tag="last"):
+        guard.check(kept)  # before anything is written: no checkpoint after a non-finite loss
         if rank != 0:
             return
         bad = [n for n, p in net.named_parameters() if not torch.isfinite(p).all()]
@@ -988,7 +1196,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
     net.train()
-    t_start, t_log, last = time.time(), time.time(), {}
+    t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
     logit_scale = getattr(net.model, "logit_scale", None)
     while step < total:
         epoch = step // steps_per_epoch
@@ -997,20 +1205,20 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
             ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
                                   generator=step_generator(cfg.seed, step), precision=precision)
-            try:
-                losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
-                                                   hooks=hooks, forward=ddp)
-            except FloatingPointError as e:
-                raise FloatingPointError(f"{e}; last good checkpoint kept in {out / 'checkpoints'}") from None
+            losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
+                                               hooks=hooks, forward=ddp, guard=guard)
             if skipped is not None:
                 n_skipped += skipped  # stays on the device; read at log steps
             step += 1
             bar.update(1)
-            last = {k: float(v.detach()) for k, v in losses.items()}
+            last = {k: v.detach() for k, v in losses.items()}  # no host sync: read at log steps
+            if step % cfg.log_every == 0 or step == total:
+                guard.check(kept)  # every rank: the loss is the global batch's, so all stop together
             if rank == 0 and (step % cfg.log_every == 0 or step == total):
                 dt = (time.time() - t_log) / cfg.log_every
                 t_log = time.time()
-                rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()), **last,
+                rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
+                       **{k: float(v) for k, v in last.items()},
                        "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
                        "sec_per_step": dt}
                 if scaler.is_enabled():
@@ -1030,8 +1238,10 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if metrics_f:
         metrics_f.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
-               "final_losses": last, "world_size": world, "precision": precision, "device": str(device),
-               "skipped_steps": int(n_skipped), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None}
+               "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
+               "device": str(device),
+               "skipped_steps": int(n_skipped), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
+               "bad_rows": list(getattr(train_set, "skipped", []))}  # every row the data check skipped
     if rank == 0:
         save()
         if export:

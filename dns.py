@@ -593,10 +593,12 @@ def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
 
 # --- features --------------------------------------------------------------
 def cached(cache_dir, key: dict, compute):
-    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt."""
+    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt. Values
+    are tensors in plain containers, read back with weights_only=True (a
+    tampered cache file is refused, not run)."""
     path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
     if path.exists():
-        return torch.load(path, weights_only=False)
+        return common.load_weights_only(path)
     value = compute()
     common.atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value
@@ -719,7 +721,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
         out, tasks, learn_task,
         lambda: evaluate_maps(learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"],
                               feats["zeroshot"]),
-        save_state, lambda path: learner.load_state_dict(torch.load(path, weights_only=False)),
+        save_state, lambda path: learner.load_state_dict(common.load_weights_only(path)),
         resume=bool(cfg.resume))
     # stability, measured: each old task's scores right after it vs at the end
     drift = {"train": [], "test": []}

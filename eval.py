@@ -101,7 +101,7 @@ import pickle
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +122,8 @@ class RetrievalSet:
     texts: list
     text_to_image: torch.Tensor  # (M,) long: image index of text j
     protocol: str = ""
-    missing: int = 0  # images listed by the benchmark but absent on disk
+    missing: int = 0  # images listed by the benchmark but absent on disk or undecodable
+    dropped: list = field(default_factory=list)  # each undecodable image or bad manifest row dropped, with why
 
 
 @dataclass
@@ -182,15 +183,24 @@ def _require(path: Path, task: str, root):
 
 
 def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=False) -> RetrievalSet:
-    """Drops images missing on disk (and their texts), counts them; refuses
-    an evaluation with no image at all (or any missing image when strict)."""
+    """Drops images missing on disk or not decodable in full (a truncated
+    file) with their texts, counts them and lists the undecodable ones;
+    refuses an evaluation with no image at all (or any dropped image when
+    strict)."""
     t2i = torch.as_tensor(t2i, dtype=torch.long)
-    present = torch.tensor([Path(p).is_file() for p in paths], dtype=torch.bool)
+    found = [Path(p).is_file() for p in paths]
+    checked = iter(common.image_problems([p for p, f in zip(paths, found) if f]))
+    problem = [next(checked) if f else "not found" for f in found]
+    unreadable = [p for p in problem if p not in (None, "not found")]
+    present = torch.tensor([p is None for p in problem], dtype=torch.bool)
     missing = int((~present).sum())
     if missing:
-        first = next(str(p) for p, ok in zip(paths, present) if not ok)
+        first = next((str(p) for p, f in zip(paths, found) if not f), None)
         where = f" Expected layout: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}." if task in BENCHMARKS else ""
-        msg = f"{name}: {missing} of {len(paths)} images not found (first: {first}).{where}"
+        msg = "" if first is None else (
+            f"{name}: {missing - len(unreadable)} of {len(paths)} images not found (first: {first}).{where}")
+        if unreadable:
+            msg += "\n" * bool(msg) + common.bad_rows_message(name, unreadable, what="undecodable image(s)")
         if missing == len(paths) or strict:
             raise MissingData(msg + ("" if missing == len(paths) else " (--strict)"))
         print(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
@@ -200,7 +210,7 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
         paths = [p for p, ok in zip(paths, present) if ok]
         texts = [t for t, ok in zip(texts, keep_text) if ok]
         t2i = new_index[t2i[keep_text]]
-    return RetrievalSet(name, [str(p) for p in paths], list(texts), t2i, protocol, missing)
+    return RetrievalSet(name, [str(p) for p in paths], list(texts), t2i, protocol, missing, unreadable)
 
 
 def _group_captions(image_keys, caption_pairs, max_per_image=None):
@@ -394,11 +404,12 @@ TASK_GROUPS = {  # shorthands for --tasks
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
     """Any user manifest (JSONL/CSV, image path relative to the manifest):
     one text per row from `column`; rows that share an image share it."""
-    ds = common.ManifestDataset(path, check_images=False, skip_bad=True)
+    ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
-        print(f"[eval] WARNING {path}: {len(ds.skipped)} rows skipped, e.g. {ds.skipped[0]}", file=sys.stderr)
+        msg = common.bad_rows_message(path, ds.skipped)
         if strict:
-            raise MissingData(f"{path}: {len(ds.skipped)} bad rows, e.g. {ds.skipped[0]}")
+            raise MissingData(msg)
+        print(f"[eval] WARNING {msg}", file=sys.stderr)
     index, paths, t2i, texts = {}, [], [], []
     for r in ds.rows:
         p = str(ds.image_file(r))
@@ -409,6 +420,7 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
         texts.append(r[column] if column in r else ds._caption(r))
     rs = _finish(Path(path).stem, paths, texts, t2i, f"manifest {path}, column {column}", strict=strict)
     rs.missing += len(ds.skipped)
+    rs.dropped = ds.skipped + rs.dropped
     return rs
 
 
@@ -590,8 +602,12 @@ class _Images(torch.utils.data.Dataset):
         item = self.paths[i]
         if isinstance(item, Image.Image):
             return self.transform(item.convert("RGB"))
-        with Image.open(item) as im:
-            return self.transform(im.convert("RGB"))
+        try:
+            with Image.open(item) as im:
+                image = im.convert("RGB")
+        except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
+            raise common.DataError(f"undecodable image {item} ({type(e).__name__}: {e})") from None
+        return self.transform(image)
 
 
 @torch.no_grad()
@@ -665,7 +681,7 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
         return _CLASSIFIER_CACHE[key]
     file = Path(cache_dir) / f"classifier-{key[:16]}.pt" if cache_dir else None
     if file is not None and file.exists():
-        clf = torch.load(file, map_location="cpu")
+        clf = common.load_weights_only(file)
     else:
         clf = common.zero_shot_classifier(model, tokenizer, classnames, templates, device=device).cpu()
         if file is not None:
@@ -956,7 +972,8 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
                             or ("ece" in analyses and k.startswith("ece"))]
                     res.update({k: extra[k] for k in keep})
                 records += [{"task": name, "metric": m, "value": v, "protocol": rs.protocol, "text_mode": mode,
-                             "missing": rs.missing, "n": len(rs.texts), **base} for m, v in res.items()]
+                             "missing": rs.missing, "n": len(rs.texts), **base,
+                             **({"dropped": rs.dropped} if rs.dropped else {})} for m, v in res.items()]
         if log:
             log(f"[eval] {name}: {time.time() - t0:.1f}s")
     return records
@@ -1129,15 +1146,20 @@ def analysis_table(records, published=None) -> str:
 def load_state_dict(path) -> dict:
     """A plain open_clip state_dict from: common.save_model files, training
     checkpoints (common.train's {'net': ...}, keys 'model.*'), open_clip /
-    OpenAI .pt/.bin files, or .safetensors."""
+    OpenAI .pt/.bin files, or .safetensors. Pickled files are read with
+    weights_only=True (a file holding other objects is refused, not run);
+    OpenAI's TorchScript archives through torch.jit.load."""
     path = str(path)
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
         sd = load_file(path)
     else:
-        sd = torch.load(path, map_location="cpu", weights_only=False)
-        if isinstance(sd, torch.jit.ScriptModule):
-            sd = sd.state_dict()
+        try:
+            sd = common.load_weights_only(path)
+        except RuntimeError as e:
+            if "TorchScript" not in str(e):
+                raise
+            sd = torch.jit.load(path, map_location="cpu").state_dict()
     for key in ("state_dict", "net", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]

@@ -92,3 +92,106 @@ def test_sampler_resumes_mid_epoch_and_shards():
     r0, r1 = common.ResumableSampler(20, 4, 3, rank=0, world=2), common.ResumableSampler(20, 4, 3, rank=1, world=2)
     r0.set_epoch(0), r1.set_epoch(0)
     assert not set(r0) & set(r1) and len(list(r0)) == len(list(r1)) == 8
+
+
+def _broken_images(tmp_path):
+    """A truncated JPEG and a PNG whose compressed data is broken under valid
+    CRCs: both pass PIL's verify() and fail only when decoded."""
+    import struct
+    import zlib
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 255, (64, 64, 3), generator=g, dtype=torch.uint8).numpy()
+    Image.fromarray(pixels).save(tmp_path / "full.jpg", quality=90)
+    data = (tmp_path / "full.jpg").read_bytes()
+    (tmp_path / "trunc.jpg").write_bytes(data[:len(data) // 2])
+    Image.fromarray(pixels).save(tmp_path / "full.png")
+    png = bytearray((tmp_path / "full.png").read_bytes())
+    i = png.find(b"IDAT")
+    n = struct.unpack(">I", png[i - 4:i])[0]
+    for k in range(i + 4 + n // 3, i + 4 + n // 3 + 64):
+        png[k] ^= 0x55
+    png[i + 4 + n:i + 8 + n] = struct.pack(">I", zlib.crc32(bytes(png[i:i + 4 + n])))
+    (tmp_path / "broken.png").write_bytes(bytes(png))
+    for name in ("trunc.jpg", "broken.png"):
+        with Image.open(tmp_path / name) as im:
+            im.verify()  # the old row check's test: both pass it
+    return ["trunc.jpg", "broken.png"]
+
+
+def test_images_are_fully_decoded_in_the_row_check(tmp_path):
+    good = _good_image(tmp_path)
+    bad = _broken_images(tmp_path)
+    rows = [{"image": good, "caption": "fine"}, {"image": bad[0], "caption": "a"},
+            {"image": good, "caption": "fine"}, {"image": bad[1], "caption": "b"}]
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(common.DataError) as e:
+        common.ManifestDataset(p)
+    msg = str(e.value)
+    assert "2 bad row(s)" in msg and "--skip-bad" in msg
+    assert "m.jsonl:2: undecodable image" in msg and "trunc.jpg" in msg  # every bad row, not only the first
+    assert "m.jsonl:4: undecodable image" in msg and "broken.png" in msg
+    ds = common.ManifestDataset(p, skip_bad=True)
+    assert len(ds) == 2 and [s.split(": ")[0] for s in ds.skipped] == [f"{p}:2", f"{p}:4"]
+    # without the row check, the first load names manifest line and file, also from a DataLoader worker
+    unchecked = common.ManifestDataset(p, check_images=False)
+    with pytest.raises(common.DataError, match=r"m.jsonl:4: undecodable image .*broken.png"):
+        unchecked[3]
+    loader = torch.utils.data.DataLoader(unchecked, batch_size=None, num_workers=1, collate_fn=lambda x: x)
+    with pytest.raises(Exception, match=r"m.jsonl:2: undecodable image .*trunc.jpg"):
+        list(loader)
+
+
+def test_many_bad_rows_named_up_to_a_limit_then_counted(tmp_path):
+    n = common.MAX_LISTED + 5
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps({"image": "nope.png", "caption": "a"}) + "\n" for _ in range(n))
+                 + json.dumps({"image": _good_image(tmp_path), "caption": "ok"}) + "\n")
+    with pytest.raises(common.DataError) as e:
+        common.ManifestDataset(p)
+    msg = str(e.value)
+    assert f"{n} bad row(s)" in msg and f"m.jsonl:{common.MAX_LISTED}:" in msg and "and 5 more" in msg
+    assert len(common.ManifestDataset(p, skip_bad=True).skipped) == n
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+    rows = [{"image": _good_image(tmp_path), "caption": "one\u2028line"},
+            {"image": "ok.png", "caption": "next\x85line \u2029 too"}]
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    got = common.read_manifest(p)
+    assert [r["caption"] for r in got] == [r["caption"] for r in rows] and [r["_line"] for r in got] == [1, 2]
+
+
+def test_json_array_manifest_accepted_or_named(tmp_path):
+    good = _good_image(tmp_path)
+    p = tmp_path / "m.json"
+    p.write_text('[\n  {"image": "%s", "caption": "a"},\n\n  {"image": "%s",\n   "caption": ""}\n]\n' % (good, good))
+    assert [r["_line"] for r in common.read_manifest(p)] == [2, 4]
+    with pytest.raises(common.DataError, match=r"m.json:4: empty caption"):
+        common.ManifestDataset(p)
+    p.write_text('[\n  {"image": "%s", "caption": "a"},\n  {"image": }\n]\n' % good)
+    with pytest.raises(common.DataError, match=r"m.json:3: bad JSON"):
+        common.read_manifest(p)
+
+
+def test_non_utf8_rows_are_skippable(tmp_path):
+    good = _good_image(tmp_path)
+    for name, line, data in (("m.jsonl", 2, b'{"image": "%s", "caption": "ok"}\n{"image": "%s", "caption": "\xff"}\n'),
+                             ("m.csv", 3, b"image,caption\n%s,ok\n%s,caf\xe9\n")):
+        p = tmp_path / name
+        p.write_bytes(data % (good.encode(), good.encode()))
+        with pytest.raises(common.DataError, match=rf"(?s)--skip-bad.*{name}:{line}: not valid UTF-8"):
+            common.ManifestDataset(p)
+        ds = common.ManifestDataset(p, skip_bad=True)
+        assert len(ds) == 1 and ds.skipped == [f"{p}:{line}: not valid UTF-8"]
+
+
+def test_csv_line_numbers_after_multiline_caption(tmp_path):
+    good = _good_image(tmp_path)
+    p = tmp_path / "m.csv"
+    p.write_text(f'image,caption\n{good},"a caption\nover three\nlines"\n{good},\n{good},fine\n')
+    rows = common.read_manifest(p)
+    assert [r["_line"] for r in rows] == [2, 5, 6] and rows[0]["caption"] == "a caption\nover three\nlines"
+    with pytest.raises(common.DataError, match=r"m.csv:5: empty caption"):
+        common.ManifestDataset(p)

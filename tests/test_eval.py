@@ -552,3 +552,31 @@ def test_main_end_to_end_synthetic(tmp_path):
     assert by[("synthetic-color", "top1")] > 100 / 6 + 20  # 6 colours
     assert {"align", "ece_i2t", "ece_t2i_best_tau"} <= {m for t, m in by}
     assert all(r["weights"] == "default" and r["model"] == "tiny" for r in recs)
+
+
+def test_undecodable_images_are_dropped_counted_and_listed(tmp_path, capsys):
+    """A truncated JPEG passes PIL's verify(); the loaders decode it in full,
+    drop it like a missing image (--strict refuses) and list it."""
+    for i in range(3):
+        png(tmp_path / f"{i}.png", color=(40 * i, 0, 0))
+    g = torch.Generator().manual_seed(0)
+    Image.fromarray(torch.randint(0, 255, (48, 48, 3), generator=g, dtype=torch.uint8).numpy()).save(tmp_path / "t.jpg")
+    data = (tmp_path / "t.jpg").read_bytes()
+    (tmp_path / "t.jpg").write_bytes(data[:len(data) // 2])
+    rows = [{"image": f"{i}.png", "caption": f"image {i}"} for i in range(3)]
+    rows.insert(1, {"image": "t.jpg", "caption": "truncated"})
+    rows.append({"image": "absent.png", "caption": "absent"})
+    man = tmp_path / "m.jsonl"
+    man.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rs = ev.manifest_retrieval(man)
+    assert rs.texts == ["image 0", "image 1", "image 2"] and rs.missing == 2
+    assert len(rs.dropped) == 2 and "m.jsonl:5: image not found" in rs.dropped[0] and "t.jpg" in rs.dropped[1]
+    assert "undecodable image" in rs.dropped[1] and "t.jpg" in capsys.readouterr().err
+    with pytest.raises(ev.MissingData, match=r"m.jsonl:5: image not found"):
+        ev.manifest_retrieval(man, strict=True)
+    (tmp_path / "absent.png").write_bytes((tmp_path / "0.png").read_bytes())
+    with pytest.raises(ev.MissingData, match=r"(?s)1 undecodable image\(s\).*t.jpg.*--strict"):
+        ev.manifest_retrieval(man, strict=True)
+    with pytest.raises(common.DataError, match=r"undecodable image .*t.jpg"):
+        ev.image_features(common.load_model("tiny", "random")[0], lambda im: torch.zeros(3, 32, 32),
+                          [tmp_path / "t.jpg"])
