@@ -629,21 +629,7 @@ class DNSLearner:
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
-def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
-    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
-    task 2's subspaces share `shared` directions with task 1's (so the tasks
-    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2."""
-    g = torch.Generator().manual_seed(seed)
-    k = 2 * rank - shared
-    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
-    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
-    tasks = []
-    for cols in (slice(0, rank), slice(rank - shared, k)):
-        z = torch.randn(n, rank, generator=g)
-        img = F.normalize(z @ Q_img[:, cols].t(), dim=-1)
-        txt = F.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(), dim=-1)
-        tasks.append((img, txt))
-    return tasks
+low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
 
 
 def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
@@ -870,6 +856,26 @@ def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2
     return claims
 
 
+def demo_seeds(run_one, cfg: DNSConfig, out: Path, **settings) -> tuple:
+    """Every mode of DEMO_MODES once per seed in lab.SEEDS (same seed, same
+    data order across modes) through run_one (run or run_cmcl). Returns the
+    per-seed rows {name: [demo_row + seed]}, the identity maps' row (row 0
+    of the matrices: the frozen features themselves, the same in every run;
+    Acc over the sets that have it) and the last run's results."""
+    runs, base = {name: [] for name in DEMO_MODES.values()}, None
+    for seed in lab.SEEDS:
+        for mode, name in DEMO_MODES.items():
+            results = run_one(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
+                                                  **settings), show=False)
+            runs[name].append({**demo_row(results), "seed": seed})
+            if base is None:
+                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
+                acc0 = [v for v in A0 if v == v]  # NaN: a set without classes (CMCL's setting)
+                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
+                        "drift %": 0.0}
+    return runs, base, results
+
+
 def run_demo(cfg: DNSConfig) -> dict:
     """vanilla, DNS-gradient (the paper's) and DNS-update (ours) on the four
     domains, once per seed in lab.SEEDS (same seed, same data order across
@@ -878,15 +884,7 @@ def run_demo(cfg: DNSConfig) -> dict:
     t0 = time.time()
     out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
-    runs, base = {name: [] for name in DEMO_MODES.values()}, None
-    for seed in lab.SEEDS:
-        for mode, name in DEMO_MODES.items():
-            results = run(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
-                                              **shared), show=False)
-            runs[name].append({**demo_row(results), "seed": seed})
-            R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
-            base = base or {"Acc": sum(A0) / len(A0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                            "drift %": 0.0}  # identity maps: the frozen CLIP features themselves
+    runs, base, _ = demo_seeds(run, cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
@@ -1063,17 +1061,7 @@ def run_cmcl_demo(cfg: DNSConfig) -> dict:
     features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
     settings = dict(demo_cmcl=False, features=str(features), tasks="cmcl", lr=1e-3, device="cpu",
                     precision="fp32", log_every=10_000)
-    runs, base = {name: [] for name in CMCL_DEMO_MODES.values()}, None
-    for seed in lab.SEEDS:
-        for mode, name in CMCL_DEMO_MODES.items():
-            results = run_cmcl(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
-                                                   **settings), show=False)
-            runs[name].append({**demo_row(results), "seed": seed})
-            if base is None:  # identity maps: the frozen features themselves (row 0, the same in every run)
-                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
-                acc0 = [v for v in A0 if v == v]
-                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                        "drift %": 0.0}
+    runs, base, results = demo_seeds(run_cmcl, cfg, out, **settings)
     steps = results["steps"]
     head = (f"DNS in CMCL's setting, demo: synthetic multimodal world (d {CMCL_DEMO['dim']}, "
             f"{CMCL_DEMO['n_train']} train / {CMCL_DEMO['n_test']} test per dataset), the code's 11 steps "

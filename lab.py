@@ -384,6 +384,25 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
     return out
 
 
+def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
+    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
+    task 2's subspaces share `shared` directions with task 1's (so the tasks
+    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2.
+    DNS's stability guarantee is exact on such features (dns.guarantee_check)."""
+    g = torch.Generator().manual_seed(seed)
+    k = 2 * rank - shared
+    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
+    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
+    tasks = []
+    for cols in (slice(0, rank), slice(rank - shared, k)):
+        z = torch.randn(n, rank, generator=g)
+        img = torch.nn.functional.normalize(z @ Q_img[:, cols].t(), dim=-1)
+        txt = torch.nn.functional.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(),
+                                            dim=-1)
+        tasks.append((img, txt))
+    return tasks
+
+
 # =============================================================================
 # 3. The tiny backbone
 # =============================================================================
