@@ -55,7 +55,7 @@ What is implemented, on CLIP
   score matrix at 1e-4 relative; the demo prints it.
 
 Code name -> paper symbol
-  W_img, W_txt        W^{m} (one trainable linear map per modality)
+  W_img, W_txt        W^{m} (one trainable linear map per modality; W_<m> in CMCL's setting)
   img, txt            v, t: frozen, L2-normalised CLIP features (N, D)
   logit_scale         ln s (s = 1/tau), CLIP's value, frozen
   Z_img, Z_txt, n     running uncentered covariances Z-bar_{<t}^{m}, sample count
@@ -129,7 +129,7 @@ Deviations (numbered; "the code" = github.com/Xiaohao-Liu/CMCL)
  15. Threshold default: 0.01, the paper's value for ImageBind / UniBind. The
      code's training.py defaults to 0.1 (lambda_min=1e-1): --lambda-min 0.1.
 
-CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
+CMCL's own setting (--features DIR; run_cmcl)
   The paper's experiments: frozen binding encoders (ImageBind, LanguageBind,
   UniBind), features cached per sample, one trainable linear map per
   modality (vision, text, audio, depth, tactile, thermal, video), 11 steps
@@ -141,7 +141,8 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
      4 clotho (text-audio)     5-7 vggsound_s:0,1 / 0,2 / 1,2 (text-audio, text-video, audio-video)
      8-10 tvl:0,2 / 1,2 / 0,1 (vision-tactile, text-tactile, vision-text)   11 llvip (vision-thermal)
   --tasks cmcl runs it; --tasks 'a~b:0,2~...' any other sequence.
-  Learner: W_m (D x D, identity at the start) per modality; a step on (a, b)
+  Learner (DNSLearner, the same one the CLIP path uses with modalities
+  (img, txt)): W_m (D x D, identity at the start) per modality; a step on (a, b)
   trains W_a and W_b only: every other map is frozen (requires_grad off, so
   it is not in AdamW at all: AdamW's decoupled weight decay would move a map
   even with a zero gradient; tested). Per modality m, kept from every past
@@ -149,26 +150,21 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
   per partner c, the covariance of c's raw features; W_m's output side is
   sum_c (n_mc / n_m) W_c Z_mc W_c^T with the current maps (ours, as above;
   --output-cov per-task: the code's accumulation). A map whose modality has
-  no past yet is not projected (the code's projectors are zero then). With
-  modalities (img, txt) and image-text steps this is the two-map learner
-  above bit for bit (tested). Both --mode gradient and --mode update.
+  no past yet is not projected (the code's projectors are zero then). Both
+  --mode gradient and --mode update.
   Evaluation after every step on every step's test set (the matrices hold
   future sets too; the summaries use the seen ones): R@1/5/10 (mean of both
   directions, sample i's partner is sample i); accuracy where the dataset
   has classes and the pair includes text (the non-text side against the
   text map of the class features). Acc / R@10 last, BWT and forgetting by
   common.continual_metrics' definitions over the sets that have the metric
-  (masked_continual_metrics). The paper's numbers to expect: CMCL_PAPER
+  (eval.masked_continual_metrics). The paper's numbers to expect: CMCL_PAPER
   (ImageBind: vanilla 47.32 acc / -5.72 BWT_A, DNS 52.52 / -0.02).
-  Feature layouts (read_features): the code's features_storage/ h5 files
-  (<dataset>_<split>_<perceptor>.h5: one (modalities, d) array per sample
-  id; <dataset>_class_<perceptor>.h5: one (d,) text feature per class name),
-  each sample's class from its key ("<id>__<class name>__<class index>",
-  the code's perceptors) or a <dataset>_<split>_labels.json {sample id:
-  class name} (ours; cmcl_labels() makes one); or ours for
-  any encoder: <dataset>/meta.json {"modalities", "classes"?, "metrics"?},
-  <dataset>/<split>/<modality>.npy|.pt (N, d), <dataset>/<split>/samples.json
-  {"ids", "labels"?}, <dataset>/classes.npy|.pt (C, d).
+  Feature layouts (eval.read_features, described there): the code's
+  features_storage/ h5 files (<dataset>_<split>_<perceptor>.h5, one
+  (modalities, d) array per sample id keyed "<id>__<class name>__<class
+  index>"; <dataset>_class_<perceptor>.h5), or ours for any encoder
+  (<dataset>/meta.json, <dataset>/<split>/<modality>.npy|.pt).
 
   Differences in this setting (continuing the numbering; "the code" as above)
  16. Covariance counts per modality (ours): Z[m] is the mean over the samples
@@ -199,7 +195,7 @@ CMCL's own setting (--features DIR; run_cmcl, MultiDNSLearner)
      normalisation, so each modality keeps its own norm).
  20. Temperature: CLIP's initial 1/0.07, frozen, for the clip loss (ours;
      binding models differ); --loss code is the code's temperature 1.
- 21. The demo (--demo-cmcl) runs on synthetic_multimodal(), a world of
+ 21. The demo (--demo-cmcl) runs on lab.synthetic_multimodal(), a world of
      shared latent factors seen through per-modality mixings plus
      modality-specific noise, with the real datasets' names and modality
      lists, not on real features; lr 1e-3 there (the code's LanguageBind
@@ -375,40 +371,72 @@ def score_drift(img, txt, maps_before, maps_after):
 # =============================================================================
 # Model wrapper
 # =============================================================================
-class DualMaps(nn.Module):
-    """The trainable part: W_img, W_txt (D, D) at identity, with --bias the
-    code's biases b_img, b_txt (D,) at zero, and CLIP's frozen logit_scale
-    as a buffer (common.train reads .logit_scale)."""
-    def __init__(self, dim: int, logit_scale: float, bias: bool = False):
+CLIP_MODALITIES = ("img", "txt")  # the CLIP path's two maps: parameters W_img, W_txt (b_img, b_txt)
+
+
+class ModalityMaps(nn.Module):
+    """The trainable part: one map W_<m> (D, D) per modality m, identity at
+    the start (with --bias the code's b_<m> (D,) at zero), and CLIP's frozen
+    logit_scale as a buffer (common.train reads .logit_scale). set_pair(a, b)
+    makes W_a, W_b (and b_a, b_b) the only trainable parameters; map_image /
+    map_text map with the pair's first / second modality. The CLIP path uses
+    modalities ("img", "txt"): W_img, W_txt."""
+    def __init__(self, dim: int, logit_scale: float, bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
-        self.W_img = nn.Parameter(torch.eye(dim))  # (D_out, D_in)
-        self.W_txt = nn.Parameter(torch.eye(dim))
-        self.b_img = nn.Parameter(torch.zeros(dim)) if bias else None  # deviation 4: never projected
-        self.b_txt = nn.Parameter(torch.zeros(dim)) if bias else None
+        bad = [m for m in modalities if not m.isidentifier()]
+        if bad or len(set(modalities)) != len(modalities) or len(modalities) < 2:
+            raise ValueError(f"modality names must be >= 2 distinct identifiers, got {list(modalities)}")
+        self.modalities = tuple(modalities)
+        for m in self.modalities:
+            self.register_parameter(f"W_{m}", nn.Parameter(torch.eye(dim)))  # (D_out, D_in)
+        for m in self.modalities if bias else ():
+            self.register_parameter(f"b_{m}", nn.Parameter(torch.zeros(dim)))  # deviation 4: never projected
         self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))  # ln s, frozen (deviation 5)
+        self.set_pair(*self.modalities[:2])
 
-    def map_image(self, img):  # (N, D) -> (N, D)
-        return img @ self.W_img.t() + (self.b_img if self.b_img is not None else 0)
+    def set_pair(self, a: str, b: str):
+        """Only the pair's maps train; every other map is frozen (no gradient,
+        not in the optimizer, so not even weight decay touches it)."""
+        self.pair = (a, b)
+        for name, p in self.named_parameters():
+            p.requires_grad_(name[2:] in (a, b))
 
-    def map_text(self, txt):
-        return txt @ self.W_txt.t() + (self.b_txt if self.b_txt is not None else 0)
+    def map(self, m: str, x):  # (N, D) -> (N, D)
+        b = getattr(self, f"b_{m}", None)
+        return x @ getattr(self, f"W_{m}").t() + (b if b is not None else 0)
+
+    def map_image(self, x):
+        return self.map(self.pair[0], x)
+
+    def map_text(self, x):
+        return self.map(self.pair[1], x)
 
     def snapshot(self) -> tuple:
-        """The maps as plain CPU tensors: (W_img, W_txt) or, with biases, (W_img, W_txt, b_img, b_txt)."""
-        params = (self.W_img, self.W_txt) + ((self.b_img, self.b_txt) if self.b_img is not None else ())
-        return tuple(p.detach().cpu().clone() for p in params)
+        """Every map as plain CPU tensors, in parameter order (W_<m> for every
+        m, then b_<m> with --bias): for the CLIP path (W_img, W_txt) or
+        (W_img, W_txt, b_img, b_txt), score_drift's maps."""
+        return tuple(p.detach().cpu().clone() for p in self.parameters())
+
+    def pair_maps(self, snapshot: tuple, a: str, b: str) -> tuple:
+        """(W_a, W_b) or (W_a, W_b, b_a, b_b) out of a snapshot (score_drift's maps)."""
+        named = dict(zip((n for n, _ in self.named_parameters()), snapshot))
+        return tuple(named[f"{p}_{m}"] for p in ("W", "b") for m in (a, b) if f"{p}_{m}" in named)
+
+
+DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias) has W_img, W_txt
 
 
 class DNSNet(nn.Module):
     """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...}
     (or {"loss_code": ...} with loss="code") on cached feature pairs
-    batch["img"], batch["txt"] (B, D)."""
+    batch["img"], batch["txt"] (B, D) of the maps' current pair."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
-                 bias: bool = False):
+                 bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
         if loss not in ("clip", "code"):
             raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
-        self.model, self.label_smoothing, self.loss = DualMaps(dim, logit_scale, bias), label_smoothing, loss
+        self.model = ModalityMaps(dim, logit_scale, bias, modalities)
+        self.label_smoothing, self.loss = label_smoothing, loss
 
     def forward(self, batch, ctx=None):
         img = self.model.map_image(batch["img"])  # (B, D), not renormalised
@@ -434,25 +462,40 @@ class FeaturePairs(torch.utils.data.Dataset):
 # =============================================================================
 # Training
 # =============================================================================
-def build_projectors(maps: DualMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False,
-                     lambda_min_out: float | None = None, Z_out: dict | None = None):
-    """{param name: (P_out, P_in)} from the covariances. W_img's output side
-    is the span of the old mapped texts W_txt t: by default the covariance
-    W_txt Z_txt W_txt^T with the CURRENT maps (the end of the previous task),
-    and vice versa; Z_out = {"W_img": ..., "W_txt": ...} gives the
-    output-side covariances instead (the code's per-task accumulation,
-    deviation 13). lambda_min_out: the output side's threshold (None or < 0:
-    lambda_min; the code: 0, deviation 6)."""
-    W_img, W_txt = maps.W_img.detach().cpu().double(), maps.W_txt.detach().cpu().double()
-    device = maps.W_img.device
-    out_img = Z_out["W_img"] if Z_out is not None else W_txt @ Z_txt @ W_txt.t()
-    out_txt = Z_out["W_txt"] if Z_out is not None else W_img @ Z_img @ W_img.t()
+def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torch.Tensor:
+    """sum_c w_c W_c Z_c W_c^T over old partner modalities c (partners =
+    {c: Z_c (D, D)}, weights = {c: w_c}): the covariance of the old partner
+    features mapped with the maps as they are NOW, the output side the
+    stability condition asks for (ours, deviation 13). float64, CPU."""
+    out = 0
+    for c, Z_c in partners.items():
+        W_c = getattr(maps, f"W_{c}").detach().cpu().double()
+        out = out + weights[c] * (W_c @ Z_c @ W_c.t())
+    return out
+
+
+def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float, relative: bool = False,
+                    lambda_min_out: float | None = None) -> dict:
+    """{param name: (P_out, P_in)} for every name in Z_in: P_in from the input
+    covariance Z_in[name], P_out from the output-side covariance Z_out[name]
+    (D, D each). lambda_min_out: the output side's threshold (None or < 0:
+    lambda_min; the code: 0, deviation 6). float32, on the maps' device."""
     lam_out = lambda_min if lambda_min_out is None or lambda_min_out < 0 else lambda_min_out
-    P = {"W_img": (null_space_projector(out_img, lam_out, relative),
-                   null_space_projector(Z_img, lambda_min, relative)),
-         "W_txt": (null_space_projector(out_txt, lam_out, relative),
-                   null_space_projector(Z_txt, lambda_min, relative))}
-    return {k: tuple(p.float().to(device) for p in v) for k, v in P.items()}
+    device = maps.logit_scale.device
+    return {k: (null_space_projector(Z_out[k], lam_out, relative).float().to(device),
+                null_space_projector(Z_in[k], lambda_min, relative).float().to(device)) for k in Z_in}
+
+
+def build_projectors(maps: ModalityMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False,
+                     lambda_min_out: float | None = None, Z_out: dict | None = None):
+    """The CLIP path's pair_projectors: W_img's output side is the span of the
+    old mapped texts W_txt t, by default the covariance W_txt Z_txt W_txt^T
+    with the CURRENT maps (the end of the previous task), and vice versa;
+    Z_out = {"W_img": ..., "W_txt": ...} gives the output-side covariances
+    instead (the code's per-task accumulation, deviation 13)."""
+    Z_out = Z_out or {"W_img": mapped_covariance(maps, {"txt": Z_txt}, {"txt": 1.0}),
+                      "W_txt": mapped_covariance(maps, {"img": Z_img}, {"img": 1.0})}
+    return pair_projectors(maps, {"W_img": Z_img, "W_txt": Z_txt}, Z_out, lambda_min, relative, lambda_min_out)
 
 
 class NullSpaceProjection:
@@ -498,77 +541,95 @@ class NullSpaceProjection:
 
 
 class DNSLearner:
-    """The method's state over a task sequence: the maps, the running
-    covariances (input sides Z_img, Z_txt; the code's per-task output sides
-    Zo_img, Zo_txt, deviation 13), the maps after each task (for the drift
-    measure)."""
+    """The method's state over a sequence of modality-pair steps (on CLIP:
+    image-text tasks with modalities ("img", "txt")). Per modality m: the
+    running input covariance Z[m] of m's own features over every past step m
+    took part in (n[m] samples); per partner c of m, the running covariance
+    Zp[m][c] of c's raw features in those steps (n_pair[m][c] samples), so
+    W_m's output side is  sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T  with
+    the current maps (on CLIP: W_txt Z_txt W_txt^T for W_img); Zo[m]: the
+    code's per-task output side (deviation 13); the maps after each step (for
+    the drift measure). A step trains only its pair's maps; a map whose
+    modality has no past yet is not projected (as the code, whose projectors
+    are zero then)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
-                 bias: bool = False):
-        self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias)
-        self.Z_img = torch.zeros(dim, dim, dtype=torch.float64)
-        self.Z_txt = torch.zeros(dim, dim, dtype=torch.float64)
-        self.Zo_img = torch.zeros(dim, dim, dtype=torch.float64)  # W_img's output side: texts mapped at their task's end
-        self.Zo_txt = torch.zeros(dim, dim, dtype=torch.float64)  # W_txt's output side: images mapped likewise
-        self.n, self.history, self.summaries = 0, [], []
+                 bias: bool = False, modalities=CLIP_MODALITIES):
+        self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
+        self.dim = dim
+        self.Z = {m: self._zeros() for m in modalities}
+        self.Zo = {m: self._zeros() for m in modalities}
+        self.Zp = {m: {} for m in modalities}
+        self.n = {m: 0 for m in modalities}
+        self.n_pair = {m: {} for m in modalities}
+        self.history, self.summaries = [], []
 
-    def learn(self, cfg: DNSConfig, img, txt, out, resume: bool = False) -> dict:
-        """Trains both maps on one task's pairs img, txt (M, D), then adds
-        the task to the covariances (after the task, as the paper)."""
-        hooks, t0 = None, time.perf_counter()
-        if cfg.mode != "vanilla" and self.n > 0:  # before the first task nothing is old
-            Z_out = {"W_img": self.Zo_img, "W_txt": self.Zo_txt} if cfg.output_cov == "per-task" else None
-            hooks = NullSpaceProjection(cfg.mode, build_projectors(
-                self.net.model, self.Z_img, self.Z_txt, cfg.lambda_min, cfg.lambda_relative,
-                cfg.lambda_min_out, Z_out))
+    def __getattr__(self, name):  # the CLIP path's names: Z_img = Z["img"], Zo_txt = Zo["txt"], ...
+        kind, _, m = name.partition("_")
+        if kind in ("Z", "Zo") and m in self.__dict__.get(kind, {}):
+            return self.__dict__[kind][m]
+        raise AttributeError(name)
+
+    def _zeros(self):
+        return torch.zeros(self.dim, self.dim, dtype=torch.float64)
+
+    def projectors(self, cfg: DNSConfig, a: str, b: str) -> dict:
+        """{"W_m": (P_out, P_in)} for the pair's modalities that have a past."""
+        past = [m for m in (a, b) if self.n[m] > 0]
+        if cfg.output_cov == "per-task":
+            Z_out = {f"W_{m}": self.Zo[m] for m in past}
+        else:  # ours: every past partner's features through its map as it is now
+            Z_out = {f"W_{m}": mapped_covariance(self.net.model, self.Zp[m],
+                                                 {c: k / self.n[m] for c, k in self.n_pair[m].items()}) for m in past}
+        return pair_projectors(self.net.model, {f"W_{m}": self.Z[m] for m in past}, Z_out, cfg.lambda_min,
+                               cfg.lambda_relative, cfg.lambda_min_out)
+
+    def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None) -> dict:
+        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b);
+        default the first two modalities, on CLIP image and text), then adds
+        the step to the covariances of a and b (after the step, as the paper)."""
+        model, hooks, t0 = self.net.model, None, time.perf_counter()
+        a, b = pair or model.modalities[:2]
+        model.set_pair(a, b)
+        if cfg.mode != "vanilla":
+            P = self.projectors(cfg, a, b)
+            hooks = NullSpaceProjection(cfg.mode, P) if P else None
         build_seconds = time.perf_counter() - t0
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
-        summary = common.train(task_cfg, self.net, FeaturePairs(img, txt), common.Collate(None),
+        summary = common.train(task_cfg, self.net, FeaturePairs(x_a, x_b), common.Collate(None),
                                hooks=hooks, export=False)
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
-        n = self.n
-        W_img, W_txt = (w.detach().cpu().double() for w in (self.net.model.W_img, self.net.model.W_txt))
-        self.Z_img, _ = update_covariance(self.Z_img, n, img)
-        self.Z_txt, self.n = update_covariance(self.Z_txt, n, txt)
-        # deviation 13 (the code): this task's partner features mapped with this task's end weights
-        self.Zo_img, _ = update_covariance(self.Zo_img, n, txt.cpu().double() @ W_txt.t())
-        self.Zo_txt, _ = update_covariance(self.Zo_txt, n, img.cpu().double() @ W_img.t())
-        self.history.append(self.net.model.snapshot())
+        W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
+        n_a, n_b = self.n[a], self.n[b]
+        self.Z[a], self.n[a] = update_covariance(self.Z[a], n_a, x_a)
+        self.Z[b], self.n[b] = update_covariance(self.Z[b], n_b, x_b)
+        for m, c, x_c in ((a, b, x_b), (b, a, x_a)):  # each side's partner features, raw
+            self.Zp[m][c], self.n_pair[m][c] = update_covariance(
+                self.Zp[m].get(c, self._zeros()), self.n_pair[m].get(c, 0), x_c)
+        # deviation 13 (the code): the partner's features mapped with this step's end weights
+        self.Zo[a], _ = update_covariance(self.Zo[a], n_a, x_b.cpu().double() @ W_b.t())
+        self.Zo[b], _ = update_covariance(self.Zo[b], n_b, x_a.cpu().double() @ W_a.t())
+        self.history.append(model.snapshot())
         summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
-            "final_loss": sum(summary["final_losses"].values()), "projector_build_seconds": build_seconds,
-            "projection_seconds": hooks.seconds if hooks else 0.0,  # rank of each projector = its trace
-            "old_rank": {f"{k}_{side}": round(float(P.trace()))
+            "pair": [a, b], "final_loss": sum(summary["final_losses"].values()),
+            "projector_build_seconds": build_seconds, "projection_seconds": hooks.seconds if hooks else 0.0,
+            "old_rank": {f"{k}_{side}": round(float(P.trace()))  # rank of each projector = its trace
                          for k, pair in (hooks.projectors if hooks else {}).items()
                          for side, P in zip(("out", "in"), pair)}}
         self.summaries.append(summary)
         return summary
 
     def state_dict(self):
-        return {"maps": self.net.model.state_dict(), "Z_img": self.Z_img, "Z_txt": self.Z_txt, "n": self.n,
-                "Zo_img": self.Zo_img, "Zo_txt": self.Zo_txt, "history": self.history, "summaries": self.summaries}
+        return {"maps": self.net.model.state_dict(), "Z": self.Z, "Zo": self.Zo, "Zp": self.Zp, "n": self.n,
+                "n_pair": self.n_pair, "history": self.history, "summaries": self.summaries}
 
     def load_state_dict(self, s):
         self.net.model.load_state_dict(s["maps"])
-        self.Z_img, self.Z_txt, self.n = s["Z_img"], s["Z_txt"], s["n"]
-        self.Zo_img, self.Zo_txt = s["Zo_img"], s["Zo_txt"]
+        self.Z, self.Zo, self.Zp, self.n, self.n_pair = s["Z"], s["Zo"], s["Zp"], s["n"], s["n_pair"]
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
-def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
-    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
-    task 2's subspaces share `shared` directions with task 1's (so the tasks
-    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2."""
-    g = torch.Generator().manual_seed(seed)
-    k = 2 * rank - shared
-    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
-    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
-    tasks = []
-    for cols in (slice(0, rank), slice(rank - shared, k)):
-        z = torch.randn(n, rank, generator=g)
-        img = F.normalize(z @ Q_img[:, cols].t(), dim=-1)
-        txt = F.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(), dim=-1)
-        tasks.append((img, txt))
-    return tasks
+low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
 
 
 def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
@@ -604,23 +665,6 @@ def cached(cache_dir, key: dict, compute):
     return value
 
 
-@torch.no_grad()
-def manifest_features(model, preprocess, tokenizer, manifest, label_column: str = "", device=None) -> dict:
-    """Frozen CLIP features of a manifest with eval.py's protocol (rows that
-    share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
-    from `label_column` or None. Same calls as eval.evaluate (truncate)."""
-    rs = evaluation.manifest_retrieval(manifest)
-    labels = None
-    if label_column:
-        ds = common.ManifestDataset(manifest, check_images=False)
-        by_image = {str(ds.image_file(r)): r.get(label_column) for r in ds.rows}
-        found = [by_image.get(p) for p in rs.image_paths]
-        labels = None if any(v is None for v in found) else torch.tensor([int(v) for v in found])
-    return {"img": evaluation.image_features(model, preprocess, rs.image_paths, device=device),
-            "txt": common.encode_texts(model, tokenizer, rs.texts, device=device),
-            "t2i": rs.text_to_image.clone(), "labels": labels}
-
-
 def load_features(cfg: DNSConfig, tasks, device) -> dict:
     """Every feature the run needs, extracted once and cached: per task the
     train pairs and the test set, the per-task class prompts, the zero-shot sets."""
@@ -640,7 +684,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
     def of_manifest(path, column):
         key = base | {"manifest": str(Path(path).resolve()), "column": column,
                       "sha1": hashlib.sha1(Path(path).read_bytes()).hexdigest()}
-        return cached(cache, key, lambda: manifest_features(model, preprocess, tok, path, column, device))
+        return cached(cache, key, lambda: evaluation.manifest_features(model, preprocess, tok, path, column, device))
 
     column, task_clf = "", None
     if cfg.task_classes:
@@ -663,7 +707,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
 
 
 @torch.no_grad()
-def evaluate_maps(maps: DualMaps, tests, task_clf=None, zeroshot=None) -> dict:
+def evaluate_maps(maps: ModalityMaps, tests, task_clf=None, zeroshot=None) -> dict:
     """run_continual's evaluate(): per task R@1 / R@10 both directions (and
     their mean R@10), per-task classification 'acc' when every test set has
     labels; scalars: zero-shot top-1 per set. Everything through the maps
@@ -779,19 +823,22 @@ DEMO_COLS = ["Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"]
 
 
 def demo_row(results: dict) -> dict:
-    """One seed of one mode: final Acc / R@10, their BWT, the measured drift
+    """One seed of one mode (both demos): final Acc / R@10, their BWT, the measured drift
     of the old tasks' test score matrices (mean over old tasks, % relative),
     and the R@10 matrix."""
     m, drift = results["continual"]["metrics"], results["drift"]["test"]
     return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
-            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / len(drift),
+            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift)),
             "R": results["continual"]["matrices"]["R@10"]}
 
 
-def demo_claims(runs: dict) -> list[dict]:
+def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2,
+                drift: str = "old-score") -> list[dict]:
     """The paper's claims as paired per-seed differences, in both modes;
     directions fixed before the seeds ran. Paper: ImageBind, vanilla 47.32 acc
-    / -5.72 BWT, DNS 52.52 / -0.02 (its main table)."""
+    / -5.72 BWT, DNS 52.52 / -0.02 (its main table); paper_r10: what it says
+    of BWT of R@10 and final R@10 (CMCL's setting: -3.34 -> -1.07, 38.56 ->
+    40.89, so +2.27, +2.33)."""
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
     claims = []
@@ -800,16 +847,35 @@ def demo_claims(runs: dict) -> list[dict]:
         claims += [
             lab.claim(f"{mode} raises BWT of Acc over vanilla{ours}", "+5.70", d(mode, "vanilla", "BWT_A"), "+"),
             lab.claim(f"{mode} raises final Acc over vanilla{ours}", "+5.20", d(mode, "vanilla", "Acc"), "+"),
-            lab.claim(f"{mode} raises BWT of R@10 over vanilla{ours}", "higher (no number in our sources)",
+            lab.claim(f"{mode} raises BWT of R@10 over vanilla{ours}", paper_r10[0],
                       d(mode, "vanilla", "BWT_R@10"), "+"),
-            lab.claim(f"{mode} raises final R@10 over vanilla{ours}", "higher (no number in our sources)",
-                      d(mode, "vanilla", "R@10"), "+"),
-            lab.claim(f"{mode} cuts old-score drift vs vanilla (% rel.){ours}", "to 0 (Thm. 4, exact under SGD)",
+            lab.claim(f"{mode} raises final R@10 over vanilla{ours}", paper_r10[1], d(mode, "vanilla", "R@10"), "+"),
+            lab.claim(f"{mode} cuts {drift} drift vs vanilla (% rel.){ours}", "to 0 (Thm. 4, exact under SGD)",
                       d(mode, "vanilla", "drift %"), "-"),
         ]
     claims.append(lab.claim("update mode drifts less than gradient mode (ours)", "- (ours)",
                             d("DNS-update", "DNS-gradient", "drift %"), "-"))
     return claims
+
+
+def demo_seeds(run_one, cfg: DNSConfig, out: Path, **settings) -> tuple:
+    """Every mode of DEMO_MODES once per seed in lab.SEEDS (same seed, same
+    data order across modes) through run_one (run or run_cmcl). Returns the
+    per-seed rows {name: [demo_row + seed]}, the identity maps' row (row 0
+    of the matrices: the frozen features themselves, the same in every run;
+    Acc over the sets that have it) and the last run's results."""
+    runs, base = {name: [] for name in DEMO_MODES.values()}, None
+    for seed in lab.SEEDS:
+        for mode, name in DEMO_MODES.items():
+            results = run_one(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
+                                                  **settings), show=False)
+            runs[name].append({**demo_row(results), "seed": seed})
+            if base is None:
+                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
+                acc0 = [v for v in A0 if v == v]  # NaN: a set without classes (CMCL's setting)
+                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
+                        "drift %": 0.0}
+    return runs, base, results
 
 
 def run_demo(cfg: DNSConfig) -> dict:
@@ -820,15 +886,7 @@ def run_demo(cfg: DNSConfig) -> dict:
     t0 = time.time()
     out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
-    runs, base = {name: [] for name in DEMO_MODES.values()}, None
-    for seed in lab.SEEDS:
-        for mode, name in DEMO_MODES.items():
-            results = run(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
-                                              **shared), show=False)
-            runs[name].append({**demo_row(results), "seed": seed})
-            R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
-            base = base or {"Acc": sum(A0) / len(A0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                            "drift %": 0.0}  # identity maps: the frozen CLIP features themselves
+    runs, base, _ = demo_seeds(run, cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
@@ -848,20 +906,10 @@ def run_demo(cfg: DNSConfig) -> dict:
 # =============================================================================
 # CMCL's own setting: M modalities, modality-pair steps, features from files
 # =============================================================================
-# The released code's datasets (dataloader.py, DATASETS): each one's modalities
-# in the order its h5 arrays hold them (ModalityType order, reorder()) and its
-# evaluations (TASKS): "acc" = classification against class text features,
-# "recall" = pairwise retrieval. The code's training.py step list (datasets_name)
-# below; "name:i,j" picks modalities i and j of the array, no suffix = 0,1.
-CMCL_DATASETS = {
-    "ucf101": (("text", "video"), ("acc",)),
-    "esc50": (("text", "audio"), ("recall", "acc")),
-    "nyudv2": (("vision", "text", "depth"), ("recall",)),
-    "vggsound_s": (("text", "audio", "video"), ("recall", "acc")),
-    "clotho": (("text", "audio"), ("recall",)),
-    "tvl": (("vision", "text", "tactile"), ("recall",)),
-    "llvip": (("vision", "thermal"), ("recall",)),
-}
+# The datasets' modalities and evaluations (eval.CMCL_DATASETS) and the feature
+# readers (eval.read_features) live in eval.py. The code's training.py step
+# list (datasets_name): "name:i,j" picks modalities i and j of the dataset's
+# array, no suffix = 0,1.
 CMCL_STEPS = ("ucf101~esc50~nyudv2:0,2~clotho~vggsound_s:0,1~vggsound_s:0,2~vggsound_s:1,2~"
               "tvl:0,2~tvl:1,2~tvl:0,1~llvip")
 # The paper's main table (ImageBind / LanguageBind / UniBind, 11 steps): final
@@ -908,336 +956,7 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
     return steps
 
 
-# --- features from files -----------------------------------------------------
-# Two layouts, detected per dataset:
-#  CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a
-#        (modalities, d) array in CMCL_DATASETS order; ids sorted as strings
-#    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
-#    sample classes: from the ids, which the code's perceptors write as
-#        "<id>__<class name>__<class index>", or, when given,
-#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours;
-#        cmcl_labels() makes one from the code's dataset JSON)
-#  ours (any encoder):
-#    <dir>/<dataset>/meta.json   {"modalities": [...], "classes": [...] (optional),
-#                                 "metrics": ["recall", "acc"] (optional)}
-#    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
-#    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
-#    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
-def _load_array(path: Path) -> torch.Tensor:
-    if path.suffix == ".npy":
-        import numpy as np
-        return torch.from_numpy(np.load(path)).float()
-    return torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True)).float()
-
-
-def _find_array(folder: Path, stem: str) -> Path:
-    for suffix in (".npy", ".pt"):
-        if (folder / (stem + suffix)).exists():
-            return folder / (stem + suffix)
-    raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
-
-
-def cmcl_labels(paired_data_json) -> dict:
-    """{sample id: class name} from the code's dataset JSON
-    (paired_data_<split>.json: a list of one-element lists [{"id", "name", ...}]),
-    to be saved as <dataset>_<split>_labels.json next to the h5 files."""
-    return {str(row[0]["id"]): row[0]["name"] for row in json.loads(Path(paired_data_json).read_text())}
-
-
-def dataset_layout(root, dataset: str, perceptor: str) -> str:
-    """'cmcl' or 'ours' (see above); a DataError names what is missing."""
-    root = Path(root)
-    if (root / f"{dataset}_train_{perceptor}.h5").exists():
-        return "cmcl"
-    if (root / dataset / "meta.json").exists():
-        return "ours"
-    raise common.DataError(f"no features for dataset {dataset!r} under {root}: expected "
-                           f"{dataset}_train_{perceptor}.h5 (the code's layout) or {dataset}/meta.json (ours); "
-                           f"see the 'CMCL setting' part of dns.py's docstring")
-
-
-def dataset_info(root, dataset: str, perceptor: str) -> dict:
-    """{"modalities": (...), "metrics": (...), "layout": ...} of one dataset."""
-    layout = dataset_layout(root, dataset, perceptor)
-    if layout == "cmcl":
-        if dataset not in CMCL_DATASETS:
-            raise common.DataError(f"{dataset}: the code's h5 layout holds no modality names; known datasets: "
-                                   f"{sorted(CMCL_DATASETS)} (use our layout, with meta.json, for others)")
-        mods, metrics = CMCL_DATASETS[dataset]
-        return {"modalities": mods, "metrics": metrics, "layout": layout}
-    meta = json.loads((Path(root) / dataset / "meta.json").read_text())
-    metrics = tuple(meta.get("metrics", ("recall", "acc") if meta.get("classes") else ("recall",)))
-    return {"modalities": tuple(meta["modalities"]), "metrics": metrics, "layout": layout}
-
-
-def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") -> dict:
-    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32,
-    "modalities": (M names), "metrics": (...), "labels": (N,) long or None,
-    "classes": [C names] or None, "class_x": (C, d) or None}."""
-    root, info = Path(root), dataset_info(root, dataset, perceptor)
-    labels = classes = class_x = None
-    if info["layout"] == "cmcl":
-        import h5py
-        path = root / f"{dataset}_{split}_{perceptor}.h5"
-        if not path.exists():
-            raise common.DataError(f"missing {path} (the code's extractor writes it: features_storage/extract.py)")
-        with h5py.File(path, "r") as f:
-            ids = sorted(f.keys())  # the code sorts the keys as strings (feature_dataset.py)
-            x = torch.stack([torch.as_tensor(f[k][:]).float() for k in ids])
-        class_path, label_path = root / f"{dataset}_class_{perceptor}.h5", root / f"{dataset}_{split}_labels.json"
-        if "acc" in info["metrics"] and class_path.exists():
-            with h5py.File(class_path, "r") as f:
-                classes = sorted(f.keys())  # the code sorts the class names
-                class_x = torch.stack([torch.as_tensor(f[c][:]).float() for c in classes])
-            # the code's perceptors store each sample under "<id>__<class name>__<class index>"
-            by_id = json.loads(label_path.read_text()) if label_path.exists() else \
-                {i: i.split("__")[1] for i in ids if i.count("__") >= 2}
-            missing = [i for i in ids if by_id.get(i) not in classes]
-            if missing:
-                raise common.DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
-                                       f"{missing[0]!r}; give {label_path.name} ({{sample id: class name}})")
-            labels = torch.tensor([classes.index(by_id[i]) for i in ids])
-    else:
-        folder = root / dataset / split
-        if not folder.is_dir():
-            raise common.DataError(f"missing {folder}")
-        meta = json.loads((folder / "samples.json").read_text())
-        ids = [str(i) for i in meta["ids"]]
-        x = torch.stack([_load_array(_find_array(folder, m)) for m in info["modalities"]], 1)  # (N, M, d)
-        if "acc" in info["metrics"] and meta.get("labels") is not None:
-            classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
-            class_x, labels = _load_array(_find_array(root / dataset, "classes")), torch.tensor(meta["labels"])
-    if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
-        raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
-                               f"({len(ids)}, {len(info['modalities'])}, d)")
-    return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
-
-
-def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind", datasets: dict | None = None,
-                         dim: int = 24, n_train: int = 128, n_test: int = 64, n_classes: int = 5, latent: int = 12,
-                         active: int = 6, spread: float = 0.6, noise: float = 0.3, seed: int = 0) -> Path:
-    """A multimodal world for tests and the demo, written in `layout` ('cmcl'
-    or 'ours'). Every sample has latent factors z (latent,); a dataset uses
-    `active` of them (its own random subset, so datasets overlap in part);
-    classes are cluster means in z. Modality m sees x_m = normalise(A_m z +
-    noise e), A_m = A_shared + spread B_m (dim, latent): shared structure (so
-    the identity maps start partly aligned, like a pretrained binding model)
-    plus a modality-specific part and modality-specific noise e. Class text
-    features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
-    names, has classes); default: CMCL_DATASETS with their real names."""
-    g = torch.Generator().manual_seed(seed)
-    datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in CMCL_DATASETS.items()}
-    names = sorted({m for mods, _ in datasets.values() for m in mods})
-    A_shared = torch.randn(dim, latent, generator=g) / math.sqrt(latent)
-    A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for d, (mods, has_classes) in datasets.items():
-        mask = torch.zeros(latent)
-        mask[torch.randperm(latent, generator=g)[:active]] = 1.0
-        mu = torch.randn(n_classes, latent, generator=g) * 1.5 * mask
-        class_names = [f"{d} class {c}" for c in range(n_classes)]
-        class_x = F.normalize(mu @ A.get("text", A_shared).t(), dim=-1)  # (C, d)
-        if layout == "ours":
-            meta = {"modalities": list(mods)} | ({"classes": class_names} if has_classes else {})
-            (out / d).mkdir(parents=True, exist_ok=True)
-            (out / d / "meta.json").write_text(json.dumps(meta))
-            if has_classes:
-                torch.save(class_x, out / d / "classes.pt")
-        elif has_classes:
-            _write_h5(out / f"{d}_class_{perceptor}.h5", dict(zip(class_names, class_x)))
-        for split, n in (("train", n_train), ("test", n_test)):
-            labels = torch.randint(n_classes, (n,), generator=g)
-            z = (mu[labels] if has_classes else 0) + torch.randn(n, latent, generator=g) * mask
-            x = torch.stack([F.normalize(z @ A[m].t() + noise * torch.randn(n, dim, generator=g), dim=-1)
-                             for m in mods], 1)  # (N, M, d)
-            ids = [f"{d}_{split}_{i:05d}" for i in range(n)]
-            if layout == "ours":
-                (out / d / split).mkdir(exist_ok=True)
-                for k, m in enumerate(mods):
-                    torch.save(x[:, k].clone(), out / d / split / f"{m}.pt")
-                (out / d / split / "samples.json").write_text(json.dumps(
-                    {"ids": ids} | ({"labels": labels.tolist()} if has_classes else {})))
-            else:
-                _write_h5(out / f"{d}_{split}_{perceptor}.h5", dict(zip(ids, x)))
-                if has_classes:
-                    (out / f"{d}_{split}_labels.json").write_text(
-                        json.dumps({i: class_names[c] for i, c in zip(ids, labels.tolist())}))
-    return out
-
-
-def _write_h5(path, arrays: dict):
-    """The code's FeatureStorage.save_features: one dataset per key."""
-    import h5py
-    with h5py.File(path, "w") as f:
-        for k, v in arrays.items():
-            f.create_dataset(str(k), data=v.numpy())
-
-
-# --- the learner ---------------------------------------------------------------
-class ModalityMaps(nn.Module):
-    """One trainable map W_<m> (D, D) per modality m, identity at the start
-    (with --bias, b_<m> at zero), CLIP-style frozen logit_scale. set_pair(a, b)
-    makes W_a, W_b (and b_a, b_b) the only trainable parameters; map_image /
-    map_text map with the pair's first / second modality, so DNSNet's forward
-    and NullSpaceProjection (getattr(model, "W_<m>")) work unchanged. With
-    modalities ("img", "txt") the parameter names are DualMaps'."""
-    def __init__(self, modalities, dim: int, logit_scale: float, bias: bool = False):
-        super().__init__()
-        bad = [m for m in modalities if not m.isidentifier()]
-        if bad or len(set(modalities)) != len(modalities) or len(modalities) < 2:
-            raise ValueError(f"modality names must be >= 2 distinct identifiers, got {list(modalities)}")
-        self.modalities = tuple(modalities)
-        for m in self.modalities:
-            self.register_parameter(f"W_{m}", nn.Parameter(torch.eye(dim)))  # (D_out, D_in)
-        for m in self.modalities if bias else ():
-            self.register_parameter(f"b_{m}", nn.Parameter(torch.zeros(dim)))  # deviation 4: never projected
-        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))
-        self.set_pair(*self.modalities[:2])
-
-    def set_pair(self, a: str, b: str):
-        """Only the pair's maps train; every other map is frozen (no gradient,
-        not in the optimizer, so not even weight decay touches it)."""
-        self.pair = (a, b)
-        for name, p in self.named_parameters():
-            p.requires_grad_(name[2:] in (a, b))
-
-    def map(self, m: str, x):  # (N, D) -> (N, D)
-        b = getattr(self, f"b_{m}", None)
-        return x @ getattr(self, f"W_{m}").t() + (b if b is not None else 0)
-
-    def map_image(self, x):
-        return self.map(self.pair[0], x)
-
-    def map_text(self, x):
-        return self.map(self.pair[1], x)
-
-    def maps_of(self, a: str, b: str) -> tuple:
-        """(W_a, W_b) or (W_a, W_b, b_a, b_b) as CPU copies (score_drift's maps)."""
-        names = [f"W_{a}", f"W_{b}"] + ([f"b_{a}", f"b_{b}"] if hasattr(self, f"b_{a}") else [])
-        return tuple(getattr(self, n).detach().cpu().clone() for n in names)
-
-
-class MultiDNSNet(DNSNet):
-    """DNSNet over ModalityMaps: the loss of the current pair (forward is DNSNet's)."""
-    def __init__(self, modalities, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
-                 bias: bool = False):
-        nn.Module.__init__(self)
-        if loss not in ("clip", "code"):
-            raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
-        self.model, self.label_smoothing, self.loss = ModalityMaps(modalities, dim, logit_scale, bias), \
-            label_smoothing, loss
-
-
-class MultiDNSLearner:
-    """DNS over a sequence of modality-pair steps. Per modality m: the running
-    input covariance Z[m] of m's own features over every past step m took part
-    in (n[m] samples); per partner c of m, the running covariance Zp[m][c] of
-    c's raw features in those steps (n_pair[m][c] samples), so W_m's output
-    side is  sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T  with the current
-    maps; Zo[m]: the code's per-task output side (deviation 13). A step
-    trains only its pair's maps; a map whose modality has no past yet is not
-    projected (as the code, whose projectors are zero then). With modalities
-    (img, txt) and every step an (img, txt) step this is DNSLearner exactly
-    (tested)."""
-    def __init__(self, modalities, dim: int, logit_scale: float, label_smoothing: float = 0.0,
-                 loss: str = "clip", bias: bool = False):
-        self.net = MultiDNSNet(modalities, dim, logit_scale, label_smoothing, loss, bias)
-        self.dim = dim
-        self.Z = {m: self._zeros() for m in modalities}
-        self.Zo = {m: self._zeros() for m in modalities}
-        self.Zp = {m: {} for m in modalities}
-        self.n = {m: 0 for m in modalities}
-        self.n_pair = {m: {} for m in modalities}
-        self.history, self.summaries = [], []
-
-    def _zeros(self):
-        return torch.zeros(self.dim, self.dim, dtype=torch.float64)
-
-    def projectors(self, cfg: DNSConfig, a: str, b: str) -> dict:
-        """{"W_m": (P_out, P_in)} for the pair's modalities that have a past."""
-        model, lam, rel = self.net.model, cfg.lambda_min, cfg.lambda_relative
-        lam_out = lam if cfg.lambda_min_out < 0 else cfg.lambda_min_out
-        P = {}
-        for m in (a, b):
-            if self.n[m] == 0:
-                continue
-            if cfg.output_cov == "per-task":
-                out = self.Zo[m]
-            else:  # ours: every past partner's features through its map as it is now
-                out = self._zeros()
-                for c, Zc in self.Zp[m].items():
-                    W_c = getattr(model, f"W_{c}").detach().cpu().double()
-                    out = out + (self.n_pair[m][c] / self.n[m]) * (W_c @ Zc @ W_c.t())
-            P[f"W_{m}"] = (null_space_projector(out, lam_out, rel), null_space_projector(self.Z[m], lam, rel))
-        device = model.logit_scale.device
-        return {k: tuple(p.float().to(device) for p in v) for k, v in P.items()}
-
-    def learn(self, cfg: DNSConfig, a: str, b: str, x_a, x_b, out, resume: bool = False) -> dict:
-        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D), then adds the
-        step to the covariances of a and b (after the step, as the paper)."""
-        model, hooks, t0 = self.net.model, None, time.perf_counter()
-        model.set_pair(a, b)
-        if cfg.mode != "vanilla":
-            P = self.projectors(cfg, a, b)
-            hooks = NullSpaceProjection(cfg.mode, P) if P else None
-        build_seconds = time.perf_counter() - t0
-        task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
-        summary = common.train(task_cfg, self.net, FeaturePairs(x_a, x_b), common.Collate(None),
-                               hooks=hooks, export=False)
-        if "stopped_at" in summary:
-            raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
-        W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
-        n_a, n_b = self.n[a], self.n[b]
-        self.Z[a], self.n[a] = update_covariance(self.Z[a], n_a, x_a)
-        self.Z[b], self.n[b] = update_covariance(self.Z[b], n_b, x_b)
-        for m, c, x_c in ((a, b, x_b), (b, a, x_a)):  # each side's partner features, raw
-            self.Zp[m][c], self.n_pair[m][c] = update_covariance(
-                self.Zp[m].get(c, self._zeros()), self.n_pair[m].get(c, 0), x_c)
-        # deviation 13 (the code): the partner's features mapped with this step's end weights
-        self.Zo[a], _ = update_covariance(self.Zo[a], n_a, x_b.cpu().double() @ W_b.t())
-        self.Zo[b], _ = update_covariance(self.Zo[b], n_b, x_a.cpu().double() @ W_a.t())
-        self.history.append({k: v.detach().cpu().clone() for k, v in model.named_parameters()})
-        summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
-            "pair": [a, b], "final_loss": sum(summary["final_losses"].values()),
-            "projector_build_seconds": build_seconds, "projection_seconds": hooks.seconds if hooks else 0.0,
-            "old_rank": {f"{k}_{side}": round(float(P.trace()))
-                         for k, pair in (hooks.projectors if hooks else {}).items()
-                         for side, P in zip(("out", "in"), pair)}}
-        self.summaries.append(summary)
-        return summary
-
-    def state_dict(self):
-        return {"maps": self.net.model.state_dict(), "Z": self.Z, "Zo": self.Zo, "Zp": self.Zp, "n": self.n,
-                "n_pair": self.n_pair, "history": self.history, "summaries": self.summaries}
-
-    def load_state_dict(self, s):
-        self.net.model.load_state_dict(s["maps"])
-        self.Z, self.Zo, self.Zp, self.n, self.n_pair = s["Z"], s["Zo"], s["Zp"], s["n"], s["n_pair"]
-        self.history, self.summaries = list(s["history"]), list(s["summaries"])
-
-
 # --- evaluation --------------------------------------------------------------
-def masked_continual_metrics(R) -> dict:
-    """common.continual_metrics when every entry of the last row exists;
-    otherwise the same definitions over the tasks that have the metric
-    (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
-    import numpy as np
-    R = np.asarray(R, dtype=float)
-    T = R.shape[1]
-    cols = [j for j in range(T) if np.isfinite(R[T, j])]
-    if len(cols) == T:
-        return common.continual_metrics(R)
-    if not cols:
-        return {k: float("nan") for k in ("last", "avg", "bwt", "forgetting")}
-    seen = [R[i, [j for j in cols if j < i]].mean() for i in range(1, T + 1) if any(j < i for j in cols)]
-    old = [j for j in cols if j < T - 1]  # column j is task j+1; R[j+1, j] = right after learning it
-    return {"last": float(R[T, cols].mean()), "avg": float(np.mean(seen)),
-            "bwt": float(np.mean([R[T, j] - R[j + 1, j] for j in old])) if old else 0.0,
-            "forgetting": float(np.mean([R[:T, j].max() - R[T, j] for j in old])) if old else 0.0}
-
-
 @torch.no_grad()
 def evaluate_step(model: ModalityMaps, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
     """One step's test set through the current maps: R@k (%, mean of both
@@ -1266,24 +985,24 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     if not root.is_dir():
         raise common.DataError(f"--features {root}: no such folder")
     spec = "cmcl" if cfg.tasks == "synthetic" else cfg.tasks  # --tasks left at its default: the code's steps
-    steps = parse_steps(spec, lambda d: dataset_info(root, d, cfg.perceptor)["modalities"])
+    steps = parse_steps(spec, lambda d: evaluation.dataset_info(root, d, cfg.perceptor)["modalities"])
     device = common.init_distributed(cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {(d, s): read_features(root, d, s, cfg.perceptor) for d in dict.fromkeys(st.dataset for st in steps)
-            for s in ("train", "test")}
+    data = {(d, s): evaluation.read_features(root, d, s, cfg.perceptor)
+            for d in dict.fromkeys(st.dataset for st in steps) for s in ("train", "test")}
     dims = {v["x"].shape[2] for v in data.values()}
     if len(dims) != 1:
         raise common.DataError(f"features of different widths {sorted(dims)} under {root}")
     modalities = list(dict.fromkeys(m for st in steps for m in st.modalities))
-    learner = MultiDNSLearner(modalities, dims.pop(), math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias)
+    learner = DNSLearner(dims.pop(), math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
     tasks = [common.Task(st.name, str(root / st.dataset), str(root / st.dataset)) for st in steps]
     if len({t.name for t in tasks}) != len(tasks):
         raise common.DataError("every step must pair a different dataset / modality pair")
 
     def learn_task(k, task, task_out, resume):
         st, x = steps[k], data[(steps[k].dataset, "train")]["x"]
-        return learner.learn(cfg, *st.modalities, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume)
+        return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities)
 
     def evaluate():
         rows = [evaluate_step(learner.net.model, st, data[(st.dataset, "test")]) for st in steps]
@@ -1295,12 +1014,12 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
         lambda path: learner.load_state_dict(torch.load(path, weights_only=False)), resume=bool(cfg.resume))
     if "stopped_at" in summary:
         return summary
-    summary["metrics"] = {k: masked_continual_metrics(R) for k, R in summary["matrices"].items()}
+    summary["metrics"] = {k: evaluation.masked_continual_metrics(R) for k, R in summary["matrices"].items()}
     drift = []  # each old step's test scores: right after it vs at the end
     for k, st in enumerate(steps[:-1]):
         x = data[(st.dataset, "test")]["x"]
-        before, after = ([h[f"{p}_{m}"] for p in ("W", "b") for m in st.modalities if f"{p}_{m}" in h]
-                         for h in (learner.history[k], learner.history[-1]))
+        before, after = (learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k],
+                                                                                   learner.history[-1]))
         drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], before, after))
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
@@ -1310,20 +1029,14 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     return results
 
 
-def cmcl_row(results: dict) -> dict:
-    m, drift = results["continual"]["metrics"], results["drift"]["test"]
-    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
-            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
-
-
 def cmcl_table(named_results) -> str:
-    rows = [{"method": n} | cmcl_row(r) for n, r in named_results]
+    rows = [{"method": n} | demo_row(r) for n, r in named_results]
     return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
 
 
 # --- demo on the synthetic multimodal world ------------------------------------
 # Settings fixed before the first run (nothing tuned): the code's 11 steps on
-# synthetic_multimodal() with the real datasets' names and modalities (d = 24,
+# lab.synthetic_multimodal() with the real datasets' names and modalities (d = 24,
 # 256 train / 128 test samples per dataset), the paper's AdamW (wd 1e-3, batch
 # 64) at lr 1e-3 (the code's LanguageBind value: at 1e-4 the 20 steps a task
 # gets here barely move the maps), 5 epochs per step (the code), lambda_min
@@ -1332,55 +1045,13 @@ CMCL_DEMO = dict(dim=24, n_train=256, n_test=128)
 CMCL_DEMO_MODES = DEMO_MODES
 
 
-def cmcl_demo_claims(runs: dict) -> list[dict]:
-    """The paper's direction for each effect, fixed before the seeds ran
-    (ImageBind row of its main table: vanilla 47.32 / -5.72 / 38.56 / -3.34,
-    DNS 52.52 / -0.02 / 40.89 / -1.07)."""
-    claims = []
-    for mode in ("DNS-gradient", "DNS-update"):
-        ours = " (our mode)" if mode == "DNS-update" else ""
-        claims += [
-            lab.claim(f"{mode} raises BWT of Acc over vanilla{ours}", "+5.70",
-                      lab.paired(runs, mode, "vanilla", "BWT_A"), "+"),
-            lab.claim(f"{mode} raises final Acc over vanilla{ours}", "+5.20",
-                      lab.paired(runs, mode, "vanilla", "Acc"), "+"),
-            lab.claim(f"{mode} raises BWT of R@10 over vanilla{ours}", "+2.27",
-                      lab.paired(runs, mode, "vanilla", "BWT_R@10"), "+"),
-            lab.claim(f"{mode} raises final R@10 over vanilla{ours}", "+2.33",
-                      lab.paired(runs, mode, "vanilla", "R@10"), "+"),
-            lab.claim(f"{mode} cuts old-pair score drift vs vanilla (% rel.){ours}", "to 0 (Thm. 4, exact under SGD)",
-                      lab.paired(runs, mode, "vanilla", "drift %"), "-"),
-        ]
-    claims.append(lab.claim("update mode drifts less than gradient mode (ours)", "- (ours)",
-                            lab.paired(runs, "DNS-update", "DNS-gradient", "drift %"), "-"))
-    return claims
-
-
 def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
-    """One panel per column of the demo's table: bars = mean over seeds with
-    ± std error bars (identity maps, vanilla, DNS-gradient, DNS-update), and
-    beside them the paper's ImageBind vanilla / DNS numbers where it has one."""
-    import numpy as np
-    plt = lab.pyplot()
+    """One panel per column of the demo's table (lab.bar_panels), the paper's
+    ImageBind vanilla / DNS numbers beside ours where it has one."""
     paper = {"Acc": (47.32, 52.52), "BWT_A": (-5.72, -0.02), "R@10": (38.56, 40.89), "BWT_R@10": (-3.34, -1.07)}
     units = {"Acc": "final Acc (%)", "BWT_A": "BWT of Acc (points)", "R@10": "final R@10 (%)",
              "BWT_R@10": "BWT of R@10 (points)", "drift %": "old-pair score drift (% rel.)"}
-    fig, axes = plt.subplots(1, len(units), figsize=(3.0 * len(units), 3.4))
-    for ax, (col, unit) in zip(axes, units.items()):
-        names = ["identity", *runs]
-        vals = [np.array([base[col]])] + [np.array([r[col] for r in v], dtype=float) for v in runs.values()]
-        ax.bar(range(len(names)), [v.mean() for v in vals], yerr=[v.std(ddof=1) if len(v) > 1 else 0 for v in vals],
-               color=["0.6", "tab:red", "tab:blue", "tab:green"], capsize=3)
-        if col in paper:
-            ax.bar([len(names), len(names) + 1], paper[col], color="none", edgecolor=["tab:red", "tab:blue"],
-                   hatch="//")
-            names += ["paper vanilla", "paper DNS"]
-        ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=7)
-        ax.set_ylabel(unit, fontsize=8)
-        ax.axhline(0, color="k", lw=0.5)
-    fig.suptitle(caption, fontsize=8)
-    fig.tight_layout()
-    return lab.save_figure(fig, path)
+    return lab.bar_panels(runs, base, units, path, caption, paper, ("paper vanilla", "paper DNS"))
 
 
 def run_cmcl_demo(cfg: DNSConfig) -> dict:
@@ -1389,20 +1060,10 @@ def run_cmcl_demo(cfg: DNSConfig) -> dict:
     (same world, same data order across modes)."""
     t0 = time.time()
     out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
-    features = synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
+    features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
     settings = dict(demo_cmcl=False, features=str(features), tasks="cmcl", lr=1e-3, device="cpu",
                     precision="fp32", log_every=10_000)
-    runs, base = {name: [] for name in CMCL_DEMO_MODES.values()}, None
-    for seed in lab.SEEDS:
-        for mode, name in CMCL_DEMO_MODES.items():
-            results = run_cmcl(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
-                                                   **settings), show=False)
-            runs[name].append({**cmcl_row(results), "seed": seed, "R": results["continual"]["matrices"]["R@10"]})
-            if base is None:  # identity maps: the frozen features themselves (row 0, the same in every run)
-                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
-                acc0 = [v for v in A0 if v == v]
-                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                        "drift %": 0.0}
+    runs, base, results = demo_seeds(run_cmcl, cfg, out, **settings)
     steps = results["steps"]
     head = (f"DNS in CMCL's setting, demo: synthetic multimodal world (d {CMCL_DEMO['dim']}, "
             f"{CMCL_DEMO['n_train']} train / {CMCL_DEMO['n_test']} test per dataset), the code's 11 steps "
@@ -1411,7 +1072,7 @@ def run_cmcl_demo(cfg: DNSConfig) -> dict:
             f"mean of both directions, every step's test set; BWT = mean over old steps of final - right after; "
             f"drift = relative change of an old step's test score matrix (%). Identity = the frozen features. "
             f"Mean ± std over seeds.")
-    claims = cmcl_demo_claims(runs)
+    claims = demo_claims(runs, ("+2.27", "+2.33"), "old-pair score")
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: cmcl_demo_figure(
         runs, base, o / "dns-cmcl-demo.png",
         f"python dns.py --demo-cmcl: the code's 11 steps on a synthetic multimodal world (not real features), "

@@ -691,6 +691,156 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
     return clf
 
 
+# --- DNS on CLIP: a manifest's frozen features --------------------------------
+@torch.no_grad()
+def manifest_features(model, preprocess, tokenizer, manifest, label_column: str = "", device=None) -> dict:
+    """Frozen CLIP features of a manifest with this module's protocol (rows that
+    share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
+    from `label_column` or None. Same calls as evaluate (truncate)."""
+    rs = manifest_retrieval(manifest)
+    labels = None
+    if label_column:
+        ds = common.ManifestDataset(manifest, check_images=False)
+        by_image = {str(ds.image_file(r)): r.get(label_column) for r in ds.rows}
+        found = [by_image.get(p) for p in rs.image_paths]
+        labels = None if any(v is None for v in found) else torch.tensor([int(v) for v in found])
+    return {"img": image_features(model, preprocess, rs.image_paths, device=device),
+            "txt": common.encode_texts(model, tokenizer, rs.texts, device=device),
+            "t2i": rs.text_to_image.clone(), "labels": labels}
+
+
+# --- CMCL's cached multimodal features (dns.py --features) ---------------------
+# The released code's datasets (dataloader.py, DATASETS): each one's modalities
+# in the order its h5 arrays hold them (ModalityType order, reorder()) and its
+# evaluations (TASKS): "acc" = classification against class text features,
+# "recall" = pairwise retrieval. A step (dns.py's CMCL_STEPS, the code's
+# training.py datasets_name) "name:i,j" picks modalities i and j of the array,
+# no suffix = 0,1.
+CMCL_DATASETS = {
+    "ucf101": (("text", "video"), ("acc",)),
+    "esc50": (("text", "audio"), ("recall", "acc")),
+    "nyudv2": (("vision", "text", "depth"), ("recall",)),
+    "vggsound_s": (("text", "audio", "video"), ("recall", "acc")),
+    "clotho": (("text", "audio"), ("recall",)),
+    "tvl": (("vision", "text", "tactile"), ("recall",)),
+    "llvip": (("vision", "thermal"), ("recall",)),
+}
+
+# Two layouts, detected per dataset:
+#  CMCL (the code's features_storage/, written by its extractor):
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a
+#        (modalities, d) array in CMCL_DATASETS order; ids sorted as strings
+#    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
+#    sample classes: from the ids, which the code's perceptors write as
+#        "<id>__<class name>__<class index>", or, when given,
+#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours;
+#        cmcl_labels() makes one from the code's dataset JSON)
+#  ours (any encoder):
+#    <dir>/<dataset>/meta.json   {"modalities": [...], "classes": [...] (optional),
+#                                 "metrics": ["recall", "acc"] (optional)}
+#    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
+#    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
+#    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
+def _load_array(path: Path) -> torch.Tensor:
+    if path.suffix == ".npy":
+        return torch.from_numpy(np.load(path)).float()
+    return torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True)).float()
+
+
+def _find_array(folder: Path, stem: str) -> Path:
+    for suffix in (".npy", ".pt"):
+        if (folder / (stem + suffix)).exists():
+            return folder / (stem + suffix)
+    raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
+
+
+def cmcl_labels(paired_data_json) -> dict:
+    """{sample id: class name} from the code's dataset JSON
+    (paired_data_<split>.json: a list of one-element lists [{"id", "name", ...}]),
+    to be saved as <dataset>_<split>_labels.json next to the h5 files."""
+    return {str(row[0]["id"]): row[0]["name"] for row in json.loads(Path(paired_data_json).read_text())}
+
+
+def dataset_layout(root, dataset: str, perceptor: str) -> str:
+    """'cmcl' or 'ours' (see above); a DataError names what is missing."""
+    root = Path(root)
+    if (root / f"{dataset}_train_{perceptor}.h5").exists():
+        return "cmcl"
+    if (root / dataset / "meta.json").exists():
+        return "ours"
+    raise common.DataError(f"no features for dataset {dataset!r} under {root}: expected "
+                           f"{dataset}_train_{perceptor}.h5 (the code's layout) or {dataset}/meta.json (ours); "
+                           f"see eval.py, 'CMCL's cached multimodal features'")
+
+
+def dataset_info(root, dataset: str, perceptor: str) -> dict:
+    """{"modalities": (...), "metrics": (...), "layout": ...} of one dataset."""
+    layout = dataset_layout(root, dataset, perceptor)
+    if layout == "cmcl":
+        if dataset not in CMCL_DATASETS:
+            raise common.DataError(f"{dataset}: the code's h5 layout holds no modality names; known datasets: "
+                                   f"{sorted(CMCL_DATASETS)} (use our layout, with meta.json, for others)")
+        mods, metrics = CMCL_DATASETS[dataset]
+        return {"modalities": mods, "metrics": metrics, "layout": layout}
+    meta = json.loads((Path(root) / dataset / "meta.json").read_text())
+    metrics = tuple(meta.get("metrics", ("recall", "acc") if meta.get("classes") else ("recall",)))
+    return {"modalities": tuple(meta["modalities"]), "metrics": metrics, "layout": layout}
+
+
+def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") -> dict:
+    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32,
+    "modalities": (M names), "metrics": (...), "labels": (N,) long or None,
+    "classes": [C names] or None, "class_x": (C, d) or None}."""
+    root, info = Path(root), dataset_info(root, dataset, perceptor)
+    labels = classes = class_x = None
+    if info["layout"] == "cmcl":
+        import h5py
+        path = root / f"{dataset}_{split}_{perceptor}.h5"
+        if not path.exists():
+            raise common.DataError(f"missing {path} (the code's extractor writes it: features_storage/extract.py)")
+        with h5py.File(path, "r") as f:
+            ids = sorted(f.keys())  # the code sorts the keys as strings (feature_dataset.py)
+            x = torch.stack([torch.as_tensor(f[k][:]).float() for k in ids])
+        class_path, label_path = root / f"{dataset}_class_{perceptor}.h5", root / f"{dataset}_{split}_labels.json"
+        if "acc" in info["metrics"] and class_path.exists():
+            with h5py.File(class_path, "r") as f:
+                classes = sorted(f.keys())  # the code sorts the class names
+                class_x = torch.stack([torch.as_tensor(f[c][:]).float() for c in classes])
+            # the code's perceptors store each sample under "<id>__<class name>__<class index>"
+            by_id = json.loads(label_path.read_text()) if label_path.exists() else \
+                {i: i.split("__")[1] for i in ids if i.count("__") >= 2}
+            missing = [i for i in ids if by_id.get(i) not in classes]
+            if missing:
+                raise common.DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
+                                       f"{missing[0]!r}; give {label_path.name} ({{sample id: class name}})")
+            labels = torch.tensor([classes.index(by_id[i]) for i in ids])
+    else:
+        folder = root / dataset / split
+        if not folder.is_dir():
+            raise common.DataError(f"missing {folder}")
+        meta = json.loads((folder / "samples.json").read_text())
+        ids = [str(i) for i in meta["ids"]]
+        x = torch.stack([_load_array(_find_array(folder, m)) for m in info["modalities"]], 1)  # (N, M, d)
+        if "acc" in info["metrics"] and meta.get("labels") is not None:
+            classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
+            class_x, labels = _load_array(_find_array(root / dataset, "classes")), torch.tensor(meta["labels"])
+    if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
+        raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
+                               f"({len(ids)}, {len(info['modalities'])}, d)")
+    return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
+
+
+
+def write_h5(path, arrays: dict):
+    """The code's FeatureStorage.save_features: one dataset per key
+    (lab.synthetic_multimodal writes the code's layout with it)."""
+    import h5py
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(str(k), data=v.numpy())
+
+
+
 # =============================================================================
 # 3. Geometry, calibration, SIMAT (m2-Mix's analyses; pure functions of features)
 # =============================================================================
@@ -1261,6 +1411,24 @@ def continual_tables(summary, tasks) -> str:
         parts.append(common.markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
                                            ["zero-shot", "PD"]))
     return "\n\n".join(parts)
+
+
+def masked_continual_metrics(R) -> dict:
+    """common.continual_metrics when every entry of the last row exists;
+    otherwise the same definitions over the tasks that have the metric
+    (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
+    R = np.asarray(R, dtype=float)
+    T = R.shape[1]
+    cols = [j for j in range(T) if np.isfinite(R[T, j])]
+    if len(cols) == T:
+        return common.continual_metrics(R)
+    if not cols:
+        return {k: float("nan") for k in ("last", "avg", "bwt", "forgetting")}
+    seen = [R[i, [j for j in cols if j < i]].mean() for i in range(1, T + 1) if any(j < i for j in cols)]
+    old = [j for j in cols if j < T - 1]  # column j is task j+1; R[j+1, j] = right after learning it
+    return {"last": float(R[T, cols].mean()), "avg": float(np.mean(seen)),
+            "bwt": float(np.mean([R[T, j] - R[j + 1, j] for j in old])) if old else 0.0,
+            "forgetting": float(np.mean([R[:T, j].max() - R[T, j] for j in old])) if old else 0.0}
 
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",

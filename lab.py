@@ -327,6 +327,82 @@ def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[st
             for d in TASK_DOMAINS]
 
 
+# --- a multimodal feature world (DNS in CMCL's setting; features, not pixels) ---
+def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind", datasets: dict | None = None,
+                         dim: int = 24, n_train: int = 128, n_test: int = 64, n_classes: int = 5, latent: int = 12,
+                         active: int = 6, spread: float = 0.6, noise: float = 0.3, seed: int = 0) -> Path:
+    """A multimodal world for tests and the demo, written in `layout` ('cmcl'
+    or 'ours'). Every sample has latent factors z (latent,); a dataset uses
+    `active` of them (its own random subset, so datasets overlap in part);
+    classes are cluster means in z. Modality m sees x_m = normalise(A_m z +
+    noise e), A_m = A_shared + spread B_m (dim, latent): shared structure (so
+    the identity maps start partly aligned, like a pretrained binding model)
+    plus a modality-specific part and modality-specific noise e. Class text
+    features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
+    names, has classes); default: eval.CMCL_DATASETS with their real names.
+    The layouts are eval.read_features'; DNS's demo in CMCL's setting and its
+    tests run on this world (dns.py --demo-cmcl)."""
+    import eval as evaluation  # the layouts' reader and writer (eval imports lab)
+    g = torch.Generator().manual_seed(seed)
+    datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in evaluation.CMCL_DATASETS.items()}
+    names = sorted({m for mods, _ in datasets.values() for m in mods})
+    A_shared = torch.randn(dim, latent, generator=g) / math.sqrt(latent)
+    A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for d, (mods, has_classes) in datasets.items():
+        mask = torch.zeros(latent)
+        mask[torch.randperm(latent, generator=g)[:active]] = 1.0
+        mu = torch.randn(n_classes, latent, generator=g) * 1.5 * mask
+        class_names = [f"{d} class {c}" for c in range(n_classes)]
+        class_x = torch.nn.functional.normalize(mu @ A.get("text", A_shared).t(), dim=-1)  # (C, d)
+        if layout == "ours":
+            meta = {"modalities": list(mods)} | ({"classes": class_names} if has_classes else {})
+            (out / d).mkdir(parents=True, exist_ok=True)
+            (out / d / "meta.json").write_text(json.dumps(meta))
+            if has_classes:
+                torch.save(class_x, out / d / "classes.pt")
+        elif has_classes:
+            evaluation.write_h5(out / f"{d}_class_{perceptor}.h5", dict(zip(class_names, class_x)))
+        for split, n in (("train", n_train), ("test", n_test)):
+            labels = torch.randint(n_classes, (n,), generator=g)
+            z = (mu[labels] if has_classes else 0) + torch.randn(n, latent, generator=g) * mask
+            x = torch.stack([torch.nn.functional.normalize(z @ A[m].t() + noise * torch.randn(n, dim, generator=g),
+                                                           dim=-1) for m in mods], 1)  # (N, M, d)
+            ids = [f"{d}_{split}_{i:05d}" for i in range(n)]
+            if layout == "ours":
+                (out / d / split).mkdir(exist_ok=True)
+                for k, m in enumerate(mods):
+                    torch.save(x[:, k].clone(), out / d / split / f"{m}.pt")
+                (out / d / split / "samples.json").write_text(json.dumps(
+                    {"ids": ids} | ({"labels": labels.tolist()} if has_classes else {})))
+            else:
+                evaluation.write_h5(out / f"{d}_{split}_{perceptor}.h5", dict(zip(ids, x)))
+                if has_classes:
+                    (out / f"{d}_{split}_labels.json").write_text(
+                        json.dumps({i: class_names[c] for i, c in zip(ids, labels.tolist())}))
+    return out
+
+
+def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
+    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
+    task 2's subspaces share `shared` directions with task 1's (so the tasks
+    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2.
+    DNS's stability guarantee is exact on such features (dns.guarantee_check)."""
+    g = torch.Generator().manual_seed(seed)
+    k = 2 * rank - shared
+    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
+    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
+    tasks = []
+    for cols in (slice(0, rank), slice(rank - shared, k)):
+        z = torch.randn(n, rank, generator=g)
+        img = torch.nn.functional.normalize(z @ Q_img[:, cols].t(), dim=-1)
+        txt = torch.nn.functional.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(),
+                                            dim=-1)
+        tasks.append((img, txt))
+    return tasks
+
+
 # =============================================================================
 # 3. The tiny backbone
 # =============================================================================
@@ -580,4 +656,29 @@ def matrix_figure(matrices: dict, tasks: Sequence[str], path, caption: str, unit
         ax.set_title(f"{name} ({len(matrices[name])} seeds)", fontsize=9)
     fig.colorbar(im, ax=list(axes[0]), label=f"{unit}, mean over seeds", shrink=0.85)
     fig.suptitle(caption, fontsize=8)
+    return save_figure(fig, path)
+
+
+def bar_panels(runs: dict, base: dict, units: dict, path, caption: str, paper: dict | None = None,
+               paper_names: Sequence[str] = ()) -> Path:
+    """One panel per column (units = {column: axis label}): bars = mean over
+    seeds with ± std error bars, first `base` ("identity", one value), then
+    each run of runs = {name: [per-seed dicts]}; beside them, hatched, the
+    paper's values paper[column] (named paper_names) where it has them."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(units), figsize=(3.0 * len(units), 3.4))
+    for ax, (col, unit) in zip(axes, units.items()):
+        names = ["identity", *runs]
+        vals = [np.array([base[col]])] + [np.array([r[col] for r in v], dtype=float) for v in runs.values()]
+        ax.bar(range(len(names)), [v.mean() for v in vals], yerr=[v.std(ddof=1) if len(v) > 1 else 0 for v in vals],
+               color=["0.6", "tab:red", "tab:blue", "tab:green"], capsize=3)
+        if col in (paper or {}):
+            ax.bar([len(names), len(names) + 1], paper[col], color="none", edgecolor=["tab:red", "tab:blue"],
+                   hatch="//")
+            names += list(paper_names)
+        ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.axhline(0, color="k", lw=0.5)
+    fig.suptitle(caption, fontsize=8)
+    fig.tight_layout()
     return save_figure(fig, path)

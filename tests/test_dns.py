@@ -266,7 +266,7 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     model.eval()
     manifest = lab.synthetic_manifest("task-photo-test", tmp_path, n=6)
     key = {"manifest": str(manifest)}
-    first = dns.cached(tmp_path / "cache", key, lambda: dns.manifest_features(model, preprocess, tok, manifest, "shape"))
+    first = dns.cached(tmp_path / "cache", key, lambda: evaluation.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = dns.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
     rows = common.read_manifest(manifest)
     with torch.no_grad():
@@ -282,7 +282,7 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
 def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
     manifest = lab.synthetic_manifest("task-night-test", tmp_path, n=40)
-    feats = dns.manifest_features(model, preprocess, tok, manifest)
+    feats = evaluation.manifest_features(model, preprocess, tok, manifest)
     cs = evaluation.load_classification("synthetic-color", tmp_path)
     zs = {"synthetic-color": {"img": evaluation.image_features(model, preprocess, cs.image_paths),
                               "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates),

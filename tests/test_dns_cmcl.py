@@ -1,7 +1,7 @@
-"""Tests of dns.py in CMCL's own setting: the M-modality learner (exact
-reduction to the two-modality DNSLearner, absent modalities untouched,
-per-modality projectors from every past partner, old-pair drift bounded in
-update mode), both feature layouts, the code's step list, the masked
+"""Tests of dns.py in CMCL's own setting: the M-modality learner (the CLIP
+path is its (img, txt) case and unused modalities change nothing, absent
+modalities untouched, per-modality projectors from every past partner,
+old-pair drift bounded in update mode), both feature layouts, the code's step list, the masked
 continual metrics, and main() end to end on a fixture in the code's layout."""
 import json
 import math
@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 import common
 import dns
+import eval as evaluation
+import lab
 
 FAST = dict(device="cpu", precision="fp32", log_every=10_000)
 
@@ -23,7 +25,7 @@ def _cfg(tmp_path, **kw):
 
 # --- the code's step list and datasets --------------------------------------------
 def test_cmcl_steps_follow_the_codes_training_py():
-    steps = dns.parse_steps("cmcl", lambda d: dns.CMCL_DATASETS[d][0])
+    steps = dns.parse_steps("cmcl", lambda d: evaluation.CMCL_DATASETS[d][0])
     assert [s.dataset for s in steps] == ["ucf101", "esc50", "nyudv2", "clotho"] + ["vggsound_s"] * 3 + ["tvl"] * 3 \
         + ["llvip"]
     assert [s.modalities for s in steps] == [
@@ -33,19 +35,19 @@ def test_cmcl_steps_follow_the_codes_training_py():
     assert len({s.name for s in steps}) == 11
     for bad in ("nyudv2:0,5", "nyudv2:1,1", "esc50:a,b", ""):
         with pytest.raises(common.DataError):
-            dns.parse_steps(bad, lambda d: dns.CMCL_DATASETS[d][0])
+            dns.parse_steps(bad, lambda d: evaluation.CMCL_DATASETS[d][0])
 
 
 # --- features in both layouts ----------------------------------------------------
 def test_both_layouts_read_the_same_world(tmp_path):
-    worlds = {lay: dns.synthetic_multimodal(tmp_path / lay, lay, dim=8, n_train=40, n_test=20) for lay in
+    worlds = {lay: lab.synthetic_multimodal(tmp_path / lay, lay, dim=8, n_train=40, n_test=20) for lay in
               ("cmcl", "ours")}
     assert (tmp_path / "cmcl" / "esc50_train_imagebind.h5").exists()
     assert (tmp_path / "cmcl" / "esc50_class_imagebind.h5").exists()
     for d in ("ucf101", "nyudv2", "vggsound_s"):
-        a, b = (dns.read_features(worlds[lay], d, "test") for lay in ("cmcl", "ours"))
+        a, b = (evaluation.read_features(worlds[lay], d, "test") for lay in ("cmcl", "ours"))
         assert a["layout"] == "cmcl" and b["layout"] == "ours"
-        assert a["ids"] == b["ids"] and a["modalities"] == b["modalities"] == dns.CMCL_DATASETS[d][0]
+        assert a["ids"] == b["ids"] and a["modalities"] == b["modalities"] == evaluation.CMCL_DATASETS[d][0]
         assert a["x"].shape == (20, len(a["modalities"]), 8) and torch.equal(a["x"], b["x"])
         if d == "nyudv2":  # recall only
             assert a["labels"] is None and b["labels"] is None
@@ -61,7 +63,7 @@ def test_h5_entries_are_per_sample_modality_arrays_sorted_by_id(tmp_path):
     with h5py.File(tmp_path / "clotho_train_unibind.h5", "w") as f:
         for k, v in rows.items():
             f.create_dataset(k, data=v)
-    feats = dns.read_features(tmp_path, "clotho", "train", "unibind")
+    feats = evaluation.read_features(tmp_path, "clotho", "train", "unibind")
     assert feats["ids"] == ["a", "b", "c"] and feats["x"][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
     assert feats["modalities"] == ("text", "audio") and feats["labels"] is None
 
@@ -77,19 +79,19 @@ def test_classes_from_the_codes_h5_keys(tmp_path):
         for k in ("rain", "dog"):
             f.create_dataset(k, data=np.zeros(3))
     (tmp_path / "esc50_train_imagebind.h5").touch()
-    feats = dns.read_features(tmp_path, "esc50", "test")
+    feats = evaluation.read_features(tmp_path, "esc50", "test")
     assert feats["classes"] == ["dog", "rain"] and feats["labels"].tolist() == [0, 1, 0]
 
 
 def test_cmcl_labels_from_the_codes_dataset_json(tmp_path):
     p = tmp_path / "paired_data_test.json"
     p.write_text(json.dumps([[{"id": "x1", "name": "dog", "class": 0}], [{"id": 7, "name": "rain", "class": 1}]]))
-    assert dns.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
+    assert evaluation.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
 
 
 def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
     with pytest.raises(common.DataError, match="meta.json"):
-        dns.read_features(tmp_path, "esc50", "train")
+        evaluation.read_features(tmp_path, "esc50", "train")
     with pytest.raises(common.DataError, match="no such folder"):
         dns.main(["--features", str(tmp_path / "nowhere"), "--tasks", "cmcl", "--out", str(tmp_path / "o")])
 
@@ -97,24 +99,39 @@ def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
 # --- the learner -------------------------------------------------------------------
 @pytest.mark.parametrize("settings", [dict(mode="gradient"), dict(mode="update"), dict(mode="vanilla"),
                                       dict(mode="update", output_cov="per-task", bias=True, lambda_min_out=0.0)])
-def test_two_modalities_reduce_exactly_to_dns_learner(tmp_path, settings):
-    """Modalities (img, txt), three image-text steps: every weight, covariance
-    and projector rank bitwise equal to the two-modality DNSLearner."""
+def test_clip_path_is_the_learner_with_img_txt_and_unused_modalities_change_nothing(tmp_path, settings):
+    """The CLIP path is DNSLearner with modalities (img, txt): three image-text
+    tasks give the covariances of the raw features and, per task, the mapped
+    partner features at that task's end (computed here from the equations),
+    and a learner that also holds modalities it never uses (aud, dep) learns
+    every weight, covariance and projector rank bitwise the same."""
     tasks = dns.low_rank_tasks(n=96) + dns.low_rank_tasks(n=96, seed=1)[:1]
     cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, wd=0.1, **{k: v for k, v in settings.items() if k != "bias"})
     bias = settings.get("bias", False)
-    old = dns.DNSLearner(32, math.log(1 / 0.07), bias=bias)
-    new = dns.MultiDNSLearner(("img", "txt"), 32, math.log(1 / 0.07), bias=bias)
+    clip = dns.DNSLearner(32, math.log(1 / 0.07), bias=bias)
+    more = dns.DNSLearner(32, math.log(1 / 0.07), bias=bias, modalities=("aud", "img", "dep", "txt"))
     for i, (img, txt) in enumerate(tasks):
-        old.learn(cfg, img, txt, tmp_path / f"old{i}")
-        new.learn(cfg, "img", "txt", img, txt, tmp_path / f"new{i}")
-        assert old.summaries[-1]["old_rank"] == new.summaries[-1]["old_rank"]
-    assert old.net.model.state_dict().keys() == new.net.model.state_dict().keys()
-    for k, v in old.net.model.state_dict().items():
-        assert torch.equal(v, new.net.model.state_dict()[k]), k
-    assert not torch.equal(old.net.model.W_img, torch.eye(32))  # it did train
-    assert torch.equal(old.Z_img, new.Z["img"]) and torch.equal(old.Z_txt, new.Z["txt"])
-    assert torch.equal(old.Zo_img, new.Zo["img"]) and torch.equal(old.Zo_txt, new.Zo["txt"])
+        clip.learn(cfg, img, txt, tmp_path / f"clip{i}")
+        more.learn(cfg, img, txt, tmp_path / f"more{i}", pair=("img", "txt"))
+        assert clip.summaries[-1]["old_rank"] == more.summaries[-1]["old_rank"]
+        assert bool(clip.summaries[-1]["old_rank"]) == (i > 0 and settings["mode"] != "vanilla")
+    assert [n for n, _ in clip.net.model.named_parameters()] == \
+        ["W_img", "W_txt"] + (["b_img", "b_txt"] if bias else [])  # checkpoints and hooks find them by name
+    for k, v in clip.net.model.state_dict().items():
+        assert torch.equal(v, more.net.model.state_dict()[k]), k
+    for m in ("aud", "dep"):
+        assert torch.equal(getattr(more.net.model, f"W_{m}"), torch.eye(32))
+    assert not torch.equal(clip.net.model.W_img, torch.eye(32))  # it did train
+    Z = {m: torch.zeros(32, 32, dtype=torch.float64) for m in ("img", "txt", "Zo_img", "Zo_txt")}
+    for k, (img, txt) in enumerate(tasks):  # running mean of x x^T with equal task sizes
+        W_img, W_txt = (w.double() for w in clip.history[k][:2])
+        mapped = {"img": img.double(), "txt": txt.double(), "Zo_img": txt.double() @ W_txt.t(),
+                  "Zo_txt": img.double() @ W_img.t()}
+        Z = {m: Z[m] * (k / (k + 1)) + mapped[m].t() @ mapped[m] / (96 * (k + 1)) for m in Z}
+    for m in ("img", "txt"):
+        assert torch.allclose(clip.Z[m], Z[m], atol=1e-10) and torch.equal(clip.Z[m], more.Z[m])
+        assert torch.allclose(clip.Zo[m], Z[f"Zo_{m}"], atol=1e-10) and torch.equal(clip.Zo[m], more.Zo[m])
+    assert clip.Z_img is clip.Z["img"] and clip.Zo_txt is clip.Zo["txt"]  # the CLIP path's names
 
 
 @pytest.mark.parametrize("mode", ["vanilla", "gradient", "update"])
@@ -123,12 +140,12 @@ def test_absent_modalities_are_bitwise_untouched(tmp_path, mode):
     W_c is not even in the optimizer."""
     g = torch.Generator().manual_seed(0)
     x = {m: F.normalize(torch.randn(64, 16, generator=g), dim=-1) for m in "abc"}
-    learner = dns.MultiDNSLearner(("a", "b", "c"), 16, math.log(1 / 0.07))
+    learner = dns.DNSLearner(16, math.log(1 / 0.07), modalities=("a", "b", "c"))
     cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, wd=0.5, mode=mode)
-    learner.learn(cfg, "c", "a", x["c"], x["a"], tmp_path / "s1")
+    learner.learn(cfg, x["c"], x["a"], tmp_path / "s1", pair=("c", "a"))
     W_c = learner.net.model.W_c.detach().clone()
     assert not torch.equal(W_c, torch.eye(16))
-    learner.learn(cfg, "a", "b", x["a"], x["b"], tmp_path / "s2")
+    learner.learn(cfg, x["a"], x["b"], tmp_path / "s2", pair=("a", "b"))
     assert torch.equal(learner.net.model.W_c, W_c)
     names = [n for grp in common.param_groups(learner.net, 1e-3, 0.5) for n in grp["names"]]
     assert names == ["model.W_a", "model.W_b"]
@@ -153,10 +170,10 @@ def test_projectors_span_every_past_partner_and_input(tmp_path):
     z1, z2 = torch.randn(64, 4, generator=g), torch.randn(64, 4, generator=g)
     xa1, xb = z1 @ basis["a1"].t(), z1 @ basis["b"].t()
     xa2, xc = z2 @ basis["a2"].t(), z2 @ basis["c"].t()
-    learner = dns.MultiDNSLearner(("a", "b", "c"), 24, math.log(1 / 0.07))
+    learner = dns.DNSLearner(24, math.log(1 / 0.07), modalities=("a", "b", "c"))
     cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, mode="update")
-    learner.learn(cfg, "a", "b", xa1, xb, tmp_path / "s1")
-    learner.learn(cfg, "a", "c", xa2, xc, tmp_path / "s2")
+    learner.learn(cfg, xa1, xb, tmp_path / "s1", pair=("a", "b"))
+    learner.learn(cfg, xa2, xc, tmp_path / "s2", pair=("a", "c"))
     P = learner.projectors(cfg, "a", "b")
     P_out, P_in = P["W_a"]
     model = learner.net.model
@@ -173,7 +190,7 @@ def _low_rank_world(tmp_path):
     """Three modalities, three datasets pairing them, noise-free features on
     rank-6 subspaces of R^24 (the guarantee is exact there), our layout."""
     datasets = {"one": (("vision", "text"), True), "two": (("text", "audio"), True), "three": (("vision", "audio"), False)}
-    return dns.synthetic_multimodal(tmp_path / "world", "ours", datasets=datasets, dim=24, n_train=128, n_test=64,
+    return lab.synthetic_multimodal(tmp_path / "world", "ours", datasets=datasets, dim=24, n_train=128, n_test=64,
                                     latent=12, active=6, noise=0.0)
 
 
@@ -200,10 +217,10 @@ def test_old_pair_drift_bounded_in_update_mode(tmp_path):
 # --- metrics -----------------------------------------------------------------------
 def test_masked_metrics_equal_continual_metrics_on_full_matrices():
     R = np.random.default_rng(0).uniform(0, 100, (5, 4))
-    assert dns.masked_continual_metrics(R) == pytest.approx(common.continual_metrics(R))
+    assert evaluation.masked_continual_metrics(R) == pytest.approx(common.continual_metrics(R))
     # column 1 has no such metric: last/bwt/forgetting over columns 0, 2, 3 by hand
     R[:, 1] = np.nan
-    m = dns.masked_continual_metrics(R)
+    m = evaluation.masked_continual_metrics(R)
     assert m["last"] == pytest.approx(R[4, [0, 2, 3]].mean())
     assert m["bwt"] == pytest.approx(np.mean([R[4, 0] - R[1, 0], R[4, 2] - R[3, 2]]))
     assert m["forgetting"] == pytest.approx(np.mean([R[:4, 0].max() - R[4, 0], R[:4, 2].max() - R[4, 2]]))
@@ -215,7 +232,7 @@ def test_masked_metrics_equal_continual_metrics_on_full_matrices():
 def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
     """python dns.py --features <dir> --tasks cmcl --perceptor imagebind, on
     a small fixture in the code's h5 layout."""
-    world = dns.synthetic_multimodal(tmp_path / "features_storage", "cmcl", dim=8, n_train=48, n_test=24)
+    world = lab.synthetic_multimodal(tmp_path / "features_storage", "cmcl", dim=8, n_train=48, n_test=24)
     r = dns.main(["--features", str(world), "--tasks", "cmcl", "--perceptor", "imagebind", "--mode", "update",
                   "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--precision", "fp32",
                   "--out", str(tmp_path / "run")])
