@@ -1011,7 +1011,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     summary = common.run_continual(
         out, tasks, learn_task, evaluate,
         lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
-        lambda path: learner.load_state_dict(torch.load(path, weights_only=False)), resume=bool(cfg.resume))
+        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
     if "stopped_at" in summary:
         return summary
     summary["metrics"] = {k: evaluation.masked_continual_metrics(R) for k, R in summary["matrices"].items()}
