@@ -359,7 +359,7 @@ def resume_check(backbone: str, device, precision: str, tmp, batch_size: int = 8
         return net, summary
 
     def checkpoint(out):
-        return torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+        return common.load_weights_only(out / "checkpoints" / "last.pt")
 
     def metrics(out):
         return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
@@ -429,7 +429,7 @@ def ddp_check(backbone: str, device_type: str, precision: str, batch_size: int =
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_ddp_worker, args=(2, port, tmp, backbone, device_type, precision, batch_size), nprocs=2, join=True)
-        res = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(2)]
+        res = [common.load_weights_only(Path(tmp) / f"rank{r}.pt") for r in range(2)]
     diff = float((res[0]["weights"] - res[1]["weights"]).abs().max())
     losses = [v for r in res for v in r["summary"]["final_losses"].values()]
     problems = [] if diff == 0 else [f"ranks' weights differ by {diff:.3g}"]
