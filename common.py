@@ -1251,7 +1251,7 @@ def cli(main: Callable, argv=None):
     it with its traceback; anything else is a bug and keeps its traceback."""
     global _COMMAND
     argv = list(sys.argv[1:] if argv is None else argv)
-    _COMMAND = [Path(sys.argv[0]).name, *argv]
+    _COMMAND = [sys.argv[0], *argv]
     try:
         main(argv)
     except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit are sorted below
@@ -1350,7 +1350,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
         ds = ManifestDataset(m, skip_bad=cfg.skip_bad, **dataset_kw)
         if len(ds) < cfg.batch_size:
             raise UsageError(f"{m}: {len(ds)} usable rows, fewer than one batch (--batch-size {cfg.batch_size})")
-    if dist_info()[0] == 0:
+    if int(os.environ.get("RANK", "0")) == 0:  # before init_distributed: torchrun's environment
         overrides = start_run(cfg, Path(cfg.out), continual=continual)
         if continual:
             write_config(cfg, Path(cfg.out), overrides)
@@ -1550,7 +1550,7 @@ class StopSignals:
     """SIGINT / SIGTERM during training become a request that train honours
     after the step in flight (never mid-step): a checkpoint at that step,
     the resume command, exit code 128 + signal. A second signal interrupts
-    at once. Every rank listens; with several processes the ranks agree (one
+    at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several processes the ranks agree (one
     all-reduce) at log steps only, so all stop at the same step."""
     def __init__(self):
         self.signum, self.previous, self.installed = None, {}, False
@@ -1558,6 +1558,7 @@ class StopSignals:
     def install(self):
         import signal
         import threading
+        self.pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self.previous[s] = signal.signal(s, self._handle)
@@ -1565,6 +1566,8 @@ class StopSignals:
         return self
 
     def _handle(self, signum, frame):
+        if os.getpid() != self.pid:  # a DataLoader worker (forked with the handler): the main process decides
+            return
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,9 +279,11 @@ class _SignalAtStep(common.ClipFineTune):
         return super().forward(batch, ctx)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_saves_after_the_step_in_flight_and_prints_the_resume_command(tmp_path, root, tiny_random, capsys,
-                                                                              monkeypatch, signum):
+def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tmp_path, root, tiny_random, capsys,
+                                                                             monkeypatch):
+    """SIGTERM (a scheduler's kill) in the middle of step 3: the step ends,
+    then a checkpoint; SIGINT on the command line is the test after this one's."""
+    signum = signal.SIGTERM
     model, pre, _, tok = tiny_random
     monkeypatch.setattr(common, "_COMMAND", ["erclip.py", "--out", str(tmp_path), "--overwrite"])
     cfg = common.Config(steps=8, batch_size=8, lr=1e-5, workers=0, precision="fp32", device="cpu", log_every=1,
@@ -308,3 +311,29 @@ def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
     live.write_bytes(b"x")
     common.start_run(common.Config(out=str(tmp_path)), tmp_path)
     assert not stale.exists() and live.exists()
+
+
+def test_ctrl_c_on_the_command_line_with_loader_workers(tmp_path, root):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group,
+    DataLoader workers included. One message, the resume command, exit 130,
+    a checkpoint at the last finished step."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, str(REPO / "erclip.py"), "--steps", "100", "--batch-size", "8",
+                          "--train-pairs", "16", "--workers", "2", "--eval-tasks", "none", "--pretrained", "random",
+                          "--data-root", str(root), "--log-every", "1", "--out", str(out)], cwd=tmp_path, env=RUN_ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    try:
+        for _ in range(600):
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "Traceback" not in err and err.count("saving a checkpoint") == 1
+    assert f"erclip.py --steps 100" in err and err.rstrip().endswith(f"--out {out} --resume latest")
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"] == logged[-1] < 100
