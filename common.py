@@ -17,6 +17,9 @@ Sections, in order:
   7. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping,
                        logit-scale clamp, atomic checkpoints, exact resume
   8. continual driver  task sequence, score matrices, resume at boundaries
+  9. runs             cli() (one message per expected failure), preflight,
+                       --train-data auto, the --out lock, --overwrite,
+                       --resume's settings check, SIGINT / SIGTERM
 
 Runbook: this module is not run directly; see README.md.
 """
@@ -1480,6 +1483,8 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     (which clears it); --resume compares the settings with the run's
     config.json and refuses differences unless --override-resume. Returns
     the overrides [{field, was, now}] (empty without --override-resume)."""
+    if cfg.resume and cfg.overwrite:
+        raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
     out.mkdir(parents=True, exist_ok=True)
     probe = out / f".write-test{os.getpid()}"
     probe.write_bytes(b"")
@@ -1550,8 +1555,9 @@ class StopSignals:
     """SIGINT / SIGTERM during training become a request that train honours
     after the step in flight (never mid-step): a checkpoint at that step,
     the resume command, exit code 128 + signal. A second signal interrupts
-    at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several processes the ranks agree (one
-    all-reduce) at log steps only, so all stop at the same step."""
+    at once. DataLoader workers (forked with the handler) ignore both. Every
+    rank listens; with several processes the ranks agree (one all-reduce)
+    at log steps only, so all stop at the same step."""
     def __init__(self):
         self.signum, self.previous, self.installed = None, {}, False
 

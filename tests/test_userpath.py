@@ -99,10 +99,11 @@ def test_auto_picks_the_papers_data_then_synthetic_for_tiny_else_refuses(tmp_pat
     assert common.resolve_auto(mine, "train_data", "paper", [need], "x") is mine
 
 
-@pytest.mark.parametrize("main", [m2mix.main, cclip.main], ids=["m2mix", "cclip"])
-def test_bare_run_with_a_papers_backbone_asks_for_the_data(tmp_path, capsys, main, no_model):
-    code, err = _cli(capsys, main, ["--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
-    assert code == 1 and "smoke test" in err and "Traceback" not in err
+@pytest.mark.parametrize("main, extra", [(m2mix.main, []), (cclip.main, []), (dns.main, ["--backbone", "ViT-B/16"])],
+                         ids=["m2mix", "cclip", "dns"])
+def test_bare_run_with_a_papers_backbone_asks_for_the_data(tmp_path, capsys, main, extra, no_model):
+    code, err = _cli(capsys, main, ["--data-root", str(tmp_path), "--out", str(tmp_path / "o"), *extra])
+    assert code == 1 and "smoke test" in err and "synthetic" in err and not (tmp_path / "o").exists()
 
 
 def test_missing_weights_are_one_message(tmp_path, root, capsys, monkeypatch):
@@ -236,6 +237,8 @@ def test_a_new_run_into_an_occupied_out_is_refused_unless_overwrite(tmp_path, ro
     out = _copy_run(stopped[0], tmp_path / "run")
     with pytest.raises(common.RunError, match="holds a run already.*--overwrite"):
         _erclip(root, out)
+    with pytest.raises(common.UsageError, match="pass one of them"):
+        _erclip(root, out, "--overwrite", "--resume", "latest")
     _erclip(root, out, "--overwrite")
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]  # the old run's lines are gone
@@ -334,6 +337,6 @@ def test_ctrl_c_on_the_command_line_with_loader_workers(tmp_path, root):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130 and "Traceback" not in err and err.count("saving a checkpoint") == 1
-    assert f"erclip.py --steps 100" in err and err.rstrip().endswith(f"--out {out} --resume latest")
+    assert "erclip.py --steps 100" in err and err.rstrip().endswith(f"--out {out} --resume latest")
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"] == logged[-1] < 100
