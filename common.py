@@ -1273,7 +1273,7 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
     import pickle
     import zipfile
     if isinstance(e, KeyboardInterrupt):
-        return "interrupted (nothing is saved outside training; during training a checkpoint is)", 130
+        return "interrupted outside training, nothing saved (during training a signal saves a checkpoint first)", 130
     if isinstance(e, RunError):
         return str(e), e.code
     if isinstance(e, UsageError):
