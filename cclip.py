@@ -170,7 +170,8 @@ METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 class CClipConfig(common.Config):
     backbone: str = common.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = common.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
-    tasks: str = common.arg("synthetic", "'synthetic' (4 domains, short captions), 'synthetic-long' (the same, "
+    tasks: str = common.arg("auto", "'auto': vlcl under --data-root (synthetic with --backbone tiny when absent), "
+                                    "'synthetic' (4 domains, short captions), 'synthetic-long' (the same, "
                                          "long captions), 'vlcl' (the paper's 8 tasks from data/vlcl/<name>/"
                                          "{train,test}.jsonl) or name=train[:test],... in order")
     unseen: str = common.arg("auto", "unseen retrieval set: eval task name or manifest; 'auto': "
@@ -643,6 +644,11 @@ def main(argv=None):
     cfg = common.parse_config(CClipConfig, argv, **(DEMO if "--demo" in argv else {}))
     if cfg.demo:
         return run_demo(cfg)
+    vlcl = Path(cfg.data_root) / "vlcl"
+    needs = [vlcl / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
+    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
+                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl")
+    common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
     try:
         summary = run(cfg)
     except Interrupted as e:
@@ -660,4 +666,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

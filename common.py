@@ -17,6 +17,9 @@ Sections, in order:
   7. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping,
                        logit-scale clamp, atomic checkpoints, exact resume
   8. continual driver  task sequence, score matrices, resume at boundaries
+  9. runs             cli() (one message per expected failure), preflight,
+                       --train-data auto, the --out lock, --overwrite,
+                       --resume's settings check, SIGINT / SIGTERM
 
 Runbook: this module is not run directly; see README.md.
 """
@@ -26,6 +29,7 @@ import argparse
 import copy
 import csv
 import dataclasses
+import errno
 import functools
 import io
 import json
@@ -78,7 +82,8 @@ class Config:
     cache_dir: str = arg("", "where open_clip looks for / stores downloaded weights")
     # data
     data_root: str = arg("data", "root of every benchmark folder (see README)")
-    train_data: str = arg("synthetic", "training manifest (JSONL/CSV) or 'synthetic'")
+    train_data: str = arg("auto", "auto: the paper's training data under --data-root (the synthetic world with "
+                          "--backbone tiny when it is absent) | a manifest (JSONL/CSV) | synthetic")
     skip_bad: bool = arg(False, "skip and count bad rows/images instead of stopping")
     workers: int = arg(2, "DataLoader workers")
     # optimisation
@@ -92,7 +97,8 @@ class Config:
     eps: float = arg(1e-6, "AdamW eps")
     warmup: int = arg(0, "linear warm-up steps; negative = that percentage of all steps")
     grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)")
-    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32")
+    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32",
+                         choices=("auto", "fp16", "bf16", "fp32"))
     grad_checkpointing: bool = arg(False, "trade compute for memory in both towers")
     label_smoothing: float = arg(0.0, "label smoothing of the contrastive cross-entropies")
     # bookkeeping
@@ -104,6 +110,26 @@ class Config:
     resume: str = arg("", "'latest' or a checkpoint path to continue from")
     stop_at: int = arg(0, "ours: leave after this many steps as if interrupted (tests resume)")
     find_unused: bool = arg(False, "DDP find_unused_parameters")
+    overwrite: bool = arg(False, "ours: start afresh in an --out that holds a run (its run files are deleted)")
+    override_resume: bool = arg(False, "ours: let --resume continue with changed settings (recorded in config.json)")
+    debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
+
+
+# Checked by argparse, so a bad value stops before anything runs: "positive"
+# fields must be > 0, "counts" >= 0 (steps 0: the epochs decide; save_every 0:
+# one checkpoint at the end; stop_at 0: off).
+POSITIVE = ("epochs", "batch_size", "lr", "log_every")
+COUNTS = ("steps", "save_every", "stop_at", "workers")
+
+
+def _checked(typ, positive: bool):
+    def check(text):
+        v = typ(text)
+        if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+            raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else '>= 0'}, got {text}")
+        return v
+    check.__name__ = typ.__name__
+    return check
 
 
 def parse_config(cls, argv=None, **overrides):
@@ -118,6 +144,8 @@ def parse_config(cls, argv=None, **overrides):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            if f.name in POSITIVE or f.name in COUNTS:
+                typ = _checked(typ, f.name in POSITIVE)
             p.add_argument(name, type=typ, default=default, help=help_, choices=f.metadata.get("choices"))
     return cls(**vars(p.parse_args(argv)))
 
@@ -316,7 +344,7 @@ def resolve_backbone(name: str) -> str:
         return TINY_NAME
     name = OPENAI_NAMES.get(name, name)
     if name not in open_clip.list_models():
-        raise ValueError(f"unknown backbone {name!r}; use an OpenAI name ({', '.join(OPENAI_NAMES)}), "
+        raise UsageError(f"unknown backbone {name!r}; use an OpenAI name ({', '.join(OPENAI_NAMES)}), "
                          f"'tiny', or one of open_clip.list_models()")
     return name
 
@@ -372,22 +400,22 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     if os.path.isfile(pretrained):
         meta = read_sidecar(pretrained)
         if meta and meta.get("model") not in (None, name):
-            raise ValueError(f"{pretrained} holds a {meta['model']} model, not {name}")
+            raise UsageError(f"{pretrained} holds a {meta['model']} model, not {name}")
         if quick_gelu is None:
             quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
         context = meta.get("context_length") if meta else None
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
-            raise ValueError(f"{pretrained!r} is neither a file nor an open_clip tag of {name} "
+            raise UsageError(f"{pretrained!r} is neither a file nor an open_clip tag of {name} "
                              f"(tags: {open_clip.list_pretrained_tags_by_model(name)})")
         tag_qg = bool(tag_cfg.get("quick_gelu", False))
         if quick_gelu is not None and quick_gelu != tag_qg:
-            raise ValueError(f"{name}/{pretrained} was trained with quick_gelu={tag_qg}; refusing {quick_gelu}")
+            raise UsageError(f"{name}/{pretrained} was trained with quick_gelu={tag_qg}; refusing {quick_gelu}")
         quick_gelu = tag_qg
         if os.environ.get("HF_HUB_OFFLINE") == "1" or not (_weights_cached(name, pretrained, cache_dir)
                                                            or _hub_reachable()):
-            raise RuntimeError(
+            raise RunError(
                 f"cannot get the {name} weights '{pretrained}': they are not in the cache "
                 f"({cache_dir or 'the Hugging Face / open_clip default cache'}) and the hub is unreachable. "
                 f"Download them elsewhere and pass --pretrained /path/to/file.pt (or .bin/.safetensors), "
@@ -429,10 +457,21 @@ def atomic_write(path, content) -> Path:
         else:
             tmp.write_text(content, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = isinstance(e, (RuntimeError, OSError)) and _disk_full(path.parent)
         tmp.unlink(missing_ok=True)  # no stray temporary file after a failure
+        if full and getattr(e, "errno", None) != errno.ENOSPC:  # torch.save says only "file write failed"
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
     return path
+
+
+def _disk_full(folder) -> bool:
+    import shutil
+    try:
+        return shutil.disk_usage(folder).free < 2 ** 20
+    except OSError:
+        return False
 
 
 def _atomic_save(obj, path: Path):
@@ -857,7 +896,7 @@ def resolve_precision(precision: str, device) -> str:
     if precision == "auto":
         return "fp16" if dev == "cuda" else "fp32"
     if precision not in ("fp16", "bf16", "fp32"):
-        raise ValueError(f"unknown precision {precision!r}")
+        raise UsageError(f"unknown precision {precision!r}")
     if precision == "fp16" and dev != "cuda":
         _warn_once(f"warning: --precision fp16 on {dev} is meant for testing the grad-scaler path (slow); "
                    f"use bf16 or fp32 to train on {dev}")
@@ -956,7 +995,7 @@ def load_checkpoint_state(net, sd):
     missing, unexpected = net.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not (skip and k.startswith(skip))]
     if missing or unexpected:
-        raise RuntimeError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise RunError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 class UnsafeFileError(RuntimeError):
@@ -1129,17 +1168,15 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     precision = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    overrides = start_run(cfg, out) if rank == 0 else []  # lock, leftovers, an old run, --resume's settings
     net.to(device)
     if cfg.grad_checkpointing:
         net.model.set_grad_checkpointing(True)
     if cfg.batch_size % world:
-        raise ValueError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
+        raise UsageError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
     local_batch = cfg.batch_size // world
     if len(train_set) < cfg.batch_size:
-        raise ValueError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
+        raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
     sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
     loader = torch.utils.data.DataLoader(
         SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
@@ -1156,6 +1193,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         net, device_ids=[device.index] if device.type == "cuda" else None,
         find_unused_parameters=cfg.find_unused) if world > 1 else net
 
+    new_settings = optimizer_settings(opt)
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
@@ -1177,6 +1215,10 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if rank == 0:
             _truncate_metrics(out / "metrics.jsonl", step)
             print(f"resumed from {ck} at step {step}", file=sys.stderr)
+    if overrides:
+        apply_optimizer_settings(opt, sched, new_settings)
+    if rank == 0:
+        write_config(cfg, out, overrides)
     guard = NonFiniteGuard(device)
     kept = f"; last good checkpoint kept in {out / 'checkpoints'}"
 
@@ -1196,6 +1238,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
     net.train()
+    stop = StopSignals().install()
     t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
     logit_scale = getattr(net.model, "logit_scale", None)
     while step < total:
@@ -1225,16 +1268,24 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                     rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
                 metrics_f.write(json.dumps(rec) + "\n")
                 metrics_f.flush()
+                if bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
+                    print(progress_line(out, rec, total), file=sys.stderr)
                 bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
             if cfg.save_every and step % cfg.save_every == 0 and step < total:
                 save()
+            if stop.requested(step, cfg.log_every, device):  # SIGINT / SIGTERM, honoured between steps
+                save()
+                bar.close()
+                stop.stop(out, step)
             if step >= total or (cfg.stop_at and step >= cfg.stop_at):
                 break
         if cfg.stop_at and step >= cfg.stop_at and step < total:
             save()
             bar.close()
-            return {"stopped_at": step, "total_steps": total}
+            stop.restore()
+            return {"stopped_at": step, "total_steps": total, "checkpoint": str(out / "checkpoints" / "last.pt")}
     bar.close()
+    stop.restore()
     if metrics_f:
         metrics_f.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
@@ -1247,6 +1298,22 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if export:
             save_model(net.model, out / "model.pt", cfg.backbone, source=cfg.pretrained or "default")
     return summary
+
+
+def optimizer_settings(opt) -> list[dict]:
+    """Each AdamW group's peak lr, decay, betas and eps, as the current flags set them."""
+    return [{k: g[k] for k in ("initial_lr", "weight_decay", "betas", "eps")} for g in opt.param_groups]
+
+
+def apply_optimizer_settings(opt, sched, settings: list[dict]):
+    """--override-resume: a loaded optimizer / scheduler state carries the old
+    run's rates and decay; put the new flags' values back, at the schedule's
+    current point."""
+    for g, s, f in zip(opt.param_groups, settings, sched.lr_lambdas):
+        g.update(s)
+        g["lr"] = s["initial_lr"] * f(sched.last_epoch)
+    sched.base_lrs = [s["initial_lr"] for s in settings]
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
 
 
 def machine_info() -> dict:
@@ -1294,14 +1361,14 @@ def parse_tasks(spec: str, data_root="data") -> list[Task]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, eq, paths = part.partition("=")
         if not eq or not paths:
-            raise ValueError(f"task {part!r}: expected name=train_manifest[:test_manifest]")
+            raise UsageError(f"task {part!r}: expected name=train_manifest[:test_manifest]")
         train_p, _, test_p = paths.partition(":")
         for p in (train_p, test_p or train_p):
             if not Path(p).exists():
                 raise DataError(f"task {name}: manifest not found: {p}")
         tasks.append(Task(name, train_p, test_p or train_p))
     if len({t.name for t in tasks}) != len(tasks):
-        raise ValueError("task names must be unique")
+        raise UsageError("task names must be unique")
     return tasks
 
 
@@ -1324,7 +1391,8 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
     if resume and state_file.exists():
         rec = json.loads(state_file.read_text())
         if [t["name"] for t in rec["tasks"]] != [t.name for t in tasks]:
-            raise ValueError(f"{state_file} was written for another task sequence")
+            raise RunError(f"{state_file} was written for another task sequence; continue with the same --tasks, "
+                           f"or start afresh with --overwrite")
         if len(rec["rows"]) > 1:
             load_state(boundary)
         log(f"resuming the task sequence after {len(rec['rows']) - 1} finished task(s)")
@@ -1343,7 +1411,10 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
             continue
         t0 = time.time()
         task_out = out / f"task{i + 1}-{task.name}"
-        summary = learn_task(i, task, task_out, resume and latest_checkpoint(task_out) is not None) or {}
+        task_resume = resume and latest_checkpoint(task_out) is not None
+        if not task_resume and task_out.exists():  # the task starts again from its beginning: no leftovers
+            clear_run(task_out)
+        summary = learn_task(i, task, task_out, task_resume) or {}
         seconds = time.time() - t0
         if "stopped_at" in summary:  # --stop-at inside this task: nothing recorded, --resume latest goes on
             log(f"task {i + 1} ({task.name}) stopped at step {summary['stopped_at']}; continue with --resume latest")
@@ -1364,3 +1435,385 @@ def summarize_continual(rec) -> dict:
     first, last = rec["scalars"][0], rec["scalars"][-1]
     summary["pd"] = {k: first[k] - last[k] for k in first if k in last}
     return summary
+
+
+# =============================================================================
+# 9. Errors, the command line and the run folder
+# =============================================================================
+class UsageError(ValueError):
+    """A bad flag or combination of flags (exit code 2, as argparse's)."""
+
+
+class RunError(RuntimeError):
+    """An expected failure around the run: missing weights or training data,
+    an --out that holds or is writing another run, a changed setting on
+    --resume, an interrupted run (exit code 1, or 128 + signal)."""
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+_COMMAND: list[str] | None = None  # the script and its arguments, set by cli(), for the resume hint
+
+
+def cli(main: Callable, argv=None):
+    """The `if __name__ == "__main__":` of every script: runs main(argv) and
+    turns an expected failure (bad input or flags, missing data or weights,
+    a corrupt checkpoint, a full disk, an unwritable --out, an interrupt)
+    into one paragraph on stderr and a non-zero exit code. --debug re-raises
+    it with its traceback; anything else is a bug and keeps its traceback."""
+    global _COMMAND
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _COMMAND = [sys.argv[0], *argv]
+    try:
+        main(argv)
+    except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit are sorted below
+        if isinstance(e, SystemExit) or "--debug" in argv:
+            raise
+        message, code = expected_error(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(code)
+
+
+def expected_error(e: BaseException) -> tuple[str | None, int]:
+    """(one-paragraph message, exit code) of an expected failure; (None, 1) for a bug."""
+    import errno
+    import pickle
+    import zipfile
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted outside training, nothing saved (during training a signal saves a checkpoint first)", 130
+    if isinstance(e, RunError):
+        return str(e), e.code
+    if isinstance(e, UsageError):
+        return str(e), 2
+    if isinstance(e, (DataError, FloatingPointError)):
+        return str(e), 1
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if e.filename else ""
+        if e.errno == errno.ENOSPC:
+            return (f"no space left on device (ENOSPC){where}: free space on that disk or choose another --out; "
+                    f"leftover temporary files are removed at the next start, and --resume latest continues "
+                    f"from the last checkpoint"), 1
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"{e.strerror}{where}: choose a writable --out (or fix the permissions)", 1
+        return f"{e.strerror or e}{where}", 1
+    if isinstance(e, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)) or (
+            isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
+        return f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {e})", 1
+    return None, 1
+
+
+def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
+    """cfg with `--<field> auto` made concrete: `paper` when every path in
+    `needs` exists (paper=None: the paper's data has no layout here); otherwise 'synthetic' (the lab's world) with
+    --backbone tiny, and with a real backbone a RunError saying what is
+    missing, where it goes and how to smoke-test instead."""
+    if getattr(cfg, field_name) != "auto":
+        return cfg
+    flag = "--" + field_name.replace("_", "-")
+    missing = [str(p) for p in needs if not Path(p).exists()]
+    if paper is not None and not missing:
+        value = paper
+    elif cfg.backbone == "tiny":
+        value = "synthetic"
+    else:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        where = (f"is not under --data-root {cfg.data_root}; missing: {shown}. Put it there as "
+                 f"README.md's 'Real data' layout shows (or point --data-root at it), pass" if paper is not None
+                 else "has no layout in this repository; pass")
+        raise RunError(f"{flag} auto: the paper's training data ({what}) {where} {flag} with your own data, or run "
+                       f"a smoke test on the lab's synthetic world with {flag} synthetic.")
+    print(f"[data] {flag} auto -> {value}", file=sys.stderr)
+    return dataclasses.replace(cfg, **{field_name: value})
+
+
+def check_device(cfg) -> str:
+    """The precision the run will use, refusing a device that is not there
+    (fp16 on CPU stays allowed, with resolve_precision's warning)."""
+    dev = cfg.device
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {dev}: no CUDA device is visible; use --device cpu (or auto)")
+        index = torch.device(dev).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise UsageError(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev not in ("auto", "cpu"):
+        try:
+            torch.device(dev)
+        except RuntimeError:
+            raise UsageError(f"--device {dev}: expected auto, cpu, cuda or cuda:N") from None
+    device = "cuda" if dev == "auto" and torch.cuda.is_available() else ("cpu" if dev == "auto" else dev)
+    return resolve_precision(cfg.precision, device)
+
+
+def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_kw):
+    """Everything cheap, before any model is loaded or evaluated: device and
+    precision, batch size vs world size, every training manifest (each row,
+    as training will check it, and at least one batch of rows), then the
+    --out folder (writable, lock, an old run there, --resume's settings).
+    continual=True: --out holds a task sequence (cclip.py, dns.py); its
+    config.json is written here, since common.train writes per task."""
+    check_device(cfg)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.batch_size % world:
+        raise UsageError(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
+    for m in manifests:
+        ds = ManifestDataset(m, skip_bad=cfg.skip_bad, **dataset_kw)
+        if len(ds) < cfg.batch_size:
+            raise UsageError(f"{m}: {len(ds)} usable rows, fewer than one batch (--batch-size {cfg.batch_size})")
+    if int(os.environ.get("RANK", "0")) == 0:  # before init_distributed: torchrun's environment
+        overrides = start_run(cfg, Path(cfg.out), continual=continual)
+        if continual:
+            write_config(cfg, Path(cfg.out), overrides)
+
+
+# --- the run folder: lock, leftovers, an old run, the settings on resume ------
+LOCK = ".lock"
+# Files and folders of a run (what --overwrite deletes); caches such as
+# features/ or data/ stay.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
+             "continual.json", "boundary.pt", "boundary.pt.json")
+# Settings that may change on --resume without --override-resume: where and
+# how the run is executed or logged, never what it computes. device and
+# precision are among them (an fp32 run may go on in fp16, see train); eval-only
+# flags of the method files and cclip.py's thread count / stop switch too.
+RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
+               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo",
+               "stop_after_tasks", "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
+               "collect"}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def lock_out(out: Path):
+    """One run per --out: <out>/.lock holds the writer's PID and host. A lock
+    of this process is kept (re-entrant); one of a live process refuses; one
+    of a dead process on this host is taken over with a message. Released
+    when the process exits."""
+    path, me = out / LOCK, {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                held = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                held = {}
+            if held == me:
+                return
+            pid = held.get("pid")
+            if held.get("host") not in (None, me["host"]):
+                raise RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
+                               f"delete {path}")
+            if isinstance(pid, int) and _pid_alive(pid):
+                raise RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose "
+                               f"another --out")
+            print(f"[out] taking over the stale lock of PID {pid} (no longer running) in {out}", file=sys.stderr)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        import atexit
+        atexit.register(lambda: _unlock(path, me))
+        return
+    raise RunError(f"could not take the lock {path}")
+
+
+def _unlock(path: Path, me: dict):
+    try:
+        if json.loads(path.read_text()) == me:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def clean_temporary(out: Path) -> list[Path]:
+    """Deletes the `*.tmp<PID>` files that atomic_write leaves when its process
+    is killed (or the disk fills), under --out, of processes no longer alive."""
+    import re
+    gone = []
+    for p in out.rglob("*.tmp*"):
+        m = re.fullmatch(r".+\.tmp(\d+)", p.name)
+        if m and p.is_file() and not _pid_alive(int(m.group(1))):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    if gone:
+        print(f"[out] removed {len(gone)} temporary file(s) left by an interrupted run in {out}", file=sys.stderr)
+    return gone
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in ("checkpoints/last.pt", "continual.json")) or (
+        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
+
+
+def clear_run(out: Path):
+    """Deletes a run's files in `out` (RUN_FILES and the per-task folders of a
+    task sequence), keeping caches and the lock."""
+    import shutil
+    for p in [out / n for n in RUN_FILES] + [p for p in out.glob("task[0-9]*-*") if p.is_dir()]:
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def _resume_checkpoint(cfg, out: Path) -> Path:
+    ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
+    if ck is None or not ck.exists():
+        raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}; start without "
+                                f"--resume")
+    import zipfile
+    if not zipfile.is_zipfile(ck):  # torch.save writes a zip; a cut or empty file has no central directory
+        raise RunError(f"{ck} is not a readable checkpoint (truncated, empty or not written by torch.save); "
+                       f"delete it and resume from an older copy, or start afresh with --overwrite")
+    return ck
+
+
+def resume_differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(field, old value, new value) of every setting outside RESUME_FREE
+    that differs; fields unknown to the old run are not compared."""
+    return [(k, old[k], v) for k, v in new.items() if k not in RESUME_FREE and k in old and old[k] != v]
+
+
+def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
+    """Claims --out for this run (rank 0): creates it (a clear error if it
+    cannot be written), takes the lock, removes leftover temporary files,
+    then: a new run into an --out holding one is refused unless --overwrite
+    (which clears it); --resume compares the settings with the run's
+    config.json and refuses differences unless --override-resume. Returns
+    the overrides [{field, was, now}] (empty without --override-resume)."""
+    if cfg.resume and cfg.overwrite:
+        raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+    out.mkdir(parents=True, exist_ok=True)
+    probe = out / f".write-test{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+    lock_out(out)
+    clean_temporary(out)
+    if not cfg.resume:
+        if holds_run(out):
+            if not cfg.overwrite:
+                raise RunError(f"{out} holds a run already (checkpoints / metrics.jsonl); continue it with "
+                               f"--resume latest, start it afresh with --overwrite (deletes its run files), or "
+                               f"choose another --out")
+            print(f"[out] --overwrite: deleting the old run's files in {out}", file=sys.stderr)
+            clear_run(out)
+        return []
+    run_dir = out if continual else _resume_checkpoint(cfg, out).parent.parent
+    if continual and not (out / "config.json").exists():
+        raise RunError(f"--resume {cfg.resume}: {out} holds no run to continue (no config.json); start without "
+                       f"--resume")
+    saved = run_dir / "config.json"
+    if not saved.exists():
+        print(f"[out] {saved} not found: the settings of the resumed run cannot be compared", file=sys.stderr)
+        return []
+    old = json.loads(saved.read_text())
+    diffs = resume_differences(old, dataclasses.asdict(cfg))
+    if diffs and not cfg.override_resume:
+        lines = "; ".join(f"--{k.replace('_', '-')} {a!r} (run) -> {b!r} (now)" for k, a, b in diffs)
+        raise RunError(f"--resume would continue {run_dir} with changed settings: {lines}. Drop the changed flags "
+                       f"to continue the run as it was, or pass --override-resume to continue with the new values "
+                       f"(recorded in config.json under resume_overrides)")
+    now = [{"field": k, "was": a, "now": b} for k, a, b in diffs]
+    if now:
+        changed = ", ".join(f"{d['field']}={d['now']!r}" for d in now)
+        print(f"[out] --override-resume: continuing with {changed}", file=sys.stderr)
+    return old.get("resume_overrides", []) + now
+
+
+def write_config(cfg, out: Path, overrides: list[dict] = ()):
+    """<out>/config.json: the resolved settings, plus every --override-resume change so far."""
+    rec = dataclasses.asdict(cfg)
+    if overrides:
+        rec["resume_overrides"] = list(overrides)
+    atomic_write(out / "config.json", json.dumps(rec, indent=1))
+
+
+def resume_command() -> str:
+    """The command that continues this run: the script's own arguments
+    without --resume/--overwrite/--stop-at, plus --resume latest."""
+    import shlex
+    if _COMMAND is None:
+        return "the same command with --resume latest"
+    drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
+    args, skip = [], False
+    for a in _COMMAND[1:]:
+        if skip:
+            skip = False
+        elif a in drop_with_value:
+            skip = True
+        elif a in ("--overwrite", "--override-resume") or a.split("=")[0] in drop_with_value:
+            continue
+        else:
+            args.append(a)
+    launcher = "torchrun --nproc_per_node N" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
+    return shlex.join([*launcher.split(), _COMMAND[0], *args, "--resume", "latest"])
+
+
+class StopSignals:
+    """SIGINT / SIGTERM during training become a request that train honours
+    after the step in flight (never mid-step): a checkpoint at that step,
+    the resume command, exit code 128 + signal. A second signal interrupts
+    at once. DataLoader workers (forked with the handler) ignore both. Every
+    rank listens; with several processes the ranks agree (one all-reduce)
+    at log steps only, so all stop at the same step."""
+    def __init__(self):
+        self.signum, self.previous, self.installed = None, {}, False
+
+    def install(self):
+        import signal
+        import threading
+        self.pid = os.getpid()
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.previous[s] = signal.signal(s, self._handle)
+            self.installed = True
+        return self
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self.pid:  # a DataLoader worker (forked with the handler): the main process decides
+            return
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n[train] signal {signum}: saving a checkpoint after the current step", file=sys.stderr)
+
+    def restore(self):
+        import signal
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous, self.installed = {}, False
+
+    def requested(self, step: int, log_every: int, device) -> bool:
+        if dist_info()[1] == 1:
+            return self.signum is not None
+        if step % log_every:
+            return False
+        flag = torch.tensor([self.signum or 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.signum = int(flag) or None
+        return self.signum is not None
+
+    def stop(self, out: Path, step: int):
+        self.restore()
+        ck = out / "checkpoints" / "last.pt"
+        raise RunError(f"stopped by signal {self.signum} at step {step}; checkpoint {ck} saved. Continue with:\n  "
+                       f"{resume_command()}", code=128 + self.signum)
+
+
+def progress_line(out: Path, rec: dict, total: int) -> str:
+    """What train prints to stderr at log steps when stderr is not a
+    terminal (cluster logs, nohup), where tqdm's bar is off."""
+    return (f"[{out.name}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
+            f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")

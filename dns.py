@@ -257,7 +257,8 @@ class DNSConfig(common.Config):
     loss: str = common.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
                            "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
     bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
-    tasks: str = common.arg("synthetic", "task sequence 'name=train.jsonl[:test.jsonl],...' or 'synthetic'")
+    tasks: str = common.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
+                            "(synthetic with --backbone tiny; the paper's data has no layout here)")
     zeroshot: str = common.arg("synthetic-shape,synthetic-color", "eval.py classification sets measured after "
                                "every task, class prompts through W_txt ('' = none)")
     task_classes: str = common.arg("shape", "ours: synthetic label set for per-task classification of each task's "
@@ -984,7 +985,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     root = Path(cfg.features)
     if not root.is_dir():
         raise common.DataError(f"--features {root}: no such folder")
-    spec = "cmcl" if cfg.tasks == "synthetic" else cfg.tasks  # --tasks left at its default: the code's steps
+    spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
     steps = parse_steps(spec, lambda d: evaluation.dataset_info(root, d, cfg.perceptor)["modalities"])
     device = common.init_distributed(cfg.device)
     out = Path(cfg.out)
@@ -1086,9 +1087,14 @@ def main(argv=None):
     if cfg.demo_cmcl:
         return run_cmcl_demo(cfg)
     if cfg.features:
+        common.preflight(cfg, continual=True)
         return run_cmcl(cfg)
-    return run_demo(cfg) if cfg.demo else run(cfg)
+    cfg = common.resolve_auto(cfg, "tasks", None, [], "ImageBind's seven datasets")
+    if cfg.demo:
+        return run_demo(cfg)
+    common.preflight(cfg, [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root)], continual=True)
+    return run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -552,11 +552,17 @@ def main(argv=None):
     cfg = common.parse_config(ERCLIPConfig, argv, **(DEMO if "--demo" in argv else {}))
     if cfg.demo:
         return run_demo(cfg)
+    root = Path(cfg.data_root)
+    cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
+        cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
+        cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"],
+        "COCO train2017 captions + ShareGPT4V descriptions, Sec. 4")
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, PAPER_EVAL_TASKS, SYNTHETIC_EVAL_TASKS)
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
+    common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model is loaded
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)
@@ -567,6 +573,10 @@ def main(argv=None):
     model, summary = train_erclip(cfg, model, train_tf, tokenizer)
     if rank != 0:
         return summary
+    if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated
+        print(f"[erclip] stopped at step {summary['stopped_at']}; checkpoint {summary['checkpoint']}; continue with "
+              f"--resume latest", file=sys.stderr)
+        return {"summary": summary}
     tuned = evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
                                 weights=str(Path(cfg.out) / "model.pt")) if tasks else []
     name, vit = variant_name(cfg), vit_key(cfg.backbone)
@@ -583,4 +593,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -1555,4 +1555,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -206,7 +206,8 @@ class LongCLIPConfig(common.Config):
     short_caption: str = common.arg("first-sentence", "first-sentence: the long caption's text before the first "
                                     "'. ' (code) | caption: the manifest's caption",
                                     choices=("first-sentence", "caption"))                 # deviation 8
-    train_data: str = common.arg("sharegpt4v", "sharegpt4v (Long-CLIP's) | coco-sharegpt4v (ERCLIP's 20k pairs) | "
+    train_data: str = common.arg("auto", "auto: sharegpt4v under --data-root (synthetic with --backbone tiny when "
+                                 "absent) | sharegpt4v (Long-CLIP's) | coco-sharegpt4v (ERCLIP's 20k pairs) | "
                                  "synthetic | a manifest with caption + long_caption")
     train_pairs: int = common.arg(0, "pairs of coco-sharegpt4v (0: ERCLIP's 20000) / scenes of synthetic (0: all)")
     coco_captions: str = common.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
@@ -732,12 +733,16 @@ def main(argv=None):
                                                        **(DEMO if demo else {})})
     if cfg.demo:
         return run_demo(cfg)
+    cfg = common.resolve_auto(cfg, "train_data", "sharegpt4v", [
+        cfg.sharegpt4v or Path(cfg.data_root) / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"],
+        "the ShareGPT4V descriptions with their images, Sec. 4.1")
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, PAPER_EVAL_TASKS, SYNTHETIC_EVAL_TASKS)
     rank = common.dist_info()[0]
     erclip_run = read_erclip_results(cfg.erclip_results) if cfg.erclip_results else None
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
+    common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model is loaded
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     base_window = common.text_tower(model).context_length
@@ -750,6 +755,10 @@ def main(argv=None):
     model, long_tokenizer, summary = train_longclip(cfg, model, train_tf, manifest)
     if rank != 0:
         return summary
+    if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated
+        print(f"[longclip] stopped at step {summary['stopped_at']}; checkpoint {summary['checkpoint']}; continue "
+              f"with --resume latest", file=sys.stderr)
+        return {"summary": summary}
     window = summary["context_length"]
     short_window = original_context(cfg.backbone)
     tokenizers = {window: long_tokenizer}
@@ -778,4 +787,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

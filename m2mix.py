@@ -144,7 +144,8 @@ from common import arg
 class M2MixConfig(common.Config):
     # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone")  # Sec. 5.1
-    train_data: str = arg("flickr30k", "flickr30k (Karpathy) | coco (see --coco-split) | a manifest | synthetic")
+    train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone tiny when absent) | "
+                                  "flickr30k (Karpathy) | coco (see --coco-split) | a manifest | synthetic")
     coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy (train+restval -> test)",
                           choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: every caption",
@@ -683,8 +684,11 @@ def main(argv=None):
         return table
     if cfg.demo:
         return run_demo(cfg)
+    karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"
+    cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy], "Flickr30K and Karpathy's split file, Sec. 5.1")
+    common.preflight(cfg, [train_manifest(cfg)])  # rows, --out, device: before any model is loaded
     return finetune(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -318,7 +318,7 @@ def test_recipes_and_clear_failures(tmp_path):
     assert cfg.train_data == "coco-sharegpt4v" and cfg.short_caption == "caption" and cfg.log_scale < 0
     paper = common.parse_config(longclip.LongCLIPConfig, [])
     assert (paper.lr, paper.wd, paper.warmup, paper.batch_size, paper.label_smoothing) == (1e-6, 0.01, 200, 2048, 0.1)
-    assert paper.log_scale == pytest.approx(4.6052, abs=1e-4) and paper.train_data == "sharegpt4v"
+    assert paper.log_scale == pytest.approx(4.6052, abs=1e-4) and paper.train_data == "auto"
     assert longclip._recipe(["--lr", "1", "--recipe=erclip-budget"]) == "erclip-budget"
     demo = common.parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
                                                                        **longclip.DEMO})
@@ -327,7 +327,7 @@ def test_recipes_and_clear_failures(tmp_path):
     assert (demo.label_smoothing, demo.precision, demo.workers, demo.pca_dim, demo.log_scale) == \
         (0.1, "fp32", 0, 8, -1.0) and demo.short_caption == "caption"
     with pytest.raises(common.DataError, match="ShareGPT4V json not found"):
-        longclip.main(["--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
+        longclip.main(["--train-data", "sharegpt4v", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(common.DataError, match="captions_train2017.json not found"):
         longclip.main(["--recipe", "erclip-budget", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(common.DataError, match="erclip-results"):

@@ -1,0 +1,342 @@
+"""The user's own path (issue 15, items 1, 2, 3, 6, 8): what --train-data /
+--tasks auto does, one clear message per expected failure (checked before
+any model is loaded), resume that refuses changed settings, one run per
+--out, parse-time checks of the numbers, signals and progress lines."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cclip
+import common
+import dns
+import erclip
+import lab
+import longclip
+import m2mix
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """One small synthetic world for the whole file (generated once)."""
+    r = tmp_path_factory.mktemp("data")
+    lab.synthetic_manifest("train", r, n=16)
+    return r
+
+
+def _erclip(root, out, *extra):
+    return erclip.main(["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16",
+                        "--batch-size", "8", "--steps", "3", "--warmup", "1", "--lr", "1e-4", "--workers", "0",
+                        "--log-every", "1", "--device", "cpu", "--eval-tasks", "none", "--pretrained", "random",
+                        "--out", str(out), *extra])
+
+
+def _cli(capsys, main, argv):
+    """common.cli as a script's __main__ runs it: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        common.cli(main, argv)
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model load fails loudly: the check under test must come first."""
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the check")
+    monkeypatch.setattr(common, "load_model", refuse)
+
+
+def _copy_run(src, out):
+    """A copy of a run folder that resumes as its own run."""
+    import shutil
+    shutil.copytree(src, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "out": str(out)}))
+    return out
+
+
+def _script(*args, cwd):
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=RUN_ENV, capture_output=True, text=True,
+                          timeout=120)
+
+
+# ----------------------------------------------------------------------------- 1. --train-data auto
+def test_the_researchers_command_without_weights_or_data_prints_one_paragraph(tmp_path):
+    r = _script(str(REPO / "erclip.py"), "--backbone", "ViT-B/16", "--epochs", "1", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "captions_train2017.json" in r.stderr and "Real data" in r.stderr
+    assert "--train-data synthetic" in r.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cls, name", [(erclip.ERCLIPConfig, "train_data"), (longclip.LongCLIPConfig, "train_data"),
+                                       (m2mix.M2MixConfig, "train_data"), (cclip.CClipConfig, "tasks"),
+                                       (dns.DNSConfig, "tasks")])
+def test_every_script_defaults_to_auto(cls, name):
+    assert getattr(common.parse_config(cls, []), name) == "auto"
+
+
+def test_auto_picks_the_papers_data_then_synthetic_for_tiny_else_refuses(tmp_path):
+    need = tmp_path / "paper.json"
+    tiny = common.Config(train_data="auto", backbone="tiny", data_root=str(tmp_path))
+    real = common.Config(train_data="auto", backbone="ViT-B/16", data_root=str(tmp_path))
+    assert common.resolve_auto(tiny, "train_data", "paper", [need], "x").train_data == "synthetic"
+    with pytest.raises(common.RunError, match=f"missing: {need}.*--train-data synthetic"):
+        common.resolve_auto(real, "train_data", "paper", [need], "x")
+    need.write_text("{}")
+    assert common.resolve_auto(real, "train_data", "paper", [need], "x").train_data == "paper"
+    assert common.resolve_auto(tiny, "train_data", "paper", [need], "x").train_data == "paper"
+    mine = common.Config(train_data="mine.jsonl", backbone="ViT-B/16")
+    assert common.resolve_auto(mine, "train_data", "paper", [need], "x") is mine
+
+
+@pytest.mark.parametrize("main, extra", [(m2mix.main, []), (cclip.main, []), (dns.main, ["--backbone", "ViT-B/16"])],
+                         ids=["m2mix", "cclip", "dns"])
+def test_bare_run_with_a_papers_backbone_asks_for_the_data(tmp_path, capsys, main, extra, no_model):
+    code, err = _cli(capsys, main, ["--data-root", str(tmp_path), "--out", str(tmp_path / "o"), *extra])
+    assert code == 1 and "smoke test" in err and "synthetic" in err and not (tmp_path / "o").exists()
+
+
+def test_missing_weights_are_one_message(tmp_path, root, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = _cli(capsys, erclip.main, ["--backbone", "ViT-B/16", "--train-data", "synthetic", "--data-root",
+                                           str(root), "--train-pairs", "16", "--batch-size", "8",
+                                           "--eval-tasks", "none", "--out", str(tmp_path / "o")])
+    assert code == 1 and err.startswith("error: cannot get the ViT-B-16 weights") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- 2. one message, checked first
+def test_a_bad_flag_is_one_message_and_exit_2(capsys):
+    code, err = _cli(capsys, erclip.main, ["--log-every", "0"])
+    assert code == 2 and err.strip().endswith("error: argument --log-every: must be > 0, got 0")
+
+
+def test_debug_shows_the_traceback(tmp_path, root):
+    with pytest.raises(common.UsageError, match="no CUDA"):
+        common.cli(erclip.main, ["--device", "cuda:7", "--debug", "--data-root", str(root), "--train-pairs", "16",
+                                 "--batch-size", "8"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_before_the_model(tmp_path, root, capsys, no_model):
+    code, err = _cli(capsys, erclip.main, ["--device", "cuda", "--data-root", str(root), "--train-pairs", "16",
+                                           "--batch-size", "8", "--out", str(tmp_path)])
+    assert code == 2 and "no CUDA device" in err
+
+
+def test_fp16_on_cpu_is_still_allowed_with_a_warning(capsys):
+    assert common.check_device(common.Config(device="cpu", precision="fp16")) == "fp16"
+
+
+def test_unwritable_out_is_found_before_the_model(tmp_path, root, capsys, no_model):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, err = _cli(capsys, erclip.main, ["--data-root", str(root), "--train-data", "synthetic",
+                                           "--train-pairs", "16", "--batch-size", "8", "--out", str(blocker / "out")])
+    assert code == 1 and str(blocker) in err and "Traceback" not in err
+
+
+def test_batch_larger_than_the_data_is_found_before_the_model(tmp_path, root, capsys, no_model):
+    code, err = _cli(capsys, erclip.main, ["--data-root", str(root), "--train-data", "synthetic", "--train-pairs",
+                                           "16", "--batch-size", "64", "--out", str(tmp_path / "o")])
+    assert code == 2 and "fewer than one batch" in err
+
+
+def _bad_row_manifest(tmp_path, root):
+    rows = common.read_manifest(lab.synthetic_manifest("train", root, n=16))
+    rows[5]["caption"] = ""
+    path = lab.synthetic_manifest("train", root, n=16).with_name("train-16-bad.jsonl")  # images stay relative
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "_line"}) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("main", [cclip.main, dns.main], ids=["cclip", "dns"])
+def test_every_tasks_manifest_is_checked_before_the_model(tmp_path, root, capsys, main, no_model):
+    good = lab.synthetic_manifest("train", root, n=16)
+    bad = _bad_row_manifest(tmp_path, root)
+    code, err = _cli(capsys, main, ["--backbone", "tiny", "--tasks", f"a={good},b={bad}", "--batch-size", "8",
+                                    "--data-root", str(root), "--out", str(tmp_path / "o")])
+    assert code == 1 and f"{bad}:6: empty caption" in err
+
+
+def test_full_disk_is_named_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "_disk_full", lambda folder: True)
+
+    def torch_save_fails(tmp):  # what torch.save raises on a full disk
+        Path(tmp).write_bytes(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file")
+    with pytest.raises(OSError) as e:
+        common.atomic_write(tmp_path / "last.pt", torch_save_fails)
+    assert e.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
+
+    def main(argv):
+        raise e.value
+    code, err = _cli(capsys, main, [])
+    assert code == 1 and "no space left on device (ENOSPC)" in err and "last.pt" in err
+
+
+def test_a_corrupt_checkpoint_is_one_message_before_the_model(tmp_path, root, stopped, capsys, no_model):
+    out = _copy_run(stopped[0], tmp_path / "run")
+    ck = out / "checkpoints" / "last.pt"
+    ck.write_bytes(ck.read_bytes()[:1000])  # cut, as a killed copy leaves it
+    code, err = _cli(capsys, lambda argv: _erclip(root, out, *argv), ["--resume", "latest"])
+    assert code == 1 and f"{ck} is not a readable checkpoint" in err
+
+
+# ----------------------------------------------------------------------------- 3. resume restores the run
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, root):
+    """An ERCLIP M+P run (mean fusion) stopped at step 2 of 3."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    summary = _erclip(root, out, "--stop-at", "2")["summary"]
+    return out, summary
+
+
+def test_stop_at_records_the_checkpoint_it_saved(stopped):
+    out, summary = stopped
+    assert summary["stopped_at"] == 2 and Path(summary["checkpoint"]).is_file()
+    assert not (out / "model.pt").exists() and not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("flags, field", [(["--lr", "1e-3"], "lr"), (["--lambda-p", "0"], "lambda_p"),
+                                          (["--fusion", "rt"], "fusion")])
+def test_resume_with_a_changed_setting_is_refused_and_writes_nothing(root, stopped, flags, field):
+    out, _ = stopped
+    config = (out / "config.json").read_bytes()
+    with pytest.raises(common.RunError, match=f"--{field.replace('_', '-')} .* \\(run\\) -> .* \\(now\\)"):
+        _erclip(root, out, "--resume", "latest", *flags)
+    assert (out / "config.json").read_bytes() == config and not (out / "model.pt").exists()
+
+
+def test_override_resume_applies_and_records_the_new_lr(tmp_path, root, stopped):
+    out = _copy_run(stopped[0], tmp_path / "run")
+    _erclip(root, out, "--resume", "latest", "--lr", "1e-3", "--override-resume", "--workers", "0")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["lr"] == 1e-3 and saved["resume_overrides"] == [{"field": "lr", "was": 1e-4, "now": 1e-3}]
+    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["step"] == 3 and ck["scheduler"]["base_lrs"] == [1e-3] * len(ck["optimizer"]["param_groups"])
+    assert all(g["initial_lr"] == 1e-3 for g in ck["optimizer"]["param_groups"])  # the run's 1e-4 is replaced
+
+
+def test_resume_accepts_execution_flags(tmp_path, root, stopped):
+    out = _copy_run(stopped[0], tmp_path / "run")
+    result = _erclip(root, out, "--resume", "latest", "--log-every", "2", "--save-every", "5", "--stop-at", "0")
+    assert result["summary"]["steps"] == 3 and (out / "model.pt").exists()
+
+
+def test_a_new_run_into_an_occupied_out_is_refused_unless_overwrite(tmp_path, root, stopped):
+    out = _copy_run(stopped[0], tmp_path / "run")
+    with pytest.raises(common.RunError, match="holds a run already.*--overwrite"):
+        _erclip(root, out)
+    with pytest.raises(common.UsageError, match="pass one of them"):
+        _erclip(root, out, "--overwrite", "--resume", "latest")
+    _erclip(root, out, "--overwrite")
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]  # the old run's lines are gone
+
+
+def test_one_run_per_out_and_a_stale_lock_is_taken_over(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+    with pytest.raises(common.RunError, match=f"another run \\(PID {os.getppid()}\\) is writing"):
+        common.lock_out(out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / common.LOCK).write_text(json.dumps({"pid": dead.pid, "host": common.socket.gethostname()}))
+    common.lock_out(out)
+    assert json.loads((out / common.LOCK).read_text())["pid"] == os.getpid()
+    assert f"stale lock of PID {dead.pid}" in capsys.readouterr().err
+    common.lock_out(out)  # this process's own lock: kept
+
+
+# ----------------------------------------------------------------------------- 6. numbers checked at parse time
+@pytest.mark.parametrize("flag, value", [("--epochs", "0"), ("--steps", "-5"), ("--batch-size", "0"), ("--lr", "0"),
+                                         ("--lr", "-1e-5"), ("--log-every", "0"), ("--save-every", "-1"),
+                                         ("--epochs", "-1")])
+def test_non_positive_numbers_are_refused_at_parse_time(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        common.parse_config(erclip.ERCLIPConfig, [f"{flag}={value}"])
+    assert e.value.code == 2 and f"argument {flag}: must be" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 8. signals, progress, leftovers
+class _SignalAtStep(common.ClipFineTune):
+    """Sends a signal to its own process in the middle of step `at` (0-based)."""
+    def __init__(self, model, at, signum):
+        super().__init__(model)
+        self.at, self.signum = at, signum
+
+    def forward(self, batch, ctx=None):
+        if ctx.step == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().forward(batch, ctx)
+
+
+def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tmp_path, root, tiny_random, capsys,
+                                                                             monkeypatch):
+    """SIGTERM (a scheduler's kill) in the middle of step 3: the step ends,
+    then a checkpoint; SIGINT on the command line is the test after this one's."""
+    signum = signal.SIGTERM
+    model, pre, _, tok = tiny_random
+    monkeypatch.setattr(common, "_COMMAND", ["erclip.py", "--out", str(tmp_path), "--overwrite"])
+    cfg = common.Config(steps=8, batch_size=8, lr=1e-5, workers=0, precision="fp32", device="cpu", log_every=1,
+                        out=str(tmp_path), save_every=0)
+    data = common.ManifestDataset(lab.synthetic_manifest("train", root, n=16), pre)
+    with pytest.raises(common.RunError) as e:
+        common.train(cfg, _SignalAtStep(model, 2, signum), data, common.Collate(tok), export=False)
+    assert e.value.code == 128 + signum
+    assert f"python erclip.py --out {tmp_path} --resume latest" in str(e.value)
+    ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
+    assert ck["step"] == 3  # the step the signal arrived in was finished, then saved
+    assert signal.getsignal(signum) is not None and not isinstance(getattr(signal.getsignal(signum), "__self__", None),
+                                                                   common.StopSignals)
+    err = capsys.readouterr().err
+    assert "step 1/8" in err and "step 3/8" in err  # stderr is no terminal here: progress lines
+
+
+def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / "checkpoints" / f"last.pt.tmp{dead.pid}"
+    live = tmp_path / f"results.json.tmp{os.getppid()}"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    common.start_run(common.Config(out=str(tmp_path)), tmp_path)
+    assert not stale.exists() and live.exists()
+
+
+def test_ctrl_c_on_the_command_line_with_loader_workers(tmp_path, root):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group,
+    DataLoader workers included. One message, the resume command, exit 130,
+    a checkpoint at the last finished step."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, str(REPO / "erclip.py"), "--steps", "100", "--batch-size", "8",
+                          "--train-pairs", "16", "--workers", "2", "--eval-tasks", "none", "--pretrained", "random",
+                          "--data-root", str(root), "--log-every", "1", "--out", str(out)], cwd=tmp_path, env=RUN_ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    try:
+        for _ in range(600):
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "Traceback" not in err and err.count("saving a checkpoint") == 1
+    assert "erclip.py --steps 100" in err and err.rstrip().endswith(f"--out {out} --resume latest")
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"] == logged[-1] < 100
