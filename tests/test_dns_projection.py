@@ -164,3 +164,11 @@ def test_null_space_projection_forms_agree():
         != "ProjectedLinearBackward"
     with pytest.raises(ValueError):
         dns.NullSpaceProjection("gradient", projectors, form="activations")
+
+
+def test_projection_form_flag():
+    import common
+    assert common.parse_config(dns.DNSConfig, []).projection_form == "auto"
+    assert common.parse_config(dns.DNSConfig, ["--projection-form", "dense"]).projection_form == "dense"
+    with pytest.raises(SystemExit):
+        common.parse_config(dns.DNSConfig, ["--projection-form", "activations"])
