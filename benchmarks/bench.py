@@ -71,9 +71,15 @@ def timeit(fn, warmup=1, repeat=5, samples=False):
 def count_flops(fn) -> int:
     """Runs fn() once under torch.utils.flop_counter.FlopCounterMode and
     returns the floating-point operations it counted (matrix products,
-    convolutions and attention; 2 per multiply-add). Used as a warm-up run."""
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+    convolutions and attention; 2 per multiply-add). Used as a warm-up run.
+    The CPU attention kernels, missing from flop_counter's registry, are
+    counted with its formulas for the other attention kernels."""
+    from torch.utils import flop_counter
+    aten = torch.ops.aten
+    cpu_attention = {aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.sdpa_flop.__wrapped__,
+                     aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                         flop_counter.sdpa_backward_flop.__wrapped__}
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_attention) as counter:
         fn()
     sync()
     return counter.get_total_flops()

@@ -77,3 +77,11 @@ def test_dns_projection_records(tmp_path, monkeypatch):
     assert any(r["name"].startswith("matrix-product rate") and r["value"] > 0 for r in recs)
     assert any("update-mode projection" in r["name"] for r in recs) and any("rebuild" in r["name"] for r in recs)
     assert all(r["value"] > 0 for r in recs if "activations form" not in r["name"])  # that one is a difference
+
+
+def test_flop_count_includes_cpu_attention():
+    """count_flops counts CPU attention: one (1, 1, n, d) attention call is
+    2 products of 2 n^2 d operations (Q K^T and the weights times V)."""
+    q = torch.randn(1, 1, 16, 8)
+    n = bench.count_flops(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert n == 2 * 2 * 16 * 16 * 8
