@@ -340,7 +340,10 @@ METHOD_STEPS = {
     "ERCLIP M (6 sentences/caption)": (None, _erclip("mean", 0.0), _erclip_extra),
     "ERCLIP RT+P (6 sentences/caption)": (None, _erclip("rt", 1.0), _erclip_extra),
 }
-QUICK_STEPS = 4  # --quick times the first four (the ones with goals)
+QUICK_STEPS = 4  # --quick times the first four (the ones with goals) ...
+# ... and on ViT-B/16 only the two whose floors hold real work (m2/m3-Mix's extra work is one (B, B)
+# product on any backbone), to keep --quick within its 3 minutes on 2 CPU cores
+QUICK_B16 = ("ERCLIP M+P (6 sentences/caption)", "C-CLIP (LoRA + CKC, old model)")
 STEP_BACKBONES = ("ViT-B-32", "ViT-B-16")
 FLOOR_GOAL = 1.10  # method step / (plain step + the method's required extra work, timed alone)
 
@@ -374,7 +377,8 @@ def bench_steps(quick, backbone, batch=None, repeat=None, methods=None):
     precision = "fp16" if DEVICE.type == "cuda" else "fp32"
     b = batch or step_batch(quick, backbone)
     repeat = repeat or (2 if quick else 5)
-    names = methods or list(METHOD_STEPS)[:QUICK_STEPS if quick else None]
+    names = methods or (list(QUICK_B16) if quick and backbone == "ViT-B-16" else
+                        list(METHOD_STEPS)[:QUICK_STEPS if quick else None])
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
     plain = make_step(common.ClipFineTune(model), batch, precision)
@@ -472,7 +476,7 @@ def bench_dns(quick):
                     "spread": None, "note": "the FLOP floor of the DNS projections below divides by this",
                     "device": device_name(), "torch": torch.__version__})
     print(f"  matrix-product rate: {rate / 1e9:.1f} GFLOP/s", flush=True)
-    repeat = 5 if quick else 20
+    repeat = 3 if quick else 20
     for dim in DNS_DIMS:
         steps = {bs: timeit(_dns_step(dns.DNSNet(dim, math.log(100)).to(DEVICE), *_features(dim, bs, g)),
                             warmup=2, repeat=repeat)[0] for bs in DNS_BATCHES}
@@ -503,7 +507,8 @@ def bench_dns(quick):
     for dim in DNS_DIMS:
         net = dns.DualMaps(dim, math.log(100))
         Zd = torch.eye(dim, dtype=torch.float64)
-        t, s = timeit(lambda: dns.build_projectors(net, Zd, Zd, 0.01), warmup=1, repeat=3)
+        t, s = timeit(lambda: dns.build_projectors(net, Zd, Zd, 0.01), warmup=0 if quick else 1,
+                      repeat=1 if quick else 3)
         RECORDS.append({"name": f"DNS projector rebuild per task (d={dim})", "value": t, "baseline": None,
                         "ratio": None, "kind": "info", "goal": None, "met": None, "unit": "s", "spread": s,
                         "device": "cpu (eigh in float64)", "torch": torch.__version__, "note": ""})
