@@ -111,10 +111,14 @@ Deviations (numbered; "the code" = github.com/Xiaohao-Liu/CMCL)
      Acc / BWT / R@10 as the paper; BWT = mean_j (R[T][j] - R[j][j]).
  11. One process: the trainable part is two D x D matrices on cached
      features, so torchrun brings nothing; dns.py refuses WORLD_SIZE > 1.
- 12. Speed (ours): when the old subspaces are small (k_out + k_in < D) the
-     hooks apply the same projection in factored form,
-     G - U_out (U_out^T G U_in) U_in^T (project_gradient_factored), at
-     (k_out + k_in) D^2 instead of 2 D^3 operations; tested equal.
+ 12. Speed (ours): the same projection in the form of fewest operations
+     (projection_flops; --projection-form): dense G - P_out G P_in (4 D^3
+     flops), factored G - U_out (U_out^T G U_in) U_in^T
+     (project_gradient_factored, ~2 (k_out + k_in) D^2), or from the batch,
+     since G = delta^T X: delta^T X - (delta P_out)^T (X P_in)
+     (project_gradient_activations, ~2 B D (k_out + k_in) + 2 min(k) D^2 or
+     ~2 B D^2; projected_linear makes it the map's backward). All tested
+     equal to project_gradient.
  13. Output-side covariance: ours re-maps the whole history with the current
      weights (W_txt Z_txt W_txt^T at the start of each task), the span the
      stability condition needs for the maps as they are now. The code
@@ -279,6 +283,9 @@ class DNSConfig(common.Config):
     eps: float = common.arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
     workers: int = common.arg(0, "ours: features live in memory, no loader workers")
     save_every: int = common.arg(0, "steps between checkpoints (0: one at the end of each task)")
+    projection_form: str = common.arg("auto", "ours (speed, deviation 12): auto: per map the form of fewest "
+                                      "operations | dense | factored; all compute the same projection",
+                                      choices=("auto", "dense", "factored"))
 
 
 # =============================================================================
@@ -341,6 +348,101 @@ def project_gradient_factored(G, U_out, U_in):
     saving when the old subspaces are small (tests check the equality)."""
     # Thm. 4, with P_out = U_out U_out^T and P_in = U_in U_in^T
     return G - U_out @ ((U_out.t() @ G) @ U_in) @ U_in.t()
+
+
+def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
+    """project_gradient for the gradient of a linear map over a batch, taken
+    from the batch itself: mapped = X W^T gives G = delta^T X, and with
+    P = U U^T (symmetric)
+        dW = delta^T X - (delta P_out)^T (X P_in)
+           = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T.
+    delta (B, D_out): gradient of the loss w.r.t. the map's output;
+    X (B, D_in): the map's input; U_out (D_out, k_out), U_in (D_in, k_in):
+    orthonormal bases. order: 'basis' (through the (k_out, k_in) core; the
+    saving when B is not small), 'batch' (project the B rows on both sides,
+    then one product [delta, -delta P_out]^T [X, X P_in]; the saving when B
+    is small), 'auto': the cheaper by projection_flops. Equal to
+    project_gradient(delta^T X, P_out, P_in) (tests check it)."""
+    if order == "auto":
+        d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
+        order = min(("basis", "batch"), key=lambda o: _activation_flops(o, len(X), d_out, d_in, k_out, k_in))
+    if order == "basis":
+        core = (delta @ U_out).t() @ (X @ U_in)  # (k_out, k_in)
+        # U_out core U_in^T, the cheaper association: the D_out D_in term goes with the smaller rank
+        correction = U_out @ (core @ U_in.t()) if U_out.shape[1] <= U_in.shape[1] else (U_out @ core) @ U_in.t()
+        return delta.t() @ X - correction
+    if order != "batch":
+        raise ValueError(f"order is 'auto', 'basis' or 'batch', not {order!r}")
+    # Thm. 4 on the batch: delta^T X - (delta P_out)^T (X P_in), both in ONE (2B)-row product
+    delta_old = (delta @ U_out) @ U_out.t()  # (B, D_out) delta P_out
+    X_old = (X @ U_in) @ U_in.t()  # (B, D_in) X P_in
+    return torch.cat([delta, -delta_old]).t() @ torch.cat([X, X_old])
+
+
+def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int, k_in: int) -> int:
+    """Floating-point operations (2 per multiply-add, as
+    torch.utils.flop_counter counts them) of project_gradient_activations
+    beyond the plain gradient delta^T X (2 B D_out D_in)."""
+    if order == "basis":  # U_out (core U_in^T) when k_out <= k_in, else (U_out core) U_in^T
+        last = 2 * k_in * (k_out * d_in if k_out <= k_in else k_out * d_out) + 2 * d_out * d_in * min(k_out, k_in)
+        return 2 * batch * (d_out * k_out + d_in * k_in + k_out * k_in) + last
+    return 4 * batch * (d_out * k_out + d_in * k_in) + 2 * batch * d_out * d_in
+
+
+def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> int:
+    """Floating-point operations of one projection of a (D_out, D_in) map's
+    gradient with old subspaces of ranks k_out, k_in (2 per multiply-add;
+    element-wise subtractions not counted):
+        dense        G - P_out G P_in                      2 D_out D_in (D_out + D_in)
+        factored     G - U_out (U_out^T G U_in) U_in^T     ~2 D_out D_in (k_out + k_in)
+        activations  from the batch (size `batch`), beyond delta^T X: the cheaper
+                     order of project_gradient_activations, ~2 B D (k_out + k_in) + 2 D^2 min(k)
+                     or ~2 B D^2"""
+    if form == "dense":
+        return 2 * d_out * d_out * d_in + 2 * d_out * d_in * d_in
+    if form == "factored":
+        return 2 * k_out * d_out * d_in + 2 * k_out * d_in * k_in + 2 * d_out * k_out * k_in + 2 * d_out * k_in * d_in
+    if form == "activations":
+        return min(_activation_flops(o, batch, d_out, d_in, k_out, k_in) for o in ("basis", "batch"))
+    raise ValueError(f"unknown projection form {form!r}")
+
+
+def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
+    """The form of least projection_flops: 'dense' or 'factored' for a
+    gradient at hand; 'activations' too when batch > 0 (the map's forward
+    can hand its batch to projected_linear)."""
+    forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
+    return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
+
+
+class ProjectedLinear(torch.autograd.Function):
+    """mapped = x W^T whose backward returns W's gradient already projected
+    (Thm. 4, from the batch: project_gradient_activations):
+        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T
+    and x's gradient unchanged (delta W). x (..., D_in), W (D_out, D_in),
+    U_out (D_out, k_out), U_in (D_in, k_in) orthonormal, not trained."""
+
+    @staticmethod
+    def forward(ctx, x, W, U_out, U_in):
+        ctx.save_for_backward(x, W, U_out, U_in)
+        return x @ W.t()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, W, U_out, U_in = ctx.saved_tensors
+        grad_x = grad_W = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_out @ W.to(grad_out.dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # the projection in float32 at least (as the hooks do)
+            dtype = torch.promote_types(W.dtype, torch.float32)
+            delta, X = grad_out.reshape(-1, W.shape[0]).to(dtype), x.reshape(-1, W.shape[1]).to(dtype)
+            grad_W = project_gradient_activations(delta, X, U_out.to(dtype), U_in.to(dtype)).to(W.dtype)
+        return grad_x, grad_W, None, None
+
+
+def projected_linear(x, W, U_out, U_in):
+    """x W^T, W's gradient projected in the backward (ProjectedLinear)."""
+    return ProjectedLinear.apply(x, W, U_out, U_in)
 
 
 def projector_basis(P):
@@ -503,30 +605,69 @@ class NullSpaceProjection:
     """common.train hooks. gradient mode: project W.grad after unscaling and
     clipping, before the optimizer step. update mode: remember W before the
     step, and after it replace W by W_before + project(W_after - W_before),
-    so AdamW's scaling, momentum and weight decay are projected too."""
-    def __init__(self, mode: str, projectors: dict):
+    so AdamW's scaling, momentum and weight decay are projected too.
+
+    projectors: {param name: (P_out, P_in)}. form (ours, speed; every form is
+    the same projection, tested equal to project_gradient): 'dense'
+    (project_gradient), 'factored' (project_gradient_factored), 'auto': per
+    map the one of fewer operations (projection_flops), and in gradient mode
+    the activation form when a map's forward goes through linear() and it is
+    cheaper still."""
+    def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
             raise ValueError(f"unknown projection mode {mode!r}")
-        self.mode, self.projectors, self.before = mode, projectors, {}
+        if form not in ("auto", "dense", "factored"):
+            raise ValueError(f"projection form is 'auto', 'dense' or 'factored', not {form!r}")
+        self.mode, self.projectors, self.form, self.before = mode, projectors, form, {}
         self.seconds, self.steps = 0.0, 0
-        # ours (speed): per map, the factored form when the old subspaces are small, else the dense one
+        self._bases = {name: (projector_basis(P_out), projector_basis(P_in))
+                       for name, (P_out, P_in) in projectors.items()}
+        self.forms = {name: form if form != "auto" else cheapest_projection_form(
+                          P_out.shape[0], P_in.shape[0], *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
+        self.projected_in_backward = set()  # maps whose gradient projected_linear already projected
         self.project = {}
         for name, (P_out, P_in) in projectors.items():
-            U_out, U_in = projector_basis(P_out), projector_basis(P_in)
-            if U_out.shape[1] + U_in.shape[1] < P_out.shape[0]:
-                self.project[name] = lambda G, U_out=U_out, U_in=U_in: project_gradient_factored(G, U_out, U_in)
+            if self.forms[name] == "factored":
+                self.project[name] = lambda G, U=self._bases[name]: project_gradient_factored(G, *U)
             else:
                 self.project[name] = lambda G, P_out=P_out, P_in=P_in: project_gradient(G, P_out, P_in)
+
+    def bases(self, name: str) -> tuple:
+        """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of the
+        old subspaces of map `name`, what projected_linear takes."""
+        return self._bases[name]
+
+    def rank(self, name: str) -> tuple:
+        """(k_out, k_in) of map `name`."""
+        return tuple(U.shape[1] for U in self._bases[name])
+
+    def linear(self, name: str, x, W):
+        """What map `name`'s forward computes, x (B, D_in) -> x W^T (B, D_out):
+        through projected_linear (W's gradient arrives projected, and the
+        hook leaves it alone) when in gradient mode with form 'auto' the
+        activation form costs fewer operations at this batch size; plain
+        x @ W.t() otherwise. Caveat: with --grad-clip the clip then sees the
+        projected gradient norm (the dense/factored hooks clip first,
+        deviation 3); the direction of the step is the same."""
+        if self.mode != "gradient" or self.form != "auto" or not (torch.is_grad_enabled() and W.requires_grad):
+            return x @ W.t()
+        if cheapest_projection_form(*W.shape, *self.rank(name), batch=x.numel() // W.shape[1]) != "activations":
+            return x @ W.t()
+        self.projected_in_backward.add(name)
+        return projected_linear(x, W, *self._bases[name])
 
     @torch.no_grad()
     def before_optimizer_step(self, net):
         t0 = time.perf_counter()
         for name in self.projectors:
             p = getattr(net.model, name)
+            if name in self.projected_in_backward:  # projected_linear's backward did it
+                continue
             if self.mode == "gradient" and p.grad is not None:
                 p.grad.copy_(self.project[name](p.grad.float()))
             elif self.mode == "update":
                 self.before[name] = p.detach().clone()
+        self.projected_in_backward.clear()
         self.seconds += time.perf_counter() - t0
         self.steps += 1
 
