@@ -504,15 +504,19 @@ class ModalityMaps(nn.Module):
         for name, p in self.named_parameters():
             p.requires_grad_(name[2:] in (a, b))
 
-    def map(self, m: str, x):  # (N, D) -> (N, D)
-        b = getattr(self, f"b_{m}", None)
-        return x @ getattr(self, f"W_{m}").t() + (b if b is not None else 0)
+    def map(self, m: str, x, hooks=None):  # (N, D) -> (N, D)
+        """x W_m^T (+ b_m). hooks: the task's NullSpaceProjection, whose
+        linear() may compute the product so that W_m's gradient arrives
+        already projected (the activation form, deviation 12)."""
+        W, b = getattr(self, f"W_{m}"), getattr(self, f"b_{m}", None)
+        y = hooks.linear(f"W_{m}", x, W) if hooks is not None and f"W_{m}" in hooks.projectors else x @ W.t()
+        return y + (b if b is not None else 0)
 
-    def map_image(self, x):
-        return self.map(self.pair[0], x)
+    def map_image(self, x, hooks=None):
+        return self.map(self.pair[0], x, hooks)
 
-    def map_text(self, x):
-        return self.map(self.pair[1], x)
+    def map_text(self, x, hooks=None):
+        return self.map(self.pair[1], x, hooks)
 
     def snapshot(self) -> tuple:
         """Every map as plain CPU tensors, in parameter order (W_<m> for every
@@ -540,10 +544,11 @@ class DNSNet(nn.Module):
             raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
         self.model = ModalityMaps(dim, logit_scale, bias, modalities)
         self.label_smoothing, self.loss = label_smoothing, loss
+        self.hooks = None  # the current task's NullSpaceProjection (DNSLearner.learn sets it)
 
     def forward(self, batch, ctx=None):
-        img = self.model.map_image(batch["img"])  # (B, D), not renormalised
-        txt = self.model.map_text(batch["txt"])
+        img = self.model.map_image(batch["img"], self.hooks)  # (B, D), not renormalised
+        txt = self.model.map_text(batch["txt"], self.hooks)
         img, txt = common.gather(img, txt)
         if self.loss == "code":  # deviation 14: one direction, temperature 1
             return {"loss_code": code_loss(img, txt)}
@@ -734,11 +739,15 @@ class DNSLearner:
         model.set_pair(a, b)
         if cfg.mode != "vanilla":
             P = self.projectors(cfg, a, b)
-            hooks = NullSpaceProjection(cfg.mode, P) if P else None
+            hooks = NullSpaceProjection(cfg.mode, P, cfg.projection_form) if P else None
         build_seconds = time.perf_counter() - t0
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
-        summary = common.train(task_cfg, self.net, FeaturePairs(x_a, x_b), common.Collate(None),
-                               hooks=hooks, export=False)
+        self.net.hooks = hooks
+        try:
+            summary = common.train(task_cfg, self.net, FeaturePairs(x_a, x_b), common.Collate(None),
+                                   hooks=hooks, export=False)
+        finally:
+            self.net.hooks = None
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
         W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))

@@ -1,6 +1,7 @@
 """Tests of dns.py's projection forms: dense, factored and from the batch
 (activations, projected_linear) all compute project_gradient; the operation
 counts that choose between them; NullSpaceProjection's form argument."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -172,3 +173,30 @@ def test_projection_form_flag():
     assert common.parse_config(dns.DNSConfig, ["--projection-form", "dense"]).projection_form == "dense"
     with pytest.raises(SystemExit):
         common.parse_config(dns.DNSConfig, ["--projection-form", "activations"])
+
+
+def test_learner_takes_the_activation_form_and_learns_what_the_dense_hook_learns(tmp_path, monkeypatch):
+    """Wired into the maps: at a small batch on wide maps 'auto' trains the
+    second task through projected_linear (W's gradient projected in the
+    backward), and ends where the dense hook (project W.grad after the
+    backward) ends, up to float32 rounding."""
+    calls = []
+    real = dns.projected_linear
+    monkeypatch.setattr(dns, "projected_linear", lambda *a: calls.append(1) or real(*a))
+    tasks = dns.low_rank_tasks(dim=96, rank=4, shared=2, n=64)
+    maps = {}
+    for form in ("auto", "dense"):
+        cfg = dns.DNSConfig(mode="gradient", projection_form=form, batch_size=8, epochs=1, lr=1e-2,
+                            device="cpu", precision="fp32", log_every=10_000, out=str(tmp_path / form))
+        learner = dns.DNSLearner(96, math.log(1 / 0.07))
+        for i, (img, txt) in enumerate(tasks):
+            learner.learn(cfg, img, txt, tmp_path / form / f"task{i}")
+        maps[form] = learner.net.model.snapshot()
+        if form == "auto":
+            assert len(calls) == 2 * 8, "both maps of task 2, every step, through projected_linear"
+            calls.clear()
+    assert not calls, "the dense form never takes the activation path"
+    moved = max(float((W - torch.eye(96)).abs().max()) for W in maps["dense"])
+    assert moved > 1e-3  # the maps did train
+    for a, b in zip(maps["auto"], maps["dense"]):
+        assert float((a - b).abs().max()) < 1e-4 * max(1.0, moved)
