@@ -522,9 +522,9 @@ def run(cfg: CClipConfig) -> dict:
     def load_state(path):
         model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
 
-    if rank == 0:
+    if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (with any resume overrides)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        common.write_config(cfg, out)
     summary = common.run_continual(out, tasks, learn_task, evaluate, save_state, load_state,
                                    resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
     if rank == 0:

@@ -352,3 +352,14 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     saved = check_demo_results(out, "cclip-demo.png", cclip.DEMO_NAMES.values(), min_claims=8)
     for name in cclip.DEMO_NAMES.values():
         assert all(len(r["R"]) == 5 and len(r["R"][0]) == 4 for r in saved["per_seed"][name])
+
+
+def test_override_resume_is_recorded_in_config_json(tmp_path):
+    """cclip.run no longer rewrites config.json: the preflight's record of an
+    --override-resume change survives the resumed run."""
+    root, out = tmp_path / "data", tmp_path / "b"
+    cclip.main(_argv(root, out, "--stop-after-tasks", "1"))
+    cclip.main(_argv(root, out, "--resume", "latest", "--lr-text", "5e-4", "--override-resume"))
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["lr_text"] == 5e-4
+    assert saved["resume_overrides"] == [{"field": "lr_text", "was": 1e-3, "now": 5e-4}]
