@@ -1241,53 +1241,54 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     stop = StopSignals().install()
     t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
     logit_scale = getattr(net.model, "logit_scale", None)
-    while step < total:
-        epoch = step // steps_per_epoch
-        sampler.set_epoch(epoch, step % steps_per_epoch)
-        for batch in loader:
-            batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-            ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
-                                  generator=step_generator(cfg.seed, step), precision=precision)
-            losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
-                                               hooks=hooks, forward=ddp, guard=guard)
-            if skipped is not None:
-                n_skipped += skipped  # stays on the device; read at log steps
-            step += 1
-            bar.update(1)
-            last = {k: v.detach() for k, v in losses.items()}  # no host sync: read at log steps
-            if step % cfg.log_every == 0 or step == total:
-                guard.check(kept)  # every rank: the loss is the global batch's, so all stop together
-            if rank == 0 and (step % cfg.log_every == 0 or step == total):
-                dt = (time.time() - t_log) / cfg.log_every
-                t_log = time.time()
-                rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                       **{k: float(v) for k, v in last.items()},
-                       "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
-                       "sec_per_step": dt}
-                if scaler.is_enabled():
-                    rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
-                metrics_f.write(json.dumps(rec) + "\n")
-                metrics_f.flush()
-                if bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
-                    print(progress_line(out, rec, total), file=sys.stderr)
-                bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
-            if cfg.save_every and step % cfg.save_every == 0 and step < total:
-                save()
-            if stop.requested(step, cfg.log_every, device):  # SIGINT / SIGTERM, honoured between steps
+    try:  # the handlers go back whatever ends the loop (an error included)
+        while step < total:
+            epoch = step // steps_per_epoch
+            sampler.set_epoch(epoch, step % steps_per_epoch)
+            for batch in loader:
+                batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+                ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
+                                      generator=step_generator(cfg.seed, step), precision=precision)
+                losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
+                                                   hooks=hooks, forward=ddp, guard=guard)
+                if skipped is not None:
+                    n_skipped += skipped  # stays on the device; read at log steps
+                step += 1
+                bar.update(1)
+                last = {k: v.detach() for k, v in losses.items()}  # no host sync: read at log steps
+                if step % cfg.log_every == 0 or step == total:
+                    guard.check(kept)  # every rank: the loss is the global batch's, so all stop together
+                if rank == 0 and (step % cfg.log_every == 0 or step == total):
+                    dt = (time.time() - t_log) / cfg.log_every
+                    t_log = time.time()
+                    rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
+                           **{k: float(v) for k, v in last.items()},
+                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
+                           "sec_per_step": dt}
+                    if scaler.is_enabled():
+                        rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
+                    metrics_f.write(json.dumps(rec) + "\n")
+                    metrics_f.flush()
+                    if bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
+                        print(progress_line(out, rec, total), file=sys.stderr)
+                    bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+                if cfg.save_every and step % cfg.save_every == 0 and step < total:
+                    save()
+                if stop.requested(step, cfg.log_every, device):  # SIGINT / SIGTERM, honoured between steps
+                    save()
+                    bar.close()
+                    stop.stop(out, step)
+                if step >= total or (cfg.stop_at and step >= cfg.stop_at):
+                    break
+            if cfg.stop_at and step >= cfg.stop_at and step < total:
                 save()
                 bar.close()
-                stop.stop(out, step)
-            if step >= total or (cfg.stop_at and step >= cfg.stop_at):
-                break
-        if cfg.stop_at and step >= cfg.stop_at and step < total:
-            save()
-            bar.close()
-            stop.restore()
-            return {"stopped_at": step, "total_steps": total, "checkpoint": str(out / "checkpoints" / "last.pt")}
+                return {"stopped_at": step, "total_steps": total, "checkpoint": str(out / "checkpoints" / "last.pt")}
+    finally:
+        stop.restore()
+        if metrics_f:
+            metrics_f.close()
     bar.close()
-    stop.restore()
-    if metrics_f:
-        metrics_f.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
                "device": str(device),

@@ -304,6 +304,26 @@ def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tm
     assert "step 1/8" in err and "step 3/8" in err  # stderr is no terminal here: progress lines
 
 
+class _FailAtStep(common.ClipFineTune):
+    def forward(self, batch, ctx=None):
+        if ctx.step == 1:
+            raise ValueError("broken step")
+        return super().forward(batch, ctx)
+
+
+def test_signal_handlers_go_back_when_training_fails(tmp_path, root, tiny_random):
+    """An error inside the loop (here a ValueError at step 2) leaves the
+    process's SIGINT / SIGTERM handlers as they were before train."""
+    model, pre, _, tok = tiny_random
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", device="cpu", out=str(tmp_path),
+                        save_every=0)
+    data = common.ManifestDataset(lab.synthetic_manifest("train", root, n=16), pre)
+    with pytest.raises(ValueError, match="broken step"):
+        common.train(cfg, _FailAtStep(model), data, common.Collate(tok), export=False)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
