@@ -154,15 +154,17 @@ TRAIN_POOL = "coco-sharegpt4v"
 split_sentences = evaluation.split_sentences
 
 
-def pad_sentences(sentence_emb, counts):
+def pad_sentences(sentence_emb, counts, n_max: int | None = None):
     """Scatters one flat batch of sentence embeddings into a padded tensor.
     sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with
-    sum S. Returns E (B, N, d) zero-padded, N = max count, and mask (B, N)."""
+    sum S; n_max: max(counts) when the caller knows it as a Python int (no
+    read from the device). Returns E (B, N, d) zero-padded, N = max count,
+    and mask (B, N)."""
     counts = counts.to(sentence_emb.device)
     owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)  # (S,)
     start = torch.cumsum(counts, 0) - counts  # (B,) offset of each caption's first sentence
     pos = torch.arange(len(owner), device=counts.device) - start[owner]  # (S,) index within its caption
-    n = int(counts.max().clamp(min=1))
+    n = max(n_max, 1) if n_max is not None else int(counts.max().clamp(min=1))
     E = sentence_emb.new_zeros(len(counts), n, sentence_emb.shape[-1])
     E[owner, pos] = sentence_emb
     mask = torch.arange(n, device=counts.device)[None, :] < counts[:, None]  # (B, N)
@@ -253,7 +255,9 @@ def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lamb
 class SentenceCollate(common.Collate):
     """common.Collate plus the sentence pathway's tokens: every sentence of
     the batch in one (S, context) tensor, captions back to back, with
-    sentence_counts (B,) and sentences_dropped (B,) by the --max-sentences cap."""
+    sentence_counts (B,) and sentences_dropped (B,) by the --max-sentences cap,
+    and the same sums and maximum as Python ints (sentence_stats), so that the
+    training step never reads them back from the GPU (a host sync)."""
 
     def __init__(self, tokenizer, max_sentences: int = 0):
         super().__init__(tokenizer)
@@ -271,6 +275,7 @@ class SentenceCollate(common.Collate):
         out["sentence_tokens"] = self.tokenizer(sentences)  # (S, context)
         out["sentence_counts"] = torch.tensor(counts)
         out["sentences_dropped"] = torch.tensor(dropped)
+        out["sentence_stats"] = (sum(counts), sum(dropped), max(counts))  # seen, dropped, max per caption
         return out
 
 
@@ -309,20 +314,22 @@ class ERCLIP(nn.Module):
             self.teacher.eval()  # the teacher never leaves eval mode
         return self
 
-    def encode_long(self, sentence_tokens, sentence_counts):
+    def encode_long(self, sentence_tokens, sentence_counts, n_max: int | None = None):
         """All sentences of the batch in ONE padded batch through the shared
         text encoder (trimmed padding), then fused per caption. -> l (B, d)."""
         e = common.encode_text(self.model, sentence_tokens)  # (S, d) normalised (deviation 4)
-        E, mask = pad_sentences(e, sentence_counts)  # (B, N, d), (B, N)
+        E, mask = pad_sentences(e, sentence_counts, n_max)  # (B, N, d), (B, N)
         z_long = mean_fusion(E.float(), mask) if self.fusion is None else self.fusion(E, mask)
         return F.normalize(z_long.float(), dim=-1)
 
     def forward(self, batch, ctx=None):
-        self.sentences_seen += int(batch["sentence_counts"].sum())
-        self.sentences_dropped += int(batch["sentences_dropped"].sum())
+        seen, dropped, n_max = batch.get("sentence_stats") or (
+            int(batch["sentence_counts"].sum()), int(batch["sentences_dropped"].sum()), None)
+        self.sentences_seen += seen
+        self.sentences_dropped += dropped
         img = self.model.encode_image(batch["image"], normalize=True)  # (B, d)
         txt = common.encode_text(self.model, batch["text"])  # (B, d)
-        long_emb = self.encode_long(batch["sentence_tokens"], batch["sentence_counts"])  # (B, d)
+        long_emb = self.encode_long(batch["sentence_tokens"], batch["sentence_counts"], n_max)  # (B, d)
         if self.teacher is not None:
             with torch.no_grad():
                 img0 = self.teacher.encode_image(batch["image"], normalize=True)

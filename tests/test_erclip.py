@@ -4,6 +4,7 @@ end-to-end run through main()."""
 import copy
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -125,6 +126,33 @@ def test_a_caption_with_hundreds_of_sentences_and_one_without_a_period(tiny_rand
     assert long_emb.shape == (2, common.embed_dim(model)) and torch.isfinite(long_emb).all()
     capped = erclip.SentenceCollate(tok, max_sentences=8)(items)
     assert capped["sentence_counts"].tolist() == [8, 1] and capped["sentences_dropped"].tolist() == [292, 0]
+    assert batch["sentence_stats"] == (301, 0, 300) and capped["sentence_stats"] == (9, 292, 8)
+
+
+class _NoHostRead(torch.Tensor):
+    """A tensor that fails when the step reads it back to Python (int(),
+    .item(), .tolist()): what a host sync on a GPU would be."""
+    def __int__(self):
+        raise AssertionError("read back to the host")
+    item = tolist = __int__
+
+
+def test_the_step_reads_no_sentence_count_back_from_the_device(tiny_random):
+    """The collate's Python ints (sentence_stats) feed the counters and the
+    padding size, so forward never syncs on the counts; same losses as
+    reading the tensors."""
+    model, _, eval_tf, tok = tiny_random
+    batch = tiny_batch(tok, eval_tf, max_sentences=3)
+    net = erclip.ERCLIP(model, cfg_of(lambda_p=1.0)).eval()
+    ctx = SimpleNamespace(step=0, device=torch.device("cpu"), precision="fp32")
+    with torch.no_grad():
+        plain = net({k: v for k, v in batch.items() if k != "sentence_stats"}, ctx)
+        guarded = dict(batch, sentence_counts=batch["sentence_counts"].as_subclass(_NoHostRead),
+                       sentences_dropped=batch["sentences_dropped"].as_subclass(_NoHostRead))
+        losses = net(guarded, ctx)
+    assert net.sentences_seen == 2 * batch["sentence_stats"][0]
+    for k in plain:
+        torch.testing.assert_close(losses[k].as_subclass(torch.Tensor), plain[k])
 
 
 # ----------------------------------------------------------------------------- fusions
