@@ -677,11 +677,12 @@ def curves_figure(panels: Sequence[dict], path, caption: str, xlabel: str, log_x
             for row in (ys if len(ys) > 1 else ()):
                 ax.scatter(x, row, s=6, color=color, alpha=0.5)
         for style, (label, (xs, ys)) in zip(("s--", "^:", "v-."), panel.get("paper", {}).items()):
-            ax.plot(xs, ys, style, color="black", ms=6, label=label)
+            ax.plot(xs, ys, style[0] if isinstance(xs[0], str) else style, color="black", ms=6, label=label)
         if log_x:
             ax.set_xscale("log")
         ax.set(xlabel=panel.get("xlabel", xlabel), ylabel=panel["ylabel"], title=panel["title"])
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7)
     fig.suptitle(caption, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     return save_figure(fig, path)

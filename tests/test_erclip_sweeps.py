@@ -45,7 +45,7 @@ def test_prefix_manifest_is_a_prefix_of_one_order_with_absolute_images(tmp_path)
 
 def _train(tmp_path, name, hooks=None, **kw):
     cfg = erclip.ERCLIPConfig(backbone="tiny", pretrained="random", workers=0, precision="fp32", device="cpu",
-                              data_root=str(tmp_path / "data"), train_pairs=16, batch_size=8, epochs=3, warmup=1,
+                              data_root=str(tmp_path / "data"), train_pairs=8, batch_size=4, epochs=3, warmup=1,
                               lr=1e-4, save_every=0, log_every=1, out=str(tmp_path / name), **kw)
     torch.manual_seed(0)
     model, train_tf, _, tok = common.load_model("tiny", "random")
@@ -84,17 +84,17 @@ SWEEP_ROWS = {  # on the shrunken grids below
 
 @pytest.mark.parametrize("name,n_claims", [("epochs", 9), ("lambda-p", 7), ("data-size", 4), ("ablations", 5)])
 def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo_results, name, n_claims):
-    """Each demo sweep's plumbing on a shrunken world and shrunken grids (a
-    few steps per run; 2 epochs of 16 pairs for the epochs sweep): every seed
+    """Each demo sweep's plumbing on a shrunken world and shrunken grids (one
+    step per run; 2 epochs of 8 pairs for the epochs sweep): every seed
     of every row, the claims, the figure, one folder per run with its record
     and no weights, and a second start that trains nothing."""
     shrink_world({"train": 48, "test": 16, "zs-test": 24}.get)
     monkeypatch.setattr(erclip, "EPOCHS", 2)
-    monkeypatch.setattr(erclip, "DEMO_EPOCH_POOL", 16)
+    monkeypatch.setattr(erclip, "DEMO_EPOCH_POOL", 8)
     monkeypatch.setattr(erclip, "LAMBDAS", (0.0, 0.5, 2.0))
     monkeypatch.setattr(erclip, "DEMO_DATA_SIZES", (16, 40, 400))
     out = tmp_path / "demo"
-    argv = ["--demo", "--sweep", name, "--steps", "0" if name == "epochs" else "2", "--warmup", "1", "--batch-size",
+    argv = ["--demo", "--sweep", name, "--steps", "0" if name == "epochs" else "1", "--warmup", "1", "--batch-size",
             "8", "--data-root", str(tmp_path / "data"), "--out", str(out)]
     erclip.main(argv)
     root = out / f"sweep-{name}"
@@ -109,8 +109,8 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
         assert (root / run / "run.json").exists() and not list((root / run).glob("*.pt"))
         assert not (root / run / "checkpoints").exists()
     records = [json.loads((root / run / "run.json").read_text()) for run in runs if run != "CLIP"]
-    if name == "epochs":  # 2 epochs of 16 pairs at batch 8: 2 steps each, a checkpoint measured after each
-        assert all(r["summary"]["steps"] == 4 and len(r["measures"]) == 2 for r in records)
+    if name == "epochs":  # 2 epochs of 8 pairs at batch 8: 1 step each, a snapshot measured after each
+        assert all(r["summary"]["steps"] == 2 and len(r["measures"]) == 2 for r in records)
     if name == "data-size":  # prefixes of the 48-scene pool (a size above it keeps all 48)
         assert sorted(r["summary"]["train_pairs"] for r in records if r["seed"] == 0) == [16, 40, 48]
     if name == "ablations":
@@ -137,18 +137,19 @@ def _real_argv(tmp_path, name, *extra):
 
 
 def test_real_epochs_sweep_on_a_manifest_fixture(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(erclip, "EPOCHS", 3)
     argv = _real_argv(tmp_path, "epochs")
     result = erclip.main(argv)
     root = tmp_path / "runs" / "sweep-epochs"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["CLIP", "M+P-seed0", "M-seed0", "RT+P-seed0"]
     saved = json.loads((root / "results.json").read_text())
     assert set(saved) >= {"sweep", "base", "runs", "tables", "config", "machine"} and saved["sweep"] == "epochs"
-    for run in saved["runs"]:  # 16 pairs / 8 = 2 steps an epoch, 5 epochs, the checkpoint of each evaluated
-        assert run["summary"]["steps"] == 10 and len(run["measures"]) == erclip.EPOCHS == 5
-        assert [m[0]["weights"].rsplit("/", 1)[1] for m in run["measures"]] == [f"epoch{k}.pt" for k in range(1, 6)]
-        assert (root / run["run"] / "epoch5.pt").exists()  # the real setting keeps its checkpoints
+    for run in saved["runs"]:  # 16 pairs / 8 = 2 steps an epoch, 3 epochs, the checkpoint of each evaluated
+        assert run["summary"]["steps"] == 6 and len(run["measures"]) == 3
+        assert [m[0]["weights"].rsplit("/", 1)[1] for m in run["measures"]] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
+        assert (root / run["run"] / "epoch3.pt").exists()  # the real setting keeps its checkpoints
     out = capsys.readouterr().out
-    assert "Fig. 3 (Sec. 4.3)" in out and "| M+P | 5 |" in out and "| paper (Sec. 4.3) | -0.4 to -1.2" in out
+    assert "Fig. 3 (Sec. 4.3)" in out and "| M+P | 3 |" in out and "| paper (Sec. 4.3) | -0.4 to -1.2" in out
     assert result["tables"] == saved["tables"]
     monkeypatch.setattr(erclip, "train_erclip", lambda *a, **k: pytest.fail("a finished run was trained again"))
     assert erclip.main(argv)["runs"] == saved["runs"]
