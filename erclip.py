@@ -883,14 +883,15 @@ def run_demo_sweep(cfg: ERCLIPConfig, sizes=None):
     return {"base": base, "per_seed": rows, "claims": claims}
 
 
-def sweep_markdown(path) -> str:
+def sweep_markdown(path, timing: str = "") -> str:
     """The README block of a demo sweep, from its results file alone:
-    python -c "import erclip; print(erclip.sweep_markdown('docs/erclip-sweep-epochs.json'))" """
+    python -c "import erclip; print(erclip.sweep_markdown('docs/erclip-sweep-epochs.json'))"
+    timing: a remark on the wall time (e.g. that the machine was shared)."""
     r = json.loads(Path(path).read_text())
     m = r["machine"]
     head = (f"`python erclip.py --demo --sweep {r['sweep']}`: {r['definition']}. Seeds {r['seeds']}; "
-            f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, wall time {r['wall_seconds']:.0f} s; from "
-            f"[`{path}`]({path}).")
+            f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, wall time {r['wall_seconds']:.0f} s"
+            f"{f' ({timing})' if timing else ''}; from [`{path}`]({path}).")
     table = lab.mean_std_table({"CLIP": [r["base"]], **r["per_seed"]}, SWEEP_README_COLS)
     return f"{head}\n\n{table}\n\n{lab.claims_table(r['claims'])}"
 

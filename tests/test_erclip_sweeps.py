@@ -118,6 +118,7 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
         assert alpha["L_short only"] == 0.0 and alpha["M"] == 1.0
     text = erclip.sweep_markdown(root / "results.json")  # the README block, from the file alone
     assert f"--sweep {name}" in text and "| CLIP |" in text and saved["claims"][0]["claim"] in text
+    assert " s (a shared machine); from" in erclip.sweep_markdown(root / "results.json", "a shared machine")
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
