@@ -825,7 +825,7 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
                                                for v in ("M", "M+P", "RT+P")}
         paper, xlabel = {}, f"epoch (1 epoch = {DEMO_EPOCH_POOL} pairs = 8 steps; 0 = CLIP)"
     elif name == "lambda-p":
-        xs, series = list(LAMBDAS), {"M": [f"lambda_p={x:g}" for x in LAMBDAS]}
+        xs, series = list(LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in LAMBDAS]}
         paper = {"paper Sec. 4.4: ImageNet top-1 (%)": (list(PAPER_LAMBDA_IN), list(PAPER_LAMBDA_IN.values()))}
         xlabel = "lambda_p (weight of L_pres)"
     elif name == "data-size":
