@@ -77,6 +77,7 @@ import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -681,4 +682,108 @@ def bar_panels(runs: dict, base: dict, units: dict, path, caption: str, paper: d
         ax.axhline(0, color="k", lw=0.5)
     fig.suptitle(caption, fontsize=8)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+# =============================================================================
+# 7. Sweeps: one folder per run, resume by skipping finished runs, curves
+# =============================================================================
+def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
+    """One run of a sweep, in its own folder out/name. A finished run (its
+    run.json exists) is read back and skipped, so a sweep that stopped part
+    way resumes at the first unfinished run; an unfinished folder is cleared
+    and its run starts afresh (runs are never continued from a half state).
+    fn(folder) trains and measures; its dict is written to folder/run.json."""
+    folder = Path(out) / name
+    done = folder / "run.json"
+    if done.exists():
+        print(f"[sweep] {name}: finished earlier, skipped ({done})", file=sys.stderr)
+        return json.loads(done.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    record = {"run": name, **fn(folder)}
+    common.atomic_write(done, json.dumps(record, indent=1, default=float))
+    return record
+
+
+def prefix_manifest(src, n: int, dst) -> Path:
+    """The first n rows of a manifest (all of them when it has fewer), image
+    paths made absolute so that the copy can live anywhere: a data-size sweep
+    trains on prefixes of ONE fixed order."""
+    src = Path(src)
+    rows = common.read_manifest(src)
+    key = next((k for k in common.IMAGE_KEYS if rows and k in rows[0]), None)
+    lines = []
+    for r in rows[:n]:
+        r = {k: v for k, v in r.items() if k != "_line"}
+        if key is not None:
+            r[key] = str((src.parent / str(r[key])).resolve())
+        lines.append(json.dumps(r))
+    if len(rows) < n:
+        print(f"[sweep] {src} has {len(rows)} rows, fewer than {n}: all of them are used", file=sys.stderr)
+    return common.atomic_write(dst, "\n".join(lines) + "\n")
+
+
+class EpochSnapshots:
+    """Hooks for common.train that keep the model's weights after the last
+    step of every epoch: saved (common.save_model) to folder/epoch<k>.pt, or
+    with folder=None kept in memory (the lab's small models). One run thus
+    gives the per-epoch checkpoints a training-length sweep evaluates
+    afterwards. Reads the weights only (no gradient, no random number), so
+    the run is the one it would be without the hooks. The copy is taken
+    before train_step's logit-scale clamp, a no-op unless the temperature is
+    trained past ln 100. snapshots: one path or state_dict per epoch."""
+
+    def __init__(self, folder, backbone: str, steps_per_epoch: int):
+        self.folder, self.backbone, self.steps_per_epoch = folder, backbone, max(1, steps_per_epoch)
+        self.step, self.snapshots = 0, []
+
+    def before_optimizer_step(self, net):
+        pass
+
+    def after_optimizer_step(self, net):
+        self.step += 1
+        if self.step % self.steps_per_epoch or common.dist_info()[0] != 0:
+            return
+        if self.folder is None:
+            self.snapshots.append({k: v.detach().clone() for k, v in net.model.state_dict().items()})
+        else:
+            path = Path(self.folder) / f"epoch{self.step // self.steps_per_epoch}.pt"
+            self.snapshots.append(common.save_model(net.model, path, self.backbone, source=f"step {self.step}"))
+
+
+def curves_figure(panels: Sequence[dict], path, caption: str, xlabel: str, log_x: bool = False) -> Path:
+    """A sweep's figure: one panel per measure. panel: title, ylabel, series
+    {name: (xs, per_seed)} with per_seed (n_seeds, len(xs)) drawn as the mean
+    over seeds with a +-1 std band and every seed as a dot; optional paper
+    {label: (xs, ys)} drawn as black squares joined by a dashed line. xs may
+    be strings (categories): then no lines join the points."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.6, 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        series = panel.get("series", {})
+        for i, (name, (xs, per_seed)) in enumerate(series.items()):
+            ys = np.atleast_2d(np.asarray(per_seed, dtype=float))  # (n_seeds, len(xs))
+            categorical = isinstance(xs[0], str)
+            x = np.arange(len(xs)) + 0.12 * (i - (len(series) - 1) / 2) if categorical else np.asarray(xs, float)
+            mean = ys.mean(0)
+            std = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(len(mean))
+            label = f"{name} ({len(ys)} seeds)" if len(ys) > 1 else name
+            if categorical:
+                color = ax.errorbar(x, mean, yerr=std, fmt="o", capsize=4, label=label).lines[0].get_color()
+                ax.set_xticks(np.arange(len(xs)), xs, rotation=25, fontsize=7)
+            else:
+                color = ax.plot(x, mean, "-o", ms=4, label=label)[0].get_color()
+                ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            for row in (ys if len(ys) > 1 else ()):
+                ax.scatter(x, row, s=6, color=color, alpha=0.5)
+        for style, (label, (xs, ys)) in zip(("s--", "^:", "v-."), panel.get("paper", {}).items()):
+            ax.plot(xs, ys, style[0] if isinstance(xs[0], str) else style, color="black", ms=6, label=label)
+        if log_x:
+            ax.set_xscale("log")
+        ax.set(xlabel=panel.get("xlabel", xlabel), ylabel=panel["ylabel"], title=panel["title"])
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
+    fig.suptitle(caption, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     return save_figure(fig, path)
