@@ -606,11 +606,23 @@ def image_problem(path) -> str | None:
     return None
 
 
+_DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_problem, for this process
+
+
 def image_problems(paths, threads: int = 8) -> list[str | None]:
-    """image_problem of each path, decoded in threads (PIL releases the GIL)."""
+    """image_problem of each path, decoded in threads (PIL releases the GIL).
+    A file already decoded by this process and unchanged since (same
+    modification time and size) is not decoded again: the preflight's row
+    check and the training set's are the same check."""
     from concurrent.futures import ThreadPoolExecutor
+    keys = []
+    for p in paths:
+        st = os.stat(p)
+        keys.append((str(p), st.st_mtime_ns, st.st_size))
+    todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
     with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
-        return list(pool.map(image_problem, paths, chunksize=64))
+        _DECODED.update(zip(todo, pool.map(image_problem, [k[0] for k in todo], chunksize=64)))
+    return [_DECODED[k] for k in keys]
 
 
 def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
@@ -1806,8 +1818,7 @@ class StopSignals:
         self.signum = int(flag) or None
         return self.signum is not None
 
-    def stop(self, out: Path, step: int):
-        self.restore()
+    def stop(self, out: Path, step: int):  # train's finally restores the handlers
         ck = out / "checkpoints" / "last.pt"
         raise RunError(f"stopped by signal {self.signum} at step {step}; checkpoint {ck} saved. Continue with:\n  "
                        f"{resume_command()}", code=128 + self.signum)

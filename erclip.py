@@ -350,8 +350,7 @@ class ERCLIP(nn.Module):
         return F.normalize(z_long.float(), dim=-1)
 
     def forward(self, batch, ctx=None):
-        seen, dropped, n_max = batch.get("sentence_stats") or (
-            int(batch["sentence_counts"].sum()), int(batch["sentences_dropped"].sum()), None)
+        seen, dropped, n_max = batch["sentence_stats"]  # Python ints from SentenceCollate: no host sync
         self.sentences_seen += seen
         self.sentences_dropped += dropped
         img = self.model.encode_image(batch["image"], normalize=True)  # (B, d)

@@ -142,6 +142,27 @@ def test_images_are_fully_decoded_in_the_row_check(tmp_path):
         list(loader)
 
 
+def test_an_unchanged_image_is_decoded_once_per_process(tmp_path, monkeypatch):
+    """The preflight's row check and the training set's decode each image
+    once; a file changed on disk since (new size or time) is decoded again
+    and its new problem found."""
+    decoded = []
+    real = common.image_problem
+    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    monkeypatch.setattr(common, "_DECODED", {})
+    good = _good_image(tmp_path)
+    p = tmp_path / "m.jsonl"
+    p.write_text(json.dumps({"image": good, "caption": "a"}) + "\n" + json.dumps({"image": good, "caption": "b"}) + "\n")
+    common.ManifestDataset(p)
+    common.ManifestDataset(p)
+    assert decoded == [str(tmp_path / good)]
+    data = (tmp_path / good).read_bytes()
+    (tmp_path / good).write_bytes(data[:len(data) // 2])
+    with pytest.raises(common.DataError, match="undecodable image"):
+        common.ManifestDataset(p)
+    assert len(decoded) == 2
+
+
 def test_many_bad_rows_named_up_to_a_limit_then_counted(tmp_path):
     n = common.MAX_LISTED + 5
     p = tmp_path / "m.jsonl"

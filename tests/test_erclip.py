@@ -139,14 +139,18 @@ class _NoHostRead(torch.Tensor):
 
 def test_the_step_reads_no_sentence_count_back_from_the_device(tiny_random):
     """The collate's Python ints (sentence_stats) feed the counters and the
-    padding size, so forward never syncs on the counts; same losses as
-    reading the tensors."""
+    padding size, so forward never syncs on the counts; the padding from the
+    known maximum is the one read from the tensor."""
     model, _, eval_tf, tok = tiny_random
     batch = tiny_batch(tok, eval_tf, max_sentences=3)
+    counts = batch["sentence_counts"]
+    e = unit(int(counts.sum()), 16, seed=5)
+    for got, want in zip(erclip.pad_sentences(e, counts, batch["sentence_stats"][2]), erclip.pad_sentences(e, counts)):
+        assert torch.equal(got, want)
     net = erclip.ERCLIP(model, cfg_of(lambda_p=1.0)).eval()
     ctx = SimpleNamespace(step=0, device=torch.device("cpu"), precision="fp32")
     with torch.no_grad():
-        plain = net({k: v for k, v in batch.items() if k != "sentence_stats"}, ctx)
+        plain = net(batch, ctx)
         guarded = dict(batch, sentence_counts=batch["sentence_counts"].as_subclass(_NoHostRead),
                        sentences_dropped=batch["sentences_dropped"].as_subclass(_NoHostRead))
         losses = net(guarded, ctx)
