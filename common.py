@@ -1,6 +1,7 @@
 """Shared plumbing for the method files: models, data, the AMP/DDP training
 loop, checkpoints, the continual-task driver and the shared metrics. The
-synthetic world and the tiny backbone live in lab.py.
+synthetic world and the tiny backbone live in the lab package, which plugs
+them in through LAB_HOOKS; this module imports no project module.
 
 Nothing in here is specific to one paper. Every method file (erclip.py,
 m2mix.py, cclip.py, dns.py) imports what it needs from this module and holds
@@ -323,18 +324,41 @@ OPENAI_NAMES = {  # the papers' spelling -> open_clip's
     "RN50": "RN50", "RN101": "RN101", "RN50x4": "RN50x4", "RN50x16": "RN50x16", "RN50x64": "RN50x64",
     "ViT-B/32": "ViT-B-32", "ViT-B/16": "ViT-B-16", "ViT-L/14": "ViT-L-14", "ViT-L/14@336px": "ViT-L-14-336",
 }
-TINY_NAME = "clipft-tiny"  # the lab's CPU-sized CLIP (lab.TINY_CFG, pretrained by lab.pretrain_tiny)
+TINY_NAME = "clipft-tiny"  # the lab's CPU-sized CLIP (lab/tiny.py)
+
+# The lab (a package of its own, which common never imports) plugs its tiny
+# backbone and synthetic task sequence in here when it is imported:
+# tiny_config() -> open_clip config, pretrain_tiny() -> weights path,
+# task_manifests(data_root) -> [(name, train, test)].
+LAB_HOOKS: dict[str, Callable] = {}
 
 
-def register_tiny():
+def lab_hook(name: str) -> Callable:
+    if name not in LAB_HOOKS:
+        raise UsageError(f"the lab's {name.replace('_', ' ')} is not loaded: `import lab` first (the command line "
+                         f"does it for --demo, --backbone tiny and the synthetic world)")
+    return LAB_HOOKS[name]
+
+
+def register_tiny(config: dict | None = None):
     """Makes the lab's tiny config known to open_clip under TINY_NAME."""
-    from lab import TINY_CFG
+    config = config or lab_hook("tiny_config")()
     path = CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or json.loads(path.read_text()) != TINY_CFG:
-            atomic_write(path, json.dumps(TINY_CFG))
+        if not path.exists() or json.loads(path.read_text()) != config:
+            atomic_write(path, json.dumps(config))
         open_clip.add_model_config(path)
+
+
+def wants_lab(cfg) -> bool:
+    """Whether a command names the lab: --demo, the tiny backbone, or a
+    setting that names the synthetic world. Method files' main() import the
+    lab (lazily) exactly then."""
+    settings = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else vars(cfg)
+    return (settings.get("backbone") == "tiny"
+            or any(v is True for k, v in settings.items() if k.startswith("demo"))
+            or any(isinstance(v, str) and "synthetic" in v for v in settings.values()))
 
 
 def resolve_backbone(name: str) -> str:
@@ -389,8 +413,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     weights: a download that cannot happen fails at once and says why."""
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
-        from lab import pretrain_tiny
-        pretrained = str(pretrain_tiny())
+        pretrained = str(lab_hook("pretrain_tiny")())
     pretrained = pretrained or "openai"
     kwargs = dict(device=device, cache_dir=cache_dir or None)
     context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
@@ -437,6 +460,30 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
 def read_sidecar(path):
     p = Path(str(path) + ".json")
     return json.loads(p.read_text()) if p.exists() else {}
+
+
+def source_stamp(sources: dict) -> dict:
+    """What a write-once manifest was built from: per source, its resolved
+    path, size and modification time (recorded in the manifest's sidecar)."""
+    def stamp(p):
+        p = Path(p).resolve()
+        return {"path": str(p), "bytes": p.stat().st_size, "mtime": p.stat().st_mtime} if p.is_file() \
+            else {"path": str(p), "missing": True}
+    return {k: stamp(v) for k, v in sources.items()}
+
+
+def reusable_manifest(path, sources: dict) -> bool:
+    """True when the write-once manifest `path` exists and its sidecar records
+    these very sources; a manifest built from other files (another
+    --coco-captions, a changed ShareGPT4V json, or an old sidecar without
+    sources) is rebuilt, with a message."""
+    if not Path(path).exists():
+        return False
+    if read_sidecar(path).get("sources") == source_stamp(sources):
+        return True
+    print(f"[data] {path} was built from other source files than {', '.join(map(str, sources.values()))}: "
+          f"rebuilding it", file=sys.stderr)
+    return False
 
 
 def atomic_write(path, content) -> Path:
@@ -813,10 +860,11 @@ def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 
     describes; short caption = the image's first COCO caption, long caption =
     the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
     records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
-    (image paths relative to it) and reused."""
+    (image paths relative to it) and reused while its sources are unchanged."""
     out_dir = Path(out_dir)
     path = out_dir / f"erclip-train-coco-sharegpt4v-{n_pairs}.jsonl"
-    if path.exists():
+    sources = {"coco_captions": coco_captions, "sharegpt4v": sharegpt4v}
+    if reusable_manifest(path, sources):
         return path
     for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
         if not Path(p).is_file():
@@ -848,7 +896,7 @@ def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write(out_dir / (path.name + ".json"), json.dumps(
         {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
-         "pairs": len(rows), "holdout_records": holdout}, indent=1))
+         "pairs": len(rows), "holdout_records": holdout, "sources": source_stamp(sources)}, indent=1))
     return path
 
 
@@ -1366,10 +1414,9 @@ class Task:
 
 def parse_tasks(spec: str, data_root="data") -> list[Task]:
     """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the
-    lab's four continual domains (lab.TASK_DOMAINS)."""
+    lab's four continual domains (lab/world.py TASK_DOMAINS)."""
     if spec == "synthetic":
-        from lab import task_manifests
-        return [Task(d, str(tr), str(te)) for d, tr, te in task_manifests(data_root)]
+        return [Task(d, str(tr), str(te)) for d, tr, te in lab_hook("task_manifests")(data_root)]
     tasks = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, eq, paths = part.partition("=")

@@ -109,7 +109,6 @@ import torch
 from PIL import Image
 
 import common
-import lab
 
 
 # =============================================================================
@@ -355,27 +354,28 @@ def _dci(root, field="extra_caption", strict=False):
                    f"DCI annotations with non-empty {field} ({len(paths)} pairs), 1:1", task, root, strict)
 
 
+# The lab's world (the lab package, which eval never imports) registers its
+# synthetic-* sets here when it is imported: name -> loader(root, n=None).
+SYNTHETIC_RETRIEVAL: dict = {}
+SYNTHETIC_CLASSIFICATION: dict = {}
+
+
+def register_synthetic(retrieval: dict, classification: dict):
+    """Called by the lab on import: adds its retrieval and classification sets."""
+    SYNTHETIC_RETRIEVAL.update(retrieval)
+    RETRIEVAL_TASKS.update(retrieval)
+    SYNTHETIC_CLASSIFICATION.update(classification)
+    CLASSIFICATION_TASKS[:0] = [k for k in classification if k not in CLASSIFICATION_TASKS]
+
+
 def synthetic_tasks():
-    """Evaluation task names of the lab's world (lab.py) -> loader."""
-    tasks = {
-        "synthetic-short": lambda root, n=None: _synthetic_retrieval("test", root, "caption", n),
-        "synthetic-long": lambda root, n=None: _synthetic_retrieval("test", root, "long_caption", n),
-        "synthetic-unseen": lambda root, n=None: _synthetic_retrieval("unseen", root, "caption", n),
-        "synthetic-unseen-long": lambda root, n=None: _synthetic_retrieval("unseen", root, "long_caption", n),
-    }
-    for d in lab.TASK_DOMAINS:
-        tasks[f"synthetic-task-{d}"] = (lambda d: lambda root, n=None: _synthetic_retrieval(
-            f"task-{d}-test", root, "caption", n))(d)
-    return tasks
+    """Evaluation task names of the lab's world -> loader (empty until the lab is imported)."""
+    return SYNTHETIC_RETRIEVAL
 
 
-def _synthetic_retrieval(split: str, root, column: str, n=None) -> RetrievalSet:
-    """n: the first n scenes only (tests, demos); None = the whole split."""
-    ds = common.ManifestDataset(lab.synthetic_manifest(split, root, n), need_long=True, check_images=False)
-    paths = [str(ds.image_file(r)) for r in ds.rows]
-    texts = [r[column] for r in ds.rows]
-    return RetrievalSet(f"synthetic-{split}-{column}", paths, texts, torch.arange(len(paths)),
-                        protocol=f"synthetic world, split {split}, 1:1, {column}")
+def _lab_not_loaded(name: str):
+    raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
+                            f"first (the command line does it when --tasks names a synthetic set)")
 
 
 REAL_RETRIEVAL_TASKS = {
@@ -391,7 +391,7 @@ REAL_RETRIEVAL_TASKS = {
     "long-dci": _dci,
     "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
 }
-RETRIEVAL_TASKS = {**synthetic_tasks(), **REAL_RETRIEVAL_TASKS}
+RETRIEVAL_TASKS = dict(REAL_RETRIEVAL_TASKS)  # + the lab's, once registered
 TASK_GROUPS = {  # shorthands for --tasks
     "erclip": "urban1k,sharegpt4v-1k,docci,long-dci,coco,cifar10,cifar100,imagenet",
     "long": "urban1k,sharegpt4v-1k,docci,long-dci",
@@ -428,8 +428,10 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     """A retrieval benchmark by task name, or a manifest path ('x.jsonl',
     'x.csv#long_caption' to read another column). strict: a missing image is
     an error instead of being dropped and counted."""
-    if name in synthetic_tasks():
-        return RETRIEVAL_TASKS[name](root, synthetic_n)
+    if name in SYNTHETIC_RETRIEVAL:
+        return SYNTHETIC_RETRIEVAL[name](root, synthetic_n)
+    if name.startswith("synthetic-"):
+        _lab_not_loaded(name)
     if name in REAL_RETRIEVAL_TASKS:
         return REAL_RETRIEVAL_TASKS[name](root, strict=strict)
     path, _, column = name.partition("#")
@@ -538,14 +540,10 @@ def _any_image_folder(path) -> ClassificationSet:
 def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
     """A zero-shot classification set by name; download=True lets
     torchvision fetch CIFAR when it is absent (never implicitly)."""
-    sets = lab.label_sets()
-    if name.startswith("synthetic-") and name.removeprefix("synthetic-") in sets:
-        classnames, templates, column = sets[name.removeprefix("synthetic-")]
-        ds = common.ManifestDataset(lab.synthetic_manifest("zs-test", root, synthetic_n), check_images=False,
-                                    extra=(column,))
-        return ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
-                                 torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
-                                 protocol=f"synthetic world, zs-test split, {column} ({len(classnames)} classes)")
+    if name in SYNTHETIC_CLASSIFICATION:
+        return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
+    if name.startswith("synthetic-"):
+        _lab_not_loaded(name)
     if name in ("cifar10", "cifar100"):
         return _cifar(root, int(name.removeprefix("cifar")), download)
     if name == "imagenet":
@@ -556,8 +554,7 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
                      f"imagefolder:<path>")
 
 
-CLASSIFICATION_TASKS = tuple("synthetic-" + k for k in lab.label_sets()) + (
-    "cifar10", "cifar100", "imagenet")
+CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet"]  # + the lab's synthetic-* sets, once registered
 
 
 def is_classification(name: str) -> bool:
@@ -1502,6 +1499,8 @@ def main(argv=None):
     p.add_argument("--cache-dir", default=str(common.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
     p.add_argument("--out", default="runs/eval", help="folder for results.json")
     a = p.parse_args(argv)
+    if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
+        import lab  # noqa: F401
     device = common.init_distributed(a.device)
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lab  # noqa: E402,F401  the synthetic world and the tiny backbone register themselves with common and eval
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
@@ -21,7 +22,7 @@ def tiny_random():
 def shrink_world(monkeypatch):
     """Shrinks the lab's splits for the demos' plumbing tests:
     shrink_world(size_of) with size_of(split name) -> n, or None to keep it."""
-    import lab
+    from lab import world as lab
 
     def shrink(size_of):
         monkeypatch.setattr(lab, "SPLITS", {k: (d, size_of(k) or n, s) for k, (d, n, s) in lab.SPLITS.items()})

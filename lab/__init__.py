@@ -1,0 +1,40 @@
+"""The lab: a synthetic world and a tiny CLIP that are a miniature of the
+papers' regimes, the seeds and paired statistics every demo uses, the claims
+tables and the figures; each method's demo and ERCLIP's sweeps live in
+lab/demos/.
+
+Nobody without a GPU, pretrained weights and the datasets can run the papers'
+experiments. The lab is the evidence they CAN run: a procedural world whose
+causal structure mirrors the settings of the four papers, a CLIP small enough
+to pretrain on two CPU cores, and demos that report paired statistics over
+seeds fixed in advance, so that a claim either shows, shows the other way, or
+is honestly not resolved at this size.
+
+  lab/world.py    the world: vocabulary, scenes, captions, pixels, splits, the
+                  continual domains, a multimodal feature world (CMCL)
+  lab/tiny.py     the tiny CLIP: config, pretraining, measurements on the world
+  lab/stats.py    SEEDS, paired differences, verdicts, claims, the demo report
+  lab/figures.py  matplotlib figures (Agg)
+  lab/runs.py     sweep plumbing: one folder per run, data prefixes, snapshots
+  lab/demos/      one module per method's demo; erclip_sweeps.py
+
+The import graph runs one way: the lab imports common, eval and the method
+files; none of them imports the lab. Importing the lab plugs the world into
+the places common.py and eval.py look up by name (the tiny backbone, the
+'synthetic' task sequence, the synthetic-* evaluation sets), so
+`--backbone tiny` and `--train-data synthetic` work in every method; a method
+file's main() imports the lab only when its command names the lab.
+"""
+import common
+import eval as evaluation
+from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
+from lab.runs import EpochSnapshots, prefix_manifest, sweep_run
+from lab.stats import SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, verdict
+from lab.tiny import TINY_CFG, TINY_PRETRAIN, pretrain_tiny, retrieval_report, zero_shot_report
+from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
+                       POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
+                       Domain, classification_tasks, finetune_classes, label_sets, low_rank_tasks, render,
+                       retrieval_tasks, scene, synthetic_manifest, synthetic_multimodal, task_manifests, world_split)
+
+common.LAB_HOOKS.update(tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests)
+evaluation.register_synthetic(retrieval_tasks(), classification_tasks())

@@ -1,0 +1,128 @@
+"""The lab's statistics: seeds fixed in advance, paired differences, verdicts,
+claims, and the report every demo writes.
+
+Statistics
+----------
+Every demo runs the same seeds, fixed in advance (SEEDS), from the same
+pretrained weights; a claim is a paired (same-seed) difference. With n seeds,
+mean d and standard deviation s of the per-seed differences, se = s / sqrt(n):
+  reproduced     d has the paper's sign and |d| > 2 se
+  opposite       d has the other sign and |d| > 2 se
+  not resolved   otherwise
+A claim that two variants are "about equal" is reproduced when the whole
+interval d +- 2 se lies inside +-margin (stated with the claim), opposite when
+|d| - 2 se > margin, and not resolved otherwise. A claim that a quantity lies
+in the paper's range [lo, hi] is reproduced when d +- 2 se overlaps it,
+opposite when the interval lies beyond 0 on the other side, and not resolved
+otherwise (for example: clearly positive but below the range). Every seed's
+number is kept.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+import common
+
+# =============================================================================
+# 5. Seeds, paired statistics, claims
+# =============================================================================
+SEEDS = (0, 1, 2)  # fixed before any demo was run; every demo uses all of them
+
+
+def paired(runs: dict, a: str, b: str, key: str, base: dict | None = None) -> list[float]:
+    """Per-seed paired differences runs[a][i][key] - runs[b][i][key]; a b that
+    is not in runs (the pretrained model) means `base`, the same for every seed."""
+    other = runs[b] if b in runs else [base] * len(runs[a])
+    return [x[key] - y[key] for x, y in zip(runs[a], other)]
+
+
+def paired_stats(diffs: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, sample std, standard error) of per-seed paired differences."""
+    d = np.asarray(diffs, dtype=float)
+    std = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+    return float(d.mean()), std, std / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+
+
+def verdict(diffs: Sequence[float], direction: str, margin: float = 0.0, interval=None) -> str:
+    """direction '+' or '-': the paper's sign of the difference; '=': the
+    paper says about equal (within +-margin); 'range': the paper gives an
+    interval (lo, hi) for the quantity. See the module docstring."""
+    mean, _, se = paired_stats(diffs)
+    if not math.isfinite(se):
+        return "not resolved"
+    if direction == "range":
+        lo, hi = interval
+        if mean + 2 * se >= lo and mean - 2 * se <= hi:
+            return "reproduced"
+        return "opposite" if mean + 2 * se < 0 <= lo or mean - 2 * se > 0 >= hi else "not resolved"
+    if direction == "=":
+        if abs(mean) + 2 * se < margin:
+            return "reproduced"
+        return "opposite" if abs(mean) - 2 * se > margin else "not resolved"
+    sign = 1.0 if direction == "+" else -1.0
+    if abs(mean) > 2 * se and mean != 0:
+        return "reproduced" if mean * sign > 0 else "opposite"
+    return "not resolved"
+
+
+def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin: float = 0.0,
+          interval=None, **extra) -> dict:
+    """One row of a claims table (the keys results.json's `claims` list uses)."""
+    mean, std, se = paired_stats(diffs)
+    kind = {"margin": margin} if direction == "=" else {"interval": list(interval)} if direction == "range" else {}
+    return {"claim": text, "paper": paper, "mean": mean, "std": std, "n_seeds": len(diffs),
+            "per_seed": [float(x) for x in diffs], "verdict": verdict(diffs, direction, margin, interval),
+            "direction": direction, "se": se, **kind, **extra}
+
+
+def claims_table(claims: Sequence[dict]) -> str:
+    rows = [{"claim": c["claim"], "paper": c["paper"],
+             "ours (mean ± std)": f"{c['mean']:+.2f} ± {c['std']:.2f}",
+             "per seed": ", ".join(f"{x:+.1f}" for x in c["per_seed"]), "verdict": c["verdict"]} for c in claims]
+    return common.markdown_table(rows, ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"])
+
+
+def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model") -> str:
+    """per_seed: row name -> list (one dict per seed) -> 'mean ± std' cells."""
+    rows = []
+    for name, runs in per_seed.items():
+        row = {first: name}
+        for c in columns:
+            vals = np.array([r[c] for r in runs], dtype=float)
+            row[c] = f"{vals.mean():.1f} ± {vals.std(ddof=1):.1f}" if len(vals) > 1 else f"{vals[0]:.1f}"
+        rows.append(row)
+    return common.markdown_table(rows, [first, *columns])
+
+
+def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,
+                figure: Callable[[Path], Path], **extra) -> dict:
+    """Prints a demo's mean ± std table and claims table, draws its figure and
+    writes out/results.json with every seed's numbers; returns the record."""
+    out = Path(out)
+    table = mean_std_table({"CLIP": [base], **runs}, columns)
+    fig = figure(out)
+    wall = time.time() - t0
+    print(f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n"
+          f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
+    record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(SEEDS), "base": base,
+              "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
+              "machine": common.machine_info()}
+    common.write_results(out, record)
+    return record
+
+
+def run_seeds(seeds: Sequence[int], fn: Callable[[int], dict], log=print) -> list[dict]:
+    """fn(seed) for every seed, in order; nothing dropped."""
+    out = []
+    for s in seeds:
+        t0 = time.time()
+        out.append(fn(s))
+        log(f"[lab] seed {s} done in {time.time() - t0:.0f}s")
+    return out
+
+

@@ -1,0 +1,419 @@
+"""The lab's synthetic world: scenes, captions, pixels and splits, the
+continual task domains, and a multimodal feature world for DNS in CMCL's
+setting. Importing the lab registers the world's evaluation sets with eval.py
+and its continual tasks with common.py (see lab/__init__.py).
+
+The world (what mirrors what)
+-----------------------------
+A scene is a 32 x 32 picture: a background and 1-4 objects on a 2 x 2 grid.
+Each object has a shape (8), a colour (9), a size (2) and a cell (4); a scene
+has a background (8) and a drawing style (filled / outlined).
+
+  broad pretraining      the tiny model is pretrained contrastively on SHORT
+                         alt-text captions over the whole vocabulary: every
+                         shape, colour and background ("a large red circle
+                         on a striped background."), like CLIP's web alt-text
+                         covering ImageNet's 1,000 classes.
+  narrow fine-tuning     ERCLIP's pool (the COCO n ShareGPT4V analogue,
+                         split 'train') shows only 5 shapes and 6 colours, and
+                         its captions never name the background: a COCO-style
+                         short caption ("a large red circle at the top left
+                         with 2 other objects.") and a ShareGPT4V-style long
+                         one of 5-10 sentences (every object, the count,
+                         pairwise relations).
+  long captions          the tiny text context is 24 tokens, so a long
+                         caption loses its later sentences to truncation, as
+                         ShareGPT4V's do at CLIP's 77.
+  zero-shot sets         the ImageNet / CIFAR analogue ('zs-test', drawn like
+                         pretraining): the main object's shape and colour,
+                         reported on the classes fine-tuning shows and on the
+                         classes only pretraining saw, and the background, a
+                         held-out family (8 classes, chance 12.5 %) that no
+                         fine-tuning caption names.
+  continual domains      four task domains (C-CLIP's / DNS's sequence), each
+                         with its own backgrounds, concept subset and caption
+                         phrase, so that one task can overwrite another, and
+                         an unseen domain ('unseen') no task trains on.
+
+Everything is written to disk as PNG files plus a JSONL manifest and read
+back through common.ManifestDataset, the same path as real data.
+
+What is deterministic
+---------------------
+The world is: the same split name and size give the same scenes, pixels and
+captions on every machine (Python's seeded `random`, integer PIL drawing). The
+tiny model's pretraining and every fine-tuning run are deterministic on ONE
+machine (same weights, same numbers on a rerun), but float kernels differ
+between CPUs, so another machine gets slightly different weights and numbers.
+Tests therefore assert floors with margins, never exact numbers measured
+elsewhere.
+
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+import common
+import eval as evaluation
+
+# =============================================================================
+# 1. The world's vocabulary
+# =============================================================================
+SHAPES = ("circle", "square", "triangle", "diamond", "cross", "ring", "bar", "star")
+COLORS = {"red": (215, 38, 38), "green": (34, 160, 60), "blue": (40, 80, 220), "yellow": (235, 205, 30),
+          "purple": (140, 55, 185), "orange": (240, 135, 20), "pink": (240, 120, 190), "cyan": (30, 200, 210),
+          "brown": (130, 80, 40)}
+# background -> (base colour, pattern, pattern colour)
+BACKGROUNDS = {
+    "plain": ((236, 236, 236), "none", None),
+    "dark": ((28, 30, 48), "none", None),
+    "striped": ((205, 222, 240), "stripes", (150, 180, 215)),
+    "checkered": ((215, 215, 215), "checker", (160, 160, 160)),
+    "dotted": ((240, 228, 200), "dots", (190, 165, 120)),
+    "grainy": ((150, 150, 150), "noise", None),
+    "gradient": ((250, 205, 150), "gradient", (150, 200, 250)),
+    "grid": ((246, 246, 246), "grid", (110, 110, 110)),
+}
+POSITIONS = ("top left", "top right", "bottom left", "bottom right")  # the 2 x 2 cells, row-major
+SIZES = ("small", "large")
+IMAGE_SIZE = 32
+NUMBERS = ("no", "one", "two", "three", "four")
+
+# Zero-shot label sets: name -> (classnames, templates, manifest column).
+SHAPE_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "a {} shape.", "an image with a {}.")
+COLOR_TEMPLATES = ("a photo of something {}.", "a {} object.", "a picture of a {} thing.")
+BACKGROUND_TEMPLATES = ("a photo on a {} background.", "a {} background.", "a picture with a {} background.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """Where a split's scenes come from and how they are captioned."""
+    backgrounds: tuple = tuple(BACKGROUNDS)
+    shapes: tuple = SHAPES
+    colors: tuple = tuple(COLORS)
+    style: str = "filled"     # filled | outlined | mixed (pretraining: 1 in 5 outlined)
+    captions: str = "coco"    # coco (short, no background) | alt (pretraining alt-text, names the background)
+    phrase: str = ""          # opening words of the short captions (a continual domain's caption style)
+
+
+PRETRAIN = Domain(style="mixed", captions="alt")          # the whole vocabulary
+ZS_DOMAIN = Domain(style="mixed", captions="alt")         # zero-shot sets are drawn like pretraining
+FINETUNE = Domain(shapes=SHAPES[:5], colors=tuple(COLORS)[:6])  # ERCLIP's / m2-Mix's pool: a subset, COCO style
+# Continual domains (C-CLIP, DNS): each its own backgrounds, concepts and caption phrase.
+TASK_DOMAINS = {
+    "photo": Domain(("plain", "gradient"), ("circle", "square", "triangle"), ("red", "green", "blue"),
+                    phrase="a photo of"),
+    "night": Domain(("dark",), ("diamond", "cross", "ring"), ("yellow", "orange", "cyan"),
+                    phrase="a night shot of"),
+    "pattern": Domain(("striped", "checkered", "grid"), ("bar", "star", "circle"), ("purple", "pink", "brown"),
+                      phrase="a patterned card with"),
+    "sketch": Domain(("plain", "dotted"), ("square", "triangle", "star"), ("red", "blue", "purple"),
+                     style="outlined", phrase="a line drawing of"),
+}
+UNSEEN = Domain(("grainy",), phrase="a grainy snapshot of")  # no task trains on it
+
+# name -> (domain, size, seed)
+SPLITS = {
+    "train": (FINETUNE, 2000, 1), "test": (FINETUNE, 400, 2), "val": (FINETUNE, 400, 5),
+    "zs-test": (ZS_DOMAIN, 720, 3), "unseen": (UNSEEN, 300, 4),
+    **{f"task-{d}": (dom, 600, 10 + i) for i, (d, dom) in enumerate(TASK_DOMAINS.items())},
+    **{f"task-{d}-test": (dom, 200, 20 + i) for i, (d, dom) in enumerate(TASK_DOMAINS.items())},
+}
+
+
+def label_sets():
+    """Zero-shot label sets of the world: name -> (classnames, templates, manifest column)."""
+    return {"shape": (list(SHAPES), list(SHAPE_TEMPLATES), "shape"),
+            "color": (list(COLORS), list(COLOR_TEMPLATES), "color"),
+            "background": (list(BACKGROUNDS), list(BACKGROUND_TEMPLATES), "background")}
+
+
+def finetune_classes():
+    """Per label set, the classes the fine-tuning pool shows (the rest only pretraining saw)."""
+    return {"shape": list(FINETUNE.shapes), "color": list(FINETUNE.colors), "background": []}
+
+
+# =============================================================================
+# 2. Scenes, captions, pixels
+# =============================================================================
+def _name(o):
+    return f"{o['color']} {o['shape']}"
+
+
+def _a(words: str) -> str:
+    return ("an " if words[0] in "aeiou" else "a ") + words
+
+
+def _relation(a, b):
+    ra, ca, rb, cb = a["cell"] // 2, a["cell"] % 2, b["cell"] // 2, b["cell"] % 2
+    if ra == rb:
+        return "to the left of" if ca < cb else "to the right of"
+    if ca == cb:
+        return "above" if ra < rb else "below"
+    return ("above and to the left of" if ca < cb else "above and to the right of") if ra < rb else \
+        ("below and to the left of" if ca < cb else "below and to the right of")
+
+
+def scene(rng: random.Random, domain: Domain) -> dict:
+    """One scene and its texts. The main object (the one short captions and
+    zero-shot labels are about) is the first large object in cell order."""
+    n = rng.choice((1, 2, 2, 3, 3, 4)) if domain.captions == "alt" else rng.choice((2, 2, 3, 3, 4))
+    cells = sorted(rng.sample(range(4), n))
+    objs = [dict(shape=rng.choice(domain.shapes), color=rng.choice(domain.colors), size=rng.choice(SIZES), cell=c)
+            for c in cells]
+    if not any(o["size"] == "large" for o in objs):
+        rng.choice(objs)["size"] = "large"
+    main = next(o for o in objs if o["size"] == "large")
+    bg = rng.choice(domain.backgrounds)
+    style = domain.style if domain.style != "mixed" else ("outlined" if rng.random() < 0.2 else "filled")
+    others = [o for o in objs if o is not main]
+    if domain.captions == "alt":  # web alt-text: the main object (sometimes a second one) and the background
+        second = rng.choice(others) if others and rng.random() < 0.4 else None
+        what = f"a {main['size']} {_name(main)}" + (f" and {_a(_name(second))}" if second else "")
+        caption = rng.choice((f"{what} on a {bg} background.",
+                              f"{bg} background with {what}.",
+                              f"{what} at the {POSITIONS[main['cell']]}, {bg} background.",
+                              f"a picture of {what} on a {bg} background."))
+    else:  # COCO style: the main object, where it is, one neighbour; never the background
+        rest = f" next to {_a(_name(others[0]))}" if others else ""
+        lead = f"{domain.phrase} " if domain.phrase else ""
+        caption = f"{lead}a {main['size']} {_name(main)} at the {POSITIONS[main['cell']]}{rest}."
+    # ShareGPT4V style: every object, the count, relations, sizes (5-10 sentences)
+    sentences = [f"There is a {o['size']} {_name(o)} at the {POSITIONS[o['cell']]}." for o in objs]
+    sentences.append(f"The picture shows {NUMBERS[n]} object{'s' if n > 1 else ''} in total.")
+    pairs = [(a, b) for i, a in enumerate(objs) for b in objs[i + 1:]]
+    for a, b in rng.sample(pairs, min(3, len(pairs))):
+        sentences.append(f"The {_name(a)} is {_relation(a, b)} the {_name(b)}.")
+    n_large = sum(o["size"] == "large" for o in objs)
+    sentences.append(f"{NUMBERS[n_large].capitalize()} of them {'is' if n_large == 1 else 'are'} large."
+                     if n > 1 else f"The {_name(main)} is large.")
+    if style == "outlined":
+        sentences.append("The shapes are drawn as outlines.")
+    return dict(objects=objs, background=bg, style=style, caption=caption, long_caption=" ".join(sentences),
+                labels=dict(shape=SHAPES.index(main["shape"]), color=list(COLORS).index(main["color"]),
+                            background=list(BACKGROUNDS).index(bg)))
+
+
+def render(s: dict, seed: int = 0) -> Image.Image:
+    """The scene's pixels: drawn at 2x and downsampled (anti-aliased)."""
+    S = 2 * IMAGE_SIZE
+    base, pattern, pc = BACKGROUNDS[s["background"]]
+    img = Image.new("RGB", (S, S), base)
+    draw = ImageDraw.Draw(img)
+    if pattern == "stripes":
+        for x in range(0, S, 8):
+            draw.rectangle([x, 0, x + 2, S], fill=pc)
+    elif pattern == "checker":
+        for x in range(0, S, 8):
+            for y in range(0, S, 8):
+                if (x + y) // 8 % 2:
+                    draw.rectangle([x, y, x + 7, y + 7], fill=pc)
+    elif pattern == "dots":
+        for x in range(4, S, 8):
+            for y in range(4, S, 8):
+                draw.ellipse([x - 1, y - 1, x + 1, y + 1], fill=pc)
+    elif pattern == "grid":
+        for x in range(0, S, 8):
+            draw.line([x, 0, x, S], fill=pc)
+            draw.line([0, x, S, x], fill=pc)
+    elif pattern == "gradient":
+        for y in range(S):
+            t = y / (S - 1)
+            draw.line([0, y, S, y], fill=tuple(round(a + (b - a) * t) for a, b in zip(base, pc)))
+    cell = S / 2
+    for o in s["objects"]:
+        cx, cy = (o["cell"] % 2 + 0.5) * cell, (o["cell"] // 2 + 0.5) * cell
+        r = cell * (0.44 if o["size"] == "large" else 0.28)
+        col = COLORS[o["color"]]
+        outline = s["style"] == "outlined"
+        kw = dict(outline=col, width=3) if outline else dict(fill=col)
+        box = [cx - r, cy - r, cx + r, cy + r]
+        shape = o["shape"]
+        if shape == "circle":
+            draw.ellipse(box, **kw)
+        elif shape == "ring":
+            draw.ellipse(box, outline=col, width=max(3, round(r / 2.5)))
+        elif shape == "square":
+            draw.rectangle(box, **kw)
+        elif shape == "bar":
+            draw.rectangle([cx - r, cy - r / 2.6, cx + r, cy + r / 2.6], **kw)
+        elif shape == "triangle":
+            draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], **kw)
+        elif shape == "diamond":
+            draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], **kw)
+        elif shape == "star":
+            pts = [(cx + (r if k % 2 == 0 else r * 0.42) * math.sin(k * math.pi / 5),
+                    cy - (r if k % 2 == 0 else r * 0.42) * math.cos(k * math.pi / 5)) for k in range(10)]
+            draw.polygon(pts, **kw)
+        else:  # cross
+            w = r / 2.6
+            for b in ([cx - r, cy - w, cx + r, cy + w], [cx - w, cy - r, cx + w, cy + r]):
+                draw.rectangle(b, **kw)
+    img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.LANCZOS)
+    if pattern == "noise":
+        arr = np.asarray(img).astype(np.int16)
+        arr = arr + np.random.default_rng(seed).integers(-45, 46, arr.shape)
+        img = Image.fromarray(arr.clip(0, 255).astype(np.uint8))
+    return img
+
+
+def world_split(domain: Domain, n: int, seed: int) -> list[dict]:
+    """n deterministic scenes of a domain."""
+    rng = random.Random(f"clipft-lab-{seed}")
+    return [scene(rng, domain) for _ in range(n)]
+
+
+def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Path:
+    """Writes (once) a split of the world as PNG files plus a JSONL manifest
+    under data_root/synthetic/ and returns the manifest path. n: only the
+    first n scenes (tests). Demos and tests read it back through
+    common.ManifestDataset, like real data."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown synthetic split {split!r}; known: {', '.join(SPLITS)}")
+    domain, size, seed = SPLITS[split]
+    root = Path(data_root) / "synthetic"
+    name = split if n is None else f"{split}-{n}"
+    manifest = root / f"{name}.jsonl"
+    if manifest.exists():
+        return manifest
+    (root / name).mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, s in enumerate(world_split(domain, n or size, seed)):
+        rel = f"{name}/{i:05d}.png"
+        render(s, seed=seed * 100003 + i).save(root / rel)
+        lines.append(json.dumps({"image": rel, "caption": s["caption"], "long_caption": s["long_caption"],
+                                 "background": s["labels"]["background"], "shape": s["labels"]["shape"],
+                                 "color": s["labels"]["color"], "style": s["style"]}))
+    common.atomic_write(manifest, "\n".join(lines) + "\n")
+    return manifest
+
+
+def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[str, Path, Path]]:
+    """The continual domains in order: (name, train manifest, test manifest)."""
+    return [(d, synthetic_manifest(f"task-{d}", data_root, n_train), synthetic_manifest(f"task-{d}-test", data_root, n_test))
+            for d in TASK_DOMAINS]
+
+
+# --- a multimodal feature world (DNS in CMCL's setting; features, not pixels) ---
+def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind", datasets: dict | None = None,
+                         dim: int = 24, n_train: int = 128, n_test: int = 64, n_classes: int = 5, latent: int = 12,
+                         active: int = 6, spread: float = 0.6, noise: float = 0.3, seed: int = 0) -> Path:
+    """A multimodal world for tests and the demo, written in `layout` ('cmcl'
+    or 'ours'). Every sample has latent factors z (latent,); a dataset uses
+    `active` of them (its own random subset, so datasets overlap in part);
+    classes are cluster means in z. Modality m sees x_m = normalise(A_m z +
+    noise e), A_m = A_shared + spread B_m (dim, latent): shared structure (so
+    the identity maps start partly aligned, like a pretrained binding model)
+    plus a modality-specific part and modality-specific noise e. Class text
+    features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
+    names, has classes); default: eval.CMCL_DATASETS with their real names.
+    The layouts are eval.read_features'; DNS's demo in CMCL's setting and its
+    tests run on this world (dns.py --demo-cmcl)."""
+    g = torch.Generator().manual_seed(seed)
+    datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in evaluation.CMCL_DATASETS.items()}
+    names = sorted({m for mods, _ in datasets.values() for m in mods})
+    A_shared = torch.randn(dim, latent, generator=g) / math.sqrt(latent)
+    A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for d, (mods, has_classes) in datasets.items():
+        mask = torch.zeros(latent)
+        mask[torch.randperm(latent, generator=g)[:active]] = 1.0
+        mu = torch.randn(n_classes, latent, generator=g) * 1.5 * mask
+        class_names = [f"{d} class {c}" for c in range(n_classes)]
+        class_x = torch.nn.functional.normalize(mu @ A.get("text", A_shared).t(), dim=-1)  # (C, d)
+        if layout == "ours":
+            meta = {"modalities": list(mods)} | ({"classes": class_names} if has_classes else {})
+            (out / d).mkdir(parents=True, exist_ok=True)
+            (out / d / "meta.json").write_text(json.dumps(meta))
+            if has_classes:
+                torch.save(class_x, out / d / "classes.pt")
+        elif has_classes:
+            evaluation.write_h5(out / f"{d}_class_{perceptor}.h5", dict(zip(class_names, class_x)))
+        for split, n in (("train", n_train), ("test", n_test)):
+            labels = torch.randint(n_classes, (n,), generator=g)
+            z = (mu[labels] if has_classes else 0) + torch.randn(n, latent, generator=g) * mask
+            x = torch.stack([torch.nn.functional.normalize(z @ A[m].t() + noise * torch.randn(n, dim, generator=g),
+                                                           dim=-1) for m in mods], 1)  # (N, M, d)
+            ids = [f"{d}_{split}_{i:05d}" for i in range(n)]
+            if layout == "ours":
+                (out / d / split).mkdir(exist_ok=True)
+                for k, m in enumerate(mods):
+                    torch.save(x[:, k].clone(), out / d / split / f"{m}.pt")
+                (out / d / split / "samples.json").write_text(json.dumps(
+                    {"ids": ids} | ({"labels": labels.tolist()} if has_classes else {})))
+            else:
+                evaluation.write_h5(out / f"{d}_{split}_{perceptor}.h5", dict(zip(ids, x)))
+                if has_classes:
+                    (out / f"{d}_{split}_labels.json").write_text(
+                        json.dumps({i: class_names[c] for i, c in zip(ids, labels.tolist())}))
+    return out
+
+
+def low_rank_tasks(dim=32, rank=6, shared=3, n=256, noise=0.3, seed=0):
+    """Two tasks of paired features that lie exactly on rank-`rank` subspaces;
+    task 2's subspaces share `shared` directions with task 1's (so the tasks
+    interfere). Text latent = image latent + noise. Returns [(img, txt)] * 2.
+    DNS's stability guarantee is exact on such features (dns.guarantee_check)."""
+    g = torch.Generator().manual_seed(seed)
+    k = 2 * rank - shared
+    Q_img = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]  # (D, k) orthonormal
+    Q_txt = torch.linalg.qr(torch.randn(dim, k, generator=g))[0]
+    tasks = []
+    for cols in (slice(0, rank), slice(rank - shared, k)):
+        z = torch.randn(n, rank, generator=g)
+        img = torch.nn.functional.normalize(z @ Q_img[:, cols].t(), dim=-1)
+        txt = torch.nn.functional.normalize((z + noise * torch.randn(n, rank, generator=g)) @ Q_txt[:, cols].t(),
+                                            dim=-1)
+        tasks.append((img, txt))
+    return tasks
+
+
+
+
+# =============================================================================
+# The world's evaluation sets (registered with eval.py by lab/__init__.py)
+# =============================================================================
+def synthetic_retrieval(split: str, root, column: str, n=None) -> evaluation.RetrievalSet:
+    """n: the first n scenes only (tests, demos); None = the whole split."""
+    ds = common.ManifestDataset(synthetic_manifest(split, root, n), need_long=True, check_images=False)
+    paths = [str(ds.image_file(r)) for r in ds.rows]
+    texts = [r[column] for r in ds.rows]
+    return evaluation.RetrievalSet(f"synthetic-{split}-{column}", paths, texts, torch.arange(len(paths)),
+                                   protocol=f"synthetic world, split {split}, 1:1, {column}")
+
+
+def retrieval_tasks() -> dict:
+    """Evaluation task names of the world -> loader(root, n=None)."""
+    tasks = {
+        "synthetic-short": lambda root, n=None: synthetic_retrieval("test", root, "caption", n),
+        "synthetic-long": lambda root, n=None: synthetic_retrieval("test", root, "long_caption", n),
+        "synthetic-unseen": lambda root, n=None: synthetic_retrieval("unseen", root, "caption", n),
+        "synthetic-unseen-long": lambda root, n=None: synthetic_retrieval("unseen", root, "long_caption", n),
+    }
+    for d in TASK_DOMAINS:
+        tasks[f"synthetic-task-{d}"] = (lambda d: lambda root, n=None: synthetic_retrieval(
+            f"task-{d}-test", root, "caption", n))(d)
+    return tasks
+
+
+def classification_set(name: str, root, n=None) -> evaluation.ClassificationSet:
+    """'synthetic-shape' / '-color' / '-background': zero-shot on 'zs-test'."""
+    classnames, templates, column = label_sets()[name.removeprefix("synthetic-")]
+    ds = common.ManifestDataset(synthetic_manifest("zs-test", root, n), check_images=False, extra=(column,))
+    return evaluation.ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
+                                        torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
+                                        protocol=f"synthetic world, zs-test split, {column} ({len(classnames)} classes)")
+
+
+def classification_tasks() -> dict:
+    return {"synthetic-" + k: (lambda k: lambda root, n=None: classification_set("synthetic-" + k, root, n))(k)
+            for k in label_sets()}

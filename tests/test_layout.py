@@ -1,0 +1,93 @@
+"""The repository's shape, as the user asked for it: method files of a few
+hundred lines of method, a one-way import graph (common <- eval <- methods <-
+lab), and the lab out of every real path. Parsed from the source (ast), so a
+circle or a stray import cannot come back unnoticed."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns")
+PROJECT = {"common", "eval", "lab", "benchmarks", *METHODS}
+# (lines, docstring lines, the first loss or module line) at most
+TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (450, 90, 160),
+           "dns": (650, 90, 160)}
+
+
+def _imports(path: Path):
+    """[(module, names, enclosing function or None)] of the project's imports in path."""
+    tree = ast.parse(path.read_text())
+    out = []
+
+    def visit(node, func):
+        for child in ast.iter_child_nodes(node):
+            f = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Import):
+                out.extend((a.name, (), func) for a in child.names if a.name.split(".")[0] in PROJECT)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module \
+                    and child.module.split(".")[0] in PROJECT:
+                out.append((child.module, tuple(a.name for a in child.names), func))
+            visit(child, f)
+    visit(tree, None)
+    return out
+
+
+def test_common_imports_no_project_module():
+    assert _imports(ROOT / "common.py") == []
+
+
+def test_eval_imports_only_common_and_the_lab_only_in_main():
+    for module, _, func in _imports(ROOT / "eval.py"):
+        if func is None:
+            assert module == "common", module
+        else:  # the command line loads the lab when it names the tiny backbone or a synthetic set
+            assert func == "main" and module.split(".")[0] == "lab", (module, func)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_files_import_only_common_and_eval(method):
+    for module, names, func in _imports(ROOT / f"{method}.py"):
+        top = module.split(".")[0]
+        if func is None:
+            # a method built on another method's function imports just that function
+            assert top in ("common", "eval") or (top in METHODS and names and "*" not in names), module
+        else:  # main() dispatches to the lab (its demo, the synthetic world) with a lazy import
+            assert func == "main" and top == "lab", (method, module, func)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_files_meet_the_size_targets(method):
+    text = (ROOT / f"{method}.py").read_text()
+    tree = ast.parse(text)
+    lines, doc_max, first_max = TARGETS[method]
+    assert len(text.splitlines()) <= lines
+    doc = tree.body[0]
+    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+    assert doc.end_lineno <= doc_max
+    first = min(n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                and not n.name.endswith("Config"))
+    assert first <= first_max, first
+
+
+@pytest.mark.parametrize("name", ["common", "eval"])
+def test_shared_modules_do_not_grow(name):
+    assert len((ROOT / f"{name}.py").read_text().splitlines()) <= 1600
+
+
+def test_the_lab_imports_no_circle_back():
+    """Nothing outside the lab (and the tests) imports the lab at module level."""
+    for path in [*ROOT.glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        for module, _, func in _imports(path):
+            if module.split(".")[0] == "lab":
+                assert func == "main", (path.name, module)
+
+
+def test_importing_every_method_file_leaves_the_lab_unloaded():
+    code = ("import sys; import common, eval, " + ", ".join(METHODS) +
+            "; print(sorted(m for m in sys.modules if m == 'lab' or m.startswith('lab.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
