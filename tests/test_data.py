@@ -216,3 +216,37 @@ def test_csv_line_numbers_after_multiline_caption(tmp_path):
     assert [r["_line"] for r in rows] == [2, 5, 6] and rows[0]["caption"] == "a caption\nover three\nlines"
     with pytest.raises(common.DataError, match=r"m.csv:5: empty caption"):
         common.ManifestDataset(p)
+
+
+def _coco_and_sharegpt4v(folder, long_text="A long description. It has two sentences."):
+    coco = {"images": [{"id": i, "file_name": f"{i:012d}.jpg"} for i in (3, 1, 2)],
+            "annotations": [{"image_id": i, "caption": f"caption {i} {k}"} for i in (1, 2, 3) for k in (0, 1)]}
+    records = [{"image": "coco/train2017/000000000009.jpg", "conversations": [{"from": "gpt", "value": "held"}]}]
+    records += [{"image": f"coco/train2017/{i:012d}.jpg", "conversations": [{"from": "human", "value": "?"},
+                 {"from": "gpt", "value": f"{long_text} ({i})"}]} for i in (1, 2, 3)]
+    (folder / "captions.json").write_text(json.dumps(coco))
+    (folder / "sharegpt4v.json").write_text(json.dumps(records))
+    return folder / "captions.json", folder / "sharegpt4v.json"
+
+
+def test_write_once_manifest_is_rebuilt_when_its_sources_change(tmp_path, capsys):
+    """The training manifest is written once and reused, but only while the
+    files it was built from are the same ones (recorded in its sidecar)."""
+    coco, sg = _coco_and_sharegpt4v(tmp_path)
+    out = tmp_path / "erclip"
+    path = common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["coco_id"] for r in rows] == [1, 2] and rows[0]["caption"] == "caption 1 0"
+    assert rows[0]["long_caption"].startswith("A long description.")
+    assert common.read_sidecar(path)["sources"]["sharegpt4v"]["bytes"] == sg.stat().st_size
+    stamp = path.stat().st_mtime_ns
+    assert common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1) == path
+    assert path.stat().st_mtime_ns == stamp  # reused, not rewritten
+    _coco_and_sharegpt4v(tmp_path, long_text="Another, longer description of the same scene.")
+    common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
+    assert "rebuilding" in capsys.readouterr().err
+    assert json.loads(path.read_text().splitlines()[0])["long_caption"].startswith("Another, longer")
+    other = tmp_path / "other.json"
+    other.write_text(sg.read_text())
+    common.coco_sharegpt4v_manifest(coco, other, out, n_pairs=2, holdout=1)  # another --sharegpt4v path
+    assert common.read_sidecar(path)["sharegpt4v"] == str(other)
