@@ -1,223 +1,70 @@
 """DNS: dual-sided null-space projection for continual image-text contrastive learning.
 
-Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual
-Multimodal Contrastive Learning" (CMCL). NeurIPS 2025. arXiv:2503.14963,
-https://arxiv.org/abs/2503.14963. The comments cite its theorems (Thm. 4:
-the dual-sided projection; Thm. 5, 6: the stability and plasticity bounds)
-and its problem formulation (the stability condition on alignment scores,
-the multi-step extension with running covariances).
-Released code ("the code" below): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py,
-cmcl/base.py, training.py).
+Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual Multimodal
+Contrastive Learning" (CMCL). NeurIPS 2025. https://arxiv.org/abs/2503.14963.
+Released code ("the code"): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py, cmcl/base.py,
+training.py). Long discussion of every deviation, the demos and results: docs/dns.md.
 
-What is implemented, on CLIP
-  Frozen open_clip encoders; every task's image and text features are
-  extracted once and cached. The trainable part is one linear map per
-  modality, W_img and W_txt (D x D, identity at the start, so the start IS
-  CLIP), and the score of an image v and a text t (L2-normalised CLIP
-  features) is
-      score(v, t) = s (W_img v) . (W_txt t)                (problem formulation)
-  without renormalising after the map: renormalising would make the score
-  non-linear in W, and the projection below would no longer be exact.
-  Training is CLIP's symmetric InfoNCE on these scores (common.clip_loss);
-  --loss code --bias trains as the code does (deviations 14, 4).
-
-  Stability (problem formulation, Thm. 4): a change dW_img leaves every old
-  score unchanged to first order when  P_out dW_img P_in = 0,  where P_in
-  projects onto the span of the old image features v and P_out onto the
-  span of the old MAPPED partner features W_txt t (and symmetrically for
-  W_txt). So each change is replaced by
+What is implemented (problem formulation; Thm. 4; the multi-step extension)
+  Frozen encoders, features cached once; one trainable linear map per modality
+  (D x D, identity at the start, so the start IS the frozen model); the score is
+      score(v, t) = s (W_img v) . (W_txt t)        (no renormalisation: keeps it linear in W)
+  trained with CLIP's symmetric InfoNCE (common.clip_loss). A change dW_img keeps
+  every old score to first order when P_out dW_img P_in = 0 (P_in: span of the
+  old image features; P_out: span of the old MAPPED partner features W_txt t):
       dW <- dW - P_out dW P_in                                       (Thm. 4)
-  Projectors come from running uncentered covariances accumulated over all
-  past tasks without storing data (multi-step extension):
-      Z <- Z n/(n + n_t) + X^T X/(n + n_t),   n <- n + n_t
+      Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t            (running covariance)
       P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
-  The input side uses Z_img (Z_txt); the output side, by default, the whole
-  history re-mapped with the weights at the end of the previous task,
-  W_txt Z_txt W_txt^T (W_img Z_img W_img^T): the span the stability
-  condition asks for with the current maps. --output-cov per-task
-  accumulates each task's mapped features with THAT task's end weights, as
-  the code does (deviation 13). Covariances are updated after each task;
-  projectors are rebuilt before each task and stay fixed during it.
-
-  Three modes (--mode):
-    gradient  the paper and the code (default): project the gradient, then
-              AdamW steps. AdamW's per-coordinate scaling, its momentum and
-              its decoupled weight decay move the step out of the null space,
-              so the guarantee holds exactly only for plain SGD.
-    update    ours: let AdamW compute its step, then project the actual
-              change of the weights (snapshot before the step, project
-              W_after - W_before after it). Every applied change satisfies
-              P_out dW P_in = 0 whatever the optimizer does.
-    vanilla   no projection (the paper's baseline).
-  What remains in update mode is second order: both maps move in the same
-  task, and the cross term (dW_txt t)^T (dW_img v) is not constrained. The
-  test on synthetic low-rank features bounds the whole change of the old
-  score matrix at 1e-4 relative; the demo prints it.
+  Covariances are updated after each task; projectors rebuilt before each task.
+  --mode gradient (paper, code): project the gradient, then AdamW steps;
+  --mode update (ours): project the optimizer's actual change W_after - W_before;
+  --mode vanilla: no projection. CMCL's own setting (--features, run_cmcl): the
+  same learner over M modalities, 11 modality-pair steps (eval.CMCL_STEPS), each
+  step training only its pair's maps.
 
 Code name -> paper symbol
-  W_img, W_txt        W^{m} (one trainable linear map per modality; W_<m> in CMCL's setting)
-  img, txt            v, t: frozen, L2-normalised CLIP features (N, D)
-  logit_scale         ln s (s = 1/tau), CLIP's value, frozen
-  Z_img, Z_txt, n     running uncentered covariances Z-bar_{<t}^{m}, sample count
-  P_out               P-tilde of Thm. 4, the LEFT factor: output side (old mapped partner features)
-  P_in                P' of Thm. 4, the RIGHT factor: input side (old features of this modality)
-                      (Thm. 4: Delta W = grad - P-tilde grad P'; the paper's global form writes the
-                      same projection with other letters, W-bar = W-tilde - P' W-tilde P)
-  lambda_min          the truncation threshold lambda_min (input side; --lambda-min-out the output side)
-  project_gradient    dW = G - P_out G P_in (Thm. 4)
-  score_drift         ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (the stability condition)
+  W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
+  img, txt              v, t: frozen, L2-normalised features (N, D)
+  logit_scale           ln s (s = 1/tau), CLIP's value, frozen
+  Z_img, Z_txt, n       running uncentered covariances Z-bar_{<t}^{m}, sample count
+  P_out                 P-tilde of Thm. 4, the LEFT factor: output side (old mapped partner features)
+  P_in                  P' of Thm. 4, the RIGHT factor: input side (old features of this modality)
+  lambda_min            the truncation threshold (input side; --lambda-min-out the output side)
+  project_gradient      dW = G - P_out G P_in (Thm. 4)
+  score_drift           ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (the stability condition)
 
-Deviations (numbered; "the code" = github.com/Xiaohao-Liu/CMCL)
-  1. Backbone: CLIP (image, text) instead of ImageBind / LanguageBind /
-     UniBind with 7 modalities; so both modalities are active in every task
-     and the "zero gradient for inactive modalities" rule never triggers
-     (it does in CMCL's own setting, --features, below).
-  2. --mode gradient (default) is the paper's and the code's projection;
-     --mode update is ours. Reason for offering it: with AdamW the gradient
-     projection does not bound the applied step (measured in the demo and
-     in the tests).
-  3. Clipping order: common.train clips the global gradient norm BEFORE the
-     hook, so in gradient mode we clip then project, like the code (the
-     Hugging Face Trainer clips before its on_pre_optimizer_step callback;
-     the clip sees the unprojected norm). In update mode clipping only
-     shapes the optimizer's step; the projection of the final change comes
-     after everything and is what keeps the guarantee.
-  4. No biases by default: the maps are bias-free, as in the paper's theory.
-     The code's maps are nn.Linear with biases (zero at the start) that are
-     never projected, another leak of the guarantee (a bias shifts every old
-     score): --bias.
-  5. The temperature is CLIP's logit_scale, frozen (ours): a trained
-     temperature rescales every old score and no projection of W can stop it.
-  6. Output-side threshold: the same lambda_min on both sides by default
-     (paper). The code's output side uses 0 (get_projector(..., lambda_min=0)),
-     which keeps every numerically non-zero direction, i.e. the projection is
-     in effect one-sided: --lambda-min-out 0. The code's version pin
-     (transformers 4.30.2, whose Trainer has no on_pre_optimizer_step
-     callback) never runs the projection hook at all; that is not
-     reproduced: the tests check that the hook runs and changes the step.
-  7. Schedule: the shared warm-up + cosine (no warm-up by default) instead
-     of the code's linear decay. AdamW betas (0.9, 0.999), eps 1e-8 (PyTorch
-     defaults; the paper gives no values - our assumption).
-  8. Eigen-decomposition (eigh, float64) of the symmetric covariances
-     instead of the code's SVD (same subspace; |eigenvalue| = singular value,
-     so the thresholds mean the same); lambda_min absolute as in the paper,
-     --lambda-relative (ours) makes it a fraction of the largest eigenvalue.
-  9. Features are extracted once with the eval transform (no augmentation)
-     and cached under --feature-cache; the encoders never run during training.
- 10. Evaluation on CLIP data: after every task R@1 and R@10 in both
-     directions on every task's test set, per-task classification with class
-     prompts through W_txt (the synthetic world's shapes; the paper's
-     per-dataset classification), zero-shot accuracy on --zeroshot sets.
-     Acc / BWT / R@10 as the paper; BWT = mean_j (R[T][j] - R[j][j]).
- 11. One process: the trainable part is two D x D matrices on cached
-     features, so torchrun brings nothing; dns.py refuses WORLD_SIZE > 1.
- 12. Speed (ours): the same projection in the form of fewest operations
-     (projection_flops; --projection-form): dense G - P_out G P_in (4 D^3
-     flops), factored G - U_out (U_out^T G U_in) U_in^T
-     (project_gradient_factored, ~2 (k_out + k_in) D^2), or from the batch,
-     since G = delta^T X: delta^T X - (delta P_out)^T (X P_in)
-     (project_gradient_activations, ~2 B D (k_out + k_in) + 2 min(k) D^2 or
-     ~2 B D^2; projected_linear makes it the map's backward). All tested
-     equal to project_gradient.
- 13. Output-side covariance: ours re-maps the whole history with the current
-     weights (W_txt Z_txt W_txt^T at the start of each task), the span the
-     stability condition needs for the maps as they are now. The code
-     accumulates each task's output-side covariance with THAT task's end
-     weights (cmcl/dns.py update_covariance), so older tasks keep the span
-     of maps that have since moved: --output-cov per-task.
- 14. Training loss: ours is CLIP's symmetric InfoNCE at CLIP's (frozen)
-     scale. The code's (cmcl/base.py train_loss) is a one-direction
-     cross-entropy, the pair's first modality (here the image) as anchor
-     over the second, at temperature 1, on maps with biases: --loss code
-     (with --bias).
- 15. Threshold default: 0.01, the paper's value for ImageBind / UniBind. The
-     code's training.py defaults to 0.1 (lambda_min=1e-1): --lambda-min 0.1.
-
-CMCL's own setting (--features DIR; run_cmcl)
-  The paper's experiments: frozen binding encoders (ImageBind, LanguageBind,
-  UniBind), features cached per sample, one trainable linear map per
-  modality (vision, text, audio, depth, tactile, thermal, video), 11 steps
-  over 7 datasets, each step one modality pair. The code's training.py step
-  list, in its syntax dataset[:i,j] (indices into the dataset's modality
-  array, no suffix = 0,1), and the modalities that picks (dataloader.py,
-  ModalityType order):
-     1 ucf101 (text-video)     2 esc50 (text-audio)     3 nyudv2:0,2 (vision-depth)
-     4 clotho (text-audio)     5-7 vggsound_s:0,1 / 0,2 / 1,2 (text-audio, text-video, audio-video)
-     8-10 tvl:0,2 / 1,2 / 0,1 (vision-tactile, text-tactile, vision-text)   11 llvip (vision-thermal)
-  --tasks cmcl runs it; --tasks 'a~b:0,2~...' any other sequence.
-  Learner (DNSLearner, the same one the CLIP path uses with modalities
-  (img, txt)): W_m (D x D, identity at the start) per modality; a step on (a, b)
-  trains W_a and W_b only: every other map is frozen (requires_grad off, so
-  it is not in AdamW at all: AdamW's decoupled weight decay would move a map
-  even with a zero gradient; tested). Per modality m, kept from every past
-  step m took part in: the input covariance Z[m] of m's own features and,
-  per partner c, the covariance of c's raw features; W_m's output side is
-  sum_c (n_mc / n_m) W_c Z_mc W_c^T with the current maps (ours, as above;
-  --output-cov per-task: the code's accumulation). A map whose modality has
-  no past yet is not projected (the code's projectors are zero then). Both
-  --mode gradient and --mode update.
-  Evaluation after every step on every step's test set (the matrices hold
-  future sets too; the summaries use the seen ones): R@1/5/10 (mean of both
-  directions, sample i's partner is sample i); accuracy where the dataset
-  has classes and the pair includes text (the non-text side against the
-  text map of the class features). Acc / R@10 last, BWT and forgetting by
-  common.continual_metrics' definitions over the sets that have the metric
-  (eval.masked_continual_metrics). The paper's numbers to expect: CMCL_PAPER
-  (ImageBind: vanilla 47.32 acc / -5.72 BWT_A, DNS 52.52 / -0.02).
-  Feature layouts (eval.read_features, described there): the code's
-  features_storage/ h5 files (<dataset>_<split>_<perceptor>.h5, one
-  (modalities, d) array per sample id keyed "<id>__<class name>__<class
-  index>"; <dataset>_class_<perceptor>.h5), or ours for any encoder
-  (<dataset>/meta.json, <dataset>/<split>/<modality>.npy|.pt).
-
-  Differences in this setting (continuing the numbering; "the code" as above)
- 16. Covariance counts per modality (ours): Z[m] is the mean over the samples
-     of the steps m took part in. The code keeps ONE count n_bar over all
-     steps (cmcl/dns.py update_covariance), so a modality's covariance is
-     divided by samples it never saw, and the absolute lambda_min cuts a
-     different number of directions as the sequence grows.
- 17. Which features feed the covariances: ours, the step's own pair. The
-     code's post_step stacks the whole (modalities, d) arrays and updates
-     the pair's first modality with array column 0 and the second with
-     column 1, whatever the step's indices (cmcl/dns.py post_step,
-     feature_pairs[:,0] / [:,1]): for nyudv2:0,2, vggsound_s:0,2 and tvl:0,2
-     the second modality (depth, video, tactile) receives column 1's
-     features (text, audio, text), and for vggsound_s:1,2 and tvl:1,2 both
-     sides receive another modality's features.
- 18. Recall: on the whole test set (deterministic), mean of both directions.
-     The code averages 5 random subsets of 1000 per direction and reports
-     each direction (eval_util.py eval); the paper's R@10 presumably their
-     mean. Recall is computed for ucf101 too (the code: accuracy only).
- 19. Class features: the code's extractor stores, per class, the text
-     feature of the first sample of that class (save_classes); we read
-     whatever the class h5 holds, keyed and sorted by class name, as the
-     code does. A sample's class: the name field of its h5 key (the code's
-     perceptors store "<id>__<class name>__<class index>") or a labels
-     JSON; the code matches "__"-split key prefixes against its dataset
-     JSON. Features are used as stored, not renormalised (as the code:
-     its perceptors store the encoder outputs before their final
-     normalisation, so each modality keeps its own norm).
- 20. Temperature: CLIP's initial 1/0.07, frozen, for the clip loss (ours;
-     binding models differ); --loss code is the code's temperature 1.
- 21. The demo (--demo-cmcl) runs on lab.synthetic_multimodal(), a world of
-     shared latent factors seen through per-modality mixings plus
-     modality-specific noise, with the real datasets' names and modality
-     lists, not on real features; lr 1e-3 there (the code's LanguageBind
-     value), the rest the paper's.
+Deviations (numbered; long text in docs/dns.md under the same numbers)
+  1. CLIP (image, text) instead of ImageBind & co. with 7 modalities (CMCL's: --features).
+  2. --mode update is ours; with AdamW the gradient projection does not bound the step.
+  3. The global gradient norm is clipped BEFORE the projection hook, like the code.
+  4. Bias-free maps (the paper's theory); the code's never-projected biases: --bias.
+  5. The temperature is CLIP's logit_scale, frozen (a trained one moves every old score).
+  6. Output-side threshold = lambda_min (paper); the code's 0: --lambda-min-out 0.
+  7. Schedule: shared warm-up + cosine, not the code's linear decay; AdamW betas/eps PyTorch's.
+  8. eigh (float64) instead of SVD (same subspace); --lambda-relative (ours): relative threshold.
+  9. Features extracted once with the eval transform, cached under --feature-cache.
+ 10. Evaluation after every task: R@1/R@10, per-task classification, --zeroshot sets; Acc/BWT.
+ 11. One process: dns.py refuses WORLD_SIZE > 1 (two D x D maps, torchrun brings nothing).
+ 12. Speed (ours): the same projection in the form of fewest operations: --projection-form.
+ 13. Output covariance re-mapped with the current maps (ours); the code's: --output-cov per-task.
+ 14. Loss: CLIP's symmetric InfoNCE (ours); the code's one-direction CE at temperature 1: --loss code.
+ 15. lambda_min default 0.01 (paper); the code's 0.1: --lambda-min 0.1.
+ 16. Covariance counts per modality (ours); the code keeps one count over all steps.
+ 17. Covariances from the step's own pair (ours); the code's post_step uses columns 0, 1.
+ 18. Recall on the whole test set, mean of both directions (the code: 5 random 1k subsets).
+ 19. Class features read as stored, keyed and sorted by class name; features not renormalised.
+ 20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
+ 21. The demo --demo-cmcl runs on the lab's synthetic multimodal world, lr 1e-3.
 
 Commands
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
-              --task-classes '' --zeroshot '' --out runs/dns
-            (--mode update for ours / --mode vanilla for the baseline)
+              --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
   the code's settings (deviations 4, 6, 13, 14, 15):
             ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0
-  torchrun: not needed (deviation 11).
-  demo:     python dns.py --demo   (synthetic domains, tiny backbone, CPU, < 3 min)
   CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
-            (the code's settings: --mode gradient --loss code --bias --output-cov per-task
-             --lambda-min 0.1 --lambda-min-out 0; --lr 1e-3 for languagebind)
-  CMCL demo: python dns.py --demo-cmcl   (synthetic multimodal world, CPU)
+  torchrun: not needed (deviation 11).
+  demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
 """
 # =============================================================================
 # Imports
@@ -229,6 +76,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,7 +86,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import lab
 import eval as evaluation
 
 
@@ -263,10 +110,11 @@ class DNSConfig(common.Config):
     bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = common.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
                             "(synthetic with --backbone tiny; the paper's data has no layout here)")
-    zeroshot: str = common.arg("synthetic-shape,synthetic-color", "eval.py classification sets measured after "
-                               "every task, class prompts through W_txt ('' = none)")
-    task_classes: str = common.arg("shape", "ours: synthetic label set for per-task classification of each task's "
-                                   "test set ('' = off, e.g. for real data)")
+    zeroshot: str = common.arg("auto", "eval.py classification sets measured after every task, class prompts "
+                               "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the lab: --tasks "
+                               "synthetic or --backbone tiny; else none)")
+    task_classes: str = common.arg("auto", "ours: the lab's label set for per-task classification of each task's "
+                                   "test set ('' = off; auto: shape in the lab, else off)")
     feature_cache: str = common.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
     demo: bool = common.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
     features: str = common.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 "
@@ -780,29 +628,6 @@ class DNSLearner:
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
-low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
-
-
-def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
-    """The stability guarantee, measured: learn task 1, then task 2 in
-    `mode`, on low_rank_tasks(); returns the relative change of task 1's
-    score matrix (score_drift) and task 2's contrastive loss before and
-    after learning it (the projection must still let task 2 be learned)."""
-    tasks = low_rank_tasks(seed=seed)
-    settings = dict(mode=mode, device="cpu", precision="fp32", out=str(out), log_every=10_000, seed=seed)
-    cfg = DNSConfig(**(settings | overrides))
-    learner = DNSLearner(tasks[0][0].shape[1], math.log(1 / 0.07))  # CLIP's initial temperature
-    for i, (img, txt) in enumerate(tasks):
-        learner.learn(cfg, img, txt, Path(out) / f"task{i + 1}")
-    W1, W2 = learner.history
-    img2, txt2 = tasks[1]
-
-    def task2_loss(W):
-        return float(common.clip_loss(img2 @ W[0].t(), txt2 @ W[1].t(), learner.net.model.logit_scale.exp()))
-    return {"mode": mode, "drift": score_drift(*tasks[0], W1, W2),
-            "task2 loss before": task2_loss(W1), "task2 loss after": task2_loss(W2)}
-
-
 # --- features --------------------------------------------------------------
 def cached(cache_dir, key: dict, compute):
     """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt. Values
@@ -826,7 +651,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
     weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
     weights = weights or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(lab.pretrain_tiny())
+        weights = str(common.lab_hook("pretrain_tiny")())
     elif os.path.isfile(weights):
         weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
     base = {"backbone": cfg.backbone, "weights": weights}
@@ -839,7 +664,7 @@ def load_features(cfg: DNSConfig, tasks, device) -> dict:
 
     column, task_clf = "", None
     if cfg.task_classes:
-        classnames, templates, column = lab.label_sets()[cfg.task_classes]
+        classnames, templates, column = common.lab_hook("label_sets")()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
@@ -893,6 +718,7 @@ def evaluate_maps(maps: ModalityMaps, tests, task_clf=None, zeroshot=None) -> di
 # =============================================================================
 def run(cfg: DNSConfig, show: bool = True) -> dict:
     """One continual run (one mode) through common.run_continual."""
+    cfg = resolve_eval_sets(cfg)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("dns.py trains two D x D maps on cached features: run it as one process (deviation 11)")
     device = common.init_distributed(cfg.device)
@@ -963,153 +789,12 @@ def results_table(named_results) -> str:
 
 
 # =============================================================================
-# Demo (the lab: 4 task domains, tiny backbone's frozen features, seeds lab.SEEDS)
-# =============================================================================
-# Demo settings: the optimiser is the paper's / the code's (AdamW lr 1e-4, wd
-# 1e-3, batch 64, 5 epochs per task); everything else is ours, not the
-# paper's: CLIP's tiny backbone instead of ImageBind, the lab's four domains
-# (600 pairs each) instead of its 7 datasets. Nothing was tuned.
-DEMO_MODES = {"vanilla": "vanilla", "gradient": "DNS-gradient", "update": "DNS-update"}
-DEMO_COLS = ["Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"]
-
-
-def demo_row(results: dict) -> dict:
-    """One seed of one mode (both demos): final Acc / R@10, their BWT, the measured drift
-    of the old tasks' test score matrices (mean over old tasks, % relative),
-    and the R@10 matrix."""
-    m, drift = results["continual"]["metrics"], results["drift"]["test"]
-    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
-            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift)),
-            "R": results["continual"]["matrices"]["R@10"]}
-
-
-def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2,
-                drift: str = "old-score") -> list[dict]:
-    """The paper's claims as paired per-seed differences, in both modes;
-    directions fixed before the seeds ran. Paper: ImageBind, vanilla 47.32 acc
-    / -5.72 BWT, DNS 52.52 / -0.02 (its main table); paper_r10: what it says
-    of BWT of R@10 and final R@10 (CMCL's setting: -3.34 -> -1.07, 38.56 ->
-    40.89, so +2.27, +2.33)."""
-    def d(a, b, key):  # per seed, a - b
-        return lab.paired(runs, a, b, key)
-    claims = []
-    for mode in ("DNS-gradient", "DNS-update"):
-        ours = " (our mode)" if mode == "DNS-update" else ""
-        claims += [
-            lab.claim(f"{mode} raises BWT of Acc over vanilla{ours}", "+5.70", d(mode, "vanilla", "BWT_A"), "+"),
-            lab.claim(f"{mode} raises final Acc over vanilla{ours}", "+5.20", d(mode, "vanilla", "Acc"), "+"),
-            lab.claim(f"{mode} raises BWT of R@10 over vanilla{ours}", paper_r10[0],
-                      d(mode, "vanilla", "BWT_R@10"), "+"),
-            lab.claim(f"{mode} raises final R@10 over vanilla{ours}", paper_r10[1], d(mode, "vanilla", "R@10"), "+"),
-            lab.claim(f"{mode} cuts {drift} drift vs vanilla (% rel.){ours}", "to 0 (Thm. 4, exact under SGD)",
-                      d(mode, "vanilla", "drift %"), "-"),
-        ]
-    claims.append(lab.claim("update mode drifts less than gradient mode (ours)", "- (ours)",
-                            d("DNS-update", "DNS-gradient", "drift %"), "-"))
-    return claims
-
-
-def demo_seeds(run_one, cfg: DNSConfig, out: Path, **settings) -> tuple:
-    """Every mode of DEMO_MODES once per seed in lab.SEEDS (same seed, same
-    data order across modes) through run_one (run or run_cmcl). Returns the
-    per-seed rows {name: [demo_row + seed]}, the identity maps' row (row 0
-    of the matrices: the frozen features themselves, the same in every run;
-    Acc over the sets that have it) and the last run's results."""
-    runs, base = {name: [] for name in DEMO_MODES.values()}, None
-    for seed in lab.SEEDS:
-        for mode, name in DEMO_MODES.items():
-            results = run_one(dataclasses.replace(cfg, mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"),
-                                                  **settings), show=False)
-            runs[name].append({**demo_row(results), "seed": seed})
-            if base is None:
-                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
-                acc0 = [v for v in A0 if v == v]  # NaN: a set without classes (CMCL's setting)
-                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                        "drift %": 0.0}
-    return runs, base, results
-
-
-def run_demo(cfg: DNSConfig) -> dict:
-    """vanilla, DNS-gradient (the paper's) and DNS-update (ours) on the four
-    domains, once per seed in lab.SEEDS (same seed, same data order across
-    modes; frozen features extracted once), plus the guarantee check on
-    low-rank features."""
-    t0 = time.time()
-    out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
-    shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
-    runs, base, _ = demo_seeds(run, cfg, out, **shared)
-    checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
-    tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
-    head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
-            f"{list(lab.SEEDS)}, lr {cfg.lr:g}, {cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g} (optimiser: the "
-            f"paper's; backbone and world: ours). Acc = per-task shape classification %, R@10 % = mean of I2T, "
-            f"T2I; BWT = mean over old tasks of final - right after; drift = relative change of an old task's test "
-            f"score matrix from right after it to the end (%). CLIP = identity maps. Guarantee on low-rank features "
-            f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Mean ± std over seeds.")
-    claims = demo_claims(runs)
-    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
-        {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "dns-demo.png",
-        f"python dns.py --demo; R[i][j] = R@10 on task j's test split after tasks 1..i; seeds {list(lab.SEEDS)}",
-        unit="R@10 (%)", row_first="CLIP (identity)"), config=dataclasses.asdict(cfg), guarantee=checks)
-    return {"base": base, "per_seed": runs, "claims": claims}
-
-
-# =============================================================================
 # CMCL's own setting: M modalities, modality-pair steps, features from files
 # =============================================================================
-# The datasets' modalities and evaluations (eval.CMCL_DATASETS) and the feature
-# readers (eval.read_features) live in eval.py. The code's training.py step
-# list (datasets_name): "name:i,j" picks modalities i and j of the dataset's
-# array, no suffix = 0,1.
-CMCL_STEPS = ("ucf101~esc50~nyudv2:0,2~clotho~vggsound_s:0,1~vggsound_s:0,2~vggsound_s:1,2~"
-              "tvl:0,2~tvl:1,2~tvl:0,1~llvip")
-# The paper's main table (ImageBind / LanguageBind / UniBind, 11 steps): final
-# classification accuracy and R@10 (%), their BWT.
-CMCL_PAPER = {"ImageBind vanilla": (47.32, -5.72, 38.56, -3.34), "ImageBind Co2L": (50.13, -3.74, 38.66, -1.77),
-              "ImageBind DNS": (52.52, -0.02, 40.89, -1.07), "LanguageBind vanilla": (51.86, -15.71, 36.02, -10.19),
-              "LanguageBind CILA": (59.30, -2.63, 40.48, -1.09), "LanguageBind DNS": (64.07, -0.09, 42.44, -3.00),
-              "UniBind C-FLAT": (51.25, -4.36, 40.51, -1.48), "UniBind DNS": (52.86, 0.31, 41.44, -1.19)}
-ABBREV = {"vision": "V", "text": "T", "audio": "A", "thermal": "TH", "depth": "D", "imu": "IM", "video": "VI",
-          "tactile": "TA", "point": "P"}  # the code's ModalityTypeAbb
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the sequence: a dataset and the two modalities it pairs
-    (indices into the dataset's modality list, and their names)."""
-    dataset: str
-    pair: tuple          # (i, j) indices
-    modalities: tuple    # (name_i, name_j)
-
-    @property
-    def name(self) -> str:  # the code's naming: ucf101(T-VI)
-        return f"{self.dataset}({'-'.join(ABBREV.get(m, m) for m in self.modalities)})"
-
-
-def parse_steps(spec: str, modalities_of) -> list[Step]:
-    """'cmcl' (the code's 11 steps) or 'dataset[:i,j]~dataset[:i,j]~...'
-    (the code's datasets_name syntax). modalities_of(dataset) -> its tuple of
-    modality names."""
-    steps = []
-    for part in filter(None, (p.strip() for p in (CMCL_STEPS if spec == "cmcl" else spec).split("~"))):
-        name, _, idx = part.partition(":")
-        mods = modalities_of(name)
-        try:
-            pair = tuple(int(i) for i in idx.split(",")) if idx else (0, 1)
-        except ValueError:
-            raise common.DataError(f"step {part!r}: expected dataset[:i,j] with integer modality indices") from None
-        if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= i < len(mods) for i in pair):
-            raise common.DataError(f"step {part!r}: {name} has modalities {list(mods)}; give two distinct "
-                                   f"indices in 0..{len(mods) - 1}")
-        steps.append(Step(name, pair, (mods[pair[0]], mods[pair[1]])))
-    if not steps:
-        raise common.DataError(f"--tasks {spec!r}: no steps")
-    return steps
-
-
-# --- evaluation --------------------------------------------------------------
+# The step plan (eval.CMCL_STEPS, eval.parse_steps), the datasets' modalities
+# (eval.CMCL_DATASETS) and the feature readers (eval.read_features) are eval.py's.
 @torch.no_grad()
-def evaluate_step(model: ModalityMaps, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
+def evaluate_step(model: ModalityMaps, step: evaluation.Step, test: dict, ks=(1, 5, 10)) -> dict:
     """One step's test set through the current maps: R@k (%, mean of both
     directions, sample i's partner is sample i) for every test set; 'acc'
     (top-1 %, the non-text modality against the text map of the class
@@ -1136,7 +821,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     if not root.is_dir():
         raise common.DataError(f"--features {root}: no such folder")
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
-    steps = parse_steps(spec, lambda d: evaluation.dataset_info(root, d, cfg.perceptor)["modalities"])
+    steps = evaluation.parse_steps(spec, lambda d: evaluation.dataset_info(root, d, cfg.perceptor)["modalities"])
     device = common.init_distributed(cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1180,68 +865,45 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     return results
 
 
+def summary_row(results: dict) -> dict:
+    """Final Acc / R@10, their BWT, and the drift of the old tasks' test score
+    matrices (mean over old tasks, % relative): the CMCL table's row."""
+    m, drift = results["continual"]["metrics"], results["drift"]["test"]
+    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
+            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
+
+
 def cmcl_table(named_results) -> str:
-    rows = [{"method": n} | demo_row(r) for n, r in named_results]
+    rows = [{"method": n} | summary_row(r) for n, r in named_results]
     return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
 
 
-# --- demo on the synthetic multimodal world ------------------------------------
-# Settings fixed before the first run (nothing tuned): the code's 11 steps on
-# lab.synthetic_multimodal() with the real datasets' names and modalities (d = 24,
-# 256 train / 128 test samples per dataset), the paper's AdamW (wd 1e-3, batch
-# 64) at lr 1e-3 (the code's LanguageBind value: at 1e-4 the 20 steps a task
-# gets here barely move the maps), 5 epochs per step (the code), lambda_min
-# 0.01 (the paper), CLIP's loss at scale 1/0.07 (ours).
-CMCL_DEMO = dict(dim=24, n_train=256, n_test=128)
-CMCL_DEMO_MODES = DEMO_MODES
+def resolve_eval_sets(cfg: DNSConfig) -> DNSConfig:
+    """--task-classes / --zeroshot auto: the lab's label set and synthetic-*
+    sets in the lab (--tasks synthetic or --backbone tiny), none on real data."""
+    synthetic = cfg.tasks == "synthetic" or cfg.backbone == "tiny"
+    return dataclasses.replace(
+        cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
+        zeroshot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zeroshot == "auto" else cfg.zeroshot)
 
 
-def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
-    """One panel per column of the demo's table (lab.bar_panels), the paper's
-    ImageBind vanilla / DNS numbers beside ours where it has one."""
-    paper = {"Acc": (47.32, 52.52), "BWT_A": (-5.72, -0.02), "R@10": (38.56, 40.89), "BWT_R@10": (-3.34, -1.07)}
-    units = {"Acc": "final Acc (%)", "BWT_A": "BWT of Acc (points)", "R@10": "final R@10 (%)",
-             "BWT_R@10": "BWT of R@10 (points)", "drift %": "old-pair score drift (% rel.)"}
-    return lab.bar_panels(runs, base, units, path, caption, paper, ("paper vanilla", "paper DNS"))
-
-
-def run_cmcl_demo(cfg: DNSConfig) -> dict:
-    """vanilla / DNS-gradient / DNS-update over the code's 11 steps on the
-    synthetic multimodal world (CMCL's h5 layout), once per seed in lab.SEEDS
-    (same world, same data order across modes)."""
-    t0 = time.time()
-    out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
-    features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
-    settings = dict(demo_cmcl=False, features=str(features), tasks="cmcl", lr=1e-3, device="cpu",
-                    precision="fp32", log_every=10_000)
-    runs, base, results = demo_seeds(run_cmcl, cfg, out, **settings)
-    steps = results["steps"]
-    head = (f"DNS in CMCL's setting, demo: synthetic multimodal world (d {CMCL_DEMO['dim']}, "
-            f"{CMCL_DEMO['n_train']} train / {CMCL_DEMO['n_test']} test per dataset), the code's 11 steps "
-            f"{' -> '.join(steps)}, seeds {list(lab.SEEDS)}, lr 1e-3, {cfg.epochs} epochs/step, lambda_min "
-            f"{cfg.lambda_min:g}. Acc = classification % on the datasets with classes and a text side; R@10 % = "
-            f"mean of both directions, every step's test set; BWT = mean over old steps of final - right after; "
-            f"drift = relative change of an old step's test score matrix (%). Identity = the frozen features. "
-            f"Mean ± std over seeds.")
-    claims = demo_claims(runs, ("+2.27", "+2.33"), "old-pair score")
-    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: cmcl_demo_figure(
-        runs, base, o / "dns-cmcl-demo.png",
-        f"python dns.py --demo-cmcl: the code's 11 steps on a synthetic multimodal world (not real features), "
-        f"mean ± std over seeds {list(lab.SEEDS)}; hatched: the paper's ImageBind numbers (real data)"),
-        config=dataclasses.asdict(cfg), world=CMCL_DEMO)
-    return {"base": base, "per_seed": runs, "claims": claims}
+def resolve(cfg: DNSConfig) -> DNSConfig:
+    """--tasks auto (the paper's data has no layout here: synthetic with --backbone tiny), then the eval sets."""
+    return resolve_eval_sets(common.resolve_auto(cfg, "tasks", None, [], "ImageBind's seven datasets"))
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     cfg = common.parse_config(DNSConfig, argv)
-    if cfg.demo_cmcl:
-        return run_cmcl_demo(cfg)
+    if cfg.demo_cmcl or (cfg.demo and not cfg.features):  # the lab: world, tiny backbone, seeds, claims
+        from lab.demos import dns as demo
+        return demo.main(argv)
+    if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
+        import lab  # noqa: F401
     if cfg.features:
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)
-    cfg = common.resolve_auto(cfg, "tasks", None, [], "ImageBind's seven datasets")
-    if cfg.demo:
-        return run_demo(cfg)
+    cfg = resolve(cfg)
     common.preflight(cfg, [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root)], continual=True)
     return run(cfg)
 

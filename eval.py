@@ -837,6 +837,45 @@ def write_h5(path, arrays: dict):
             f.create_dataset(str(k), data=v.numpy())
 
 
+# CMCL's step plan (training.py's datasets_name) and main table: (final Acc, BWT_A, final R@10, BWT_R@10) %
+CMCL_STEPS = "ucf101~esc50~nyudv2:0,2~clotho~vggsound_s:0,1~vggsound_s:0,2~vggsound_s:1,2~tvl:0,2~tvl:1,2~tvl:0,1~llvip"
+CMCL_PAPER = {"ImageBind vanilla": (47.32, -5.72, 38.56, -3.34), "ImageBind Co2L": (50.13, -3.74, 38.66, -1.77),
+              "ImageBind DNS": (52.52, -0.02, 40.89, -1.07), "LanguageBind vanilla": (51.86, -15.71, 36.02, -10.19),
+              "LanguageBind CILA": (59.30, -2.63, 40.48, -1.09), "LanguageBind DNS": (64.07, -0.09, 42.44, -3.00),
+              "UniBind C-FLAT": (51.25, -4.36, 40.51, -1.48), "UniBind DNS": (52.86, 0.31, 41.44, -1.19)}
+ABBREV = {"vision": "V", "text": "T", "audio": "A", "thermal": "TH", "depth": "D", "imu": "IM", "video": "VI",
+          "tactile": "TA", "point": "P"}  # the code's ModalityTypeAbb
+
+
+@dataclass(frozen=True)
+class Step:  # a dataset and the two modalities it pairs: (i, j) indices into its modalities, their names
+    dataset: str
+    pair: tuple
+    modalities: tuple
+
+    @property
+    def name(self) -> str:  # the code's naming: ucf101(T-VI)
+        return f"{self.dataset}({'-'.join(ABBREV.get(m, m) for m in self.modalities)})"
+
+
+def parse_steps(spec: str, modalities_of) -> list[Step]:
+    """'cmcl' (CMCL_STEPS) or 'dataset[:i,j]~...' (the code's syntax); modalities_of(dataset) -> its names."""
+    steps = []
+    for part in filter(None, (p.strip() for p in (CMCL_STEPS if spec == "cmcl" else spec).split("~"))):
+        name, _, idx = part.partition(":")
+        mods = modalities_of(name)
+        try:
+            pair = tuple(int(i) for i in idx.split(",")) if idx else (0, 1)
+        except ValueError:
+            raise common.DataError(f"step {part!r}: expected dataset[:i,j] with integer modality indices") from None
+        if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= i < len(mods) for i in pair):
+            raise common.DataError(f"step {part!r}: {name} has modalities {list(mods)}; give two distinct "
+                                   f"indices in 0..{len(mods) - 1}")
+        steps.append(Step(name, pair, (mods[pair[0]], mods[pair[1]])))
+    if not steps:
+        raise common.DataError(f"--tasks {spec!r}: no steps")
+    return steps
+
 
 # =============================================================================
 # 3. Geometry, calibration, SIMAT (m2-Mix's analyses; pure functions of features)

@@ -2,6 +2,7 @@
 the stability guarantee on low-rank features, the released code's
 behaviours behind flags (loss, biases, per-task output covariance,
 thresholds), and main() end to end."""
+import dataclasses
 import json
 import math
 
@@ -14,6 +15,7 @@ import common
 import lab
 import dns
 import eval as evaluation
+from lab.demos import dns as dns_demo
 
 
 def _random_projector(dim, rank, g):
@@ -153,7 +155,7 @@ def test_identity_maps_give_the_clip_loss():
 
 @pytest.mark.parametrize("mode", ["gradient", "update"])
 def test_zero_projectors_train_exactly_like_vanilla(tmp_path, mode):
-    img, txt = dns.low_rank_tasks(n=64)[0]
+    img, txt = dns_demo.low_rank_tasks(n=64)[0]
     cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=32, steps=4, lr=1e-2, log_every=100)
     nets = []
     for hooks in (None, dns.NullSpaceProjection(mode, {k: (torch.zeros(32, 32),) * 2 for k in ("W_img", "W_txt")})):
@@ -179,7 +181,7 @@ def test_gradients_only_on_the_two_maps():
 
 
 def test_bf16_autocast_step_on_cpu():
-    img, txt = dns.low_rank_tasks(n=16)[0]
+    img, txt = dns_demo.low_rank_tasks(n=16)[0]
     net = dns.DNSNet(32, math.log(1 / 0.07))
     with common.autocast("cpu", "bf16"):
         loss = net({"img": img, "txt": txt})["loss_clip"]
@@ -191,7 +193,7 @@ def test_bf16_autocast_step_on_cpu():
 # --- (f) the mechanism: the stability guarantee ---------------------------------
 def test_output_side_projector_spans_the_mapped_partner_features():
     g = torch.Generator().manual_seed(6)
-    img, txt = dns.low_rank_tasks(n=64)[0]
+    img, txt = dns_demo.low_rank_tasks(n=64)[0]
     maps = dns.DualMaps(32, 0.0)
     with torch.no_grad():
         maps.W_txt.add_(0.3 * torch.randn(32, 32, generator=g))
@@ -211,7 +213,7 @@ def test_absolute_eigenvalues_and_the_output_side_threshold():
     Z = torch.diag(torch.tensor([2.0, 0.5, 1e-14, -1e-14, 0.0, 0.0], dtype=torch.float64))
     assert torch.equal(dns.null_space_projector(Z, 0.0), torch.diag(torch.tensor([1.0, 1, 1, 1, 0, 0]).double()))
     assert round(float(dns.null_space_projector(Z, 0.01).trace())) == 2
-    img, txt = dns.low_rank_tasks(n=64)[0]
+    img, txt = dns_demo.low_rank_tasks(n=64)[0]
     maps = dns.DualMaps(32, 0.0)
     Z_img, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, img)
     Z_txt, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, txt)
@@ -227,7 +229,7 @@ def test_absolute_eigenvalues_and_the_output_side_threshold():
 def test_per_task_output_covariance_uses_each_tasks_end_weights(tmp_path):
     """Deviation 13: the code accumulates each task's mapped partner features
     with that task's end weights; ours re-maps the history with the current maps."""
-    tasks = dns.low_rank_tasks(n=64)
+    tasks = dns_demo.low_rank_tasks(n=64)
     cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=32, epochs=1, lr=3e-2, log_every=100,
                         mode="vanilla", output_cov="per-task")
     learner = dns.DNSLearner(32, math.log(1 / 0.07))
@@ -250,7 +252,7 @@ def test_stability_guarantee_on_low_rank_features(tmp_path, capsys):
     mode: task 1's score matrix moves <= 1e-4 relative after task 2 (what
     is left is the second-order cross term of the two maps' changes);
     vanilla clearly more; gradient mode is measured and printed only."""
-    res = {m: dns.guarantee_check(m, tmp_path / m) for m in ("vanilla", "gradient", "update")}
+    res = {m: dns_demo.guarantee_check(m, tmp_path / m) for m in ("vanilla", "gradient", "update")}
     with capsys.disabled():
         print("\nguarantee check (relative change of task 1's scores):",
               {m: f"{r['drift']:.2e}" for m, r in res.items()})
@@ -346,4 +348,22 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     out = tmp_path / "demo"
     dns.main(["--demo", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
               str(tmp_path / "data"), "--out", str(out)])
-    check_demo_results(out, "dns-demo.png", dns.DEMO_MODES.values(), min_claims=10)
+    check_demo_results(out, "dns-demo.png", dns_demo.DEMO_MODES.values(), min_claims=10)
+
+
+# --- real paths without the lab (issue 23, item 5) -------------------------------
+def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
+    """--task-classes / --zeroshot auto: the lab's sets with --tasks synthetic
+    or --backbone tiny; none on real data with a real backbone (which then
+    names no lab at all); explicit values are kept."""
+    real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
+    assert (real.task_classes, real.zeroshot) == ("auto", "auto")
+    assert not common.wants_lab(real)
+    got = dns.resolve(real)
+    assert (got.task_classes, got.zeroshot) == ("", "")
+    for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
+        got = dns.resolve(common.parse_config(dns.DNSConfig, argv))
+        assert (got.task_classes, got.zeroshot) == ("shape", "synthetic-shape,synthetic-color")
+    mine = dns.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
+    assert (mine.task_classes, mine.zeroshot) == ("color", "cifar10")
+    assert dns.resolve_eval_sets(got) == got  # idempotent: run() resolves again

@@ -15,6 +15,7 @@ import common
 import dns
 import eval as evaluation
 import lab
+from lab.demos import dns as dns_demo
 
 FAST = dict(device="cpu", precision="fp32", log_every=10_000)
 
@@ -25,7 +26,7 @@ def _cfg(tmp_path, **kw):
 
 # --- the code's step list and datasets --------------------------------------------
 def test_cmcl_steps_follow_the_codes_training_py():
-    steps = dns.parse_steps("cmcl", lambda d: evaluation.CMCL_DATASETS[d][0])
+    steps = evaluation.parse_steps("cmcl", lambda d: evaluation.CMCL_DATASETS[d][0])
     assert [s.dataset for s in steps] == ["ucf101", "esc50", "nyudv2", "clotho"] + ["vggsound_s"] * 3 + ["tvl"] * 3 \
         + ["llvip"]
     assert [s.modalities for s in steps] == [
@@ -35,7 +36,7 @@ def test_cmcl_steps_follow_the_codes_training_py():
     assert len({s.name for s in steps}) == 11
     for bad in ("nyudv2:0,5", "nyudv2:1,1", "esc50:a,b", ""):
         with pytest.raises(common.DataError):
-            dns.parse_steps(bad, lambda d: evaluation.CMCL_DATASETS[d][0])
+            evaluation.parse_steps(bad, lambda d: evaluation.CMCL_DATASETS[d][0])
 
 
 # --- features in both layouts ----------------------------------------------------
@@ -105,7 +106,7 @@ def test_clip_path_is_the_learner_with_img_txt_and_unused_modalities_change_noth
     partner features at that task's end (computed here from the equations),
     and a learner that also holds modalities it never uses (aud, dep) learns
     every weight, covariance and projector rank bitwise the same."""
-    tasks = dns.low_rank_tasks(n=96) + dns.low_rank_tasks(n=96, seed=1)[:1]
+    tasks = dns_demo.low_rank_tasks(n=96) + dns_demo.low_rank_tasks(n=96, seed=1)[:1]
     cfg = _cfg(tmp_path, batch_size=32, epochs=2, lr=1e-2, wd=0.1, **{k: v for k, v in settings.items() if k != "bias"})
     bias = settings.get("bias", False)
     clip = dns.DNSLearner(32, math.log(1 / 0.07), bias=bias)
@@ -249,10 +250,10 @@ def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
 def test_cmcl_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):
     """The CMCL demo's plumbing on a shrunken world (1 epoch per step): every
     seed of every mode kept, claims with the agreed keys, the PNG exists."""
-    monkeypatch.setattr(dns, "CMCL_DEMO", dict(dim=8, n_train=32, n_test=16))
+    monkeypatch.setattr(dns_demo, "CMCL_DEMO", dict(dim=8, n_train=32, n_test=16))
     out = tmp_path / "demo"
     dns.main(["--demo-cmcl", "--epochs", "1", "--batch-size", "16", "--out", str(out)])
-    saved = check_demo_results(out, "dns-cmcl-demo.png", dns.CMCL_DEMO_MODES.values(), min_claims=11)
+    saved = check_demo_results(out, "dns-cmcl-demo.png", dns_demo.CMCL_DEMO_MODES.values(), min_claims=11)
     assert len(saved["per_seed"]["vanilla"][0]["R"]) == 12  # identity + after each of the 11 steps
 
 

@@ -9,6 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import dns
+from lab.demos import dns as dns_demo
 
 
 def _basis(dim, rank, g):
@@ -183,7 +184,7 @@ def test_learner_takes_the_activation_form_and_learns_what_the_dense_hook_learns
     calls = []
     real = dns.projected_linear
     monkeypatch.setattr(dns, "projected_linear", lambda *a: calls.append(1) or real(*a))
-    tasks = dns.low_rank_tasks(dim=96, rank=4, shared=2, n=64)
+    tasks = dns_demo.low_rank_tasks(dim=96, rank=4, shared=2, n=64)
     maps = {}
     for form in ("auto", "dense"):
         cfg = dns.DNSConfig(mode="gradient", projection_form=form, batch_size=8, epochs=1, lr=1e-2,
