@@ -23,12 +23,13 @@ import gpu_check  # noqa: E402
 
 import common  # noqa: E402
 import dns  # noqa: E402
+from lab.demos import dns as dns_demo  # noqa: E402
 
 
 def _dns_case(mode="gradient", n=16, dim=32):
     """DNS on the low-rank features of dns.low_rank_tasks: task 1 is old, a
     batch of task 2 trains (milliseconds per step, so fp16 on CPU is cheap)."""
-    (img1, txt1), (img2, txt2) = dns.low_rank_tasks(dim=dim, n=64)
+    (img1, txt1), (img2, txt2) = dns_demo.low_rank_tasks(dim=dim, n=64)
     net = dns.DNSNet(dim, math.log(1 / 0.07))
     Z_img, _ = dns.update_covariance(torch.zeros(dim, dim, dtype=torch.float64), 0, img1)
     Z_txt, _ = dns.update_covariance(torch.zeros(dim, dim, dtype=torch.float64), 0, txt1)
@@ -151,7 +152,7 @@ def test_dns_projection_sees_unscaled_gradients():
 def test_dns_update_mode_keeps_old_scores_under_fp16(tmp_path):
     """The stability guarantee through common.train in fp16 (two tasks):
     task 1's scores move as little as in fp32, and task 2 is learned."""
-    res = {p: dns.guarantee_check("update", tmp_path / p, precision=p) for p in ("fp32", "fp16")}
+    res = {p: dns_demo.guarantee_check("update", tmp_path / p, precision=p) for p in ("fp32", "fp16")}
     assert res["fp16"]["drift"] <= max(1e-4, 2 * res["fp32"]["drift"]), res
     assert res["fp16"]["task2 loss after"] < res["fp16"]["task2 loss before"]
 
@@ -177,7 +178,7 @@ def test_overflow_in_the_loop_is_skipped_logged_checkpointed_and_resumes_identic
 def test_an_fp32_checkpoint_continues_in_fp16_at_the_default_scale(tmp_path, capsys):
     """A CPU fp32 run resumed where fp16 is on (as on a GPU with --precision
     auto): its checkpoint has no scaler state, so the scale starts afresh."""
-    img, txt = dns.low_rank_tasks(n=64)[0]
+    img, txt = dns_demo.low_rank_tasks(n=64)[0]
     cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=16, steps=4, lr=1e-3, log_every=1,
                         out=str(tmp_path), stop_at=2)
     common.train(cfg, dns.DNSNet(32, math.log(1 / 0.07)), dns.FeaturePairs(img, txt), common.Collate(None),
