@@ -1227,6 +1227,33 @@ M2MIX_TABLE1 = {
     },
 }
 M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
+# m2-Mix's Table 1 layout, for m2mix.py's real runs (moved from m2mix.py, issue 23)
+M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
+
+
+def m2mix_table1(records) -> str:
+    """Table 1's layout (ZS, FT, m2-Mix, m3-Mix) per evaluation protocol, with
+    align / unif / ECE; a cell reads "ours (paper)" where the paper reports the
+    same protocol, "- (paper)" for a row we did not run."""
+    by = {}
+    for r in records:
+        by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
+    out = []
+    for task, models in by.items():
+        paper = M2MIX_TABLE1.get(task, {})
+        rows = []
+        for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
+            if name in models or name in paper:
+                row = {"method": name}
+                for m in M2MIX_TABLE1_METRICS:
+                    ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
+                    digits = 1 if "R@" in m else 2 if "ece" in m else 3
+                    row[m] = "-" if ours is None else f"{ours:.{digits}f}"
+                    row[m] += "" if theirs is None else f" ({theirs})"
+                rows.append(row)
+        head = f"### {task}" + (" - ours (paper)" if paper else "")
+        out.append(head + "\n" + common.markdown_table(rows, ("method", *M2MIX_TABLE1_METRICS)))
+    return "\n\n".join(out)
 
 
 def _erclip_clip_rows() -> dict:

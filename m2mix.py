@@ -3,19 +3,15 @@
 Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin,
 Jong-June Jeon, Kyungwoo Song. "Geodesic Multi-Modal Mixup for Robust
 Fine-Tuning." NeurIPS 2023. https://arxiv.org/abs/2203.03897
-Released code ("the code" below): github.com/changdaeoh/multimodal-mixup
-(main.py do_train, loss.py, scripts/m2mix.sh, scripts/m3mix.sh).
+Released code ("the code" below): github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/).
 
 Implements
   Eq. (3)      geodesic mixup (slerp) of two batches of unit vectors
   Eqs. (4)-(5) m2-Mix: every negative replaced by the image-text mix of the other pair
-               (the text's reading by default, Eq. (4) as printed with --m2-form printed)
   Sec. 4.2.1   V-Mix, L-Mix (uni-modal mixup with the flipped batch, soft targets)
   Sec. 4.2.2   VL-Mix (images and texts mixed with the same lam)
   Sec. 4.2.3   m3-Mix = L_CLIP + L_m2 + L_uni + L_VL (each mix term weighted, Tab. 6)
-  Sec. 5.1/5.3 fine-tuning ViT-B/32 on Flickr30k / COCO; Table 1 retrieval, Fig. 2
-               alignment / uniformity, Table 2 / Fig. 6 ECE and its temperature
-               curve, all computed by eval.py (evaluate(..., analyses=("geometry", "ece")))
+  Sec. 5.1/5.3 ViT-B/32 on Flickr30k / COCO: Tab. 1 retrieval, Fig. 2 align / unif, Tab. 2 / Fig. 6 ECE (eval.py)
 
 Code name -> paper symbol
   img, txt           I, T            L2-normalised image / text embeddings, (B, D)
@@ -29,100 +25,41 @@ Code name -> paper symbol
   flip(x)            x_{i'}          the batch reversed: partner of i is i' = B-1-i
   I, I_R             I, I_R          identity and identity flipped on its rows (Algorithm 1)
 
-Deviations (numbered; the released code is "the code" below)
-  1. Eq. (3) is computed in float64 with theta = 2 atan2(|a-b|, |a+b|) (equal to
-     arccos(a.b) on the sphere, but accurate near 0 and pi) clamped to
-     [1e-6, pi - 1e-6]: a = b gives a with finite gradients, a = -b gives finite
-     values and gradients.
-     The paper's Algorithm 1 (and the code) divide by sin(theta) unguarded, which
-     is NaN for a = b. For exactly opposite vectors the geodesic is undefined;
-     the result is finite but not of unit norm there.
-  2. V-Mix / L-Mix: as printed (Sec. 4.2.1) the denominators hold the UN-mixed
-     logits I_i . T_j. We normalise over the mixed row instead (soft-target
-     cross-entropy over the rows of M and of M^T), as Algorithm 1 and the code
-     do. Algorithm 1 additionally puts the un-mixed logits back on the diagonal
-     and anti-diagonal of M; we do not (M is fully mixed, so VL-Mix at lam = 1
-     is exactly the CLIP loss), nor does the code as its scripts run it (its
-     --original_neg, unused there, does the opposite: mixed logits on the
-     diagonal and anti-diagonal, un-mixed ones elsewhere).
-  3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2). The code uses
-     I + I_R: --vl-target code.
-  4. m2-Mix averages the two directions (Eq. 5's 1/2). The code sums them
-     (the same as a doubled weight): --m2-directions sum. Algorithm 1 builds the
-     m2 matrix as mix @ T^T (mixes as anchors); we follow Eq. (4) and the code
-     (the real image / text as anchor, the mixes as its negatives).
-  5. Temperatures: the printed equations omit tau ("for simplicity", Sec. 4.1);
-     by default every term uses the model's learnable temperature (one tau,
-     as Eq. (1)). Algorithm 1 gives the m2 term its own TRAINABLE temperature
-     t2 (no initial value given): --m2-own-tau (initialised at --m2-tau, else
-     at the model's temperature; clamped at 1/t2 <= 100 like logit_scale).
-     The code uses a FIXED tau2 = 0.07 for the whole m2 matrix, diagonal
-     included (--m2-tau 0.07), and a fixed base scale 100 (--base-tau 0.01,
-     which also freezes logit_scale).
-  6. The code decays every mix weight as 1/(epoch+1): --mix-decay (off by
-     default, the paper does not mention it).
-  7. eval() mode while training (Sec. 5.1 and the code): on by default
-     (--eval-mode); no effect on ViT backbones without dropout/BatchNorm.
-  8. Sec. 5.1 prepends "a photo of" to every text; we do not (captions are
-     used as given, in training and in evaluation alike).
-  9. Defaults chosen by us inside the published sweeps: lr 1e-5 (code sweep
-     {1e-5, 7e-6}), wd 0.2 (code sweep {0.2, 0.01}), every mix weight 0.05 (the
-     code's largest m2 weight; Tab. 6 range 1e-3..1). alpha_m2 0.5 for m2-Mix
-     and 0.2 inside m3-Mix (the code's scripts), 0.5 for V, L, VL.
- 10. Data: Flickr30k Karpathy train -> Karpathy test 1k. COCO: train2017 ->
-     val2017 5k by default (the paper's split, Sec. 5.1, so Table 1 compares
-     like with like); --coco-split karpathy trains on Karpathy train + restval
-     and tests on Karpathy test 5k (never on val2017, whose images are in
-     Karpathy's training part). --train-captions first (default) keeps the first
-     caption per image as the paper and the code do; "all" uses every caption.
-     Each test set is evaluated with five captions per image (standard; for
-     COCO val2017 the first 5 of its 5-7, eval.py's 'coco') and with the first
-     caption only (the code's 1:1 protocol, the one of the paper's Table 1).
- 11. One lam per batch and per term (m2, V, L, VL each draw their own), drawn
-     from the step's seeded generator (same on every rank, reproducible on
-     resume).
- 12. Numerics, not the paper: every loss (the logits included) is computed in
-     float32 with autocast off, whatever --precision the encoders run in.
- 13. Eq. (4)'s denominator. The text (Sec. 4.1: "we only change the
-     denominator", the negatives are replaced) and Algorithm 1 keep the
-     positive exp(I_i . T_i) in the denominator beside the mixed negatives
-     exp(I_i . mix_j), j != i; the code does the same. Eq. (4) AS PRINTED sums
-     exp(I_i . mix_j) over ALL j = 1..n (mix_i included, the positive absent),
-     which is no longer a cross-entropy and can be negative. We follow the
-     text (default --m2-form text); --m2-form printed computes Eq. (4) as
-     printed.
- 14. m3-Mix weights. Sec. 4.2.1 defines L_uni = 1/2 (C_V + C_L), and uni_weight
-     multiplies it. The code weights C_V and C_L EACH by its uni weight (no 1/2):
-     --uni-combine sum (the same as doubling uni_weight). With the flags of
-     "code's settings" below the objective is the code's, term for term
-     (tested on identical inputs).
- 15. SIMAT (Tab. 5): by default eval.py's protocol (SIMAT's test split, lambda
-     in {0.5, 1, ..., 7}); the code evaluates the 'dev' split over 13 lambdas
-     (no 6.5): --simat-protocol code. eval.py's docstring names the code's
-     alignment / uniformity definitions against ours.
+Deviations (numbered; each discussed at length in docs/m2mix.md under its number)
+  1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) clamped to [1e-6, pi - 1e-6]: finite at a = +-b.
+  2. V-Mix / L-Mix normalise over the fully mixed row (Algorithm 1, the code), not the printed un-mixed one.
+  3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2); the code's I + I_R: --vl-target code.
+  4. L_m2 averages its directions (Eq. 5's 1/2), real anchors (Eq. 4, the code); the code sums: --m2-directions sum.
+  5. One learnable temperature for every term (Eq. 1). Algorithm 1's own trainable t2: --m2-own-tau;
+     the code's fixed tau2 = 0.07 and base scale 100: --m2-tau 0.07 --base-tau 0.01.
+  6. The code decays every mix weight as 1/(epoch+1), the paper does not: --mix-decay.
+  7. eval() mode while training (Sec. 5.1, the code): on by default, --no-eval-mode turns it off.
+  8. Sec. 5.1 prepends "a photo of" to every text; we use the captions as given (train and test).
+  9. Ours, inside the published sweeps: lr 1e-5, wd 0.2, mix weights 0.05, alpha_m2 0.5 (m2) / 0.2 (m3), V/L/VL 0.5.
+ 10. Data: Flickr30k Karpathy train -> test 1k; COCO train2017 -> val2017 5k (Sec. 5.1) or --coco-split
+     karpathy; --train-captions first|all; tested on 5 captions and on the first (Table 1's 1:1).
+ 11. One lam per batch and per term, drawn from the step's seeded generator (same on every rank).
+ 12. Numerics, not the paper: every loss (logits included) in float32 with autocast off.
+ 13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Algorithm 1, the code); as printed: --m2-form printed.
+ 14. L_uni = 1/2 (C_V + C_L) (Sec. 4.2.1); the code weights C_V and C_L each: --uni-combine sum.
+ 15. SIMAT (Tab. 5) on eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
 
 Commands
-  one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k
-            (also --method m2 and --method ft for the other rows of Table 1)
+  one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k  (or ft, m2)
   torchrun  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
-  code's settings  ... --m2-tau 0.07 --base-tau 0.01 --mix-decay --m2-directions sum --vl-target code
-            --uni-combine sum [--simat --simat-protocol code]; its m3 script's weights:
-            --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
+  the code  ... --m2-tau 0.07 --base-tau 0.01 --mix-decay --m2-directions sum --vl-target code --uni-combine sum
+            [--simat --simat-protocol code]; its m3.sh: --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
   table     python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (ZS comes with the first run)
-  SIMAT     add --simat (Tab. 5; needs data/simat, see eval.py)
-  demo      python m2mix.py --demo          (synthetic world, tiny backbone, 2 CPU cores, < 5 min)
+  demo      python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
 """
 # =============================================================================
 # Imports
 # =============================================================================
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +69,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import lab
 import eval as evaluation
 from common import arg
 
@@ -190,7 +126,7 @@ class M2MixConfig(common.Config):
     simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, the code's 13 "
                                       "lambdas (deviation 15)", choices=("ours", "code"))
     collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json and exit")
-    demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix) and exit")
+    demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
 
 
 # =============================================================================
@@ -362,9 +298,8 @@ KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")} 
 
 
 def karpathy_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
-    """Writes a JSONL manifest (absolute image paths) of a Karpathy split from
-    data_root/<dataset>/dataset_<dataset>.json (images[].filename, filepath,
-    split, sentences[].raw). Images: flickr30k/images/<filename>,
+    """A JSONL manifest (absolute image paths) of a Karpathy split from data_root/<dataset>/dataset_<dataset>.json
+    (images[].filename, filepath, split, sentences[].raw). Images: flickr30k/images/<filename>,
     coco/<filepath>/<filename> (train2014/, val2014/). captions: 'first' or 'all'."""
     root = Path(data_root) / dataset
     ann = root / f"dataset_{dataset}.json"
@@ -384,9 +319,8 @@ def karpathy_manifest(dataset: str, data_root, split: str, captions: str, out_di
 
 
 def coco2017_manifest(data_root, captions: str, out_dir) -> Path:
-    """COCO train2017 (the paper's split, Sec. 5.1) from
-    coco/annotations/captions_train2017.json; the first caption of an image is
-    its first annotation in file order (as eval.py's coco-1cap takes it)."""
+    """COCO train2017 (the paper's split, Sec. 5.1) from coco/annotations/captions_train2017.json; the first
+    caption of an image is its first annotation in file order (as eval.py's coco-1cap takes it)."""
     root = Path(data_root) / "coco"
     ann_file = root / "annotations" / "captions_train2017.json"
     if not ann_file.exists():
@@ -409,7 +343,7 @@ def _write_manifest(rows, path: Path) -> Path:
 def train_manifest(cfg: M2MixConfig) -> Path:
     data_dir = Path(cfg.out) / "data"
     if cfg.train_data == "synthetic":
-        return lab.synthetic_manifest("train", cfg.data_root)
+        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)  # the lab registers its world
     if cfg.train_data == "flickr30k":
         return karpathy_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":
@@ -420,10 +354,9 @@ def train_manifest(cfg: M2MixConfig) -> Path:
 
 
 def eval_tasks(cfg: M2MixConfig) -> dict:
-    """Our label -> eval.py task: the all-caption (standard) protocol and the
-    code's one-caption protocol (1:1, Table 1's), on the test set matching the
-    training split (COCO 2017 train -> val2017; Karpathy train -> Karpathy test,
-    never val2017, which overlaps Karpathy's train + restval images)."""
+    """Our label -> eval.py task: the all-caption (standard) protocol and the code's one-caption protocol (1:1,
+    Table 1's), on the test set matching the training split (COCO 2017 train -> val2017; Karpathy train ->
+    Karpathy test, never val2017, which overlaps Karpathy's train + restval images)."""
     if cfg.eval_on:
         return {t: t for t in cfg.eval_on.split(",") if t}
     if cfg.train_data == "synthetic":
@@ -439,9 +372,8 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
 
 
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
-    """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align,
-    unif, on each image's first caption) and ECE (both directions, the model's
-    temperature, and the ECE-vs-tau curve)."""
+    """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each image's first
+    caption) and ECE (both directions, the model's temperature, and the ECE-vs-tau curve)."""
     records = []
     for name, task in eval_tasks(cfg).items():
         for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
@@ -473,46 +405,18 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     results = {"config": vars(cfg), "summary": summary, "records": records}
     common.write_results(cfg.out, results)
     if show:
-        print(table1(records))
+        print(evaluation.m2mix_table1(records))
     return results
 
 
 # =============================================================================
-# Main: Table 1, the demo, the command line
+# Main: Table 1, the command line
 # =============================================================================
-METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}
-# The paper's numbers (ViT-B/32) where its protocol is ours live in eval.py
-# (evaluation.M2MIX_TABLE1: Table 1 retrieval, Table 2 ECE, Fig. 2 align / unif).
-TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
-
-
-def table1(records) -> str:
-    """Table 1's layout (ZS, FT, m2-Mix, m3-Mix) per evaluation protocol, with
-    align / unif / ECE; a cell reads "ours (paper)" where the paper reports the
-    same protocol, "- (paper)" for a row we did not run."""
-    by = {}
-    for r in records:
-        by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
-    out = []
-    for task, models in by.items():
-        paper = evaluation.M2MIX_TABLE1.get(task, {})
-        rows = []
-        for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
-            if name in models or name in paper:
-                row = {"method": name}
-                for m in TABLE1_METRICS:
-                    ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
-                    digits = 1 if "R@" in m else 2 if "ece" in m else 3
-                    row[m] = "-" if ours is None else f"{ours:.{digits}f}"
-                    row[m] += "" if theirs is None else f" ({theirs})"
-                rows.append(row)
-        head = f"### {task}" + (" - ours (paper)" if paper else "")
-        out.append(head + "\n" + common.markdown_table(rows, ("method", *TABLE1_METRICS)))
-    return "\n\n".join(out)
+METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}  # Table 1's rows
 
 
 def collect(run_dirs) -> str:
-    """Table 1 from several runs' results.json (each row from the first run that has it)."""
+    """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run that has it)."""
     records, seen = [], set()
     for d in run_dirs:
         for r in json.loads((Path(d) / "results.json").read_text())["records"]:
@@ -520,170 +424,21 @@ def collect(run_dirs) -> str:
             if key not in seen:
                 seen.add(key)
                 records.append(r)
-    return table1(records)
-
-
-# =============================================================================
-# Demo (the lab: synthetic world, tiny backbone, 2 CPU cores, seeds lab.SEEDS)
-# =============================================================================
-# Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
-# task: the fine-tuning pool's LONG captions (cut at 24 tokens; the backbone
-# was pretrained on short alt-text only), tested on the test split's. Steps:
-# by the time budget only. A pilot with 80 steps x 32 on seeds 99 and 98 (not
-# in lab.SEEDS) took 213 s for two seeds on 2 shared cores, i.e. about 310 s
-# for three, over the 5 min budget, so 60 steps. lr 1e-4: ERCLIP's demo's
-# choice on the same world and backbone (its pilot, seed 99), not tuned here;
-# every mix weight 1 (the objective as printed, Sec. 4.2.3), so that a few
-# dozen steps show the terms' effect.
-DEMO = dict(backbone="tiny", lr=1e-4, warmup=-10, steps=60, batch_size=32, workers=0, precision="fp32",
-            device="cpu", log_every=20, save_every=0, m2_weight=1.0, uni_weight=1.0, vl_weight=1.0,
-            out="runs/m2mix-demo")
-DEMO_METHODS = ("ft", "m2", "m3")
-DEMO_COLS = ["R@1", "I2T", "T2I", "align x100", "unif x100", "ECE i2t", "ECE t2i", "ECE tau-mean", "short R@1",
-             "background"]
-
-
-def demo_manifest(data_root, out_dir) -> Path:
-    """The demo's task: the fine-tuning pool (split 'train') with its LONG
-    captions as the caption, which pretraining never showed."""
-    src = common.ManifestDataset(lab.synthetic_manifest("train", data_root), need_long=True, check_images=False)
-    rows = [{"image": str(src.image_file(r).resolve()), "caption": r["long_caption"]} for r in src.rows]
-    return _write_manifest(rows, Path(out_dir) / "synthetic-train-long.jsonl")
-
-
-@torch.no_grad()
-def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dict:
-    """Every number of the demo for one model, on the test split (1:1): R@1 on
-    the task's long captions (mean of I2T, T2I), align / unif (Fig. 2), ECE at
-    the model's temperature (Table 2) and averaged over eval.ECE_TAUS (Fig. 6's
-    curve), the I2T reliability bins; what fine-tuning costs: short-caption
-    R@1 and held-out zero-shot (background family, 8 classes, chance 12.5 %)."""
-    ds = common.ManifestDataset(lab.synthetic_manifest("test", data_root), need_long=True, check_images=False)
-    img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
-    t2i, scale = torch.arange(len(ds.rows)), float(model.logit_scale.exp())
-    m = {}
-    for label, column in (("", "long_caption"), ("short ", "caption")):
-        txt = evaluation.text_features(model, tokenizer, [r[column] for r in ds.rows], "truncate")
-        r = common.retrieval_metrics(img, txt, t2i, ks=(1,))
-        m[f"{label}I2T"], m[f"{label}T2I"] = r["i2t_R@1"], r["t2i_R@1"]
-        m[f"{label}R@1"] = (r["i2t_R@1"] + r["t2i_R@1"]) / 2
-        if not label:
-            long_txt = txt
-    a = evaluation.analyze_retrieval(img, long_txt, t2i, scale)
-    m.update({"align": a["align"], "unif": a["unif"], "align x100": 100 * a["align"], "unif x100": 100 * a["unif"],
-              "ECE i2t": a["ece_i2t"], "ECE t2i": a["ece_t2i"],
-              "ECE tau-mean": float(np.mean([a[f"ece_i2t@tau={t:g}"] for t in evaluation.ECE_TAUS]))})
-    conf, correct = evaluation._confidence_correct(img, long_txt, t2i, scale, "i2t")
-    b = (conf * bins).long().clamp(max=bins - 1)
-    m["reliability"] = {"count": torch.bincount(b, minlength=bins).tolist(),  # per equal-width bin: pooled later
-                        "correct": torch.bincount(b, correct.double(), minlength=bins).tolist(),
-                        "conf": torch.bincount(b, conf.double(), minlength=bins).tolist()}
-    m["background"] = lab.zero_shot_report(model, preprocess, tokenizer, data_root)["background"]
-    return m
-
-
-def demo_claims(base: dict, runs: dict) -> list[dict]:
-    """The paper's claims as paired per-seed differences; directions fixed
-    before the seeds ran. Paper numbers: ViT-B/32, Flickr30k (Table 1, Fig. 2,
-    Table 2; eval.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
-    def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
-        return lab.paired(runs, a, b, key, base)
-    p = evaluation.M2MIX_TABLE1["flickr30k-1cap"]
-    return [
-        lab.claim("m3-Mix beats FT on the task (R@1, mean of I2T/T2I)", "F30k I2T +0.9, COCO +1.3",
-                  d("m3-Mix", "FT", "R@1"), "+"),
-        lab.claim("m2-Mix raises alignment over FT (Fig. 2, x100)",
-                  f"{100 * (p['m2-Mix']['align'] - p['FT']['align']):+.0f}", d("m2-Mix", "FT", "align x100"), "+"),
-        lab.claim("m2-Mix raises uniformity over FT (Fig. 2, x100)",
-                  f"{100 * (p['m2-Mix']['unif'] - p['FT']['unif']):+.0f}", d("m2-Mix", "FT", "unif x100"), "+"),
-        lab.claim("m2-Mix lowers I2T ECE vs FT (Table 2, %)", f"{p['m2-Mix']['ece_i2t'] - p['FT']['ece_i2t']:+.2f}",
-                  d("m2-Mix", "FT", "ECE i2t"), "-"),
-        lab.claim("m3-Mix lowers I2T ECE vs FT (Table 2, %)", f"{p['m3-Mix']['ece_i2t'] - p['FT']['ece_i2t']:+.2f}",
-                  d("m3-Mix", "FT", "ECE i2t"), "-"),
-        lab.claim("m3-Mix lowers ECE across tau (I2T, mean over tau 0.005..1)", "Fig. 6: lower (no number)",
-                  d("m3-Mix", "FT", "ECE tau-mean"), "-"),
-        lab.claim("fine-tuning costs held-out zero-shot (FT - CLIP, background top-1)", "- (not measured)",
-                  d("FT", "CLIP", "background"), "-"),
-        lab.claim("m3-Mix keeps more of it than FT (m3-Mix - FT, background top-1)", "- (not measured)",
-                  d("m3-Mix", "FT", "background"), "+"),
-    ]
-
-
-def demo_figure(base: dict, runs: dict, path, caption: str):
-    """(a) alignment vs uniformity per method, mean and std over seeds; (b)
-    the paper's Fig. 2 values; (c) I2T reliability diagram, bins pooled over seeds."""
-    plt = lab.pyplot()
-    fig, (ax, px, rx) = plt.subplots(1, 3, figsize=(14, 4.3))
-    colors = {"CLIP": "black", "ZS": "black", "FT": "tab:red", "m2-Mix": "tab:orange", "m3-Mix": "tab:blue"}
-    ax.plot(base["align"], base["unif"], "s", color="black", label="CLIP (pretrained)")
-    for name, ms in runs.items():
-        x, y = np.array([m["align"] for m in ms]), np.array([m["unif"] for m in ms])
-        ax.errorbar(x.mean(), y.mean(), xerr=x.std(ddof=1), yerr=y.std(ddof=1), fmt="o", capsize=4,
-                    color=colors[name], label=f"{name} ({len(ms)} seeds)")
-        ax.scatter(x, y, s=10, color=colors[name], alpha=0.4)
-    ax.set(xlabel="alignment (greater = better)", ylabel="uniformity (greater = better)",
-           title="ours: lab world, tiny CLIP, test split")
-    ax.legend(fontsize=8)
-    for name, row in evaluation.M2MIX_TABLE1["flickr30k-1cap"].items():
-        if "align" in row:
-            px.plot(row["align"], row["unif"], "o", color=colors[name], label=name)
-    px.set(xlabel="alignment", ylabel="uniformity", title="paper: Fig. 2, ViT-B/32, Flickr30k")
-    px.legend(fontsize=8)
-    rx.plot([0, 1], [0, 1], ":", color="grey", label="perfect calibration")
-    for name, ms in [("CLIP", [base]), *runs.items()]:
-        count, correct, conf = (np.sum([m["reliability"][k] for m in ms], 0) for k in ("count", "correct", "conf"))
-        keep = count > 0
-        ece_mean = np.mean([m["ECE i2t"] for m in ms])
-        rx.plot(conf[keep] / count[keep], correct[keep] / count[keep], "o-", ms=3, color=colors[name],
-                label=f"{name}: ECE {ece_mean:.1f} %")
-    rx.set(xlabel="confidence (max softmax, I2T)", ylabel="accuracy (R@1)", xlim=(0, 1), ylim=(0, 1),
-           title="reliability, long captions (bins pooled over seeds)")
-    rx.legend(fontsize=8)
-    fig.suptitle(caption, fontsize=8)
-    return lab.save_figure(fig, path)
-
-
-def run_demo(cfg: M2MixConfig) -> dict:
-    """CLIP, FT, m2-Mix and m3-Mix: each method fine-tuned from the same
-    pretrained weights once per seed in lab.SEEDS (same seed, same data order
-    across methods); claims from the paired differences."""
-    t0, out = time.time(), Path(cfg.out)
-    manifest = demo_manifest(cfg.data_root, out / "data")
-    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-    base = demo_measure(model, preprocess, tokenizer, cfg.data_root)
-    runs = {METHOD_NAMES[m]: [] for m in DEMO_METHODS}
-    for seed in lab.SEEDS:
-        for method in DEMO_METHODS:
-            run_out = out / f"{method}-seed{seed}"
-            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-            vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out), train_data=str(manifest))
-            model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-            summary = common.train(vcfg, M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
-                                   common.Collate(tokenizer), export=False)
-            runs[METHOD_NAMES[method]].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
-                                               "seed": seed, "train_seconds": summary["train_seconds"]})
-            print(f"[m2mix demo] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
-    head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
-            f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights 1 (demo settings, not the paper's). Task: long captions "
-            f"(truncated at 24 tokens); R@1 %, align / unif (x100), ECE % on the test split (400 images, 1:1); short R@1 "
-            f"and background (held-out zero-shot family, 8 classes, chance 12.5 %) = what pretraining knew. "
-            f"Mean ± std over seeds.")
-    claims = demo_claims(base, runs)
-    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
-        base, runs, o / "m2mix-demo.png", f"python m2mix.py --demo; seeds {list(lab.SEEDS)}; error bars: std over "
-        f"seeds; dots: seeds"), config=dataclasses.asdict(cfg))
-    return {"base": base, "per_seed": runs, "claims": claims}
+    return evaluation.m2mix_table1(records)
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = common.parse_config(M2MixConfig, argv, **(DEMO if "--demo" in argv else {}))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/m2mix.py)
+        from lab.demos import m2mix as demo
+        return demo.main(argv)
+    cfg = common.parse_config(M2MixConfig, argv)
+    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab registers its world
+        import lab  # noqa: F401
     if cfg.collect:
         table = collect(cfg.collect.split(","))
         print(table)
         return table
-    if cfg.demo:
-        return run_demo(cfg)
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy], "Flickr30K and Karpathy's split file, Sec. 5.1")
     common.preflight(cfg, [train_manifest(cfg)])  # rows, --out, device: before any model is loaded

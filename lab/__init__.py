@@ -36,6 +36,8 @@ from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLOR
                        Domain, classification_tasks, finetune_classes, label_sets, low_rank_tasks, render,
                        retrieval_tasks, scene, synthetic_manifest, synthetic_multimodal, task_manifests, world_split)
 
-common.LAB_HOOKS.update(tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests)
+common.LAB_HOOKS.update(  # what common.py and the method files look up by name (common.lab_hook)
+    tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,
+    synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
+    label_sets=label_sets)                  # dns.py --task-classes
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
-common.LAB_HOOKS["label_sets"] = label_sets  # dns.py --task-classes

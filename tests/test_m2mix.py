@@ -3,6 +3,7 @@ loops written from the paper's equations, reduction to CLIP, gradients, bf16,
 the training wrapper and an end-to-end run on the synthetic world."""
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import eval as evaluation
 import lab
 import m2mix
 
@@ -366,8 +368,8 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
 
 def test_table1_puts_paper_values_beside_the_matching_protocol():
     recs = [{"task": t, "model": "ZS", "metric": m, "value": 50.0}
-            for t in ("flickr30k", "flickr30k-1cap") for m in m2mix.TABLE1_METRICS]
-    out = m2mix.table1(recs)
+            for t in ("flickr30k", "flickr30k-1cap") for m in evaluation.M2MIX_TABLE1_METRICS]
+    out = evaluation.m2mix_table1(recs)
     one = out.split("### flickr30k-1cap")[1]
     assert "50.0 (71.1)" in one and "- (82.1)" in one  # ZS ours (paper); m3-Mix: paper only
     assert "50.00 (1.9)" in one  # ECE i2t, Table 2
@@ -400,3 +402,46 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     m2mix.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                 str(tmp_path / "data"), "--out", str(out)])
     check_demo_results(out, "m2mix-demo.png", ("FT", "m2-Mix", "m3-Mix"), min_claims=6)
+
+
+# ----------------------------------------------------------------------------- the lab stays out of real paths
+def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, shrink_world, monkeypatch):
+    """--train-data synthetic resolves through common.LAB_HOOKS, which importing the lab fills;
+    without the lab the lookup is one message naming `import lab`."""
+    shrink_world({"train": 4}.get)
+    cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
+    assert common.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
+    assert m2mix.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic/train.jsonl"
+    monkeypatch.delitem(common.LAB_HOOKS, "synthetic_manifest")
+    with pytest.raises(common.UsageError, match="import lab"):
+        m2mix.train_manifest(cfg)
+
+
+def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_lab(tmp_path, shrink_world):
+    """`python m2mix.py --train-data synthetic`: main() loads the lab itself (the world is pre-written small)."""
+    import subprocess
+    import sys
+    shrink_world({"train": 16, "test": 16}.get)
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root), lab.synthetic_manifest("test", root)
+    code = ("import sys, m2mix; assert 'lab' not in sys.modules; r = m2mix.main(sys.argv[1:]); "
+            "print(r['summary']['steps'], sorted({x['task'] for x in r['records']}))")
+    args = ["--train-data", "synthetic", "--data-root", str(root), "--out", str(tmp_path / "o"), "--steps", "1",
+            "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0",
+            "--backbone", "tiny", "--method", "m2", "--no-eval-zs"]
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=Path(m2mix.__file__).parent, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "1 ['synthetic-short']"
+
+
+def test_demo_claims_take_their_paper_column_from_eval():
+    """The paper column of every claim that compares a number is computed from eval.M2MIX_TABLE1;
+    the strings are the ones the committed demo results carry."""
+    from lab.demos import m2mix as demo
+    runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,
+                    "background": 1.0} for s in lab.SEEDS] for name in ("FT", "m2-Mix", "m3-Mix")}
+    papers = [c["paper"] for c in demo.demo_claims({"background": 1.0}, runs)]
+    committed = json.loads((Path(m2mix.__file__).parent / "docs" / "m2mix-demo-results.json").read_text())
+    assert papers == [c["paper"] for c in committed["claims"]]
+    assert papers[:5] == ["F30k I2T +0.9, COCO +1.3", "+10", "+174", "-0.74", "-0.72"]
