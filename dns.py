@@ -72,8 +72,6 @@ Commands
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import sys
@@ -628,104 +626,32 @@ class DNSLearner:
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
-# --- features --------------------------------------------------------------
-def cached(cache_dir, key: dict, compute):
-    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt. Values
-    are tensors in plain containers, read back with weights_only=True (a
-    tampered cache file is refused, not run)."""
-    path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
-    if path.exists():
-        return common.load_weights_only(path)
-    value = compute()
-    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
-    return value
-
-
-def load_features(cfg: DNSConfig, tasks, device) -> dict:
-    """Every feature the run needs, extracted once and cached: per task the
-    train pairs and the test set, the per-task class prompts, the zero-shot sets."""
-    if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
-        torch.manual_seed(cfg.seed)
-    model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
-    model.eval()
-    weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
-    weights = weights or "default"
-    if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(common.lab_hook("pretrain_tiny")())
-    elif os.path.isfile(weights):
-        weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
-    base = {"backbone": cfg.backbone, "weights": weights}
-    cache = cfg.feature_cache or str(Path(cfg.out) / "features")
-
-    def of_manifest(path, column):
-        key = base | {"manifest": str(Path(path).resolve()), "column": column,
-                      "sha1": hashlib.sha1(Path(path).read_bytes()).hexdigest()}
-        return cached(cache, key, lambda: evaluation.manifest_features(model, preprocess, tok, path, column, device))
-
-    column, task_clf = "", None
-    if cfg.task_classes:
-        classnames, templates, column = common.lab_hook("label_sets")()[cfg.task_classes]
-        task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
-                          lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
-    feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
-             "task_clf": task_clf, "zeroshot": {},
-             "logit_scale": float(model.logit_scale.detach())}
-    for name in filter(None, cfg.zeroshot.split(",")):
-        def zero_shot_set(name=name):
-            cs = evaluation.load_classification(name, cfg.data_root)
-            return {"img": evaluation.image_features(model, preprocess, cs.image_paths, device=device),
-                    "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates, device=device).cpu(),
-                    "labels": cs.labels}
-        feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
-                                         zero_shot_set)
-    del model
-    return feats
-
-
-@torch.no_grad()
-def evaluate_maps(maps: ModalityMaps, tests, task_clf=None, zeroshot=None) -> dict:
-    """run_continual's evaluate(): per task R@1 / R@10 both directions (and
-    their mean R@10), per-task classification 'acc' when every test set has
-    labels; scalars: zero-shot top-1 per set. Everything through the maps
-    (biases included with --bias); class-prompt features (D, C) through the
-    text map."""
-    W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
-    b_img, b_txt = biases if biases else (0.0, 0.0)
-
-    def map_img(x):  # (N, D) -> (N, D)
-        return x @ W_img.t() + b_img
-
-    def map_txt(x):
-        return x @ W_txt.t() + b_txt
-    with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
-    per_task = {}
-    for f in tests:
-        img, txt = map_img(f["img"]), map_txt(f["txt"])
-        r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
-        r["R@10"] = 0.5 * (r["i2t_R@10"] + r["t2i_R@10"])
-        if with_acc:
-            r["acc"] = common.zero_shot_accuracy(img, map_txt(task_clf.t()).t(), f["labels"], ks=(1,))["top1"]
-        for k, v in r.items():
-            per_task.setdefault(k, []).append(v)
-    scalars = {f"{name}_top1": common.zero_shot_accuracy(map_img(z["img"]), map_txt(z["clf"].t()).t(),
-                                                          z["labels"], ks=(1,))["top1"]
-               for name, z in (zeroshot or {}).items()}
-    return {"per_task": per_task, "scalars": scalars}
-
-
 # =============================================================================
 # Main
 # =============================================================================
-def run(cfg: DNSConfig, show: bool = True) -> dict:
-    """One continual run (one mode) through common.run_continual."""
-    cfg = resolve_eval_sets(cfg)
+def start(cfg: DNSConfig):
+    """One process (deviation 11), the device, the --out folder."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("dns.py trains two D x D maps on cached features: run it as one process (deviation 11)")
+        raise SystemExit("dns.py trains D x D maps on cached features: run it as one process (deviation 11)")
     device = common.init_distributed(cfg.device)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    return device
+
+
+def continual(cfg: DNSConfig, learner: DNSLearner, tasks, learn_task, evaluate) -> dict:
+    """common.run_continual, the learner's state saved at task boundaries and read back weights-only."""
+    return common.run_continual(
+        Path(cfg.out), tasks, learn_task, evaluate,
+        lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
+        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
+
+
+def run(cfg: DNSConfig, show: bool = True) -> dict:
+    """One continual run (one mode) on CLIP features of the --tasks manifests."""
+    cfg = resolve_eval_sets(cfg)
+    device, out = start(cfg), Path(cfg.out)
     tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
-    feats = load_features(cfg, tasks, device)
+    feats = evaluation.frozen_task_features(cfg, tasks, device)
     learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
                          cfg.loss, cfg.bias)
 
@@ -735,15 +661,8 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     def learn_task(i, task, task_out, resume):
         return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
 
-    def save_state(path):
-        common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp))
-
-    summary = common.run_continual(
-        out, tasks, learn_task,
-        lambda: evaluate_maps(learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"],
-                              feats["zeroshot"]),
-        save_state, lambda path: learner.load_state_dict(common.load_weights_only(path)),
-        resume=bool(cfg.resume))
+    summary = continual(cfg, learner, tasks, learn_task, lambda: evaluation.evaluate_maps(
+        learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"], feats["zeroshot"]))
     # stability, measured: each old task's scores right after it vs at the end
     drift = {"train": [], "test": []}
     for j in range(len(tasks) - 1):
@@ -759,33 +678,8 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
                "tasks": learner.summaries}
     common.write_results(out, results)
     if show:
-        print(results_table([(cfg.mode, results)]))
+        print(evaluation.dns_results_table([(cfg.mode, results)]))
     return results
-
-
-def results_row(name: str, results: dict) -> dict:
-    m, drift = results["continual"]["metrics"], results["drift"]
-    row = {"method": name, "R@10": m["R@10"]["last"], "BWT_R@10": m["R@10"]["bwt"],
-           "drift old (train)": (sum(drift["train"]) / len(drift["train"])) if drift["train"] else 0.0,
-           "drift old (test)": (sum(drift["test"]) / len(drift["test"])) if drift["test"] else 0.0,
-           "proj ms/step": results["timing"]["projection_ms_per_step"],
-           "ms/step": 1e3 * results["timing"]["sec_per_step"]}
-    if "acc" in m:
-        row |= {"Acc": m["acc"]["last"], "Acc avg": m["acc"]["avg"], "BWT_A": m["acc"]["bwt"]}
-    scalars = results["continual"]["scalars"]
-    for k in scalars[-1]:  # zero-shot top-1: CLIP (identity maps) -> after the last task
-        row[f"ZS {k.removeprefix('synthetic-').removesuffix('_top1')}"] = f"{scalars[0][k]:.1f} -> {scalars[-1][k]:.1f}"
-    return row
-
-
-def results_table(named_results) -> str:
-    rows = [results_row(n, r) for n, r in named_results]
-    for r in rows:  # drifts are small: scientific notation
-        r.update({c: f"{r[c]:.1e}" for c in ("drift old (train)", "drift old (test)")})
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    first = ["method", "Acc", "Acc avg", "BWT_A", "R@10", "BWT_R@10"]
-    cols = [c for c in first if c in cols] + [c for c in cols if c not in first]
-    return common.markdown_table(rows, cols, floatfmt="{:.2f}")
 
 
 # =============================================================================
@@ -793,45 +687,14 @@ def results_table(named_results) -> str:
 # =============================================================================
 # The step plan (eval.CMCL_STEPS, eval.parse_steps), the datasets' modalities
 # (eval.CMCL_DATASETS) and the feature readers (eval.read_features) are eval.py's.
-@torch.no_grad()
-def evaluate_step(model: ModalityMaps, step: evaluation.Step, test: dict, ks=(1, 5, 10)) -> dict:
-    """One step's test set through the current maps: R@k (%, mean of both
-    directions, sample i's partner is sample i) for every test set; 'acc'
-    (top-1 %, the non-text modality against the text map of the class
-    features) where the dataset has classes and the pair includes text (the
-    code's eval_util.eval); NaN where a metric does not apply."""
-    a, b = step.modalities
-    i, j = step.pair
-    x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
-    r = common.retrieval_metrics(x_a, x_b, torch.arange(len(x_b)), ks=ks)
-    row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
-    row["acc"] = float("nan")
-    if test["labels"] is not None and "text" in (a, b):
-        query = x_b if a == "text" else x_a
-        classifier = model.map("text", test["class_x"].float()).t()  # (D, C)
-        row["acc"] = common.zero_shot_accuracy(query, classifier, test["labels"], ks=(1,))["top1"]
-    return row
-
-
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     """DNS on CMCL's step sequence from cached features (--features)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("dns.py trains D x D maps on cached features: run it as one process (deviation 11)")
     root = Path(cfg.features)
-    if not root.is_dir():
-        raise common.DataError(f"--features {root}: no such folder")
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
-    steps = evaluation.parse_steps(spec, lambda d: evaluation.dataset_info(root, d, cfg.perceptor)["modalities"])
-    device = common.init_distributed(cfg.device)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = {(d, s): evaluation.read_features(root, d, s, cfg.perceptor)
-            for d in dict.fromkeys(st.dataset for st in steps) for s in ("train", "test")}
-    dims = {v["x"].shape[2] for v in data.values()}
-    if len(dims) != 1:
-        raise common.DataError(f"features of different widths {sorted(dims)} under {root}")
+    steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
+    start(cfg)
     modalities = list(dict.fromkeys(m for st in steps for m in st.modalities))
-    learner = DNSLearner(dims.pop(), math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
+    learner = DNSLearner(dim, math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
     tasks = [common.Task(st.name, str(root / st.dataset), str(root / st.dataset)) for st in steps]
     if len({t.name for t in tasks}) != len(tasks):
         raise common.DataError("every step must pair a different dataset / modality pair")
@@ -841,13 +704,10 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
         return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities)
 
     def evaluate():
-        rows = [evaluate_step(learner.net.model, st, data[(st.dataset, "test")]) for st in steps]
+        rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")]) for st in steps]
         return {"per_task": {k: [r[k] for r in rows] for k in rows[0]}, "scalars": {}}
 
-    summary = common.run_continual(
-        out, tasks, learn_task, evaluate,
-        lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
-        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
+    summary = continual(cfg, learner, tasks, learn_task, evaluate)
     if "stopped_at" in summary:
         return summary
     summary["metrics"] = {k: evaluation.masked_continual_metrics(R) for k, R in summary["matrices"].items()}
@@ -859,23 +719,10 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
         drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], before, after))
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
-    common.write_results(out, results)
+    common.write_results(cfg.out, results)
     if show:
-        print(cmcl_table([(cfg.mode, results)]))
+        print(evaluation.cmcl_table([(cfg.mode, results)]))
     return results
-
-
-def summary_row(results: dict) -> dict:
-    """Final Acc / R@10, their BWT, and the drift of the old tasks' test score
-    matrices (mean over old tasks, % relative): the CMCL table's row."""
-    m, drift = results["continual"]["metrics"], results["drift"]["test"]
-    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
-            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
-
-
-def cmcl_table(named_results) -> str:
-    rows = [{"method": n} | summary_row(r) for n, r in named_results]
-    return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
 
 
 def resolve_eval_sets(cfg: DNSConfig) -> DNSConfig:

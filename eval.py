@@ -97,6 +97,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 import pickle
 import re
 import sys
@@ -875,6 +876,171 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
     if not steps:
         raise common.DataError(f"--tasks {spec!r}: no steps")
     return steps
+
+
+# --- continual runs of linear maps over frozen features (dns.py) --------------
+def read_cmcl_steps(root, spec: str, perceptor: str):
+    """dns.py --features ROOT --tasks SPEC: the steps (parse_steps) and every
+    train / test feature set they use (read_features), all of one width D.
+    Returns (steps, {(dataset, split): features}, D)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise common.DataError(f"--features {root}: no such folder")
+    steps = parse_steps(spec, lambda d: dataset_info(root, d, perceptor)["modalities"])
+    data = {(d, s): read_features(root, d, s, perceptor)
+            for d in dict.fromkeys(st.dataset for st in steps) for s in ("train", "test")}
+    dims = {v["x"].shape[2] for v in data.values()}
+    if len(dims) != 1:
+        raise common.DataError(f"features of different widths {sorted(dims)} under {root}")
+    return steps, data, dims.pop()
+
+
+def cached(cache_dir, key: dict, compute):
+    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt. Values
+    are tensors in plain containers, read back with weights_only=True (a
+    tampered cache file is refused, not run)."""
+    path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
+    if path.exists():
+        return common.load_weights_only(path)
+    value = compute()
+    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
+    return value
+
+
+def frozen_task_features(cfg, tasks, device) -> dict:
+    """Every frozen feature a run of linear maps needs (dns.py; cfg: its
+    DNSConfig), extracted once and cached: per task the train pairs and the
+    test set, the per-task class prompts, the zero-shot sets."""
+    if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
+        torch.manual_seed(cfg.seed)
+    model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
+    model.eval()
+    weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
+    weights = weights or "default"
+    if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
+        weights = str(common.lab_hook("pretrain_tiny")())
+    elif os.path.isfile(weights):
+        weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
+    base = {"backbone": cfg.backbone, "weights": weights}
+    cache = cfg.feature_cache or str(Path(cfg.out) / "features")
+
+    def of_manifest(path, column):
+        key = base | {"manifest": str(Path(path).resolve()), "column": column,
+                      "sha1": hashlib.sha1(Path(path).read_bytes()).hexdigest()}
+        return cached(cache, key, lambda: manifest_features(model, preprocess, tok, path, column, device))
+
+    column, task_clf = "", None
+    if cfg.task_classes:
+        classnames, templates, column = common.lab_hook("label_sets")()[cfg.task_classes]
+        task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
+                          lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
+    feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
+             "task_clf": task_clf, "zeroshot": {},
+             "logit_scale": float(model.logit_scale.detach())}
+    for name in filter(None, cfg.zeroshot.split(",")):
+        def zero_shot_set(name=name):
+            cs = load_classification(name, cfg.data_root)
+            return {"img": image_features(model, preprocess, cs.image_paths, device=device),
+                    "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates, device=device).cpu(),
+                    "labels": cs.labels}
+        feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
+                                         zero_shot_set)
+    del model
+    return feats
+
+
+@torch.no_grad()
+def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
+    """dns.py's run_continual evaluate() (maps: its ModalityMaps): per task R@1 / R@10 both directions (and
+    their mean R@10), per-task classification 'acc' when every test set has
+    labels; scalars: zero-shot top-1 per set. Everything through the maps
+    (biases included with --bias); class-prompt features (D, C) through the
+    text map."""
+    W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
+    b_img, b_txt = biases if biases else (0.0, 0.0)
+
+    def map_img(x):  # (N, D) -> (N, D)
+        return x @ W_img.t() + b_img
+
+    def map_txt(x):
+        return x @ W_txt.t() + b_txt
+    with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
+    per_task = {}
+    for f in tests:
+        img, txt = map_img(f["img"]), map_txt(f["txt"])
+        r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
+        r["R@10"] = 0.5 * (r["i2t_R@10"] + r["t2i_R@10"])
+        if with_acc:
+            r["acc"] = common.zero_shot_accuracy(img, map_txt(task_clf.t()).t(), f["labels"], ks=(1,))["top1"]
+        for k, v in r.items():
+            per_task.setdefault(k, []).append(v)
+    scalars = {f"{name}_top1": common.zero_shot_accuracy(map_img(z["img"]), map_txt(z["clf"].t()).t(),
+                                                          z["labels"], ks=(1,))["top1"]
+               for name, z in (zeroshot or {}).items()}
+    return {"per_task": per_task, "scalars": scalars}
+
+
+@torch.no_grad()
+def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
+    """One step's test set through the current maps (model: dns.py's
+    ModalityMaps, model.map(modality, x)): R@k (%, mean of both
+    directions, sample i's partner is sample i) for every test set; 'acc'
+    (top-1 %, the non-text modality against the text map of the class
+    features) where the dataset has classes and the pair includes text (the
+    code's eval_util.eval); NaN where a metric does not apply."""
+    a, b = step.modalities
+    i, j = step.pair
+    x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
+    r = common.retrieval_metrics(x_a, x_b, torch.arange(len(x_b)), ks=ks)
+    row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
+    row["acc"] = float("nan")
+    if test["labels"] is not None and "text" in (a, b):
+        query = x_b if a == "text" else x_a
+        classifier = model.map("text", test["class_x"].float()).t()  # (D, C)
+        row["acc"] = common.zero_shot_accuracy(query, classifier, test["labels"], ks=(1,))["top1"]
+    return row
+
+
+
+def dns_results_row(name: str, results: dict) -> dict:
+    """One row of dns_results_table: final and BWT of R@10 (and Acc), old-score drift, timing, zero-shot."""
+    m, drift = results["continual"]["metrics"], results["drift"]
+    row = {"method": name, "R@10": m["R@10"]["last"], "BWT_R@10": m["R@10"]["bwt"],
+           "drift old (train)": (sum(drift["train"]) / len(drift["train"])) if drift["train"] else 0.0,
+           "drift old (test)": (sum(drift["test"]) / len(drift["test"])) if drift["test"] else 0.0,
+           "proj ms/step": results["timing"]["projection_ms_per_step"],
+           "ms/step": 1e3 * results["timing"]["sec_per_step"]}
+    if "acc" in m:
+        row |= {"Acc": m["acc"]["last"], "Acc avg": m["acc"]["avg"], "BWT_A": m["acc"]["bwt"]}
+    scalars = results["continual"]["scalars"]
+    for k in scalars[-1]:  # zero-shot top-1: CLIP (identity maps) -> after the last task
+        row[f"ZS {k.removeprefix('synthetic-').removesuffix('_top1')}"] = f"{scalars[0][k]:.1f} -> {scalars[-1][k]:.1f}"
+    return row
+
+
+def dns_results_table(named_results) -> str:
+    """dns.py's table on CLIP features: [(name, results)] -> markdown."""
+    rows = [dns_results_row(n, r) for n, r in named_results]
+    for r in rows:  # drifts are small: scientific notation
+        r.update({c: f"{r[c]:.1e}" for c in ("drift old (train)", "drift old (test)")})
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    first = ["method", "Acc", "Acc avg", "BWT_A", "R@10", "BWT_R@10"]
+    cols = [c for c in first if c in cols] + [c for c in cols if c not in first]
+    return common.markdown_table(rows, cols, floatfmt="{:.2f}")
+
+
+def cmcl_row(results: dict) -> dict:
+    """Final Acc / R@10, their BWT, and the drift of the old tasks' test score
+    matrices (mean over old tasks, % relative): the CMCL table's row."""
+    m, drift = results["continual"]["metrics"], results["drift"]["test"]
+    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
+            "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
+
+
+def cmcl_table(named_results) -> str:
+    """dns.py's table in CMCL's setting: [(name, results)] -> markdown."""
+    rows = [{"method": n} | cmcl_row(r) for n, r in named_results]
+    return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
 
 
 # =============================================================================

@@ -200,18 +200,17 @@ def test_no_host_read_per_step(tmp_path, monkeypatch):
 
 
 def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
-    import dns
     import eval as ev
     value = {"img": torch.randn(3, 4), "labels": None, "t2i": torch.arange(3)}
     key = {"backbone": "tiny", "manifest": "m.jsonl"}
-    assert dns.cached(tmp_path, key, lambda: value) is value
-    again = dns.cached(tmp_path, key, lambda: pytest.fail("recomputed"))
+    assert ev.cached(tmp_path, key, lambda: value) is value
+    again = ev.cached(tmp_path, key, lambda: pytest.fail("recomputed"))
     assert torch.equal(again["img"], value["img"]) and again["labels"] is None
     marker = tmp_path / "payload-ran"
     for file in tmp_path.glob("*.pt"):
         torch.save({"img": _Payload(marker)}, file)
     with pytest.raises(common.UnsafeFileError, match="refused to load"):
-        dns.cached(tmp_path, key, lambda: value)
+        ev.cached(tmp_path, key, lambda: value)
     torch.save(_Payload(marker), tmp_path / "weights.pt")  # eval's --weights path (WiSE-FT, evaluation)
     with pytest.raises(common.UnsafeFileError, match="weights.pt: refused"):
         ev.load_state_dict(tmp_path / "weights.pt")

@@ -50,10 +50,10 @@ def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
 
 
 def demo_row(results: dict) -> dict:
-    """One seed of one mode (both demos): dns.summary_row (final Acc / R@10,
+    """One seed of one mode (both demos): evaluation.cmcl_row (final Acc / R@10,
     their BWT, the drift of the old tasks' test score matrices, % relative)
     and the R@10 matrix."""
-    return dns.summary_row(results) | {"R": results["continual"]["matrices"]["R@10"]}
+    return evaluation.cmcl_row(results) | {"R": results["continual"]["matrices"]["R@10"]}
 
 
 def _paper_gain(column: int) -> str:
