@@ -1339,8 +1339,8 @@ class Task:
 
 
 def parse_tasks(spec: str, data_root="data") -> list[Task]:
-    """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the
-    lab's four continual domains (lab/world.py TASK_DOMAINS)."""
+    """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the lab's four continual domains
+    (lab/world.py TASK_DOMAINS)."""
     if spec == "synthetic":
         return [Task(d, str(tr), str(te)) for d, tr, te in lab_hook("task_manifests")(data_root)]
     tasks = []
@@ -1360,16 +1360,14 @@ def parse_tasks(spec: str, data_root="data") -> list[Task]:
 
 def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Callable,
                   save_state: Callable, load_state: Callable, resume: bool = False, log=print) -> dict:
-    """Trains the tasks in order and keeps, per metric, the matrix
-    R[i][j] = score on task j after learning tasks 1..i (row 0: before any
-    training), plus per-row scalars such as zero-shot accuracy.
+    """Trains the tasks in order and keeps, per metric, the matrix R[i][j] = score on task j after learning tasks
+    1..i (row 0: before any training), plus per-row scalars such as zero-shot accuracy.
 
-    learn_task(i, task, task_out, resume) trains task i in place and returns
-    common.train's summary (one with 'stopped_at' ends the sequence early);
-    evaluate() -> {"per_task": {metric: [score per task]}, "scalars": {name: value}};
-    save_state(path) / load_state(path) store / restore the method's state at
-    a task boundary. Everything is written after each task, so a crash loses
-    at most the task in flight, which itself resumes from its last checkpoint."""
+    learn_task(i, task, task_out, resume) trains task i in place and returns common.train's summary (one with
+    'stopped_at' ends the sequence early); evaluate() -> {"per_task": {metric: [score per task]}, "scalars":
+    {name: value}}; save_state(path) / load_state(path) store / restore the method's state at a task boundary.
+    Everything is written after each task: a crash loses at most the task in flight, which resumes from its
+    last checkpoint."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state_file, boundary = out / "continual.json", out / "boundary.pt"
@@ -1412,8 +1410,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
 
 
 def summarize_continual(rec) -> dict:
-    """Matrices and continual_metrics per metric; PD for every scalar
-    (value before training minus value at the end)."""
+    """Matrices and continual_metrics per metric; PD for every scalar (before training minus at the end)."""
     metrics = list(rec["rows"][0])
     matrices = {m: [row[m] for row in rec["rows"]] for m in metrics}
     summary = {"matrices": matrices, "metrics": {m: continual_metrics(R) for m, R in matrices.items()},
@@ -1431,9 +1428,8 @@ class UsageError(ValueError):
 
 
 class RunError(RuntimeError):
-    """An expected failure around the run: missing weights or training data,
-    an --out that holds or is writing another run, a changed setting on
-    --resume, an interrupted run (exit code 1, or 128 + signal)."""
+    """An expected failure around the run: missing weights or training data, an --out that holds or is writing
+    another run, a changed setting on --resume, an interrupted run (exit code 1, or 128 + signal)."""
     def __init__(self, message: str, code: int = 1):
         super().__init__(message)
         self.code = code
@@ -1443,11 +1439,10 @@ _COMMAND: list[str] | None = None  # the script and its arguments, set by cli(),
 
 
 def cli(main: Callable, argv=None):
-    """The `if __name__ == "__main__":` of every script: runs main(argv) and
-    turns an expected failure (bad input or flags, missing data or weights,
-    a corrupt checkpoint, a full disk, an unwritable --out, an interrupt)
-    into one paragraph on stderr and a non-zero exit code. --debug re-raises
-    it with its traceback; anything else is a bug and keeps its traceback."""
+    """The `if __name__ == "__main__":` of every script: runs main(argv) and turns an expected failure (bad input
+    or flags, missing data or weights, a corrupt checkpoint, a full disk, an unwritable --out, an interrupt) into
+    one paragraph on stderr and a non-zero exit code. --debug re-raises it with its traceback; anything else is
+    a bug and keeps its traceback."""
     global _COMMAND
     argv = list(sys.argv[1:] if argv is None else argv)
     _COMMAND = [sys.argv[0], *argv]
@@ -1489,10 +1484,9 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
 
 
 def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
-    """cfg with `--<field> auto` made concrete: `paper` when every path in
-    `needs` exists (paper=None: the paper's data has no layout here); otherwise 'synthetic' (the lab's world) with
-    --backbone tiny, and with a real backbone a RunError saying what is
-    missing, where it goes and how to smoke-test instead."""
+    """cfg with `--<field> auto` made concrete: `paper` when every path in `needs` exists (paper=None: the
+    paper's data has no layout here); otherwise 'synthetic' (the lab's world) with --backbone tiny, and with a
+    real backbone a RunError saying what is missing, where it goes and how to smoke-test instead."""
     if getattr(cfg, field_name) != "auto":
         return cfg
     flag = "--" + field_name.replace("_", "-")
@@ -1513,8 +1507,8 @@ def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
 
 
 def check_device(cfg) -> str:
-    """The precision the run will use, refusing a device that is not there
-    (fp16 on CPU stays allowed, with resolve_precision's warning)."""
+    """The precision the run will use, refusing a device that is not there (fp16 on CPU stays allowed, with
+    resolve_precision's warning)."""
     dev = cfg.device
     if dev.startswith("cuda"):
         if not torch.cuda.is_available():
@@ -1532,12 +1526,10 @@ def check_device(cfg) -> str:
 
 
 def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_kw):
-    """Everything cheap, before any model is loaded or evaluated: device and
-    precision, batch size vs world size, every training manifest (each row,
-    as training will check it, and at least one batch of rows), then the
-    --out folder (writable, lock, an old run there, --resume's settings).
-    continual=True: --out holds a task sequence (cclip.py, dns.py); its
-    config.json is written here, since common.train writes per task."""
+    """Everything cheap, before any model is loaded or evaluated: device and precision, batch size vs world
+    size, every training manifest (each row, as training will check it, and at least one batch of rows), then
+    the --out folder (writable, lock, an old run there, --resume's settings). continual=True: --out holds a task
+    sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.batch_size % world:
@@ -1554,14 +1546,12 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
 
 # --- the run folder: lock, leftovers, an old run, the settings on resume ------
 LOCK = ".lock"
-# Files and folders of a run (what --overwrite deletes); caches such as
-# features/ or data/ stay.
+# Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
              "continual.json", "boundary.pt", "boundary.pt.json")
-# Settings that may change on --resume without --override-resume: where and
-# how the run is executed or logged, never what it computes. device and
-# precision are among them (an fp32 run may go on in fp16, see train); eval-only
-# flags of the method files and cclip.py's thread count / stop switch too.
+# Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
+# never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
+# eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo",
                "stop_after_tasks", "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
@@ -1579,10 +1569,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def lock_out(out: Path):
-    """One run per --out: <out>/.lock holds the writer's PID and host. A lock
-    of this process is kept (re-entrant); one of a live process refuses; one
-    of a dead process on this host is taken over with a message. Released
-    when the process exits."""
+    """One run per --out: <out>/.lock holds the writer's PID and host. A lock of this process is kept
+    (re-entrant); one of a live process refuses; one of a dead process on this host is taken over with a
+    message. Released when the process exits."""
     path, me = out / LOCK, {"pid": os.getpid(), "host": socket.gethostname()}
     for _ in range(2):
         try:
@@ -1621,8 +1610,8 @@ def _unlock(path: Path, me: dict):
 
 
 def clean_temporary(out: Path) -> list[Path]:
-    """Deletes the `*.tmp<PID>` files that atomic_write leaves when its process
-    is killed (or the disk fills), under --out, of processes no longer alive."""
+    """Deletes the `*.tmp<PID>` files under --out that atomic_write left when its process was killed (or the
+    disk filled), of processes no longer alive."""
     gone = []
     for p in out.rglob("*.tmp*"):
         m = re.fullmatch(r".+\.tmp(\d+)", p.name)
@@ -1640,8 +1629,7 @@ def holds_run(out: Path) -> bool:
 
 
 def clear_run(out: Path):
-    """Deletes a run's files in `out` (RUN_FILES and the per-task folders of a
-    task sequence), keeping caches and the lock."""
+    """Deletes a run's files in `out` (RUN_FILES, a task sequence's per-task folders), keeping caches and lock."""
     for p in [out / n for n in RUN_FILES] + [p for p in out.glob("task[0-9]*-*") if p.is_dir()]:
         if p.is_dir():
             shutil.rmtree(p)
@@ -1661,18 +1649,16 @@ def _resume_checkpoint(cfg, out: Path) -> Path:
 
 
 def resume_differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """(field, old value, new value) of every setting outside RESUME_FREE
-    that differs; fields unknown to the old run are not compared."""
+    """(field, old value, new value) of every setting outside RESUME_FREE that differs; fields unknown to the
+    old run are not compared."""
     return [(k, old[k], v) for k, v in new.items() if k not in RESUME_FREE and k in old and old[k] != v]
 
 
 def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
-    """Claims --out for this run (rank 0): creates it (a clear error if it
-    cannot be written), takes the lock, removes leftover temporary files,
-    then: a new run into an --out holding one is refused unless --overwrite
-    (which clears it); --resume compares the settings with the run's
-    config.json and refuses differences unless --override-resume. Returns
-    the overrides [{field, was, now}] (empty without --override-resume)."""
+    """Claims --out for this run (rank 0): creates it (a clear error if it cannot be written), takes the lock,
+    removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
+    (which clears it), and --resume compares the settings with the run's config.json and refuses differences
+    unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
     out.mkdir(parents=True, exist_ok=True)
@@ -1721,8 +1707,8 @@ def write_config(cfg, out: Path, overrides: list[dict] = ()):
 
 
 def resume_command() -> str:
-    """The command that continues this run: the script's own arguments
-    without --resume/--overwrite/--stop-at, plus --resume latest."""
+    """The command that continues this run: the script's own arguments without --resume / --overwrite /
+    --stop-at, plus --resume latest."""
     import shlex
     if _COMMAND is None:
         return "the same command with --resume latest"
@@ -1742,12 +1728,10 @@ def resume_command() -> str:
 
 
 class StopSignals:
-    """SIGINT / SIGTERM during training become a request that train honours
-    after the step in flight (never mid-step): a checkpoint at that step,
-    the resume command, exit code 128 + signal. A second signal interrupts
-    at once. DataLoader workers (forked with the handler) ignore both. Every
-    rank listens; with several processes the ranks agree (one all-reduce)
-    at log steps only, so all stop at the same step."""
+    """SIGINT / SIGTERM during training become a request that train honours after the step in flight (never
+    mid-step): a checkpoint at that step, the resume command, exit code 128 + signal. A second signal interrupts
+    at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several
+    processes the ranks agree (one all-reduce) at log steps only, so all stop at the same step."""
     def __init__(self):
         self.signum, self.previous, self.installed = None, {}, False
 
@@ -1790,7 +1774,6 @@ class StopSignals:
 
 
 def progress_line(out: Path, rec: dict, total: int) -> str:
-    """What train prints to stderr at log steps when stderr is not a
-    terminal (cluster logs, nohup), where tqdm's bar is off."""
+    """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
     return (f"[{out.name}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")
