@@ -1,25 +1,20 @@
-"""Shared plumbing for the method files: models, data, the AMP/DDP training
-loop, checkpoints, the continual-task driver and the shared metrics. Nothing
-here is specific to one paper; each method file holds only what differs from
-plain CLIP fine-tuning. The lab package plugs the synthetic world and the tiny
-backbone in through LAB_HOOKS; this module imports no project module.
+"""Shared plumbing for the method files: models, data, the AMP/DDP training loop, checkpoints, the
+continual-task driver and the shared metrics. Nothing here is specific to one paper; each method file holds
+only what differs from plain CLIP fine-tuning. The lab package plugs the synthetic world and the tiny backbone
+in through LAB_HOOKS; this module imports no project module. Not run directly; see README.md.
 
 Sections, in order:
   1. config            a dataclass + argparse builder every method extends
-  2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics,
-                       zero-shot classifier / accuracy, continual_metrics
-  3. models            load_model (OpenAI names, open_clip tags, local files,
-                       the lab's tiny backbone), checkpoint export
+  2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
+                       continual_metrics
+  3. models            load_model (OpenAI names, open_clip tags, local files, the lab's tiny backbone), export
   4. data              manifest dataset with a validating pre-pass, loaders
   5. distributed       torchrun detection, feature gathering with gradient
-  6. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping,
-                       logit-scale clamp, atomic checkpoints, exact resume
+  6. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping, logit-scale clamp, atomic
+                       checkpoints, exact resume
   7. continual driver  task sequence, score matrices, resume at boundaries
-  8. runs              cli() (one message per expected failure), preflight,
-                       --train-data auto, the --out lock, --overwrite,
-                       --resume's settings check, SIGINT / SIGTERM
-
-Runbook: this module is not run directly; see README.md.
+  8. runs              cli() (one message per expected failure), preflight, --train-data auto, the --out lock,
+                       --overwrite, --resume's settings check, SIGINT / SIGTERM
 """
 from __future__ import annotations
 
@@ -216,24 +211,18 @@ def embed_dim(model):
     return t.transformer.width
 
 
-class _TrimmedTextEncoder:
-    """Gives open_clip's build_zero_shot_classifier our trimmed encode_text."""
-    def __init__(self, model):
-        self.model = model
-
-    def encode_text(self, tokens, normalize=False):
-        with autocast(tokens.device):
-            return encode_text(self.model, tokens, normalize=normalize).float()
-
-
 @torch.no_grad()
 def zero_shot_classifier(model, tokenizer, classnames, templates, device=None, classes_per_batch=50):
     """CLIP's prompt ensemble: per class, the renormalised mean of the normalised template embeddings; (D, C).
-    open_clip's builder with the trimmed text encoding."""
+    open_clip's builder, given our trimmed encode_text (the only method it calls)."""
     device = device or next(model.parameters()).device
-    return open_clip.build_zero_shot_classifier(
-        _TrimmedTextEncoder(model), tokenizer, list(classnames), list(templates),
-        num_classes_per_batch=classes_per_batch, device=device).float()
+
+    def trimmed(tokens, normalize=False):
+        with autocast(tokens.device):
+            return encode_text(model, tokens, normalize=normalize).float()
+    return open_clip.build_zero_shot_classifier(SimpleNamespace(encode_text=trimmed), tokenizer, list(classnames),
+                                                list(templates), num_classes_per_batch=classes_per_batch,
+                                                device=device).float()
 
 
 @torch.no_grad()
@@ -297,8 +286,7 @@ def continual_metrics(R):
     T = R.shape[1]
     if R.shape[0] != T + 1:
         raise ValueError(f"continual_metrics needs a (T+1) x T matrix, got {R.shape}")
-    out = {"last": R[T].mean(),
-           "avg": np.mean([R[i, :i].mean() for i in range(1, T + 1)])}
+    out = {"last": R[T].mean(), "avg": np.mean([R[i, :i].mean() for i in range(1, T + 1)])}
     if T > 1:
         out["bwt"] = np.mean([R[T, j - 1] - R[j, j - 1] for j in range(1, T)])
         out["forgetting"] = np.mean([R[:T, j - 1].max() - R[T, j - 1] for j in range(1, T)])
@@ -334,8 +322,7 @@ def register_tiny(config: dict | None = None):
     config = config or lab_hook("tiny_config")()
     path = CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or json.loads(path.read_text()) != config:
+        if not path.exists() or json.loads(path.read_text()) != config:  # atomic_write makes the folder
             atomic_write(path, json.dumps(config))
         open_clip.add_model_config(path)
 
@@ -1176,9 +1163,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     opt = make_optimizer(cfg, net, device, lr_of)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    ddp = nn.parallel.DistributedDataParallel(
-        net, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=cfg.find_unused) if world > 1 else net
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
+                                              find_unused_parameters=cfg.find_unused) if world > 1 else net
 
     new_settings = optimizer_settings(opt)
     step = 0
@@ -1249,9 +1235,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                     dt = (time.time() - t_log) / cfg.log_every
                     t_log = time.time()
                     rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                           **{k: float(v) for k, v in last.items()},
-                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
-                           "sec_per_step": dt}
+                           **{k: float(v) for k, v in last.items()}, "sec_per_step": dt,
+                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None}
                     if scaler.is_enabled():
                         rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
                     metrics_f.write(json.dumps(rec) + "\n")
@@ -1553,9 +1538,8 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "mod
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
 # eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
-               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo",
-               "stop_after_tasks", "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
-               "collect"}
+               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
+               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect"}
 
 
 def _pid_alive(pid: int) -> bool:
