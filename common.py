@@ -71,8 +71,7 @@ def arg(default, help: str, **kw):
 
 @dataclass(frozen=True)
 class Config:
-    """Settings shared by every method. Method files subclass it and override
-    the defaults their paper prescribes (each with its paper location)."""
+    """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
     # model
     backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
     pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, or a checkpoint path")
@@ -112,9 +111,8 @@ class Config:
     debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
 
 
-# Checked by argparse, so a bad value stops before anything runs: "positive"
-# fields must be > 0, "counts" >= 0 (steps 0: the epochs decide; save_every 0:
-# one checkpoint at the end; stop_at 0: off).
+# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" >= 0
+# (steps 0: the epochs decide; save_every 0: one checkpoint at the end; stop_at 0: off).
 POSITIVE = ("epochs", "batch_size", "lr", "log_every")
 COUNTS = ("steps", "save_every", "stop_at", "workers")
 
@@ -1170,16 +1168,13 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
-        ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
-        if ck is None or not ck.exists():
-            raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}")
+        ck = _resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
         state = load_weights_only(ck)
         load_checkpoint_state(net, state["net"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
-            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale",
-                  file=sys.stderr)
+            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)
         else:
             scaler.load_state_dict(state["scaler"])  # scale and growth tracker: a no-op without fp16
         _set_rng_state(state["rng"])
@@ -1697,16 +1692,11 @@ def resume_command() -> str:
     if _COMMAND is None:
         return "the same command with --resume latest"
     drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
-    args, skip = [], False
+    args, skip = [], False  # skip: a is the value of the flag before it
     for a in _COMMAND[1:]:
-        if skip:
-            skip = False
-        elif a in drop_with_value:
-            skip = True
-        elif a in ("--overwrite", "--override-resume") or a.split("=")[0] in drop_with_value:
-            continue
-        else:
+        if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
             args.append(a)
+        skip = not skip and a in drop_with_value
     launcher = "torchrun --nproc_per_node N" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
     return shlex.join([*launcher.split(), _COMMAND[0], *args, "--resume", "latest"])
 
@@ -1717,7 +1707,7 @@ class StopSignals:
     at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several
     processes the ranks agree (one all-reduce) at log steps only, so all stop at the same step."""
     def __init__(self):
-        self.signum, self.previous, self.installed = None, {}, False
+        self.signum, self.previous = None, {}
 
     def install(self):
         import threading
@@ -1725,7 +1715,6 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self.previous[s] = signal.signal(s, self._handle)
-            self.installed = True
         return self
 
     def _handle(self, signum, frame):
@@ -1739,7 +1728,7 @@ class StopSignals:
     def restore(self):
         for s, h in self.previous.items():
             signal.signal(s, h)
-        self.previous, self.installed = {}, False
+        self.previous = {}
 
     def requested(self, step: int, log_every: int, device) -> bool:
         if dist_info()[1] == 1:
