@@ -630,15 +630,12 @@ def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str =
 
 
 class ManifestDataset(torch.utils.data.Dataset):
-    """Image-caption pairs from a manifest: image path relative to the manifest, a caption, an optional long
-    caption, optional extra columns.
-
-    A pre-pass before any training step checks every row: unreadable lines (not UTF-8, not JSON), required
-    columns, empty captions, missing images, and (check_images) images that do not decode in full. It raises
-    one DataError naming file and line of every bad row (the first MAX_LISTED, then a count), or with
-    skip_bad=True drops them and lists them in `self.skipped` (train's summary, hence results.json, records
-    them all). An image that fails later (check_images=False, or changed on disk) raises a DataError naming
-    the file and the manifest line."""
+    """Image-caption pairs from a manifest (image path relative to it, a caption, an optional long caption,
+    optional extra columns). A pre-pass before any training step checks every row: unreadable lines (not UTF-8,
+    not JSON), required columns, empty captions, missing images and (check_images) images that do not decode in
+    full. One DataError names file and line of every bad row (the first MAX_LISTED, then a count); skip_bad=True
+    drops them into `self.skipped` (train's summary, hence results.json, records them all). An image failing
+    later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool = True, extra: Sequence[str] = ()):
@@ -1075,11 +1072,10 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
     """One optimisation step: the body of train's loop, called as is by tests/test_fp16.py and
     benchmarks/gpu_check.py. ctx needs .device and .precision (and whatever net.forward reads); forward defaults
     to net (train passes the DDP wrapper).
-
       1. forward under autocast; the loss terms are summed in float32
       2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run (raised here, one host sync,
-         without a guard; with a NonFiniteGuard, recorded on the device and raised at train's next check);
-         a scaled overflow (inf gradients from a too-large loss scale) is left to the scaler
+         without a guard; a NonFiniteGuard records it on the device for train's next check); a scaled overflow
+         (inf gradients from a too-large loss scale) is left to the scaler
       3. backward of loss * scale (the scale is 1, i.e. off, unless fp16)
       4. unscale the gradients when clipping or hooks need their true values
       5. clip the global gradient norm
@@ -1091,7 +1087,6 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
       9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit scale to [0, ln 100], idempotent: a
          skipped step's weights are unchanged and already inside (only a value outside, possible before the
          first step, is moved)
-
     A skipped step leaves weights, AdamW moments and step counts bitwise unchanged (fused AdamW creates its
     state, zeros, if the very first step is skipped). Returns (losses, loss, skipped): skipped is a 0-dim bool
     tensor on the scaler's device (None when the scaler is off); reading it syncs on CUDA, so train reads it at
@@ -1342,7 +1337,6 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
                   save_state: Callable, load_state: Callable, resume: bool = False, log=print) -> dict:
     """Trains the tasks in order and keeps, per metric, the matrix R[i][j] = score on task j after learning tasks
     1..i (row 0: before any training), plus per-row scalars such as zero-shot accuracy.
-
     learn_task(i, task, task_out, resume) trains task i in place and returns common.train's summary (one with
     'stopped_at' ends the sequence early); evaluate() -> {"per_task": {metric: [score per task]}, "scalars":
     {name: value}}; save_state(path) / load_state(path) store / restore the method's state at a task boundary.
