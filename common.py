@@ -1225,8 +1225,9 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                     dt = (time.time() - t_log) / cfg.log_every
                     t_log = time.time()
                     rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                           **{k: float(v) for k, v in last.items()}, "sec_per_step": dt,
-                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None}
+                           **{k: float(v) for k, v in last.items()},
+                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
+                           "sec_per_step": dt}
                     if scaler.is_enabled():
                         rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
                     metrics_f.write(json.dumps(rec) + "\n")
