@@ -1,28 +1,20 @@
-"""Shared plumbing for the method files: models, data, the AMP/DDP training
-loop, checkpoints, the continual-task driver and the shared metrics. The
-synthetic world and the tiny backbone live in the lab package, which plugs
-them in through LAB_HOOKS; this module imports no project module.
-
-Nothing in here is specific to one paper. Every method file (erclip.py,
-m2mix.py, cclip.py, dns.py) imports what it needs from this module and holds
-only what differs from plain CLIP fine-tuning.
+"""Shared plumbing for the method files: models, data, the AMP/DDP training loop, checkpoints, the
+continual-task driver and the shared metrics. Nothing here is specific to one paper; each method file holds
+only what differs from plain CLIP fine-tuning. The lab package plugs the synthetic world and the tiny backbone
+in through LAB_HOOKS; this module imports no project module. Not run directly; see README.md.
 
 Sections, in order:
   1. config            a dataclass + argparse builder every method extends
-  2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics,
-                       zero-shot classifier / accuracy, continual_metrics
-  3. models            load_model (OpenAI names, open_clip tags, local files,
-                       the lab's tiny backbone), checkpoint export
-  5. data              manifest dataset with a validating pre-pass, loaders
-  6. distributed       torchrun detection, feature gathering with gradient
-  7. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping,
-                       logit-scale clamp, atomic checkpoints, exact resume
-  8. continual driver  task sequence, score matrices, resume at boundaries
-  9. runs             cli() (one message per expected failure), preflight,
-                       --train-data auto, the --out lock, --overwrite,
-                       --resume's settings check, SIGINT / SIGTERM
-
-Runbook: this module is not run directly; see README.md.
+  2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
+                       continual_metrics
+  3. models            load_model (OpenAI names, open_clip tags, local files, the lab's tiny backbone), export
+  4. data              manifest dataset with a validating pre-pass, loaders
+  5. distributed       torchrun detection, feature gathering with gradient
+  6. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping, logit-scale clamp, atomic
+                       checkpoints, exact resume
+  7. continual driver  task sequence, score matrices, resume at boundaries
+  8. runs              cli() (one message per expected failure), preflight, --train-data auto, the --out lock,
+                       --overwrite, --resume's settings check, SIGINT / SIGTERM
 """
 from __future__ import annotations
 
@@ -37,12 +29,16 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import re
+import shutil
+import signal
 import socket
 import sys
 import time
 import warnings
+import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +71,7 @@ def arg(default, help: str, **kw):
 
 @dataclass(frozen=True)
 class Config:
-    """Settings shared by every method. Method files subclass it and override
-    the defaults their paper prescribes (each with its paper location)."""
+    """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
     # model
     backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
     pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, or a checkpoint path")
@@ -116,9 +111,8 @@ class Config:
     debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
 
 
-# Checked by argparse, so a bad value stops before anything runs: "positive"
-# fields must be > 0, "counts" >= 0 (steps 0: the epochs decide; save_every 0:
-# one checkpoint at the end; stop_at 0: off).
+# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" >= 0
+# (steps 0: the epochs decide; save_every 0: one checkpoint at the end; stop_at 0: off).
 POSITIVE = ("epochs", "batch_size", "lr", "log_every")
 COUNTS = ("steps", "save_every", "stop_at", "workers")
 
@@ -170,13 +164,9 @@ def text_tower(model):
 
 
 def encode_text(model, tokens, normalize: bool = True):
-    """open_clip text encoding with the padding columns trimmed.
-
-    Columns beyond the longest sequence of the batch are dropped before the
-    transformer. Under causal attention no position attends to a later one,
-    so the pooled end-token feature is exactly model.encode_text(tokens); the
-    cost falls from O(context) to O(longest caption). Models without a causal
-    mask (or non-argmax pooling) take the untrimmed path."""
+    """model.encode_text(tokens) with the padding columns beyond the batch's longest sequence dropped first.
+    Under causal attention no position attends to a later one, so the pooled end-token feature is exact and the
+    cost falls from O(context) to O(longest caption). No causal mask or non-argmax pooling: the untrimmed path."""
     t = text_tower(model)
     causal = getattr(t, "attn_mask", None) is not None
     if not causal or getattr(t, "text_pool_type", getattr(t, "pool_type", "")) != "argmax" \
@@ -219,32 +209,24 @@ def embed_dim(model):
     return t.transformer.width
 
 
-class _TrimmedTextEncoder:
-    """Gives open_clip's build_zero_shot_classifier our trimmed encode_text."""
-    def __init__(self, model):
-        self.model = model
-
-    def encode_text(self, tokens, normalize=False):
-        with autocast(tokens.device):
-            return encode_text(self.model, tokens, normalize=normalize).float()
-
-
 @torch.no_grad()
 def zero_shot_classifier(model, tokenizer, classnames, templates, device=None, classes_per_batch=50):
-    """CLIP's prompt ensemble: per class, mean of the normalised template
-    embeddings, renormalised. Returns (D, C). Reuses open_clip's builder with
-    the trimmed text encoding."""
+    """CLIP's prompt ensemble: per class, the renormalised mean of the normalised template embeddings; (D, C).
+    open_clip's builder, given our trimmed encode_text (the only method it calls)."""
     device = device or next(model.parameters()).device
-    return open_clip.build_zero_shot_classifier(
-        _TrimmedTextEncoder(model), tokenizer, list(classnames), list(templates),
-        num_classes_per_batch=classes_per_batch, device=device).float()
+
+    def trimmed(tokens, normalize=False):
+        with autocast(tokens.device):
+            return encode_text(model, tokens, normalize=normalize).float()
+    return open_clip.build_zero_shot_classifier(SimpleNamespace(encode_text=trimmed), tokenizer, list(classnames),
+                                                list(templates), num_classes_per_batch=classes_per_batch,
+                                                device=device).float()
 
 
 @torch.no_grad()
 def zero_shot_accuracy(img, classifier, labels, ks=(1, 5)):
-    """Top-k accuracy (percent) of logits img @ classifier. img (N, D)
-    normalised, classifier (D, C), labels (N,). A tie with the gold class
-    counts against it."""
+    """Top-k accuracy (percent) of logits img @ classifier; img (N, D) normalised, classifier (D, C), labels (N,).
+    A tie with the gold class counts against it."""
     logits = img.float() @ classifier.float().to(img.device)  # (N, C)
     gold = logits.gather(1, labels.view(-1, 1).to(img.device))
     n_better = (logits >= gold).sum(1) - 1
@@ -253,15 +235,11 @@ def zero_shot_accuracy(img, classifier, labels, ks=(1, 5)):
 
 @torch.no_grad()
 def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), max_chunk_scores: int = 2 ** 24):
-    """Recall@k in percent for both directions.
-
-    img (N, D), txt (M, D) normalised; text_to_image (M,) = index of text j's
-    image (several captions per image allowed). Image-to-text: a hit when any
-    of the image's captions ranks in the top k; text-to-image: when the text's
-    image does. A candidate scoring equal to the best gold counts as ranked
-    above it, so ties never inflate recall. Rows are processed in chunks of
-    at most max_chunk_scores scores (64 MiB of float32), so 5k x 25k never
-    needs the dense matrix."""
+    """Recall@k in percent for both directions. img (N, D), txt (M, D) normalised; text_to_image (M,) = index of
+    text j's image (several captions per image allowed). Image-to-text: a hit when any of the image's captions
+    ranks in the top k; text-to-image: when the text's image does. A candidate scoring equal to the best gold
+    counts as ranked above it, so ties never inflate recall. Chunks of at most max_chunk_scores scores (64 MiB
+    of float32): 5k x 25k never needs the dense matrix."""
     img, txt = img.float(), txt.float()
     t2i = torch.as_tensor(text_to_image, device=txt.device).long()
     n_img, n_txt = len(img), len(txt)
@@ -295,9 +273,8 @@ def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), max_chunk_scores: 
 
 
 def continual_metrics(R):
-    """Standard continual-learning summaries of a (T+1) x T score matrix.
-    R[i][j] = score on task j after training tasks 1..i; row 0 = before any
-    training. With tasks numbered 1..T (column j-1 holds task j):
+    """Continual-learning summaries of a (T+1) x T score matrix: R[i][j] = score on task j after training
+    tasks 1..i, row 0 = before any training. With tasks numbered 1..T (column j-1 holds task j):
       last       = mean_j R[T][j]
       avg        = mean_{i=1..T} mean_{j<=i} R[i][j]
       bwt        = mean_{j<T} (R[T][j] - R[j][j])
@@ -307,8 +284,7 @@ def continual_metrics(R):
     T = R.shape[1]
     if R.shape[0] != T + 1:
         raise ValueError(f"continual_metrics needs a (T+1) x T matrix, got {R.shape}")
-    out = {"last": R[T].mean(),
-           "avg": np.mean([R[i, :i].mean() for i in range(1, T + 1)])}
+    out = {"last": R[T].mean(), "avg": np.mean([R[i, :i].mean() for i in range(1, T + 1)])}
     if T > 1:
         out["bwt"] = np.mean([R[T, j - 1] - R[j, j - 1] for j in range(1, T)])
         out["forgetting"] = np.mean([R[:T, j - 1].max() - R[T, j - 1] for j in range(1, T)])
@@ -326,9 +302,8 @@ OPENAI_NAMES = {  # the papers' spelling -> open_clip's
 }
 TINY_NAME = "clipft-tiny"  # the lab's CPU-sized CLIP (lab/tiny.py)
 
-# The lab (a package of its own, which common never imports) plugs its tiny
-# backbone and synthetic task sequence in here when it is imported:
-# tiny_config() -> open_clip config, pretrain_tiny() -> weights path,
+# The lab (a package that common never imports) plugs its tiny backbone and synthetic task sequence in here
+# when it is imported: tiny_config() -> open_clip config, pretrain_tiny() -> weights path,
 # task_manifests(data_root) -> [(name, train, test)].
 LAB_HOOKS: dict[str, Callable] = {}
 
@@ -345,16 +320,14 @@ def register_tiny(config: dict | None = None):
     config = config or lab_hook("tiny_config")()
     path = CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or json.loads(path.read_text()) != config:
+        if not path.exists() or json.loads(path.read_text()) != config:  # atomic_write makes the folder
             atomic_write(path, json.dumps(config))
         open_clip.add_model_config(path)
 
 
 def wants_lab(cfg) -> bool:
-    """Whether a command names the lab: --demo, the tiny backbone, or a
-    setting that names the synthetic world. Method files' main() import the
-    lab (lazily) exactly then."""
+    """Whether a command names the lab (--demo, the tiny backbone, a setting naming the synthetic world);
+    method files' main() import the lab (lazily) exactly then."""
     settings = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else vars(cfg)
     return (settings.get("backbone") == "tiny"
             or any(v is True for k, v in settings.items() if k.startswith("demo"))
@@ -388,8 +361,7 @@ def _weights_cached(name, tag, cache_dir) -> bool:
         from huggingface_hub import try_to_load_from_cache
         repo_id = "/".join(hub.strip("/").split("/")[:2])
         for fname in ("open_clip_pytorch_model.bin", "open_clip_model.safetensors"):
-            hit = try_to_load_from_cache(repo_id, fname, cache_dir=cache_dir or None)
-            if isinstance(hit, str):
+            if isinstance(try_to_load_from_cache(repo_id, fname, cache_dir=cache_dir or None), str):
                 return True
     url = cfg.get("url", "")
     if url:
@@ -403,14 +375,11 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     """Returns (model, train_transform, eval_transform, tokenizer).
 
     backbone: OpenAI spelling ('ViT-B/16'), open_clip name ('ViT-B-16') or 'tiny'.
-    pretrained: '' (OpenAI's weights; the world-pretrained weights for 'tiny'),
-      an open_clip tag ('openai', 'laion2b_s34b_b88k', ...), a checkpoint path,
-      or 'random' (explicitly untrained).
-    QuickGELU is matched to the weights: OpenAI's were trained with it and
-    open_clip's plain configs silently give wrong features with them, so it is
-    taken from the tag's config, from our checkpoint sidecar, or forced for
-    OpenAI-spelled backbones loading a raw file. Never falls back to random
-    weights: a download that cannot happen fails at once and says why."""
+    pretrained: '' (OpenAI's weights; the world-pretrained weights for 'tiny'), an open_clip tag ('openai',
+      'laion2b_s34b_b88k', ...), a checkpoint path, or 'random' (explicitly untrained).
+    QuickGELU is matched to the weights (OpenAI's were trained with it; open_clip's plain configs silently give
+    wrong features with them): from the tag's config, our checkpoint sidecar, or forced for OpenAI-spelled
+    backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once."""
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_hook("pretrain_tiny")())
@@ -473,10 +442,8 @@ def source_stamp(sources: dict) -> dict:
 
 
 def reusable_manifest(path, sources: dict) -> bool:
-    """True when the write-once manifest `path` exists and its sidecar records
-    these very sources; a manifest built from other files (another
-    --coco-captions, a changed ShareGPT4V json, or an old sidecar without
-    sources) is rebuilt, with a message."""
+    """True when the write-once manifest `path` exists and its sidecar records these very sources; one built from
+    other files (another --coco-captions, a changed ShareGPT4V json, an old sidecar) is rebuilt, with a message."""
     if not Path(path).exists():
         return False
     if read_sidecar(path).get("sources") == source_stamp(sources):
@@ -487,11 +454,9 @@ def reusable_manifest(path, sources: dict) -> bool:
 
 
 def atomic_write(path, content) -> Path:
-    """Writes `path` so that no reader (another rank, a crash half-way)
-    ever sees a partial file: first a temporary file next to it, unique per
-    process, then os.replace, which is atomic on one file system. Creates
-    the parent folder. content: str (written as UTF-8), bytes, or a callable
-    that writes the temporary path it is given, e.g.
+    """Writes `path` so that no reader (another rank, a crash half-way) sees a partial file: a temporary file
+    next to it, unique per process, then os.replace (atomic on one file system); creates the parent folder.
+    content: str (UTF-8), bytes, or a callable that writes the temporary path it is given, e.g.
     atomic_write(p, lambda tmp: torch.save(obj, tmp)). Returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -514,7 +479,6 @@ def atomic_write(path, content) -> Path:
 
 
 def _disk_full(folder) -> bool:
-    import shutil
     try:
         return shutil.disk_usage(folder).free < 2 ** 20
     except OSError:
@@ -527,9 +491,8 @@ def _atomic_save(obj, path: Path):
 
 
 def save_model(model, path, backbone: str, source: str = ""):
-    """A plain open_clip state_dict (loadable by
-    open_clip.create_model_and_transforms(name, pretrained=path)) plus a JSON
-    sidecar `path.json` with what is needed to rebuild it."""
+    """A plain open_clip state_dict (open_clip.create_model_and_transforms(name, pretrained=path) loads it) plus
+    a JSON sidecar `path.json` with what is needed to rebuild it."""
     path = Path(path)
     sd = {k.removeprefix("module."): v.detach().cpu() for k, v in model.state_dict().items()}
     bad = [k for k in sd if "lora" in k.lower() or "parametrizations" in k]
@@ -548,10 +511,10 @@ def save_model(model, path, backbone: str, source: str = ""):
 
 
 # =============================================================================
-# 5. Data
+# 4. Data
 # =============================================================================
 IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")
-CAPTION_KEYS = ("caption", "title", "text")
+CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list, the first one is used
 
 
 class DataError(ValueError):
@@ -562,15 +525,13 @@ MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
 
 
 def _not_utf8(values) -> bool:
-    """The manifest is decoded with errors='surrogateescape': a byte that is
-    not UTF-8 becomes a lone surrogate, so a bad row can be named and skipped
-    instead of refusing the whole file."""
+    """The manifest is decoded with errors='surrogateescape': a non-UTF-8 byte becomes a lone surrogate, so a
+    bad row can be named and skipped instead of refusing the whole file."""
     return any(isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)
 
 
 def _json_array_rows(path, text) -> list[dict]:
-    """A manifest that is one JSON array of row objects; each row's _line is
-    the line where its object starts."""
+    """A manifest that is one JSON array of row objects; each row's _line is where its object starts."""
     try:
         json.loads(text)  # strict parse first: a syntax error is named with its line
     except json.JSONDecodeError as e:
@@ -589,13 +550,10 @@ def _json_array_rows(path, text) -> list[dict]:
 
 
 def read_manifest(path, keep_bad: bool = False) -> list[dict]:
-    """Rows of a manifest: JSONL (one object per line; lines end at "\\n"
-    only, since U+2028 or \\x85 may sit inside a JSON string), a JSON array
-    of objects, or CSV/TSV (separator detected; a quoted caption may span
-    lines). Each row carries `_line`, the line where it starts. A line that
-    is not UTF-8 or not JSON raises a DataError naming file and line; with
-    keep_bad=True it comes back as {'_line': n, '_error': why} instead
-    (ManifestDataset skips and counts such rows with skip_bad)."""
+    """Rows of a manifest: JSONL (lines end at "\\n" only, since U+2028 or \\x85 may sit inside a JSON string),
+    a JSON array of objects, or CSV/TSV (separator detected; a quoted caption may span lines). Each row carries
+    `_line`, the line where it starts. A line that is not UTF-8 or not JSON raises a DataError naming file and
+    line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
@@ -638,12 +596,9 @@ def read_manifest(path, keep_bad: bool = False) -> list[dict]:
 
 
 def image_problem(path) -> str | None:
-    """None when the image decodes in full, else what is wrong with it.
-    PIL's verify() reads headers and checksums only: a truncated JPEG, or a
-    PNG whose compressed data is broken under valid checksums, passes it and
-    fails at the first real decode. load() decodes everything; draft() lets
-    a JPEG decode at reduced scale (up to 8x faster), which still reads the
-    whole compressed stream."""
+    """None when the image decodes in full, else what is wrong with it. Not PIL's verify(), which reads headers
+    and checksums only (a truncated JPEG, or a PNG broken under valid checksums, passes it): load() decodes
+    everything; draft() lets a JPEG decode at reduced scale (up to 8x faster), still reading the whole stream."""
     try:
         with Image.open(path) as im:
             im.draft("RGB", (64, 64))
@@ -657,15 +612,11 @@ _DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_proble
 
 
 def image_problems(paths, threads: int = 8) -> list[str | None]:
-    """image_problem of each path, decoded in threads (PIL releases the GIL).
-    A file already decoded by this process and unchanged since (same
-    modification time and size) is not decoded again: the preflight's row
-    check and the training set's are the same check."""
+    """image_problem of each path, decoded in threads (PIL releases the GIL). A file this process decoded and
+    unchanged since (same mtime and size) is not decoded again: the preflight's row check is training's."""
     from concurrent.futures import ThreadPoolExecutor
-    keys = []
-    for p in paths:
-        st = os.stat(p)
-        keys.append((str(p), st.st_mtime_ns, st.st_size))
+    stats = [(str(p), os.stat(p)) for p in paths]
+    keys = [(p, st.st_mtime_ns, st.st_size) for p, st in stats]
     todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
     with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
         _DECODED.update(zip(todo, pool.map(image_problem, [k[0] for k in todo], chunksize=64)))
@@ -679,17 +630,12 @@ def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str =
 
 
 class ManifestDataset(torch.utils.data.Dataset):
-    """Image-caption pairs from a manifest: image path relative to the
-    manifest, a caption, an optional long caption, optional extra columns.
-
-    A pre-pass before any training step checks every row: unreadable lines
-    (not UTF-8, not JSON), required columns, empty captions, missing images,
-    and (check_images) images that do not decode in full. It raises one
-    DataError naming file and line of every bad row (the first MAX_LISTED,
-    then a count), or with skip_bad=True drops them and lists them in
-    `self.skipped` (train's summary, hence results.json, records them all).
-    An image that fails later (check_images=False, or changed on disk)
-    raises a DataError naming the file and the manifest line."""
+    """Image-caption pairs from a manifest (image path relative to it, a caption, an optional long caption,
+    optional extra columns). A pre-pass before any training step checks every row: unreadable lines (not UTF-8,
+    not JSON), required columns, empty captions, missing images and (check_images) images that do not decode in
+    full. One DataError names file and line of every bad row (the first MAX_LISTED, then a count); skip_bad=True
+    drops them into `self.skipped` (train's summary, hence results.json, records them all). An image failing
+    later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool = True, extra: Sequence[str] = ()):
@@ -703,8 +649,6 @@ class ManifestDataset(torch.utils.data.Dataset):
         cols = set(good[0]) - {"_line"}
         self.image_key = next((k for k in IMAGE_KEYS if k in cols), None)
         self.caption_key = next((k for k in CAPTION_KEYS if k in cols), None)
-        if self.caption_key is None and "captions" in cols:
-            self.caption_key = "captions"
         missing = [n for n, k in (("image", self.image_key), ("caption", self.caption_key)) if k is None]
         if need_long and "long_caption" not in cols:
             missing.append("long_caption")
@@ -788,15 +732,11 @@ class Collate:
 
 
 class ResumableSampler(torch.utils.data.Sampler):
-    """Seeded shuffle per epoch, sharded across ranks, that can start part
-    way into an epoch (exact resume without replaying the data).
-
-    batch_size is the per-rank batch. Sharding splits each global batch of
-    the one shuffle by rank (rank r takes its positions r*batch ... (r+1)*batch
-    - 1), so the global batch that gather() assembles in rank order is,
-    sample for sample, the batch of one process with batch_size * world:
-    N processes under torchrun train on the data order of one.
-    keys=True yields (epoch, index) for SeededSamples."""
+    """Seeded shuffle per epoch, sharded across ranks, that can start part way into an epoch (exact resume
+    without replaying the data). batch_size is the per-rank batch. Each global batch of the one shuffle is split
+    by rank (rank r takes positions r*batch ... (r+1)*batch - 1), so the global batch that gather() assembles in
+    rank order is, sample for sample, one process's batch with batch_size * world: N processes under torchrun
+    train on the data order of one. keys=True yields (epoch, index) for SeededSamples."""
     def __init__(self, n, batch_size, seed=0, shuffle=True, rank=0, world=1, keys: bool = False):
         self.n, self.batch, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
         self.epoch, self.skip_batches, self.keys = 0, 0, keys
@@ -823,13 +763,10 @@ class ResumableSampler(torch.utils.data.Sampler):
 
 
 class SeededSamples(torch.utils.data.Dataset):
-    """dataset[i] with its randomness (the train transform's random crop:
-    torch's CPU generator; Python's and NumPy's too) seeded from (seed,
-    epoch, i) instead of drawn from the loading process's generator state.
-    A sample's augmentation is then the same whatever the number of
-    DataLoader workers, and a resumed run sees the crops of an uninterrupted
-    one (workers start with fresh generators at each resume). Keys are
-    (epoch, i), as ResumableSampler(keys=True) yields them. The caller's
+    """dataset[i] with its randomness (the train transform's random crop: torch's CPU generator; Python's and
+    NumPy's too) seeded from (seed, epoch, i), not drawn from the loading process's generators. A sample's
+    augmentation is then the same whatever the number of DataLoader workers, and a resumed run sees the crops of
+    an uninterrupted one. Keys are (epoch, i), as ResumableSampler(keys=True) yields them. The caller's
     generators are left as they were (workers=0 runs in the main process)."""
 
     def __init__(self, dataset, seed: int):
@@ -854,13 +791,11 @@ class SeededSamples(torch.utils.data.Dataset):
 
 
 def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
-    """ERCLIP's training set (erclip.py: Sec. 4 of its paper, its deviation 9), which
-    longclip.py's --recipe erclip-budget reuses: the first n_pairs, in
-    COCO image-id order, of the COCO train2017 images that ShareGPT4V
-    describes; short caption = the image's first COCO caption, long caption =
-    the ShareGPT4V description. Images of the first `holdout` ShareGPT4V
-    records (the ShareGPT4V-1k test set) are excluded. Written once as JSONL
-    (image paths relative to it) and reused while its sources are unchanged."""
+    """ERCLIP's training set (its paper's Sec. 4, erclip.py's deviation 9; longclip.py's --recipe erclip-budget
+    reuses it): the first n_pairs, in COCO image-id order, of the COCO train2017 images that ShareGPT4V
+    describes; short caption = the image's first COCO caption, long caption = the ShareGPT4V description.
+    Images of the first `holdout` ShareGPT4V records (the ShareGPT4V-1k test set) are excluded. Written once as
+    JSONL (image paths relative to it) and reused while its sources are unchanged."""
     out_dir = Path(out_dir)
     path = out_dir / f"erclip-train-coco-sharegpt4v-{n_pairs}.jsonl"
     sources = {"coco_captions": coco_captions, "sharegpt4v": sharegpt4v}
@@ -901,7 +836,7 @@ def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 
 
 
 # =============================================================================
-# 6. Distributed
+# 5. Distributed
 # =============================================================================
 def dist_info():
     """(rank, world, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
@@ -927,11 +862,9 @@ def init_distributed(device: str = "auto"):
 
 
 def gather(*features):
-    """All ranks' features, concatenated in rank order, WITH gradient
-    (open_clip's gather_features, gather_with_grad=True). Every rank then
-    computes the loss over the global batch; because DDP averages gradients
-    over ranks and the gather's backward sums them, the result equals one
-    process on the global batch (tests/test_train.py checks it)."""
+    """All ranks' features, concatenated in rank order, WITH gradient (open_clip's gather_features,
+    gather_with_grad=True). Every rank computes the loss over the global batch; DDP averages gradients over ranks
+    and the gather's backward sums them, so this equals one process on the global batch (tests/test_train.py)."""
     rank, world, _ = dist_info()
     if world == 1:
         return features if len(features) > 1 else features[0]
@@ -946,12 +879,11 @@ def gather(*features):
 
 
 # =============================================================================
-# 7. Training loop
+# 6. Training loop
 # =============================================================================
 def resolve_precision(precision: str, device) -> str:
-    """'auto' -> fp16 on CUDA, fp32 elsewhere. fp16 off CUDA is accepted for
-    testing the grad-scaler path (tests/test_fp16.py), with a warning: CPU
-    half-precision matrix products are slow, and bf16 needs no scaler."""
+    """'auto' -> fp16 on CUDA, fp32 elsewhere. fp16 off CUDA is accepted for testing the grad-scaler path
+    (tests/test_fp16.py), with a warning: CPU half-precision matrix products are slow, and bf16 needs no scaler."""
     dev = torch.device(device).type
     if precision == "auto":
         return "fp16" if dev == "cuda" else "fp32"
@@ -969,8 +901,7 @@ def _warn_once(message: str):
 
 
 def autocast(device, precision: str = "auto"):
-    """One AMP path: fp16 or bf16 autocast, or nothing for fp32. For
-    inference ('auto'): fp16 on CUDA, fp32 on CPU."""
+    """One AMP path: fp16 or bf16 autocast, or nothing for fp32. For inference ('auto'): fp16 on CUDA, fp32 on CPU."""
     dev = torch.device(device).type
     precision = resolve_precision(precision, device)
     if precision == "fp32":
@@ -1011,9 +942,8 @@ def warmup_cosine(warmup: int, total: int):
 
 
 class ClipFineTune(nn.Module):
-    """Plain CLIP fine-tuning: the baseline every method is compared with,
-    and the template of a method's model wrapper. forward(batch, ctx)
-    returns a dict of named, already-weighted loss terms."""
+    """Plain CLIP fine-tuning: the baseline every method is compared with, and the template of a method's model
+    wrapper. forward(batch, ctx) returns a dict of named, already-weighted loss terms."""
     def __init__(self, model, label_smoothing: float = 0.0):
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
@@ -1026,8 +956,7 @@ class ClipFineTune(nn.Module):
 
 
 def _rng_state():
-    """The generators' states as tensors, ints and tuples, which
-    torch.load(weights_only=True) accepts (NumPy's key array as a tensor)."""
+    """The generators' states as tensors, ints and tuples, which torch.load(weights_only=True) accepts."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     s = {"torch": torch.get_rng_state(), "python": random.getstate(),
          "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
@@ -1063,12 +992,9 @@ class UnsafeFileError(RuntimeError):
 
 
 def load_weights_only(path, map_location="cpu"):
-    """torch.load(weights_only=True): tensors, numbers, strings and plain
-    containers only, so a swapped or tampered checkpoint or cache cannot run
-    code when it is read. What this repository saves (checkpoints, feature
-    and classifier caches) is written in those forms; anything else is
-    refused with the file named."""
-    import pickle
+    """torch.load(weights_only=True): tensors, numbers, strings and plain containers only, so a swapped or
+    tampered checkpoint or cache cannot run code when read. What this repository saves (checkpoints, feature and
+    classifier caches) is written in those forms; anything else is refused with the file named."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -1079,9 +1005,8 @@ def load_weights_only(path, map_location="cpu"):
 
 
 def _truncate_metrics(path: Path, step: int):
-    """On resume: drops the metrics.jsonl records logged after the
-    checkpoint's step (and a line cut short by a kill), so that each step
-    appears once when the resumed run logs them again."""
+    """On resume: drops the metrics.jsonl records after the checkpoint's step (and a line cut short by a kill),
+    so that each step appears once when the resumed run logs them again."""
     if not path.exists():
         return
     keep = []
@@ -1100,15 +1025,14 @@ def latest_checkpoint(out) -> Path | None:
 
 
 def step_generator(seed: int, step: int, device="cpu"):
-    """The randomness a loss consumes at a step (mixing ratios, ...): the
-    same on every rank, reproducible on resume without saving any state."""
+    """The randomness a loss consumes at a step (mixing ratios, ...): the same on every rank, reproducible on
+    resume without saving any state. device is unused (a CPU generator)."""
     return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step)
 
 
 def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
-    """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel
-    for all parameters (5x faster on CPU), which also takes the scaler's inf
-    flag and skips an overflowed step on the device (no host sync).
+    """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on
+    CPU), which also takes the scaler's inf flag and skips an overflowed step on the device (no host sync).
     fused=False gives the for-each implementation (tests use both)."""
     groups = param_groups(net, cfg.lr, cfg.wd, lr_of)
     for g in groups:
@@ -1118,13 +1042,11 @@ def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool 
 
 
 class NonFiniteGuard:
-    """The first step whose summed loss is not finite, with its loss terms,
-    kept on the device: update() queues a few tiny kernels and reads
-    nothing back, so the host never waits for a step to finish; train calls
-    check() at log and save steps and at the end. The steps between a
-    non-finite loss and the next check still run (their weights may turn
-    non-finite), but check() runs before every save, so no checkpoint ever
-    holds them, and the error names the step where it began."""
+    """The first step whose summed loss is not finite, with its loss terms, kept on the device: update() queues a
+    few tiny kernels and reads nothing back, so the host never waits for a step; train calls check() at log and
+    save steps and at the end. Steps between a non-finite loss and the next check still run (their weights may
+    turn non-finite), but check() runs before every save, so no checkpoint holds them, and the error names the
+    step where it began."""
 
     def __init__(self, device):
         self.step = torch.full((), -1, dtype=torch.long, device=device)
@@ -1147,38 +1069,28 @@ class NonFiniteGuard:
 
 def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
                guard: NonFiniteGuard | None = None):
-    """One optimisation step: the body of train's loop, called as is by
-    tests/test_fp16.py and benchmarks/gpu_check.py. ctx needs .device and
-    .precision (and whatever net.forward reads); forward defaults to net
-    (train passes the DDP wrapper).
-
+    """One optimisation step: the body of train's loop, called as is by tests/test_fp16.py and
+    benchmarks/gpu_check.py. ctx needs .device and .precision (and whatever net.forward reads); forward defaults
+    to net (train passes the DDP wrapper).
       1. forward under autocast; the loss terms are summed in float32
-      2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run
-         (raised here, one host sync, when no guard is given; with a
-         NonFiniteGuard, recorded on the device and raised at train's next
-         check); a scaled overflow (inf gradients from a too-large loss
-         scale) is not a non-finite loss and is left to the scaler
+      2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run (raised here, one host sync,
+         without a guard; a NonFiniteGuard records it on the device for train's next check); a scaled overflow
+         (inf gradients from a too-large loss scale) is left to the scaler
       3. backward of loss * scale (the scale is 1, i.e. off, unless fp16)
       4. unscale the gradients when clipping or hooks need their true values
       5. clip the global gradient norm
       6. hooks.before_optimizer_step(net) (DNS projects the gradients here)
-      7. scaler.step: AdamW, skipped when any gradient is inf/NaN;
-         scaler.update: the scale halves after a skipped step and doubles
-         after 2000 clean ones
-      8. the LR scheduler steps on every iteration, skipped or not
-         (open_clip_train calls scheduler(step) with the iteration index
-         whatever the scaler did): the schedule and the data order are
-         functions of the iteration, and a skip costs one step of schedule
-      9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit
-         scale to [0, ln 100], idempotent: on a skipped step the weights
-         are unchanged and already inside (only a value outside the range,
-         possible before the first step, is moved)
-
-    A skipped step leaves weights, AdamW moments and step counts bitwise
-    unchanged (fused AdamW creates its state, zeros, if the very first step
-    is skipped). Returns (losses, loss, skipped): skipped is a 0-dim bool
-    tensor on the scaler's device (None when the scaler is off); reading it
-    syncs on CUDA, so train reads it at log steps only."""
+      7. scaler.step: AdamW, skipped when any gradient is inf/NaN; scaler.update: the scale halves after a
+         skipped step and doubles after 2000 clean ones
+      8. the LR scheduler steps on every iteration, skipped or not (as open_clip_train's scheduler(step)): the
+         schedule and the data order are functions of the iteration; a skip costs one step of schedule
+      9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit scale to [0, ln 100], idempotent: a
+         skipped step's weights are unchanged and already inside (only a value outside, possible before the
+         first step, is moved)
+    A skipped step leaves weights, AdamW moments and step counts bitwise unchanged (fused AdamW creates its
+    state, zeros, if the very first step is skipped). Returns (losses, loss, skipped): skipped is a 0-dim bool
+    tensor on the scaler's device (None when the scaler is off); reading it syncs on CUDA, so train reads it at
+    log steps only."""
     forward = forward or net
     with autocast(ctx.device, ctx.precision):
         losses = forward(batch, ctx)
@@ -1215,14 +1127,10 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
 
 def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export: bool = True,
           hooks=None, method_state: Callable[[], dict] | None = None):
-    """Trains `net` (a wrapper with .model = the open_clip model, whose
-    forward(batch, ctx) returns the loss terms) and returns a summary dict.
-
-    hooks: optional object with before_optimizer_step(net) (after unscaling
-    and clipping) and after_optimizer_step(net); DNS projects there. Each
-    step is train_step (its docstring gives the order and what a step
-    skipped by the fp16 grad scaler does); metrics.jsonl logs grad_scale and
-    skipped_steps when fp16 is on."""
+    """Trains `net` (a wrapper with .model = the open_clip model, whose forward(batch, ctx) returns the loss
+    terms) and returns a summary dict. hooks: optional object with before_optimizer_step(net) (after unscaling
+    and clipping) and after_optimizer_step(net); DNS projects there. Each step is train_step (its docstring gives
+    the order and what an fp16 skipped step does); metrics.jsonl logs grad_scale and skipped_steps under fp16."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     precision = resolve_precision(cfg.precision, device)
@@ -1240,33 +1148,28 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
     loader = torch.utils.data.DataLoader(
         SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
-        collate_fn=collate,
-        pin_memory=device.type == "cuda", drop_last=True, generator=torch.Generator().manual_seed(cfg.seed),
-        persistent_workers=False)
+        collate_fn=collate, pin_memory=device.type == "cuda", drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
     opt = make_optimizer(cfg, net, device, lr_of)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    ddp = nn.parallel.DistributedDataParallel(
-        net, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=cfg.find_unused) if world > 1 else net
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
+                                              find_unused_parameters=cfg.find_unused) if world > 1 else net
 
     new_settings = optimizer_settings(opt)
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
-        ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
-        if ck is None or not ck.exists():
-            raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}")
+        ck = _resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
         state = load_weights_only(ck)
         load_checkpoint_state(net, state["net"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
-            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale",
-                  file=sys.stderr)
+            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)
         else:
             scaler.load_state_dict(state["scaler"])  # scale and growth tracker: a no-op without fp16
         _set_rng_state(state["rng"])
@@ -1351,8 +1254,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     bar.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
-               "device": str(device),
-               "skipped_steps": int(n_skipped), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
+               "device": str(device), "skipped_steps": int(n_skipped),
+               "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
                "bad_rows": list(getattr(train_set, "skipped", []))}  # every row the data check skipped
     if rank == 0:
         save()
@@ -1367,9 +1270,8 @@ def optimizer_settings(opt) -> list[dict]:
 
 
 def apply_optimizer_settings(opt, sched, settings: list[dict]):
-    """--override-resume: a loaded optimizer / scheduler state carries the old
-    run's rates and decay; put the new flags' values back, at the schedule's
-    current point."""
+    """--override-resume: a loaded optimizer / scheduler state carries the old run's rates and decay; put the new
+    flags' values back, at the schedule's current point."""
     for g, s, f in zip(opt.param_groups, settings, sched.lr_lambdas):
         g.update(s)
         g["lr"] = s["initial_lr"] * f(sched.last_epoch)
@@ -1403,7 +1305,7 @@ def markdown_table(rows: list[dict], columns: Sequence[str], floatfmt="{:.1f}") 
 
 
 # =============================================================================
-# 8. Continual driver (shared by cclip.py and dns.py)
+# 7. Continual driver (shared by cclip.py and dns.py)
 # =============================================================================
 @dataclass(frozen=True)
 class Task:
@@ -1413,8 +1315,8 @@ class Task:
 
 
 def parse_tasks(spec: str, data_root="data") -> list[Task]:
-    """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the
-    lab's four continual domains (lab/world.py TASK_DOMAINS)."""
+    """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the lab's four continual domains
+    (lab/world.py TASK_DOMAINS)."""
     if spec == "synthetic":
         return [Task(d, str(tr), str(te)) for d, tr, te in lab_hook("task_manifests")(data_root)]
     tasks = []
@@ -1434,16 +1336,13 @@ def parse_tasks(spec: str, data_root="data") -> list[Task]:
 
 def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Callable,
                   save_state: Callable, load_state: Callable, resume: bool = False, log=print) -> dict:
-    """Trains the tasks in order and keeps, per metric, the matrix
-    R[i][j] = score on task j after learning tasks 1..i (row 0: before any
-    training), plus per-row scalars such as zero-shot accuracy.
-
-    learn_task(i, task, task_out, resume) trains task i in place and returns
-    common.train's summary (one with 'stopped_at' ends the sequence early);
-    evaluate() -> {"per_task": {metric: [score per task]}, "scalars": {name: value}};
-    save_state(path) / load_state(path) store / restore the method's state at
-    a task boundary. Everything is written after each task, so a crash loses
-    at most the task in flight, which itself resumes from its last checkpoint."""
+    """Trains the tasks in order and keeps, per metric, the matrix R[i][j] = score on task j after learning tasks
+    1..i (row 0: before any training), plus per-row scalars such as zero-shot accuracy.
+    learn_task(i, task, task_out, resume) trains task i in place and returns common.train's summary (one with
+    'stopped_at' ends the sequence early); evaluate() -> {"per_task": {metric: [score per task]}, "scalars":
+    {name: value}}; save_state(path) / load_state(path) store / restore the method's state at a task boundary.
+    Everything is written after each task: a crash loses at most the task in flight, which resumes from its
+    last checkpoint."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state_file, boundary = out / "continual.json", out / "boundary.pt"
@@ -1486,8 +1385,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
 
 
 def summarize_continual(rec) -> dict:
-    """Matrices and continual_metrics per metric; PD for every scalar
-    (value before training minus value at the end)."""
+    """Matrices and continual_metrics per metric; PD for every scalar (before training minus at the end)."""
     metrics = list(rec["rows"][0])
     matrices = {m: [row[m] for row in rec["rows"]] for m in metrics}
     summary = {"matrices": matrices, "metrics": {m: continual_metrics(R) for m, R in matrices.items()},
@@ -1498,16 +1396,15 @@ def summarize_continual(rec) -> dict:
 
 
 # =============================================================================
-# 9. Errors, the command line and the run folder
+# 8. Errors, the command line and the run folder
 # =============================================================================
 class UsageError(ValueError):
     """A bad flag or combination of flags (exit code 2, as argparse's)."""
 
 
 class RunError(RuntimeError):
-    """An expected failure around the run: missing weights or training data,
-    an --out that holds or is writing another run, a changed setting on
-    --resume, an interrupted run (exit code 1, or 128 + signal)."""
+    """An expected failure around the run: missing weights or training data, an --out that holds or is writing
+    another run, a changed setting on --resume, an interrupted run (exit code 1, or 128 + signal)."""
     def __init__(self, message: str, code: int = 1):
         super().__init__(message)
         self.code = code
@@ -1517,11 +1414,10 @@ _COMMAND: list[str] | None = None  # the script and its arguments, set by cli(),
 
 
 def cli(main: Callable, argv=None):
-    """The `if __name__ == "__main__":` of every script: runs main(argv) and
-    turns an expected failure (bad input or flags, missing data or weights,
-    a corrupt checkpoint, a full disk, an unwritable --out, an interrupt)
-    into one paragraph on stderr and a non-zero exit code. --debug re-raises
-    it with its traceback; anything else is a bug and keeps its traceback."""
+    """The `if __name__ == "__main__":` of every script: runs main(argv) and turns an expected failure (bad input
+    or flags, missing data or weights, a corrupt checkpoint, a full disk, an unwritable --out, an interrupt) into
+    one paragraph on stderr and a non-zero exit code. --debug re-raises it with its traceback; anything else is
+    a bug and keeps its traceback."""
     global _COMMAND
     argv = list(sys.argv[1:] if argv is None else argv)
     _COMMAND = [sys.argv[0], *argv]
@@ -1539,9 +1435,6 @@ def cli(main: Callable, argv=None):
 
 def expected_error(e: BaseException) -> tuple[str | None, int]:
     """(one-paragraph message, exit code) of an expected failure; (None, 1) for a bug."""
-    import errno
-    import pickle
-    import zipfile
     if isinstance(e, KeyboardInterrupt):
         return "interrupted outside training, nothing saved (during training a signal saves a checkpoint first)", 130
     if isinstance(e, RunError):
@@ -1566,10 +1459,9 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
 
 
 def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
-    """cfg with `--<field> auto` made concrete: `paper` when every path in
-    `needs` exists (paper=None: the paper's data has no layout here); otherwise 'synthetic' (the lab's world) with
-    --backbone tiny, and with a real backbone a RunError saying what is
-    missing, where it goes and how to smoke-test instead."""
+    """cfg with `--<field> auto` made concrete: `paper` when every path in `needs` exists (paper=None: the
+    paper's data has no layout here); otherwise 'synthetic' (the lab's world) with --backbone tiny, and with a
+    real backbone a RunError saying what is missing, where it goes and how to smoke-test instead."""
     if getattr(cfg, field_name) != "auto":
         return cfg
     flag = "--" + field_name.replace("_", "-")
@@ -1590,8 +1482,8 @@ def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
 
 
 def check_device(cfg) -> str:
-    """The precision the run will use, refusing a device that is not there
-    (fp16 on CPU stays allowed, with resolve_precision's warning)."""
+    """The precision the run will use, refusing a device that is not there (fp16 on CPU stays allowed, with
+    resolve_precision's warning)."""
     dev = cfg.device
     if dev.startswith("cuda"):
         if not torch.cuda.is_available():
@@ -1609,12 +1501,10 @@ def check_device(cfg) -> str:
 
 
 def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_kw):
-    """Everything cheap, before any model is loaded or evaluated: device and
-    precision, batch size vs world size, every training manifest (each row,
-    as training will check it, and at least one batch of rows), then the
-    --out folder (writable, lock, an old run there, --resume's settings).
-    continual=True: --out holds a task sequence (cclip.py, dns.py); its
-    config.json is written here, since common.train writes per task."""
+    """Everything cheap, before any model is loaded or evaluated: device and precision, batch size vs world
+    size, every training manifest (each row, as training will check it, and at least one batch of rows), then
+    the --out folder (writable, lock, an old run there, --resume's settings). continual=True: --out holds a task
+    sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.batch_size % world:
@@ -1631,18 +1521,15 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
 
 # --- the run folder: lock, leftovers, an old run, the settings on resume ------
 LOCK = ".lock"
-# Files and folders of a run (what --overwrite deletes); caches such as
-# features/ or data/ stay.
+# Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
              "continual.json", "boundary.pt", "boundary.pt.json")
-# Settings that may change on --resume without --override-resume: where and
-# how the run is executed or logged, never what it computes. device and
-# precision are among them (an fp32 run may go on in fp16, see train); eval-only
-# flags of the method files and cclip.py's thread count / stop switch too.
+# Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
+# never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
+# eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
-               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo",
-               "stop_after_tasks", "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
-               "collect"}
+               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
+               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect"}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1656,10 +1543,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def lock_out(out: Path):
-    """One run per --out: <out>/.lock holds the writer's PID and host. A lock
-    of this process is kept (re-entrant); one of a live process refuses; one
-    of a dead process on this host is taken over with a message. Released
-    when the process exits."""
+    """One run per --out: <out>/.lock holds the writer's PID and host. A lock of this process is kept
+    (re-entrant); one of a live process refuses; one of a dead process on this host is taken over with a
+    message. Released when the process exits."""
     path, me = out / LOCK, {"pid": os.getpid(), "host": socket.gethostname()}
     for _ in range(2):
         try:
@@ -1698,9 +1584,8 @@ def _unlock(path: Path, me: dict):
 
 
 def clean_temporary(out: Path) -> list[Path]:
-    """Deletes the `*.tmp<PID>` files that atomic_write leaves when its process
-    is killed (or the disk fills), under --out, of processes no longer alive."""
-    import re
+    """Deletes the `*.tmp<PID>` files under --out that atomic_write left when its process was killed (or the
+    disk filled), of processes no longer alive."""
     gone = []
     for p in out.rglob("*.tmp*"):
         m = re.fullmatch(r".+\.tmp(\d+)", p.name)
@@ -1718,9 +1603,7 @@ def holds_run(out: Path) -> bool:
 
 
 def clear_run(out: Path):
-    """Deletes a run's files in `out` (RUN_FILES and the per-task folders of a
-    task sequence), keeping caches and the lock."""
-    import shutil
+    """Deletes a run's files in `out` (RUN_FILES, a task sequence's per-task folders), keeping caches and lock."""
     for p in [out / n for n in RUN_FILES] + [p for p in out.glob("task[0-9]*-*") if p.is_dir()]:
         if p.is_dir():
             shutil.rmtree(p)
@@ -1733,7 +1616,6 @@ def _resume_checkpoint(cfg, out: Path) -> Path:
     if ck is None or not ck.exists():
         raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}; start without "
                                 f"--resume")
-    import zipfile
     if not zipfile.is_zipfile(ck):  # torch.save writes a zip; a cut or empty file has no central directory
         raise RunError(f"{ck} is not a readable checkpoint (truncated, empty or not written by torch.save); "
                        f"delete it and resume from an older copy, or start afresh with --overwrite")
@@ -1741,18 +1623,16 @@ def _resume_checkpoint(cfg, out: Path) -> Path:
 
 
 def resume_differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """(field, old value, new value) of every setting outside RESUME_FREE
-    that differs; fields unknown to the old run are not compared."""
+    """(field, old value, new value) of every setting outside RESUME_FREE that differs; fields unknown to the
+    old run are not compared."""
     return [(k, old[k], v) for k, v in new.items() if k not in RESUME_FREE and k in old and old[k] != v]
 
 
 def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
-    """Claims --out for this run (rank 0): creates it (a clear error if it
-    cannot be written), takes the lock, removes leftover temporary files,
-    then: a new run into an --out holding one is refused unless --overwrite
-    (which clears it); --resume compares the settings with the run's
-    config.json and refuses differences unless --override-resume. Returns
-    the overrides [{field, was, now}] (empty without --override-resume)."""
+    """Claims --out for this run (rank 0): creates it (a clear error if it cannot be written), takes the lock,
+    removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
+    (which clears it), and --resume compares the settings with the run's config.json and refuses differences
+    unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
     out.mkdir(parents=True, exist_ok=True)
@@ -1801,44 +1681,35 @@ def write_config(cfg, out: Path, overrides: list[dict] = ()):
 
 
 def resume_command() -> str:
-    """The command that continues this run: the script's own arguments
-    without --resume/--overwrite/--stop-at, plus --resume latest."""
+    """The command that continues this run: the script's own arguments without --resume / --overwrite /
+    --stop-at, plus --resume latest."""
     import shlex
     if _COMMAND is None:
         return "the same command with --resume latest"
     drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
-    args, skip = [], False
+    args, skip = [], False  # skip: a is the value of the flag before it
     for a in _COMMAND[1:]:
-        if skip:
-            skip = False
-        elif a in drop_with_value:
-            skip = True
-        elif a in ("--overwrite", "--override-resume") or a.split("=")[0] in drop_with_value:
-            continue
-        else:
+        if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
             args.append(a)
+        skip = not skip and a in drop_with_value
     launcher = "torchrun --nproc_per_node N" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
     return shlex.join([*launcher.split(), _COMMAND[0], *args, "--resume", "latest"])
 
 
 class StopSignals:
-    """SIGINT / SIGTERM during training become a request that train honours
-    after the step in flight (never mid-step): a checkpoint at that step,
-    the resume command, exit code 128 + signal. A second signal interrupts
-    at once. DataLoader workers (forked with the handler) ignore both. Every
-    rank listens; with several processes the ranks agree (one all-reduce)
-    at log steps only, so all stop at the same step."""
+    """SIGINT / SIGTERM during training become a request that train honours after the step in flight (never
+    mid-step): a checkpoint at that step, the resume command, exit code 128 + signal. A second signal interrupts
+    at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several
+    processes the ranks agree (one all-reduce) at log steps only, so all stop at the same step."""
     def __init__(self):
-        self.signum, self.previous, self.installed = None, {}, False
+        self.signum, self.previous = None, {}
 
     def install(self):
-        import signal
         import threading
         self.pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self.previous[s] = signal.signal(s, self._handle)
-            self.installed = True
         return self
 
     def _handle(self, signum, frame):
@@ -1850,10 +1721,9 @@ class StopSignals:
         print(f"\n[train] signal {signum}: saving a checkpoint after the current step", file=sys.stderr)
 
     def restore(self):
-        import signal
         for s, h in self.previous.items():
             signal.signal(s, h)
-        self.previous, self.installed = {}, False
+        self.previous = {}
 
     def requested(self, step: int, log_every: int, device) -> bool:
         if dist_info()[1] == 1:
@@ -1872,7 +1742,6 @@ class StopSignals:
 
 
 def progress_line(out: Path, rec: dict, total: int) -> str:
-    """What train prints to stderr at log steps when stderr is not a
-    terminal (cluster logs, nohup), where tqdm's bar is off."""
+    """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
     return (f"[{out.name}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")
