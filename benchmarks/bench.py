@@ -40,6 +40,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
+import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 import open_clip  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

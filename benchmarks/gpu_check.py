@@ -57,6 +57,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
+import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 
 METHODS = ("plain", "erclip-m+p", "erclip-rt+p", "m2-mix", "m3-mix", "c-clip", "dns-gradient", "dns-update",
            "longclip")
