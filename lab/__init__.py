@@ -38,3 +38,5 @@ from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLOR
 
 common.LAB_HOOKS.update(tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests)
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+from lab.world import long_caption_manifest, long_task_manifests  # noqa: E402  C-CLIP's synthetic-long tasks
+common.LAB_HOOKS.update(long_task_manifests=long_task_manifests)
