@@ -1,27 +1,22 @@
 """C-CLIP: Multimodal Continual Learning for Vision-Language Model.
 
-Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. "C-CLIP: Multimodal Continual
-Learning for Vision-Language Model." ICLR 2025.
+Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025.
 https://proceedings.iclr.cc/paper_files/paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
-The paper numbers no equations: comments cite its sections (3.3 metrics,
-4.1 LoRA integration, 4.2 CKC, 5 settings, 5.2.x ablations).
+The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5 settings).
 
 What this file implements
-  Sec. 4.1  LoRA integration: at task t both encoders' backbone {theta, phi} is
-            frozen, new rank-r adapters train and are folded in at the end:
+  Sec. 4.1  LoRA integration: at task t both encoders' backbone {theta, phi} is frozen, new rank-r
+            adapters train and are folded in at the end of the task:
               theta_t = theta_{t-1} + alpha * DeltaW_t,   alpha = 0.5.
-  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the
-            NEW model's embeddings; the frozen OLD model (end of task t-1)
-            gives the targets. Image and text rows stacked (2N rows):
+  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the NEW model's embeddings,
+            targets from the frozen OLD model (end of task t-1); image and text rows stacked (2N rows):
               p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
               a_i = softmax_j(s p_i . z_j)_i,     b_i = softmax_j(s z_i . p_j)_i
               L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
-                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)     (both directions SUMMED)
-            and the task loss is L = L_CLIP + L_CKC.
-  Sec. 3    The VLCL protocol: after every task R@1 both ways on every task's
-            test set, unseen-set retrieval and zero-shot classification;
-            R[i][j] (row 0 = before training), BWT, forgetting, PD =
-            acc(pretrained) - acc(final) (common.run_continual, as dns.py).
+                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)   (both directions SUMMED);   L = L_CLIP + L_CKC
+  Sec. 3    The VLCL protocol: after every task R@1 both ways on every task's test set, unseen-set
+            retrieval, zero-shot classification; R[i][j] (row 0 = before training), BWT, forgetting,
+            PD = acc(pretrained) - acc(final) (common.run_continual, as dns.py).
   Sec. 5.2.1 Ablations by --method: full | lora | ckc | cclip (LoRA + CKC).
 
 Code name -> paper symbol
@@ -34,47 +29,33 @@ Code name -> paper symbol
   logit_scale                    s = 1 / tau
   R[i][j] (continual.json)       R@1 on task j after tasks 1..i
 
-Deviations (no official code: "research code" = the first author's
-github.com/SmallPigPeppa/clip-lightning, clip_openai/; "KoyoImai" = the
-reimplementation github.com/KoyoImai/C-CLIP; each discussed in docs/cclip.md)
-  1. alpha = 0.5 merge at every task (Sec. 4.1); the research code merges at full strength,
-     then interpolates checkpoints (a_mix.py, not offered): --merge-alpha 1.
-  2. LoRA acts on the attention: parametrizations of in_proj_weight, out_proj.weight, c_fc,
-     c_proj in both towers (the research code's peft out_proj adapters never act): --lora-targets.
-  3. LoRA dropout masks A's input columns, one mask per step (a parametrization sees no
-     activations); default 0 (research code, KoyoImai: 0.1): --lora-dropout 0.1.
-  4. Only adapters and h_psi train (Sec. 4.1); --train-rest also trains every unadapted
-     weight, as the research code does (unscaled by alpha).
-  5. h_psi sees unnormalised embeddings, one call per modality; CKC's temperature is the
-     current logit_scale (the paper gives none; KoyoImai: 0.07). Not offered.
+Deviations (no official code: "research code" = the first author's github.com/SmallPigPeppa/clip-lightning,
+clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each discussed in docs/cclip.md)
+  1. alpha = 0.5 merge at every task (Sec. 4.1); the research code merges at full strength, then interpolates
+     checkpoints (a_mix.py, not offered): --merge-alpha 1.
+  2. LoRA acts on the attention: parametrizations of in_proj_weight, out_proj.weight, c_fc, c_proj in both
+     towers (the research code's peft out_proj adapters never act): --lora-targets.
+  3. LoRA dropout masks A's input columns, one mask per step (a parametrization sees no activations);
+     default 0 (research code, KoyoImai: 0.1): --lora-dropout 0.1.
+  4. Only adapters and h_psi train (Sec. 4.1); --train-rest also trains every unadapted weight (research code).
+  5. h_psi sees unnormalised embeddings, one call per modality; CKC's temperature is the current logit_scale
+     (the paper gives none; KoyoImai: 0.07). Not offered.
   6. Features are gathered over ranks before both losses (the research code does not).
-  7. Warm-up 12 % of the steps (5 of 40 epochs; an integer percentage); weight decay 0.2
-     (Sec. 5; research code 0.1): --wd 0.1.
-  8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale frozen in lora /
-     cclip, at --lr in full / ckc and with --train-rest (research code: the text lr).
-  9. Zero-shot PD on ImageNet and CIFAR-100 (2 of Sec. 3.2's 6); add the others as
-     --zero-shot imagenet,cifar100,imagefolder:<path>,... (OpenAI's ImageNet templates).
- 10. L_CKC as printed, the SUM of both directions (twice CLIP's mean); the research code
-     and KoyoImai average them: --ckc-directions mean.
- 11. Image and text rows stacked along the batch (2N x 2N logits), as printed; KoyoImai
-     concatenates along the features (N x N). Not offered.
- 12. A fresh (seeded) h_psi per task, dropped at its end (research code; the paper does
-     not say); KoyoImai keeps one across tasks. Not offered.
+  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); weight decay 0.2 (Sec. 5; research code: --wd 0.1).
+  8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale frozen in lora / cclip, at --lr in
+     full / ckc and with --train-rest (research code: the text lr).
+  9. Zero-shot PD on ImageNet, CIFAR-100 (2 of Sec. 3.2's 6); add more: --zero-shot ...,imagefolder:<path>.
+ 10. L_CKC as printed, the SUM of both directions; the research code and KoyoImai average: --ckc-directions mean.
+ 11. Image and text rows stacked along the batch (2N x 2N), as printed; KoyoImai: along the features. Not offered.
+ 12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one across tasks. Not offered.
 
-Commands
-  one GPU (the paper's 8 tasks: data/vlcl/<name>/{train,test}.jsonl, unseen set data/vlcl/havg/test.jsonl):
-    python cclip.py --tasks vlcl --out runs/cclip
-  a custom sequence:
-    python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4
-  torchrun (global batch split across ranks, features gathered):
-    torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip
-  resume after an interruption (at a task boundary or mid-task):
-    python cclip.py --tasks vlcl --out runs/cclip --resume latest
-  closer to the research code (deviations 3, 4, 7, 10):
-    python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
-  the lab's demo (4 synthetic domains + an unseen one, tiny backbone, CPU;
-  lab/demos/cclip.py):
-    python cclip.py --demo
+Commands (the paper's 8 tasks as data/vlcl/<name>/{train,test}.jsonl, the unseen set data/vlcl/havg/test.jsonl)
+  python cclip.py --tasks vlcl --out runs/cclip                       # one GPU
+  torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip  # global batch split, features gathered
+  python cclip.py --tasks vlcl --out runs/cclip --resume latest       # continue (at a task boundary or mid-task)
+  python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4  # your own
+  python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest  # deviations 3, 4, 7, 10
+  python cclip.py --demo  # the lab (lab/demos/cclip.py): 4 synthetic domains + an unseen one, tiny backbone, CPU
 """
 # =============================================================================
 # Imports
@@ -99,9 +80,8 @@ import eval as evaluation
 # Config
 # =============================================================================
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
-# (image lr, text lr) per task: the paper prints COCO's (Sec. 5, 5.2.3); flickr30k, coco, pets: the rates in the names
-# of the checkpoints the research code's a_mix.sh merges (simpsons, wikiart there 5e-5 / 5e-5, lexica 1e-4 / 1e-4);
-# kream and sketch (and lexica here) take 5e-5 / 5e-5, our assumption.
+# (image lr, text lr) per task (Sec. 5.2.3; COCO's printed, the others from the research code, lexica, kream and
+# sketch our assumption: docs/cclip.md, "Per-task learning rates")
 PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
                   **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
 PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six that eval.py loads by name
@@ -116,10 +96,10 @@ class CClipConfig(common.Config):
     tasks: str = common.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), 'synthetic' "
                                     "(the lab's 4 domains; 'synthetic-long': long captions), name=train[:test],... "
                                     "in order; 'auto': vlcl under --data-root, else synthetic with --backbone tiny")
-    unseen: str = common.arg("auto", "unseen retrieval set: eval task name or manifest; 'auto': "
-                                     "synthetic-unseen / data/vlcl/havg/test.jsonl; '' = none")
-    zero_shot: str = common.arg("auto", "zero-shot classification sets (eval.py names), comma-separated; "
-                                        "'auto': synthetic-shape,color / imagenet,cifar100 (deviation 9); '' = none")
+    unseen: str = common.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / the "
+                                     "lab's; '' = none)")
+    zero_shot: str = common.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,cifar100 for "
+                                        "vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     # LoRA integration (Sec. 4.1)
     lora_rank: int = common.arg(16, "LoRA rank r (Sec. 5)")
     lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
@@ -138,8 +118,8 @@ class CClipConfig(common.Config):
     lr: float = common.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
     lr_image: float = common.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
     lr_text: float = common.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for tasks named after the "
-                                         "paper's datasets (Sec. 5.2.3); 'none'", choices=("paper", "none"))
+    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets (Sec. 5.2.3)",
+                                choices=("paper", "none"))
     wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
@@ -166,11 +146,9 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
         b_i = exp(s z_i.p_i) / sum_{j=1}^{2N} exp(s z_i.p_j)      old -> new
         L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
               = CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))
-    directions="sum" is that printed form; "mean" halves it (the research
-    code's average of the two directions, deviation 10), which equals
-    common.clip_loss(p, z, s). Row i's positive is the old embedding of the
-    same image (text); the other 2N - 1 old embeddings, of both modalities,
-    are its negatives."""
+    directions="sum" is that printed form; "mean" halves it (the research code's average of the two
+    directions, deviation 10), which equals common.clip_loss(p, z, s). Row i's positive is the old embedding
+    of the same image (text); the other 2N - 1 old embeddings, of both modalities, are its negatives."""
     if directions not in ("sum", "mean"):
         raise ValueError(f"directions is 'sum' or 'mean', not {directions!r}")
     p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D): image rows, then text rows
@@ -191,9 +169,8 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
 class LoRA(nn.Module):
     """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
 
-    Because it replaces the weight tensor itself, it acts wherever the weight
-    is read, including nn.MultiheadAttention's in_proj_weight and
-    out_proj.weight. B starts at zero, so a fresh adapter changes nothing."""
+    Because it replaces the weight tensor itself, it acts wherever the weight is read, including
+    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter changes nothing."""
 
     def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dropout: float = 0.0):
         super().__init__()
@@ -227,11 +204,9 @@ def _targets(model, targets):
 
 def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
              targets=tuple(DEFAULT_TARGETS.split(","))):
-    """Freezes every weight of `model` and adds zero-initialised LoRA
-    adapters (Sec. 4.1) to each 2-D parameter whose name ends in one of
-    `targets` (default: attention in/out and MLP weights of both towers).
-    The outputs are unchanged until the adapters train. Returns the list of
-    adapted parameter names."""
+    """Freezes every weight of `model` and adds zero-initialised LoRA adapters (Sec. 4.1) to each 2-D
+    parameter whose name ends in one of `targets` (default: attention in/out and MLP weights of both towers).
+    The outputs are unchanged until the adapters train. Returns the list of adapted parameter names."""
     model.requires_grad_(False)
     found = _targets(model, tuple(targets))
     if not found:
@@ -245,9 +220,8 @@ def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
 
 @torch.no_grad()
 def merge_lora(model, coef: float = 0.5):
-    """Folds every adapter into its weight, theta <- theta + coef * DeltaW
-    (Sec. 4.1, coef = alpha), and removes the parametrizations: the model is
-    a plain open_clip model again, its state_dict has the original keys, and
+    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (Sec. 4.1, coef = alpha), and removes
+    the parametrizations: the model is a plain open_clip model again, its state_dict has the original keys, and
     every weight is trainable."""
     for mod in list(model.modules()):
         if not parametrize.is_parametrized(mod):
@@ -273,9 +247,8 @@ def projector(dim: int, hidden: int = 2048):
 
 
 class CClip(nn.Module):
-    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC
-    when a projector and the old model are given. forward(batch, ctx)
-    returns the named, already-weighted loss terms."""
+    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC when a projector and the old model
+    are given. forward(batch, ctx) returns the named, already-weighted loss terms."""
 
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
@@ -335,18 +308,15 @@ def resolve_eval_sets(cfg):
                   "vlcl": str(Path(cfg.data_root) / "vlcl" / "havg" / "test.jsonl")}.get(cfg.tasks, "")
     if cfg.zero_shot != "auto":
         zero_shot = [z for z in cfg.zero_shot.split(",") if z]
-    elif cfg.tasks == "vlcl":  # deviation 9
-        zero_shot = list(PAPER_ZERO_SHOT)
-    elif cfg.tasks.startswith("synthetic"):
+    elif cfg.tasks.startswith("synthetic"):  # the lab's sets (registered in eval when the lab is loaded)
         zero_shot = [z for z in evaluation.CLASSIFICATION_TASKS if z.startswith("synthetic-")]
-    else:
-        zero_shot = []
+    else:  # vlcl: deviation 9; a sequence of your own: none
+        zero_shot = list(PAPER_ZERO_SHOT) if cfg.tasks == "vlcl" else []
     return unseen or None, zero_shot
 
 
 def task_lrs(cfg, task_name: str):
-    """(image lr, text lr) of a task: the paper's preset for its datasets
-    (Sec. 5.2.3), else --lr-image / --lr-text (0 means --lr)."""
+    """(image lr, text lr): the paper's preset for its datasets (Sec. 5.2.3), else --lr-image / --lr-text (0: --lr)."""
     if cfg.lr_preset == "paper" and task_name.lower() in PAPER_TASK_LRS:
         return PAPER_TASK_LRS[task_name.lower()]
     return cfg.lr_image or cfg.lr, cfg.lr_text or cfg.lr
@@ -361,19 +331,6 @@ def make_lr_of(cfg, lr_image, lr_text):
             return cfg.lr
         return lr_text  # token/positional embedding, text transformer, ln_final, text_projection
     return lr_of
-
-
-def evaluate_all(model, preprocess, tokenizer, tasks, unseen, zero_shot, cfg, device):
-    """One row of the continual matrices (Sec. 3.3): R@1 both ways on every
-    task's test set, plus 'R@1' = their mean (per-task), and the unseen-set
-    retrieval and zero-shot accuracies (scalars '<set>/<metric>')."""
-    names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
-    records = evaluation.evaluate(model, preprocess, tokenizer, [*names, *extra], cfg.data_root, device=device,
-                                  synthetic_n=cfg.eval_n or None)
-    row = evaluation.continual_row(records, names, zero_shot=extra)
-    i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
-    row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
-    return row
 
 
 def run(cfg: CClipConfig) -> dict:
@@ -407,8 +364,7 @@ def run(cfg: CClipConfig) -> dict:
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
         net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
         lr_image, lr_text = task_lrs(cfg, task.name)
-        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
-                                       train_data=task.train)
+        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
         dataset = common.ManifestDataset(task.train, train_tf, skip_bad=cfg.skip_bad)
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
                                lr_of=make_lr_of(cfg, lr_image, lr_text), export=False)
@@ -421,21 +377,26 @@ def run(cfg: CClipConfig) -> dict:
             common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
-    def evaluate():
-        return evaluate_all(model, eval_tf, tokenizer, tasks, unseen, zero_shot, cfg, device)
+    def evaluate():  # one row of the matrices (Sec. 3.3): R@1 both ways per task, 'R@1' their mean; scalars
+        names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
+        records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root, device=device,
+                                      synthetic_n=cfg.eval_n or None)
+        row = evaluation.continual_row(records, names, zero_shot=extra)
+        i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
+        row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
+        return row
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
             common.save_model(model, path, cfg.backbone, source="cclip task boundary")
 
-    def load_state(path):
-        model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
-
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (with any resume overrides)
         out.mkdir(parents=True, exist_ok=True)
         common.write_config(cfg, out)
-    summary = common.run_continual(out, tasks, learn_task, evaluate, save_state, load_state,
-                                   resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
+    summary = common.run_continual(
+        out, tasks, learn_task, evaluate, save_state,
+        lambda path: model.load_state_dict(torch.load(path, map_location=device, weights_only=True)),
+        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
         common.write_results(out, {"method": cfg.method, "config": dataclasses.asdict(cfg),
@@ -444,11 +405,9 @@ def run(cfg: CClipConfig) -> dict:
 
 
 def headline(summary, unseen, zero_shot) -> dict:
-    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT,
-    forgetting, how much each task was learned while it was trained
-    (mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3) and the mean
-    zero-shot PD over the classification sets, and the mean over the sets of
-    the largest drop below the pretrained accuracy after any task."""
+    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT, forgetting, learned (what a task gains
+    while it is trained: mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3), the mean zero-shot PD over
+    the sets, and the mean over the sets of the largest drop below the pretrained accuracy after any task."""
     m, R = summary["metrics"]["R@1"], summary["matrices"]["R@1"]
     pds = [summary["pd"][f"{z}/top1"] for z in zero_shot if f"{z}/top1" in summary["pd"]]
     rows = summary["scalars"]  # the worst drop along the way, which the final PD can hide
@@ -458,6 +417,7 @@ def headline(summary, unseen, zero_shot) -> dict:
             "unseen I2T R@1": summary["scalars"][-1].get(f"{unseen}/i2t_R@1") if unseen else None,
             "zero-shot PD": sum(pds) / len(pds) if pds else None,
             "worst zero-shot drop": sum(drops) / len(drops) if drops else None}
+
 
 # =============================================================================
 # Main
@@ -470,20 +430,17 @@ def main(argv=None):
     cfg = common.parse_config(CClipConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
-    vlcl = Path(cfg.data_root) / "vlcl"
-    needs = [vlcl / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
-    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl")
+    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
+    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs, "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl")
     common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
     try:
         summary = run(cfg)
     except Interrupted as e:
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
-    unseen, zero_shot = resolve_eval_sets(cfg)
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in resolve_tasks(cfg)]))
-    row = {"method": cfg.method, **headline(summary, unseen, zero_shot)}
+    row = {"method": cfg.method, **headline(summary, *resolve_eval_sets(cfg))}
     table = common.markdown_table([row], list(row))  # method, then headline's columns in its order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
