@@ -1,33 +1,23 @@
 """C-CLIP: Multimodal Continual Learning for Vision-Language Model.
 
-Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. "C-CLIP: Multimodal Continual
-Learning for Vision-Language Model." ICLR 2025.
+Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025.
 https://proceedings.iclr.cc/paper_files/paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
-The comments cite the paper's sections (Sec. 3.3 metrics, 4.1 LoRA
-integration, 4.2 CKC, 5 settings, 5.2.x ablations), not equation numbers.
+The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5 settings).
 
 What this file implements
-  Sec. 4.1  LoRA integration: at task t the backbone {theta, phi} of BOTH
-            encoders is frozen, new rank-r adapters train, and at the end of
-            the task they are folded in:
+  Sec. 4.1  LoRA integration: at task t both encoders' backbone {theta, phi} is frozen, new rank-r
+            adapters train and are folded in at the end of the task:
               theta_t = theta_{t-1} + alpha * DeltaW_t,   alpha = 0.5.
-  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the
-            NEW model's embeddings, the frozen OLD model (end of task t-1;
-            pretrained CLIP for t = 1) gives the targets. With the image and
-            text rows stacked along the batch (2N rows),
+  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the NEW model's embeddings,
+            targets from the frozen OLD model (end of task t-1); image and text rows stacked (2N rows):
               p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
               a_i = softmax_j(s p_i . z_j)_i,     b_i = softmax_j(s z_i . p_j)_i
               L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
-                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)     (both directions SUMMED)
-            and the task loss is L = L_CLIP + L_CKC.
-  Sec. 3    The VLCL protocol: after every task, R@1 in both directions on
-            every task's test set, zero-shot retrieval on an unseen set and
-            zero-shot classification; the matrices R[i][j] (row 0 = before
-            training), BWT, forgetting and PD = acc(pretrained) - acc(final)
-            (common.run_continual / continual_metrics, shared with dns.py).
-  Sec. 5.2.1 Ablations by --method: full (sequential full fine-tuning),
-            lora (LoRA integration only), ckc (full fine-tuning + CKC),
-            cclip (LoRA + CKC).
+                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)   (both directions SUMMED);   L = L_CLIP + L_CKC
+  Sec. 3    The VLCL protocol: after every task R@1 both ways on every task's test set, unseen-set
+            retrieval, zero-shot classification; R[i][j] (row 0 = before training), BWT, forgetting,
+            PD = acc(pretrained) - acc(final) (common.run_continual, as dns.py).
+  Sec. 5.2.1 Ablations by --method: full | lora | ckc | cclip (LoRA + CKC).
 
 Code name -> paper symbol
   model.visual / text tower      f_theta / g_phi (the new model)
@@ -35,98 +25,37 @@ Code name -> paper symbol
   LoRA.A (r, in), LoRA.B (out, r) A, B;  DeltaW = (lora_alpha / r) * B @ A
   merge_alpha                    alpha (integration coefficient, Sec. 4.1)
   projector                      h_psi (Sec. 4.2)
-  p_img, p_txt                   h_psi(f_theta(v)), h_psi(g_phi(c))
-  z_img, z_txt                   f_{theta^{t-1}}(v), g_{phi^{t-1}}(c)
+  p_img, p_txt / z_img, z_txt    h_psi(f_theta(v)), h_psi(g_phi(c)) / f_{theta^{t-1}}(v), g_{phi^{t-1}}(c)
   logit_scale                    s = 1 / tau
   R[i][j] (continual.json)       R@1 on task j after tasks 1..i
 
-Public code the deviations compare with (no official code is released)
-  research code   the first author's research code, public as
-                  github.com/SmallPigPeppa/clip-lightning, folder clip_openai/:
-                  model_distill_zeroshot_lora_best_v2.py (the C-CLIP step),
-                  a_mix.py + a_mix.sh (checkpoint interpolation between tasks),
-                  aaaa_train_bs1024_*.sh (settings).
-  KoyoImai        github.com/KoyoImai/C-CLIP, a separate reimplementation
-                  (c_clip/losses.py, lora.py, model.py, trainer.py).
+Deviations (no official code: "research code" = the first author's github.com/SmallPigPeppa/clip-lightning,
+clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each discussed in docs/cclip.md)
+  1. alpha = 0.5 merge at every task (Sec. 4.1); the research code merges at full strength, then interpolates
+     checkpoints (a_mix.py, not offered): --merge-alpha 1.
+  2. LoRA acts on the attention: parametrizations of in_proj_weight, out_proj.weight, c_fc, c_proj in both
+     towers (the research code's peft out_proj adapters never act): --lora-targets.
+  3. LoRA dropout masks A's input columns, one mask per step (a parametrization sees no activations);
+     default 0 (research code, KoyoImai: 0.1): --lora-dropout 0.1.
+  4. Only adapters and h_psi train (Sec. 4.1); --train-rest also trains every unadapted weight (research code).
+  5. h_psi sees unnormalised embeddings, one call per modality; CKC's temperature is the current logit_scale
+     (the paper gives none; KoyoImai: 0.07). Not offered.
+  6. Features are gathered over ranks before both losses (the research code does not).
+  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); weight decay 0.2 (Sec. 5; research code: --wd 0.1).
+  8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale frozen in lora / cclip, at --lr in
+     full / ckc and with --train-rest (research code: the text lr).
+  9. Zero-shot PD on ImageNet, CIFAR-100 (2 of Sec. 3.2's 6); add more: --zero-shot ...,imagefolder:<path>.
+ 10. L_CKC as printed, the SUM of both directions; the research code and KoyoImai average: --ckc-directions mean.
+ 11. Image and text rows stacked along the batch (2N x 2N), as printed; KoyoImai: along the features. Not offered.
+ 12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one across tasks. Not offered.
 
-Deviations (numbered; "paper" = the ICLR 2025 paper)
-  1. alpha = 0.5 merge at every task, as the paper says (and as KoyoImai,
-     lora.py merge). The research code merges LoRA at full strength (peft
-     merge_and_unload when it saves a task's checkpoint) and then
-     interpolates whole checkpoints with a_mix.py (1:1 after task 2, 2:1
-     old:new later, a_mix.sh). --merge-alpha 1 gives the full-strength merge;
-     the checkpoint interpolation is not offered.
-  2. LoRA really acts on the attention: adapters are weight parametrizations
-     (torch.nn.utils.parametrize) of attn.in_proj_weight, attn.out_proj.weight,
-     mlp.c_fc.weight and mlp.c_proj.weight in both towers. The research code
-     wraps every nn.Linear of both transformers with peft (attn.out_proj,
-     mlp.c_fc, mlp.c_proj); nn.MultiheadAttention never calls its out_proj
-     module (it reads out_proj.weight directly), so those attention adapters
-     did nothing, and there is none on in_proj_weight. KoyoImai re-implements
-     the attention and adapts q and v inside in_proj (and out_proj), which
-     does act. Ours puts ONE rank-r adapter on the fused q/k/v matrix.
-  3. LoRA dropout acts on the adapter's input features through A's columns
-     (one mask per step, shared by every token), because a weight
-     parametrization never sees the activations; standard LoRA drops the
-     activations per token. Default 0 (research code and KoyoImai: 0.1).
-  4. Only adapters and the projector train by default (the paper, Sec. 4.1).
-     The research code also trains, at full strength, everything outside the
-     two peft-wrapped transformers except visual.conv1 (embeddings, ln_pre /
-     ln_post / ln_final, the projections, logit_scale); --train-rest trains
-     every weight that is not adapted (conv1 and the blocks' norms included;
-     those changes are not scaled by alpha). KoyoImai trains the token,
-     positional and class embeddings besides the adapters.
-  5. The projector sees the unnormalised embeddings and is applied to the
-     image rows and the text rows in two calls (BatchNorm statistics per
-     modality), as the notation h(f(v)), h(g(c)) reads and as the research
-     code does; the CKC temperature is the model's current logit_scale (the
-     research code; the paper gives tau no value). KoyoImai uses a fixed
-     tau = 0.07.
-  6. Features are gathered over ranks before both contrastive losses (one
-     process on the global batch); the research code does not gather (DDP,
-     each of 8 GPUs sees its own 128 of the 1024).
-  7. Warm-up: 12% of the steps (5 of 40 epochs = 12.5%; common's warm-up is an
-     integer percentage). Weight decay 0.2 (paper; research code 0.1 in its
-     aaaa_train_bs1024_*.sh).
-  8. Learning rates: the towers use the per-encoder rates (Sec. 5.2.3), the
-     projector --lr (1e-5, Sec. 5). logit_scale is frozen in the lora and
-     cclip methods (add_lora freezes it with the backbone; the paper trains
-     only the adapters and h_psi); in full and ckc, and with --train-rest, it
-     trains at --lr. The research code trains it at the text encoder's rate.
-  9. Zero-shot PD: of the paper's six sets (ImageNet, CIFAR-100, Flowers, DTD,
-     Food101, StanfordCars) eval.py loads ImageNet and CIFAR-100 by name; the
-     others enter as --zero-shot ...,imagefolder:<path> (class names = folder
-     names, OpenAI's 80 ImageNet templates, not the sets' own templates).
- 10. CKC normalisation: the default is L_CKC as printed (Sec. 4.2), the SUM of
-     the two directions' mean cross-entropies, twice CLIP's symmetric mean.
-     The research code averages the two directions (simclr_distill_loss_func
-     called both ways, then halved), i.e. half the printed loss:
-     --ckc-directions mean (KoyoImai averages too).
- 11. Image and text rows are stacked along the batch (2N rows, 2N x 2N
-     logits), as the printed sum over i = 1..2N and the research code read;
-     KoyoImai concatenates them along the feature axis (N rows of 2D
-     features, N x N logits). Not offered.
- 12. The projector h_psi is made afresh (seeded) for every task and dropped
-     at its end, as in the research code (each task's run builds a new
-     DistillPredictor and saves only the CLIP weights); KoyoImai keeps one
-     projector across all tasks. The paper does not say.
-
-Commands
-  one GPU (the paper's 8 tasks; manifests the user provides under
-  data/vlcl/<name>/{train,test}.jsonl, unseen set data/vlcl/havg/test.jsonl):
-    python cclip.py --tasks vlcl --out runs/cclip
-  a custom sequence:
-    python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4
-  torchrun (global batch split across ranks, features gathered):
-    torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip
-  resume after an interruption (at a task boundary or mid-task):
-    python cclip.py --tasks vlcl --out runs/cclip --resume latest
-  closer to the research code (deviations 3, 4, 7, 10; its checkpoint
-  interpolation and unadapted attention are not reproduced):
-    python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
-  demo (4 synthetic domains + an unseen one, tiny backbone, CPU, all four
-  methods; demo-only settings in DEMO):
-    python cclip.py --demo
+Commands (the paper's 8 tasks as data/vlcl/<name>/{train,test}.jsonl, the unseen set data/vlcl/havg/test.jsonl)
+  python cclip.py --tasks vlcl --out runs/cclip                       # one GPU
+  torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip  # global batch split, features gathered
+  python cclip.py --tasks vlcl --out runs/cclip --resume latest       # continue (at a task boundary or mid-task)
+  python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4  # your own
+  python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest  # deviations 3, 4, 7, 10
+  python cclip.py --demo  # the lab (lab/demos/cclip.py): 4 synthetic domains + an unseen one, tiny backbone, CPU
 """
 # =============================================================================
 # Imports
@@ -135,11 +64,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -149,16 +75,13 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
-import lab
 
 # =============================================================================
 # Config
 # =============================================================================
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
-# (image lr, text lr) per task. The paper prints COCO's pair (Sec. 5, 5.2.3: image 5e-7, text
-# 4e-5); flickr30k, coco and pets are the rates in the names of the task checkpoints the research
-# code's a_mix.sh merges; simpsons and wikiart there were trained at 5e-5 / 5e-5, lexica at
-# 1e-4 / 1e-4; kream and sketch (and lexica here) take 5e-5 / 5e-5, our assumption.
+# (image lr, text lr) per task (Sec. 5.2.3; COCO's printed, the others from the research code, lexica, kream and
+# sketch our assumption: docs/cclip.md, "Per-task learning rates")
 PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
                   **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
 PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six that eval.py loads by name
@@ -170,14 +93,13 @@ METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 class CClipConfig(common.Config):
     backbone: str = common.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = common.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
-    tasks: str = common.arg("auto", "'auto': vlcl under --data-root (synthetic with --backbone tiny when absent), "
-                                    "'synthetic' (4 domains, short captions), 'synthetic-long' (the same, "
-                                         "long captions), 'vlcl' (the paper's 8 tasks from data/vlcl/<name>/"
-                                         "{train,test}.jsonl) or name=train[:test],... in order")
-    unseen: str = common.arg("auto", "unseen retrieval set: eval task name or manifest; 'auto': "
-                                     "synthetic-unseen / data/vlcl/havg/test.jsonl; '' = none")
-    zero_shot: str = common.arg("auto", "zero-shot classification sets (eval.py names), comma-separated; "
-                                        "'auto': synthetic-shape,color / imagenet,cifar100 (deviation 9); '' = none")
+    tasks: str = common.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), 'synthetic' "
+                                    "(the lab's 4 domains; 'synthetic-long': long captions), name=train[:test],... "
+                                    "in order; 'auto': vlcl under --data-root, else synthetic with --backbone tiny")
+    unseen: str = common.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / the "
+                                     "lab's; '' = none)")
+    zero_shot: str = common.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,cifar100 for "
+                                        "vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     # LoRA integration (Sec. 4.1)
     lora_rank: int = common.arg(16, "LoRA rank r (Sec. 5)")
     lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
@@ -196,8 +118,8 @@ class CClipConfig(common.Config):
     lr: float = common.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
     lr_image: float = common.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
     lr_text: float = common.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for tasks named after the "
-                                         "paper's datasets (Sec. 5.2.3); 'none'", choices=("paper", "none"))
+    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets (Sec. 5.2.3)",
+                                choices=("paper", "none"))
     wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
@@ -208,26 +130,6 @@ class CClipConfig(common.Config):
     threads: int = common.arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = common.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
     demo: bool = common.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
-
-
-# Demo-only settings (ours, not the paper's): tiny backbone, the 4 synthetic
-# domains with their long captions (the tiny backbone was pretrained on short
-# ones only, so there is something to learn in every domain), learning rates
-# that move a tiny model in a few steps (text 5x image, the paper's
-# direction), small eval sets, and of the zero-shot sets only the held-out
-# background family. Steps by the time budget only: a pilot with 30 steps per
-# task on seed 99 (not in lab.SEEDS) took 293 s for ONE seed of the four
-# methods on 2 shared cores (over the 5 min budget for three), so 10 steps
-# per task and one zero-shot set instead of three.
-DEMO = dict(backbone="tiny", tasks="synthetic-long", eval_n=100, epochs=1, steps=10, batch_size=32, lr=1e-3,
-            lr_image=2e-4, lr_text=1e-3, warmup=-10, wd=0.1, proj_hidden=512, workers=0, device="cpu", precision="fp32",
-            save_every=0, log_every=10, threads=1, zero_shot="synthetic-background", out="runs/cclip-demo")
-# LoRA variants (lora, cclip) in the demo: 5x the full fine-tuning rates, as
-# LoRA usually needs (B starts at 0, and only alpha = 0.5 of DeltaW is kept);
-# we tried (1e-3, 5e-3) and (2e-3, 1e-2) and kept the first.
-DEMO_LORA = dict(lr_image=1e-3, lr_text=5e-3)
-# threads=1: on a shared 2-core machine two torch threads stall each other (we
-# measured 10x slower steps under load); one thread is predictable.
 
 
 # =============================================================================
@@ -244,11 +146,9 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
         b_i = exp(s z_i.p_i) / sum_{j=1}^{2N} exp(s z_i.p_j)      old -> new
         L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
               = CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))
-    directions="sum" is that printed form; "mean" halves it (the research
-    code's average of the two directions, deviation 10), which equals
-    common.clip_loss(p, z, s). Row i's positive is the old embedding of the
-    same image (text); the other 2N - 1 old embeddings, of both modalities,
-    are its negatives."""
+    directions="sum" is that printed form; "mean" halves it (the research code's average of the two
+    directions, deviation 10), which equals common.clip_loss(p, z, s). Row i's positive is the old embedding
+    of the same image (text); the other 2N - 1 old embeddings, of both modalities, are its negatives."""
     if directions not in ("sum", "mean"):
         raise ValueError(f"directions is 'sum' or 'mean', not {directions!r}")
     p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D): image rows, then text rows
@@ -269,9 +169,8 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
 class LoRA(nn.Module):
     """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
 
-    Because it replaces the weight tensor itself, it acts wherever the weight
-    is read, including nn.MultiheadAttention's in_proj_weight and
-    out_proj.weight. B starts at zero, so a fresh adapter changes nothing."""
+    Because it replaces the weight tensor itself, it acts wherever the weight is read, including
+    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter changes nothing."""
 
     def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dropout: float = 0.0):
         super().__init__()
@@ -305,11 +204,9 @@ def _targets(model, targets):
 
 def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
              targets=tuple(DEFAULT_TARGETS.split(","))):
-    """Freezes every weight of `model` and adds zero-initialised LoRA
-    adapters (Sec. 4.1) to each 2-D parameter whose name ends in one of
-    `targets` (default: attention in/out and MLP weights of both towers).
-    The outputs are unchanged until the adapters train. Returns the list of
-    adapted parameter names."""
+    """Freezes every weight of `model` and adds zero-initialised LoRA adapters (Sec. 4.1) to each 2-D
+    parameter whose name ends in one of `targets` (default: attention in/out and MLP weights of both towers).
+    The outputs are unchanged until the adapters train. Returns the list of adapted parameter names."""
     model.requires_grad_(False)
     found = _targets(model, tuple(targets))
     if not found:
@@ -323,9 +220,8 @@ def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
 
 @torch.no_grad()
 def merge_lora(model, coef: float = 0.5):
-    """Folds every adapter into its weight, theta <- theta + coef * DeltaW
-    (Sec. 4.1, coef = alpha), and removes the parametrizations: the model is
-    a plain open_clip model again, its state_dict has the original keys, and
+    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (Sec. 4.1, coef = alpha), and removes
+    the parametrizations: the model is a plain open_clip model again, its state_dict has the original keys, and
     every weight is trainable."""
     for mod in list(model.modules()):
         if not parametrize.is_parametrized(mod):
@@ -351,9 +247,8 @@ def projector(dim: int, hidden: int = 2048):
 
 
 class CClip(nn.Module):
-    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC
-    when a projector and the old model are given. forward(batch, ctx)
-    returns the named, already-weighted loss terms."""
+    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC when a projector and the old model
+    are given. forward(batch, ctx) returns the named, already-weighted loss terms."""
 
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
@@ -395,22 +290,9 @@ class Interrupted(Exception):
     """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
 
 
-def long_caption_manifest(path) -> Path:
-    """A copy of a synthetic manifest whose 'caption' is the row's long
-    caption (written once, next to the original, so image paths still hold)."""
-    path = Path(path)
-    target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
-    if not target.exists():
-        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
-                for r in common.read_manifest(path)]
-        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
-    return target
-
-
 def resolve_tasks(cfg) -> list[common.Task]:
-    if cfg.tasks == "synthetic-long":  # ours: the 4 domain tasks, trained and tested on their long captions
-        return [common.Task(t.name, str(long_caption_manifest(t.train)), str(long_caption_manifest(t.test)))
-                for t in common.parse_tasks("synthetic", cfg.data_root)]
+    if cfg.tasks == "synthetic-long":  # ours: the lab's 4 domain tasks, trained and tested on their long captions
+        return [common.Task(*t) for t in common.lab_hook("long_task_manifests")(cfg.data_root)]
     if cfg.tasks == "vlcl":
         root = Path(cfg.data_root) / "vlcl"
         spec = ",".join(f"{n}={root / n / 'train.jsonl'}:{root / n / 'test.jsonl'}" for n in PAPER_TASKS)
@@ -426,18 +308,15 @@ def resolve_eval_sets(cfg):
                   "vlcl": str(Path(cfg.data_root) / "vlcl" / "havg" / "test.jsonl")}.get(cfg.tasks, "")
     if cfg.zero_shot != "auto":
         zero_shot = [z for z in cfg.zero_shot.split(",") if z]
-    elif cfg.tasks == "vlcl":  # deviation 9
-        zero_shot = list(PAPER_ZERO_SHOT)
-    elif cfg.tasks.startswith("synthetic"):
+    elif cfg.tasks.startswith("synthetic"):  # the lab's sets (registered in eval when the lab is loaded)
         zero_shot = [z for z in evaluation.CLASSIFICATION_TASKS if z.startswith("synthetic-")]
-    else:
-        zero_shot = []
+    else:  # vlcl: deviation 9; a sequence of your own: none
+        zero_shot = list(PAPER_ZERO_SHOT) if cfg.tasks == "vlcl" else []
     return unseen or None, zero_shot
 
 
 def task_lrs(cfg, task_name: str):
-    """(image lr, text lr) of a task: the paper's preset for its datasets
-    (Sec. 5.2.3), else --lr-image / --lr-text (0 means --lr)."""
+    """(image lr, text lr): the paper's preset for its datasets (Sec. 5.2.3), else --lr-image / --lr-text (0: --lr)."""
     if cfg.lr_preset == "paper" and task_name.lower() in PAPER_TASK_LRS:
         return PAPER_TASK_LRS[task_name.lower()]
     return cfg.lr_image or cfg.lr, cfg.lr_text or cfg.lr
@@ -452,19 +331,6 @@ def make_lr_of(cfg, lr_image, lr_text):
             return cfg.lr
         return lr_text  # token/positional embedding, text transformer, ln_final, text_projection
     return lr_of
-
-
-def evaluate_all(model, preprocess, tokenizer, tasks, unseen, zero_shot, cfg, device):
-    """One row of the continual matrices (Sec. 3.3): R@1 both ways on every
-    task's test set, plus 'R@1' = their mean (per-task), and the unseen-set
-    retrieval and zero-shot accuracies (scalars '<set>/<metric>')."""
-    names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
-    records = evaluation.evaluate(model, preprocess, tokenizer, [*names, *extra], cfg.data_root, device=device,
-                                  synthetic_n=cfg.eval_n or None)
-    row = evaluation.continual_row(records, names, zero_shot=extra)
-    i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
-    row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
-    return row
 
 
 def run(cfg: CClipConfig) -> dict:
@@ -498,8 +364,7 @@ def run(cfg: CClipConfig) -> dict:
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
         net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
         lr_image, lr_text = task_lrs(cfg, task.name)
-        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
-                                       train_data=task.train)
+        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
         dataset = common.ManifestDataset(task.train, train_tf, skip_bad=cfg.skip_bad)
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
                                lr_of=make_lr_of(cfg, lr_image, lr_text), export=False)
@@ -512,21 +377,26 @@ def run(cfg: CClipConfig) -> dict:
             common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
-    def evaluate():
-        return evaluate_all(model, eval_tf, tokenizer, tasks, unseen, zero_shot, cfg, device)
+    def evaluate():  # one row of the matrices (Sec. 3.3): R@1 both ways per task, 'R@1' their mean; scalars
+        names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
+        records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root, device=device,
+                                      synthetic_n=cfg.eval_n or None)
+        row = evaluation.continual_row(records, names, zero_shot=extra)
+        i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
+        row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
+        return row
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
             common.save_model(model, path, cfg.backbone, source="cclip task boundary")
 
-    def load_state(path):
-        model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
-
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (with any resume overrides)
         out.mkdir(parents=True, exist_ok=True)
         common.write_config(cfg, out)
-    summary = common.run_continual(out, tasks, learn_task, evaluate, save_state, load_state,
-                                   resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
+    summary = common.run_continual(
+        out, tasks, learn_task, evaluate, save_state,
+        lambda path: model.load_state_dict(torch.load(path, map_location=device, weights_only=True)),
+        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
         common.write_results(out, {"method": cfg.method, "config": dataclasses.asdict(cfg),
@@ -535,11 +405,9 @@ def run(cfg: CClipConfig) -> dict:
 
 
 def headline(summary, unseen, zero_shot) -> dict:
-    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT,
-    forgetting, how much each task was learned while it was trained
-    (mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3) and the mean
-    zero-shot PD over the classification sets, and the mean over the sets of
-    the largest drop below the pretrained accuracy after any task."""
+    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT, forgetting, learned (what a task gains
+    while it is trained: mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3), the mean zero-shot PD over
+    the sets, and the mean over the sets of the largest drop below the pretrained accuracy after any task."""
     m, R = summary["metrics"]["R@1"], summary["matrices"]["R@1"]
     pds = [summary["pd"][f"{z}/top1"] for z in zero_shot if f"{z}/top1" in summary["pd"]]
     rows = summary["scalars"]  # the worst drop along the way, which the final PD can hide
@@ -552,115 +420,28 @@ def headline(summary, unseen, zero_shot) -> dict:
 
 
 # =============================================================================
-# Demo (the lab: 4 task domains + an unseen one, tiny backbone, seeds lab.SEEDS)
-# =============================================================================
-DEMO_NAMES = {"full": "full FT", "lora": "LoRA only", "ckc": "CKC only", "cclip": "C-CLIP"}
-DEMO_COLS = ["last R@1", "avg R@1", "BWT", "forgetting", "learned", "unseen I2T R@1", "background", "background PD"]
-BACKGROUND = "synthetic-background/top1"  # the held-out family: only pretraining names backgrounds
-
-
-def demo_row(summary, unseen) -> dict:
-    """One seed of one method: the ablation row (headline), the held-out
-    zero-shot family's final accuracy and PD, and the R@1 matrix."""
-    row = headline(summary, unseen, [])
-    return {**row, "background": summary["scalars"][-1][BACKGROUND], "background PD": summary["pd"][BACKGROUND],
-            "R": summary["matrices"]["R@1"]}
-
-
-def demo_base(summary, unseen) -> dict:
-    """The pretrained model (row 0 of any run): nothing trained, nothing lost."""
-    R0, s0 = summary["matrices"]["R@1"][0], summary["scalars"][0]
-    return {"last R@1": sum(R0) / len(R0), "avg R@1": sum(R0) / len(R0), "BWT": 0.0, "forgetting": 0.0,
-            "learned": 0.0, "unseen I2T R@1": s0[f"{unseen}/i2t_R@1"], "background": s0[BACKGROUND],
-            "background PD": 0.0}
-
-
-def demo_claims(runs: dict) -> list[dict]:
-    """The paper's ablation (Sec. 5.2.1) as paired per-seed differences;
-    directions and the margin fixed before the seeds ran. The paper prints
-    no ablation numbers in our sources; its one number here is Sec. 5's
-    ImageNet after two tasks (pretrained 67.73)."""
-    def d(a, b, key):  # per seed, a - b
-        return lab.paired(runs, a, b, key)
-    return [
-        lab.claim("C-CLIP beats full FT: last R@1 (mean over tasks)", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "last R@1"), "+"),
-        lab.claim("C-CLIP beats full FT: avg R@1 over the sequence", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "avg R@1"), "+"),
-        lab.claim("C-CLIP forgets less: BWT (C-CLIP - full FT)", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "BWT"), "+"),
-        lab.claim("C-CLIP forgets less: forgetting (C-CLIP - full FT)", "lower (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "forgetting"), "-"),
-        lab.claim("LoRA integration alone forgets less: BWT (LoRA only - full FT)", "higher (Sec. 5.2.1)",
-                  d("LoRA only", "full FT", "BWT"), "+"),
-        lab.claim("CKC alone forgets less: BWT (CKC only - full FT)", "higher (Sec. 5.2.1)",
-                  d("CKC only", "full FT", "BWT"), "+"),
-        lab.claim("CKC restores plasticity: learned per task (C-CLIP - LoRA only)", "higher (Sec. 4.2)",
-                  d("C-CLIP", "LoRA only", "learned"), "+"),
-        lab.claim("C-CLIP learns each task about as well as full FT (within 2 points)", "about equal (Sec. 4.2)",
-                  d("C-CLIP", "full FT", "learned"), "=", margin=2.0),
-        lab.claim("C-CLIP keeps zero-shot: background PD (C-CLIP - full FT)", "ImageNet, 2 tasks: ~65.1 vs ~25",
-                  d("C-CLIP", "full FT", "background PD"), "-"),
-        lab.claim("C-CLIP retrieves better on the unseen domain (I2T R@1 vs full FT)", "higher (Sec. 5, HaVG)",
-                  d("C-CLIP", "full FT", "unseen I2T R@1"), "+"),
-    ]
-
-
-def run_demo(cfg: CClipConfig) -> dict:
-    """Full FT, LoRA only, CKC only and C-CLIP over the four domains, each
-    sequence once per seed in lab.SEEDS from the same pretrained weights
-    (same seed, same data order across methods); claims from paired differences."""
-    t0, out = time.time(), Path(cfg.out)
-    unseen, _ = resolve_eval_sets(cfg)
-    tasks = [t.name for t in resolve_tasks(cfg)]
-    runs, base = {name: [] for name in DEMO_NAMES.values()}, None
-    for seed in lab.SEEDS:
-        for method, name in DEMO_NAMES.items():
-            run_out = out / f"{method}-seed{seed}"
-            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-            summary = run(dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out),
-                                              **(DEMO_LORA if method in ("lora", "cclip") else {})))
-            base = base or demo_base(summary, unseen)
-            runs[name].append({**demo_row(summary, unseen), "seed": seed})
-            print(f"[cclip demo] seed {seed} {name}: {time.time() - t0:.0f}s so far", file=sys.stderr)
-    head = (f"C-CLIP demo: lab world, tiny backbone, tasks {' -> '.join(tasks)} (long captions), seeds "
-            f"{list(lab.SEEDS)}, {cfg.steps} steps x batch {cfg.batch_size} per task (demo settings, not the "
-            f"paper's). R@1 % = mean of I2T, T2I on each task's test split; learned = mean over tasks of what a "
-            f"task gains while it is trained; unseen = the grainy domain no task trains on; background = held-out "
-            f"zero-shot family (8 classes, chance 12.5 %), PD = pretrained - final. Mean ± std over seeds.")
-    claims = demo_claims(runs)
-    lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
-        {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "cclip-demo.png",
-        f"python cclip.py --demo; R[i][j] = R@1 on task j's test split after training tasks 1..i; seeds "
-        f"{list(lab.SEEDS)}"), config=dataclasses.asdict(cfg), demo_lora_lrs=DEMO_LORA)
-    return {"base": base, "per_seed": runs, "claims": claims}
-
-
-# =============================================================================
 # Main
 # =============================================================================
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = common.parse_config(CClipConfig, argv, **(DEMO if "--demo" in argv else {}))
-    if cfg.demo:
-        return run_demo(cfg)
-    vlcl = Path(cfg.data_root) / "vlcl"
-    needs = [vlcl / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
-    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/cclip.py)
+        from lab.demos import cclip as demo
+        return demo.main(argv)
+    cfg = common.parse_config(CClipConfig, argv)
+    if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
+        import lab  # noqa: F401
+    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
+    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs, "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl")
     common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
     try:
         summary = run(cfg)
     except Interrupted as e:
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
-    unseen, zero_shot = resolve_eval_sets(cfg)
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in resolve_tasks(cfg)]))
-    row = {"method": cfg.method, **headline(summary, unseen, zero_shot)}
-    cols = ["method", "last R@1", "avg R@1", "BWT", "forgetting", "learned", "unseen I2T R@1", "zero-shot PD",
-            "worst zero-shot drop"]
-    table = common.markdown_table([row], cols)
+    row = {"method": cfg.method, **headline(summary, *resolve_eval_sets(cfg))}
+    table = common.markdown_table([row], list(row))  # method, then headline's columns in its order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
 

@@ -1463,6 +1463,12 @@ PUBLISHED = {
 }
 
 
+# C-CLIP (Liu et al., ICLR 2025) Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate
+# ("~") as the text gives them, C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"], 67.73); the paper
+# column of the lab demo's zero-shot claim (lab/demos/cclip.py).
+CCLIP_IMAGENET_AFTER_2_TASKS = {"C-CLIP": 65.1, "full FT": 25.0}
+
+
 def published_numbers(paper: str, backbone: str) -> dict:
     """{(task, metric): value} of the paper's CLIP baseline for this backbone
     (OpenAI or open_clip spelling); {} when the paper has no such row."""

@@ -41,3 +41,5 @@ common.LAB_HOOKS.update(  # what common.py and the method files look up by name 
     synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
     label_sets=label_sets)                  # dns.py --task-classes
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+from lab.world import long_caption_manifest, long_task_manifests  # noqa: E402  C-CLIP's synthetic-long tasks
+common.LAB_HOOKS.update(long_task_manifests=long_task_manifests)

@@ -302,6 +302,25 @@ def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[st
             for d in TASK_DOMAINS]
 
 
+def long_caption_manifest(path) -> Path:
+    """A copy of a synthetic manifest whose 'caption' is the row's long
+    caption (written once, next to the original, so image paths still hold)."""
+    path = Path(path)
+    target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
+    if not target.exists():
+        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
+                for r in common.read_manifest(path)]
+        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+    return target
+
+
+def long_task_manifests(data_root="data") -> list[tuple[str, str, str]]:
+    """The continual domains trained and tested on their long captions
+    (C-CLIP's --tasks synthetic-long): (name, train manifest, test manifest)."""
+    return [(d, str(long_caption_manifest(tr)), str(long_caption_manifest(te)))
+            for d, tr, te in task_manifests(data_root)]
+
+
 # --- a multimodal feature world (DNS in CMCL's setting; features, not pixels) ---
 def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind", datasets: dict | None = None,
                          dim: int = 24, n_train: int = 128, n_test: int = 64, n_classes: int = 5, latent: int = 12,

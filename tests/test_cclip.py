@@ -16,7 +16,8 @@ from torch.nn.utils import parametrize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
 import common  # noqa: E402
-import lab
+import lab  # noqa: E402
+from lab.demos import cclip as cclip_demo  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -349,9 +350,38 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     out = tmp_path / "demo"
     cclip.main(["--demo", "--steps", "2", "--batch-size", "8", "--eval-n", "24", "--proj-hidden", "32",
                 "--data-root", str(tmp_path / "data"), "--out", str(out)])
-    saved = check_demo_results(out, "cclip-demo.png", cclip.DEMO_NAMES.values(), min_claims=8)
-    for name in cclip.DEMO_NAMES.values():
+    saved = check_demo_results(out, "cclip-demo.png", cclip_demo.DEMO_NAMES.values(), min_claims=8)
+    for name in cclip_demo.DEMO_NAMES.values():
         assert all(len(r["R"]) == 5 and len(r["R"][0]) == 4 for r in saved["per_seed"][name])
+
+
+def test_real_runs_evaluate_no_synthetic_set_by_default(tmp_path):
+    """With the lab loaded (its synthetic-* sets are in eval's registry), a
+    real task sequence (--tasks vlcl or a manifest list) still evaluates only
+    the paper's sets (deviation 9) or nothing by default; the synthetic
+    sequences get the lab's sets."""
+    a = tmp_path / "a.jsonl"
+    a.write_text("")
+    assert any(z.startswith("synthetic-") for z in cclip.evaluation.CLASSIFICATION_TASKS)
+    vlcl = common.parse_config(cclip.CClipConfig, ["--tasks", "vlcl", "--data-root", str(tmp_path)])
+    assert cclip.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"), ["imagenet", "cifar100"])
+    mine = common.parse_config(cclip.CClipConfig, ["--tasks", f"a={a}"])
+    assert cclip.resolve_eval_sets(mine) == (None, [])
+    unseen, zero_shot = cclip.resolve_eval_sets(common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
+    assert unseen == "synthetic-unseen" and zero_shot and all(z.startswith("synthetic-") for z in zero_shot)
+
+
+def test_synthetic_long_tasks_come_from_the_lab(tmp_path, shrink_world):
+    """--tasks synthetic-long: the lab's four domains, captions replaced by their long captions."""
+    shrink_world(lambda k: 8 if k.startswith("task-") else None)
+    cfg = common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic-long", "--data-root", str(tmp_path)])
+    short = common.parse_tasks("synthetic", str(tmp_path))
+    tasks = cclip.resolve_tasks(cfg)
+    assert [t.name for t in tasks] == [t.name for t in short]
+    for t, s in zip(tasks, short):
+        long_rows, rows = common.read_manifest(t.train), common.read_manifest(s.train)
+        assert [r["caption"] for r in long_rows] == [r["long_caption"] for r in rows]
+        assert Path(t.test).name == Path(s.test).stem + "-long-as-caption.jsonl"
 
 
 def test_override_resume_is_recorded_in_config_json(tmp_path):
