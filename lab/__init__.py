@@ -33,13 +33,13 @@ from lab.stats import SEEDS, claim, claims_table, mean_std_table, paired, paired
 from lab.tiny import TINY_CFG, TINY_PRETRAIN, pretrain_tiny, retrieval_report, zero_shot_report
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
-                       Domain, classification_tasks, finetune_classes, label_sets, low_rank_tasks, render,
-                       retrieval_tasks, scene, synthetic_manifest, synthetic_multimodal, task_manifests, world_split)
+                       Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
+                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest,
+                       synthetic_multimodal, task_manifests, world_split)
 
 common.LAB_HOOKS.update(  # what common.py and the method files look up by name (common.lab_hook)
     tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,
     synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
+    long_task_manifests=long_task_manifests,  # cclip.py --tasks synthetic-long
     label_sets=label_sets)                  # dns.py --task-classes
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
-from lab.world import long_caption_manifest, long_task_manifests  # noqa: E402  C-CLIP's synthetic-long tasks
-common.LAB_HOOKS.update(long_task_manifests=long_task_manifests)
