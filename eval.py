@@ -1,85 +1,25 @@
 """Evaluation suite shared by every method (retrieval, zero-shot, WiSE-FT, geometry, ECE, SIMAT, continual).
 
-Benchmark loaders, protocols, long-caption text modes, WiSE-FT curves,
-geometry and calibration, SIMAT, continual matrices.
-
-Every number a method file prints comes from `evaluate` below, so the four
-papers' tables are made by one piece of code. Each loader states the
-protocol it follows (BENCHMARKS names every set's layout and source) and
-every result record carries it, so results.json says which protocol a
-number used.
+Every number a method file prints comes from `evaluate` below, so the papers' tables are made by one piece of
+code. Each loader states the protocol it follows (BENCHMARKS names every set's layout and source) and every
+result record carries it. Full references, E1-E5 at length, the task list and the API: docs/eval.md.
 
 Papers whose protocols this file follows
-  ERCLIP   Le, Tran, Nguyen, Zhou, Gurrin. "ERCLIP: Small-Data Adaptation of CLIP
-           for Free-Length Image-Text Retrieval." arXiv:2610.29939, Sec. 4
-           (compares with Long-CLIP: Zhang et al., "Long-CLIP: Unlocking the
-           Long-Text Capability of CLIP", ECCV 2024, arXiv:2403.15378, whose
-           evaluation scripts are eval/retrieval/{coco,Urban1k}.py of
-           github.com/beichenzbc/Long-CLIP).
-  m2-Mix   Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning."
-           NeurIPS 2023, arXiv:2203.03897, Sec. 3 (align / unif), Sec. 5.3
-           (Tab. 2, Fig. 6: ECE), Tab. 5 (SIMAT: Couairon et al., "Embedding
-           Arithmetic of Multimodal Queries for Image Retrieval",
-           arXiv:2112.03162, github.com/facebookresearch/SIMAT). Released
-           code: github.com/changdaeoh/multimodal-mixup ("the m2-Mix code").
-  C-CLIP   Liu, Zhu, Wei, Tian. ICLR 2025, Sec. 3.3 (VLCL metrics, PD).
-  CMCL     Liu et al. "Continual Multimodal Contrastive Learning." NeurIPS 2025,
-           arXiv:2503.14963 (Acc, BWT, R@10).
+  ERCLIP    Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939, Sec. 4 (compared with Long-CLIP's protocol)
+  Long-CLIP Zhang et al., ECCV 2024, arXiv:2403.15378; eval/retrieval/{coco,Urban1k}.py of beichenzbc/Long-CLIP
+  m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
+            (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
+  C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
+  CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
-Protocol choices and deviations (numbered E1..; "ours" is the default)
-  E1. COCO val2017 5k ('coco'): the FIRST 5 captions of each image (25,000
-      texts, images sorted by id, captions in annotation-file order), as
-      Long-CLIP's coco.py (torchvision CocoCaptions, captions[0:5]), which
-      ERCLIP's Table 2 compares with. 'coco-all' keeps all 25,014 (13 images
-      have 6-7). The record's protocol says which.
-  E2. Urban1K: the caption is the file's first line, split on "\\n" only (after
-      universal-newline reading), as Long-CLIP's Urban1k.py (readlines()[0]);
-      str.splitlines() would also break at \\x0c, \\x85 or \\u2028 inside a caption.
-  E3. m2-Mix alignment (geometry()['align']): anchored on the images and
-      negated, greater is better, as the paper describes it (Sec. 3). The
-      m2-Mix code (main.py do_valid: loss.rel_lalign_torch(text, image))
-      anchors on the TEXTS (min over images k != i for text i) and does not
-      negate; released_code_geometry()['align_code'] computes it.
-  E4. m2-Mix uniformity (geometry()['unif']): -log mean over all image-text
-      pairs (i, j) of exp(-2 ||v_i - t_j||^2), greater is better. The m2-Mix
-      code (loss.lunif(cat([image, image]))) takes log mean exp(-2 d^2) over
-      the pairs of the IMAGE features duplicated (the N zero distances of an
-      image and its copy included), not negated, no text;
-      released_code_geometry()['unif_code'] computes it.
-  E5. SIMAT: ours evaluates SIMAT's test split (transfos.csv is_test) and
-      takes the best of lambda in {0.5, 1, ..., 7} (14 values). The m2-Mix
-      code's SIMAT_eval evaluates the 'dev' split (its default, as SIMAT's own
-      eval.py) over 13 lambdas {0.5, 1, ..., 6, 7} (no 6.5):
-      simat_protocol="code" / --simat-protocol code. The m2-Mix paper states
-      neither.
+Protocol choices and deviations ("ours" is the default)
+  E1. COCO val2017 5k ('coco'): the first 5 captions per image (25,000), as Long-CLIP's coco.py; 'coco-all': 25,014.
+  E2. Urban1K: the caption file's first line, split on "\\n" only, as Long-CLIP's Urban1k.py (readlines()[0]).
+  E3. m2-Mix align: on the images, negated (Sec. 3); the code's (on the texts, not negated): released_code_geometry.
+  E4. unif = -log mean_ij exp(-2 ||v_i - t_j||^2); the code's: the images twice, not negated: released_code_geometry.
+  E5. SIMAT: test split, best of 14 lambdas {0.5, 1, ..., 7}; the code's dev split, 13 (no 6.5): --simat-protocol code.
 
-Tasks (data root layout in README.md / `python eval.py --help`):
-  retrieval        coco (val2017 5k, first 5 captions per image), coco-all (all 25,014 captions),
-                   coco-1cap (m2-Mix: first caption),
-                   coco-karpathy (Karpathy 5k test), flickr30k (Karpathy 1k test),
-                   flickr30k-1cap (m2-Mix), urban1k, sharegpt4v-1k, docci, long-dci, dci,
-                   any manifest (path.jsonl / .csv / .tsv, optional '#column'),
-                   synthetic-short/-long/-unseen/-unseen-long/-task-<domain>
-  classification   cifar10, cifar100, imagenet, imagefolder:<path>, synthetic-shape/-color
-  other            simat (text-driven image transformation)
-
-Importable API (method files and tests use these; names and signatures are stable):
-  load_retrieval(name, root) -> RetrievalSet(image_paths, texts, text_to_image, protocol, missing)
-  load_classification(name, root, download=False) -> ClassificationSet
-  image_features / text_features(model, tokenizer, texts, text_mode)
-  evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> records
-  results_table(records, metrics, published=None) -> markdown
-  geometry(img, txt) -> dict                 m2-Mix align/unif + Wang & Isola's versions
-  released_code_geometry(img, txt) -> dict   the m2-Mix code's align/unif (E3, E4)
-  ece(img, txt, text_to_image, scale, bins=15, direction="i2t") -> float (percent)
-  ece_curve(img, txt, text_to_image, taus, bins=15, direction="i2t") -> {tau: ece}
-  simat_score(...), simat(model, preprocess, tokenizer, root, split, lambdas); SIMAT_PROTOCOLS (E5)
-  load_state_dict(path), interpolate_weights(theta0, theta1, alpha), wise_ft(...)
-  continual_row(records, tasks, ...), evaluate_checkpoints(...), continual_tables(summary)
-  published_numbers(paper, backbone) -> {(task, metric): value}
-  ERCLIP_TABLE1/2, M2MIX_TABLE1, PUBLISHED   the one home of the papers' numbers
-
-Runbook:
+Runbook (tasks and the data root layout: python eval.py --help)
   python eval.py --backbone tiny                                     # synthetic world, CPU
   python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
@@ -1566,7 +1506,8 @@ def main(argv=None):
     p.add_argument("--out", default="runs/eval", help="folder for results.json")
     a = p.parse_args(argv)
     if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
-        import lab  # noqa: F401
+        import lab
+        _ = lab  # used for its registrations only (a plain unused import would fail pyflakes)
     device = common.init_distributed(a.device)
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
