@@ -122,10 +122,8 @@ def _require(path: Path, task: str, root):
 
 
 def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=False) -> RetrievalSet:
-    """Drops images missing on disk or not decodable in full (a truncated
-    file) with their texts, counts them and lists the undecodable ones;
-    refuses an evaluation with no image at all (or any dropped image when
-    strict)."""
+    """Drops images missing on disk or not decodable in full (a truncated file) with their texts, counts them
+    and lists the undecodable ones; refuses an evaluation with no image at all (or any dropped image when strict)."""
     t2i = torch.as_tensor(t2i, dtype=torch.long)
     found = [Path(p).is_file() for p in paths]
     checked = iter(common.image_problems([p for p, f in zip(paths, found) if f]))
@@ -153,9 +151,8 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
 
 
 def _group_captions(image_keys, caption_pairs, max_per_image=None):
-    """image_keys: ordered image keys; caption_pairs: (key, text), in file
-    order; max_per_image: keep the first k captions of each image (None:
-    all). -> texts, t2i (texts in file order)."""
+    """image_keys: ordered image keys; caption_pairs: (key, text), in file order; max_per_image: keep the first
+    k captions of each image (None: all). -> texts, t2i (texts in file order)."""
     index = {k: i for i, k in enumerate(image_keys)}
     texts, t2i, kept = [], [], {}
     for key, text in caption_pairs:
@@ -168,16 +165,13 @@ def _group_captions(image_keys, caption_pairs, max_per_image=None):
 
 
 # ---- retrieval benchmarks ---------------------------------------------------
-COCO_VAL2017 = {  # task -> captions kept per image (E1)
-    "coco": 5,  # Long-CLIP's coco.py, the protocol ERCLIP compares with
-    "coco-all": None,  # every caption (25,014 on the full set)
-    "coco-1cap": 1,  # the m2-Mix code's 1:1 protocol
-}
+# task -> captions kept per image (E1): Long-CLIP's coco.py (the protocol ERCLIP compares with), every caption
+# (25,014 on the full set), the m2-Mix code's 1:1 protocol
+COCO_VAL2017 = {"coco": 5, "coco-all": None, "coco-1cap": 1}
 
 
 def _coco_val2017(root, task="coco", strict=False):
-    """COCO val2017 5k: images sorted by id, captions in annotation-file
-    order, the first COCO_VAL2017[task] of each image (E1)."""
+    """COCO val2017 5k: images sorted by id, captions in annotation-file order, the first COCO_VAL2017[task] (E1)."""
     per_image = COCO_VAL2017[task]
     root = Path(root)
     ann = json.loads(_require(root / "coco/annotations/captions_val2017.json", task, root).read_text())
@@ -229,29 +223,24 @@ def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
     1.2M-record ShareGPT4V file is never parsed whole."""
     dec, out = json.JSONDecoder(), []
     with open(path, encoding="utf-8") as f:
-        buf, i = f.read(chunk), 0
+        buf = f.read(chunk)
         i = buf.index("[") + 1
         while len(out) < n:
             while i < len(buf) and buf[i] in " \t\r\n,":
                 i += 1
-            if i >= len(buf):
+            if buf[i:i + 1] == "]":
+                break
+            try:
+                obj, i = dec.raw_decode(buf, i)  # at the end of the buffer (i = len(buf)) it raises too
+            except json.JSONDecodeError:
                 more = f.read(chunk)
-                if not more:
+                if not more and i < len(buf):
+                    raise
+                if not more:  # the file ends between two objects
                     break
                 buf, i = buf[i:] + more, 0
                 continue
-            if buf[i] == "]":
-                break
-            try:
-                obj, j = dec.raw_decode(buf, i)
-            except json.JSONDecodeError:
-                more = f.read(chunk)
-                if not more:
-                    raise
-                buf, i = buf[i:] + more, 0
-                continue
             out.append(obj)
-            i = j
             if i > chunk:  # drop what is parsed, keep the buffer O(chunk)
                 buf, i = buf[i:], 0
     return out
@@ -294,8 +283,8 @@ def _dci(root, field="extra_caption", strict=False):
                    f"DCI annotations with non-empty {field} ({len(paths)} pairs), 1:1", task, root, strict)
 
 
-# The lab's world (the lab package, which eval never imports) registers its
-# synthetic-* sets here when it is imported: name -> loader(root, n=None).
+# The lab's world (the lab package, which eval never imports) registers its synthetic-* sets here when it is
+# imported: name -> loader(root, n=None).
 SYNTHETIC_RETRIEVAL: dict = {}
 SYNTHETIC_CLASSIFICATION: dict = {}
 
@@ -306,11 +295,6 @@ def register_synthetic(retrieval: dict, classification: dict):
     RETRIEVAL_TASKS.update(retrieval)
     SYNTHETIC_CLASSIFICATION.update(classification)
     CLASSIFICATION_TASKS[:0] = [k for k in classification if k not in CLASSIFICATION_TASKS]
-
-
-def synthetic_tasks():
-    """Evaluation task names of the lab's world -> loader (empty until the lab is imported)."""
-    return SYNTHETIC_RETRIEVAL
 
 
 def _lab_not_loaded(name: str):
@@ -365,9 +349,8 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
 
 
 def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=None) -> RetrievalSet:
-    """A retrieval benchmark by task name, or a manifest path ('x.jsonl',
-    'x.csv#long_caption' to read another column). strict: a missing image is
-    an error instead of being dropped and counted."""
+    """A retrieval benchmark by task name, or a manifest path ('x.jsonl', 'x.csv#long_caption' to read another
+    column). strict: a missing image is an error instead of being dropped and counted."""
     if name in SYNTHETIC_RETRIEVAL:
         return SYNTHETIC_RETRIEVAL[name](root, synthetic_n)
     if name.startswith("synthetic-"):
@@ -383,13 +366,11 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
 # ---- classification ---------------------------------------------------------
 # OpenAI's 18 CIFAR prompts (CLIP repository, notebooks/Prompt_Engineering_for_ImageNet.ipynb / data/prompts.md).
 CIFAR_TEMPLATES = [
-    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.",
-    "a low contrast photo of a {}.", "a high contrast photo of a {}.", "a bad photo of a {}.",
-    "a good photo of a {}.", "a photo of a small {}.", "a photo of a big {}.", "a photo of the {}.",
-    "a blurry photo of the {}.", "a black and white photo of the {}.", "a low contrast photo of the {}.",
-    "a high contrast photo of the {}.", "a bad photo of the {}.", "a good photo of the {}.",
-    "a photo of the small {}.", "a photo of the big {}.",
-]
+    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.", "a low contrast photo of a {}.",
+    "a high contrast photo of a {}.", "a bad photo of a {}.", "a good photo of a {}.", "a photo of a small {}.",
+    "a photo of a big {}.", "a photo of the {}.", "a blurry photo of the {}.", "a black and white photo of the {}.",
+    "a low contrast photo of the {}.", "a high contrast photo of the {}.", "a bad photo of the {}.",
+    "a good photo of the {}.", "a photo of the small {}.", "a photo of the big {}."]
 
 
 def imagenet_templates() -> list:
@@ -512,8 +493,7 @@ def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[
 
 
 def check_tasks(tasks, data_root):
-    """Loads every evaluation set's index before training, so missing data
-    fails in seconds, not after the run."""
+    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run."""
     for t in tasks:
         try:
             if is_classification(t):
@@ -1457,7 +1437,7 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
 # =============================================================================
 def _task_help() -> str:
     real = ", ".join(REAL_RETRIEVAL_TASKS)
-    synth = ", ".join(synthetic_tasks())
+    synth = ", ".join(SYNTHETIC_RETRIEVAL)
     lines = [f"retrieval tasks: {real}",
              f"  synthetic world: {synth}",
              "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
