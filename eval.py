@@ -529,8 +529,7 @@ class _Images(torch.utils.data.Dataset):
 
 @torch.no_grad()
 def image_features(model, preprocess, paths, batch_size=256, workers=0, device=None):
-    """Normalised image features (N, D), float32 on CPU; AMP on CUDA.
-    `paths`: file paths or a sequence of PIL images."""
+    """Normalised image features (N, D), float32 on CPU; AMP on CUDA. `paths`: file paths or PIL images."""
     device = device or next(model.parameters()).device
     loader = torch.utils.data.DataLoader(_Images(paths, preprocess), batch_size=batch_size, num_workers=workers,
                                          pin_memory=str(device).startswith("cuda"))
@@ -545,22 +544,16 @@ _SENTENCE_END = re.compile(r"(?<=\.)\s+")
 
 
 def split_sentences(text: str) -> list[str]:
-    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7),
-    shared by ERCLIP's training and the 'sentence-mean' text mode: a '.'
-    followed by whitespace (or the end) closes a sentence, so '2.5' stays
+    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7), shared by ERCLIP's training and
+    the 'sentence-mean' text mode: a '.' followed by whitespace (or the end) closes a sentence, so '2.5' stays
     whole. Whitespace collapses; fragments with no letter/digit are dropped."""
-    out = []
-    for s in _SENTENCE_END.split(text.strip()):
-        s = " ".join(s.split())
-        if any(ch.isalnum() for ch in s):
-            out.append(s)
-    return out
+    sentences = (" ".join(s.split()) for s in _SENTENCE_END.split(text.strip()))
+    return [s for s in sentences if any(ch.isalnum() for ch in s)]
 
 
 def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
-    """truncate: the papers' protocol (cut at the context, end token kept).
-    sentence-mean: each sentence encoded within the window, normalised
-    embeddings averaged, renormalised."""
+    """truncate: the papers' protocol (cut at the context, end token kept). sentence-mean: each sentence
+    encoded within the window, normalised embeddings averaged, renormalised."""
     if text_mode == "truncate":
         return common.encode_texts(model, tokenizer, texts, device=device)
     if text_mode == "sentence-mean":
@@ -611,9 +604,8 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
 @torch.no_grad()
 def manifest_features(model, preprocess, tokenizer, manifest, label_column: str = "", device=None) -> dict:
-    """Frozen CLIP features of a manifest with this module's protocol (rows that
-    share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
-    from `label_column` or None. Same calls as evaluate (truncate)."""
+    """Frozen CLIP features of a manifest with this module's protocol (rows that share an image share it):
+    img (N, D), txt (M, D), t2i (M,), labels (N,) from `label_column` or None. Same calls as evaluate (truncate)."""
     rs = manifest_retrieval(manifest)
     labels = None
     if label_column:
@@ -645,16 +637,14 @@ CMCL_DATASETS = {
 
 # Two layouts, detected per dataset:
 #  CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a
-#        (modalities, d) array in CMCL_DATASETS order; ids sorted as strings
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a (modalities, d) array in CMCL_DATASETS
+#        order; ids sorted as strings
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
-#    sample classes: from the ids, which the code's perceptors write as
-#        "<id>__<class name>__<class index>", or, when given,
-#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours;
-#        cmcl_labels() makes one from the code's dataset JSON)
+#    sample classes: from the ids, which the code's perceptors write as "<id>__<class name>__<class index>", or,
+#        when given, <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes one
+#        from the code's dataset JSON)
 #  ours (any encoder):
-#    <dir>/<dataset>/meta.json   {"modalities": [...], "classes": [...] (optional),
-#                                 "metrics": ["recall", "acc"] (optional)}
+#    <dir>/<dataset>/meta.json   {"modalities": [...], optional: "classes": [...], "metrics": ["recall", "acc"]}
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
 #    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
 #    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
@@ -672,9 +662,8 @@ def _find_array(folder: Path, stem: str) -> Path:
 
 
 def cmcl_labels(paired_data_json) -> dict:
-    """{sample id: class name} from the code's dataset JSON
-    (paired_data_<split>.json: a list of one-element lists [{"id", "name", ...}]),
-    to be saved as <dataset>_<split>_labels.json next to the h5 files."""
+    """{sample id: class name} from the code's dataset JSON (paired_data_<split>.json: a list of one-element
+    lists [{"id", "name", ...}]), to be saved as <dataset>_<split>_labels.json next to the h5 files."""
     return {str(row[0]["id"]): row[0]["name"] for row in json.loads(Path(paired_data_json).read_text())}
 
 
