@@ -694,9 +694,8 @@ def dataset_info(root, dataset: str, perceptor: str) -> dict:
 
 
 def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") -> dict:
-    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32,
-    "modalities": (M names), "metrics": (...), "labels": (N,) long or None,
-    "classes": [C names] or None, "class_x": (C, d) or None}."""
+    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32, "modalities": (M names), "metrics": (...),
+    "labels": (N,) long or None, "classes": [C names] or None, "class_x": (C, d) or None}."""
     root, info = Path(root), dataset_info(root, dataset, perceptor)
     labels = classes = class_x = None
     if info["layout"] == "cmcl":
@@ -734,7 +733,6 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
         raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
                                f"({len(ids)}, {len(info['modalities'])}, d)")
     return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
-
 
 
 def write_h5(path, arrays: dict):
@@ -840,7 +838,8 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, "
+                         f"{tuple(txt.shape)}")
     pos = (txt - img).square().sum(1)  # (N,)
     hardest, lse = torch.empty(n), []
     for s in range(0, n, chunk):
@@ -876,13 +875,11 @@ def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
 
 
 def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
-    """Expected calibration error of retrieval R@1, in percent (m2-Mix
-    Tab. 2 reports ECE of Flickr30k I2T/T2I R@1; no released code, so the
-    standard definition, Guo et al. 2017):
-      each query (an image for i2t, a text for t2i) is a classification over
-      all candidates with p = softmax(scale * sim); confidence = max p,
-      correct = the argmax is a gold match; equal-width bins on [0, 1];
-      ECE = sum_b |B_b| / N * |acc_b - conf_b|.
+    """Expected calibration error of retrieval R@1, in percent (m2-Mix Tab. 2 reports ECE of Flickr30k I2T/T2I
+    R@1; no released code, so the standard definition, Guo et al. 2017):
+      each query (an image for i2t, a text for t2i) is a classification over all candidates with
+      p = softmax(scale * sim); confidence = max p, correct = the argmax is a gold match; equal-width bins on
+      [0, 1]; ECE = sum_b |B_b| / N * |acc_b - conf_b|.
     img (N, D), txt (M, D) normalised; text_to_image (M,); scale = 1 / tau."""
     if direction not in ("i2t", "t2i"):
         raise ValueError("direction is 'i2t' or 't2i'")
@@ -897,26 +894,22 @@ ECE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2, 0.5, 1.0)
 
 
 def ece_curve(img, txt, text_to_image, taus=ECE_TAUS, bins: int = 15, direction: str = "i2t") -> dict:
-    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function
-    of the temperature tau (scale = 1 / tau). Returns {tau: ece}. Its minimum
-    is temperature scaling fitted on the test set itself (an oracle)."""
+    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function of the temperature tau (scale =
+    1 / tau). Returns {tau: ece}. Its minimum is temperature scaling fitted on the test set itself (an oracle)."""
     return {float(t): ece(img, txt, text_to_image, 1.0 / t, bins, direction) for t in taus}
 
 
 def first_caption_pairs(text_to_image) -> torch.Tensor:
-    """Index of each image's first text: turns a many-caption set into the
-    1:1 pairs that geometry() needs."""
+    """Index of each image's first text: turns a many-caption set into the 1:1 pairs that geometry() needs."""
     t2i = torch.as_tensor(text_to_image).long()
     first = torch.full((int(t2i.max()) + 1,), -1, dtype=torch.long)
-    idx = torch.arange(len(t2i))
-    first.scatter_reduce_(0, t2i, idx, reduce="amin", include_self=False)
+    first.scatter_reduce_(0, t2i, torch.arange(len(t2i)), reduce="amin", include_self=False)
     return first
 
 
 def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) -> dict:
-    """Geometry (on each image's first caption) and ECE of both directions at
-    the model's scale, plus the ECE-temperature sweep summarised by its
-    minimum and the tau reaching it."""
+    """Geometry (on each image's first caption) and ECE of both directions at the model's scale, plus the
+    ECE-temperature sweep summarised by its minimum and the tau reaching it."""
     pairs = first_caption_pairs(text_to_image)
     out = geometry(img, txt[pairs])
     out.update(released_code_geometry(img, txt[pairs]))  # E3, E4: the m2-Mix code's definitions
@@ -932,23 +925,18 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
 
 SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # ours: 0.5, 1, ..., 7 (14 values)
 SIMAT_LAMBDAS_CODE = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0)  # the m2-Mix code (no 6.5)
-SIMAT_PROTOCOLS = {  # name -> (split of transfos.csv, lambdas); E5
-    "ours": ("test", SIMAT_LAMBDAS),
-    "code": ("dev", SIMAT_LAMBDAS_CODE),  # the m2-Mix code's SIMAT_eval(domain='dev')
-}
+# name -> (split of transfos.csv, lambdas), E5; "code": the m2-Mix code's SIMAT_eval(domain='dev')
+SIMAT_PROTOCOLS = {"ours": ("test", SIMAT_LAMBDAS), "code": ("dev", SIMAT_LAMBDAS_CODE)}
 
 
 @torch.no_grad()
 def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, lambdas=SIMAT_LAMBDAS) -> dict:
-    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation
-    query q: x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the
-    image with the highest cosine to x_q that is not the source; the query
-    succeeds when OSCAR's similarity of that image and the target caption
-    exceeds 0.5. Score = 100 * weighted mean of successes.
-      img (N, D) normalised database; source (Q,) image index of each query;
-      value_emb, target_emb (Q, D) normalised word embeddings; target_ids (Q,)
-      column of `oscar` (N, C); weights (Q,) query weights (1/sqrt(norm2)).
-    Returns {lam: score}."""
+    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation query q:
+    x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the image with the highest cosine to x_q that is
+    not the source; the query succeeds when OSCAR's similarity of that image and the target caption exceeds 0.5.
+    Score = 100 * weighted mean of successes. Returns {lam: score}.
+      img (N, D) normalised database; source (Q,) image index of each query; value_emb, target_emb (Q, D)
+      normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2)."""
     img = img.float()
     delta = (target_emb - value_emb).float()
     w = torch.as_tensor(weights, dtype=torch.float64)
@@ -973,13 +961,11 @@ def _simat_dir(root) -> Path:
 
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
           device=None) -> dict:
-    """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg,
-    triplets.csv (region_id, subj, rel, obj[, dataset_id]), transfos.csv
-    (region_id, value, target, target_ids, norm2, is_test), and the OSCAR
-    matrix oscar_similarity_matrix.pt (images in dataset_id order x captions).
-    Image order = dataset_id, else ImageFolder order (sorted folder, file).
-    Words are encoded bare, as in the SIMAT release. split: 'test' (rows with
-    is_test True) or 'dev' (the others)."""
+    """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg, triplets.csv (region_id,
+    subj, rel, obj[, dataset_id]), transfos.csv (region_id, value, target, target_ids, norm2, is_test), and the
+    OSCAR matrix oscar_similarity_matrix.pt (images in dataset_id order x captions). Image order = dataset_id,
+    else ImageFolder order (sorted folder, file). Words are encoded bare, as in the SIMAT release.
+    split: 'test' (rows with is_test True) or 'dev' (the others)."""
     if split not in ("test", "dev"):
         raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
     d = _simat_dir(root)
@@ -987,15 +973,14 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
         trip = list(csv.DictReader(f))
     for r in trip:
         r["folder"] = f"A {r['subj']} {r['rel']} {r['obj']}"
-    if "dataset_id" in trip[0]:
-        trip.sort(key=lambda r: int(r["dataset_id"]))
-    else:
-        trip.sort(key=lambda r: (r["folder"], f"{r['region_id']}.jpg"))
+    by_dataset_id = "dataset_id" in trip[0]
+    trip.sort(key=lambda r: int(r["dataset_id"]) if by_dataset_id else (r["folder"], f"{r['region_id']}.jpg"))
     rid2did = {int(r["region_id"]): i for i, r in enumerate(trip)}
     paths = [d / "images" / r["folder"] / f"{r['region_id']}.jpg" for r in trip]
     missing = sum(not p.is_file() for p in paths)
     if missing:
-        raise MissingData(f"simat: {missing} of {len(paths)} images not found (e.g. {next(p for p in paths if not p.is_file())}); "
+        raise MissingData(f"simat: {missing} of {len(paths)} images not found "
+                          f"(e.g. {next(p for p in paths if not p.is_file())}); "
                           f"run SIMAT's prepare_dataset.py. {BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
@@ -1014,26 +999,19 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
 # =============================================================================
 # 4. Evaluate
 # =============================================================================
-def _modes(text_mode):
-    if text_mode == "both":
-        return ["truncate", "sentence-mean"]
-    return [text_mode] if isinstance(text_mode, str) else list(text_mode)
-
-
 def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
              device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
              cache_dir=None, synthetic_n=None, log=None, simat_protocol="ours"):
     """Evaluates `model` on each task; one record per (task, metric, text mode).
 
-    text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or
-    a list. Image features are computed once per task, text features once
-    per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry
-    and calibration (from the same features) to retrieval tasks. A task may
-    also be 'simat' (simat_protocol: 'ours' or 'code', E5). Records: task, metric, value, protocol, text_mode,
-    missing (images absent on disk), n (queries), model, weights.
-    synthetic_n: evaluate on the first n scenes of the synthetic splits."""
+    text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or a list. Image features are computed
+    once per task, text features once per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry and
+    calibration (from the same features) to retrieval tasks. A task may also be 'simat' (simat_protocol: 'ours' or
+    'code', E5). Records: task, metric, value, protocol, text_mode, missing (images absent on disk), n (queries),
+    model, weights. synthetic_n: evaluate on the first n scenes of the synthetic splits."""
     model.eval()
-    modes = _modes(text_mode)
+    modes = (["truncate", "sentence-mean"] if text_mode == "both" else
+             [text_mode] if isinstance(text_mode, str) else list(text_mode))
     records = []
     base = {"model": model_name, "weights": weights}
     for name in tasks:
