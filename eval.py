@@ -1194,9 +1194,8 @@ def published_numbers(paper: str, backbone: str) -> dict:
 
 
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
-    """Markdown table, one row per task (and text mode when several); with
-    `published` ({(task, metric): value}) a 'paper' column after each metric;
-    a 'missing' column when some benchmark lacked images."""
+    """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
+    a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""
     modes = {r["text_mode"] for r in records if not is_classification(r["task"])} - {"words"}
     rows = {}
     for r in records:
@@ -1217,9 +1216,9 @@ def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=Non
     return common.markdown_table(list(rows.values()), cols)
 
 
-ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
-                    "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min", "ece_t2i_best_tau", "simat",
-                    "simat_best_lambda")
+ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap",
+                    "ece_scale", "ece_i2t", "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min",
+                    "ece_t2i_best_tau", "simat", "simat_best_lambda")
 
 
 def analysis_table(records, published=None) -> str:
@@ -1244,11 +1243,10 @@ def analysis_table(records, published=None) -> str:
 # 5. WiSE-FT weight interpolation
 # =============================================================================
 def load_state_dict(path) -> dict:
-    """A plain open_clip state_dict from: common.save_model files, training
-    checkpoints (common.train's {'net': ...}, keys 'model.*'), open_clip /
-    OpenAI .pt/.bin files, or .safetensors. Pickled files are read with
-    weights_only=True (a file holding other objects is refused, not run);
-    OpenAI's TorchScript archives through torch.jit.load."""
+    """A plain open_clip state_dict from: common.save_model files, training checkpoints (common.train's
+    {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickled files are read with
+    weights_only=True (a file holding other objects is refused, not run); OpenAI's TorchScript archives through
+    torch.jit.load."""
     path = str(path)
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
@@ -1269,9 +1267,8 @@ def load_state_dict(path) -> dict:
 
 
 def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
-    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha)
-    theta0 + alpha theta1, key by key. The two state_dicts must have the same
-    keys and shapes; non-float entries (integer buffers) must be equal."""
+    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha) theta0 + alpha theta1, key by key. The
+    two state_dicts must have the same keys and shapes; non-float entries (integer buffers) must be equal."""
     k0, k1 = set(theta0), set(theta1)
     if k0 != k1:
         raise ValueError(f"WiSE-FT: the state_dicts differ in keys: only in theta0 {sorted(k0 - k1)[:5]}, "
@@ -1291,9 +1288,8 @@ def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
 
 
 def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
-    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) ->
-    records (or any value); restores the model's weights afterwards.
-    Returns [{'alpha': a, 'records': ...}]."""
+    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) -> records (or any value); restores the
+    model's weights afterwards. Returns [{'alpha': a, 'records': ...}]."""
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = []
     try:
@@ -1306,8 +1302,7 @@ def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
 
 
 def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
-    """One row per alpha, one column per (task, metric): the target-task
-    score against zero-shot retention."""
+    """One row per alpha, one column per (task, metric): the target-task score against zero-shot retention."""
     rows, cols = [], ["alpha"]
     for point in curve:
         row = {"alpha": f"{point['alpha']:g}"}
@@ -1326,10 +1321,9 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
 # 6. Continual evaluation (C-CLIP, DNS)
 # =============================================================================
 def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
-    """One row of the continual matrices from evaluate()'s records, in the
-    format common.run_continual's evaluate() returns:
-      per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for
-      the zero-shot tasks (PD = scalar before training - scalar at the end)."""
+    """One row of the continual matrices from evaluate()'s records, in the format common.run_continual's
+    evaluate() returns: per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for the zero-shot
+    tasks (PD = scalar before training - scalar at the end)."""
     value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
     first_mode = {}
     for r in records:
@@ -1364,9 +1358,8 @@ def continual_tables(summary, tasks) -> str:
 
 
 def masked_continual_metrics(R) -> dict:
-    """common.continual_metrics when every entry of the last row exists;
-    otherwise the same definitions over the tasks that have the metric
-    (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
+    """common.continual_metrics when every entry of the last row exists; otherwise the same definitions over the
+    tasks that have the metric (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
     R = np.asarray(R, dtype=float)
     T = R.shape[1]
     cols = [j for j in range(T) if np.isfinite(R[T, j])]
@@ -1383,9 +1376,8 @@ def masked_continual_metrics(R) -> dict:
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
                          metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
-    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the
-    model before any training ('pretrained' = the backbone's default
-    weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
+    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the model before any training
+    ('pretrained' = the backbone's default weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
     test set. Returns common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
         raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
@@ -1403,16 +1395,12 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
 # 7. Main
 # =============================================================================
 def _task_help() -> str:
-    real = ", ".join(REAL_RETRIEVAL_TASKS)
-    synth = ", ".join(SYNTHETIC_RETRIEVAL)
-    lines = [f"retrieval tasks: {real}",
-             f"  synthetic world: {synth}",
+    lines = [f"retrieval tasks: {', '.join(REAL_RETRIEVAL_TASKS)}",
+             f"  synthetic world: {', '.join(SYNTHETIC_RETRIEVAL)}",
              "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
-             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>",
-             "other: simat",
-             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()),
-             "", "data root layout (--data-root):"]
-    lines += [f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items()]
+             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>", "other: simat",
+             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()), "",
+             "data root layout (--data-root):", *(f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items())]
     return "\n".join(lines)
 
 
@@ -1493,8 +1481,7 @@ def main(argv=None):
             records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
                                weights=a.pretrained or "default", **kw)
             print(results_table(records, published=published))
-            extra = analysis_table(records, published)
-            if extra:
+            if extra := analysis_table(records, published):
                 print("\n" + extra)
             results["records"] = records
     results["seconds"] = time.time() - t0
