@@ -107,9 +107,8 @@ BENCHMARKS = {
     "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
               "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
 }
-BENCHMARKS["coco-1cap"] = BENCHMARKS["coco-all"] = BENCHMARKS["coco"]
-BENCHMARKS["flickr30k-1cap"] = BENCHMARKS["flickr30k"]
-BENCHMARKS["long-dci"] = BENCHMARKS["dci"]
+BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco"],
+                   "flickr30k-1cap": BENCHMARKS["flickr30k"], "long-dci": BENCHMARKS["dci"]})
 
 
 def _require(path: Path, task: str, root):
@@ -219,8 +218,7 @@ def _urban1k(root, strict=False):
 
 
 def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
-    """The first n objects of a (huge) JSON array, read incrementally: the
-    1.2M-record ShareGPT4V file is never parsed whole."""
+    """The first n objects of a (huge) JSON array, read incrementally (the 1.2M-record ShareGPT4V file, never whole)."""
     dec, out = json.JSONDecoder(), []
     with open(path, encoding="utf-8") as f:
         buf = f.read(chunk)
@@ -334,15 +332,11 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
         if strict:
             raise MissingData(msg)
         print(f"[eval] WARNING {msg}", file=sys.stderr)
-    index, paths, t2i, texts = {}, [], [], []
+    index, t2i, texts = {}, [], []  # index: image path -> image index, in order of first appearance
     for r in ds.rows:
-        p = str(ds.image_file(r))
-        if p not in index:
-            index[p] = len(paths)
-            paths.append(p)
-        t2i.append(index[p])
+        t2i.append(index.setdefault(str(ds.image_file(r)), len(index)))
         texts.append(r[column] if column in r else ds._caption(r))
-    rs = _finish(Path(path).stem, paths, texts, t2i, f"manifest {path}, column {column}", strict=strict)
+    rs = _finish(Path(path).stem, list(index), texts, t2i, f"manifest {path}, column {column}", strict=strict)
     rs.missing += len(ds.skipped)
     rs.dropped = ds.skipped + rs.dropped
     return rs
@@ -392,8 +386,7 @@ class _CifarImages:
 
 
 def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
-    """torchvision's CIFAR folders (read directly: no md5 check, so any
-    faithful copy works); download=True fetches them through torchvision."""
+    """torchvision's CIFAR folders, read directly (no md5 check: any faithful copy works); download: via torchvision."""
     task = f"cifar{n_classes}"
     root = Path(root)
     folder = root / task / ("cifar-10-batches-py" if n_classes == 10 else "cifar-100-python")
@@ -421,13 +414,9 @@ IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 def _image_folder(folder: Path):
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
-    paths, labels = [], []
-    for c, name in enumerate(classes):
-        for p in sorted((folder / name).iterdir()):
-            if p.suffix.lower() in IMAGE_EXTS:
-                paths.append(str(p))
-                labels.append(c)
-    return classes, paths, torch.tensor(labels, dtype=torch.long)
+    files = [(str(p), c) for c, name in enumerate(classes) for p in sorted((folder / name).iterdir())
+             if p.suffix.lower() in IMAGE_EXTS]
+    return classes, [p for p, _ in files], torch.tensor([c for _, c in files], dtype=torch.long)
 
 
 def _imagenet(root) -> ClassificationSet:
@@ -459,8 +448,7 @@ def _any_image_folder(path) -> ClassificationSet:
 
 
 def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
-    """A zero-shot classification set by name; download=True lets
-    torchvision fetch CIFAR when it is absent (never implicitly)."""
+    """A zero-shot classification set by name; download=True: torchvision fetches an absent CIFAR (never implicitly)."""
     if name in SYNTHETIC_CLASSIFICATION:
         return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
     if name.startswith("synthetic-"):
@@ -483,8 +471,7 @@ def is_classification(name: str) -> bool:
 
 
 def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[str]:
-    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks, or
-    the lab's when training on the synthetic world) or a comma list."""
+    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks; the lab's on the synthetic world), a list."""
     if spec == "none":
         return []
     if spec == "auto":
@@ -867,10 +854,7 @@ def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
         logits = scale * queries[s:s + chunk] @ cands.t()  # (c, K)
         conf.append(torch.softmax(logits, 1).max(1).values)
         top = logits.argmax(1)
-        if direction == "i2t":
-            correct.append(t2i[top] == torch.arange(s, s + len(top)))
-        else:
-            correct.append(top == t2i[s:s + len(top)])
+        correct.append(t2i[top] == torch.arange(s, s + len(top)) if direction == "i2t" else top == t2i[s:s + len(top)])
     return torch.cat(conf), torch.cat(correct).float()
 
 
@@ -1325,9 +1309,7 @@ def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) 
     evaluate() returns: per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for the zero-shot
     tasks (PD = scalar before training - scalar at the end)."""
     value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
-    first_mode = {}
-    for r in records:
-        first_mode.setdefault(r["task"], r["text_mode"])
+    first_mode = {r["task"]: r["text_mode"] for r in reversed(records)}  # reversed: each task's first record wins
     per_task = {m: [value[(t, m, first_mode[t])] for t in tasks] for m in metrics}
     scalars = {f"{r['task']}/{r['metric']}": r["value"] for r in records
                if r["task"] in zero_shot and r["text_mode"] == first_mode[r["task"]]}
@@ -1335,8 +1317,7 @@ def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) 
 
 
 def continual_summary(rows) -> dict:
-    """common.summarize_continual over rows made by continual_row (row 0 =
-    before any training): matrices, common.continual_metrics per metric, PD."""
+    """common.summarize_continual of continual_row's rows (row 0: before any training): matrices, metrics, PD."""
     rec = {"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
            "seconds": [0.0] * len(rows), "steps": [0] * len(rows)}
     return common.summarize_continual(rec)
