@@ -307,10 +307,7 @@ REAL_RETRIEVAL_TASKS = {
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
-    "urban1k": _urban1k,
-    "sharegpt4v-1k": _sharegpt4v_1k,
-    "docci": _docci,
-    "long-dci": _dci,
+    "urban1k": _urban1k, "sharegpt4v-1k": _sharegpt4v_1k, "docci": _docci, "long-dci": _dci,
     "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
 }
 RETRIEVAL_TASKS = dict(REAL_RETRIEVAL_TASKS)  # + the lab's, once registered
@@ -396,10 +393,8 @@ def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
         cls = torchvision.datasets.CIFAR10 if n_classes == 10 else torchvision.datasets.CIFAR100
         cls(str(root / task), train=False, download=True)
     _require(folder / test_file, task, root)
-    with open(_require(folder / meta_file, task, root), "rb") as f:
-        meta = pickle.load(f, encoding="latin1")
-    with open(folder / test_file, "rb") as f:
-        batch = pickle.load(f, encoding="latin1")
+    meta = pickle.loads(_require(folder / meta_file, task, root).read_bytes(), encoding="latin1")
+    batch = pickle.loads((folder / test_file).read_bytes(), encoding="latin1")
     names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
     labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
     classnames = [c.replace("_", " ") for c in names]  # OpenAI's spelling ("aquarium fish")
@@ -544,12 +539,9 @@ def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
     if text_mode == "truncate":
         return common.encode_texts(model, tokenizer, texts, device=device)
     if text_mode == "sentence-mean":
-        sents, owner = [], []
-        for i, t in enumerate(texts):
-            s = split_sentences(t) or [t]
-            sents += s
-            owner += [i] * len(s)
-        f = common.encode_texts(model, tokenizer, sents, device=device)
+        per_text = [split_sentences(t) or [t] for t in texts]
+        owner = [i for i, sents in enumerate(per_text) for _ in sents]  # text index of each sentence
+        f = common.encode_texts(model, tokenizer, [s for sents in per_text for s in sents], device=device)
         out = torch.zeros(len(texts), f.shape[1]).index_add_(0, torch.tensor(owner), f)
         return torch.nn.functional.normalize(out, dim=-1)
     raise ValueError(f"unknown text mode {text_mode!r}")
@@ -635,16 +627,12 @@ CMCL_DATASETS = {
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
 #    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
 #    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
-def _load_array(path: Path) -> torch.Tensor:
-    if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path)).float()
-    return torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True)).float()
-
-
-def _find_array(folder: Path, stem: str) -> Path:
-    for suffix in (".npy", ".pt"):
-        if (folder / (stem + suffix)).exists():
-            return folder / (stem + suffix)
+def _read_array(folder: Path, stem: str) -> torch.Tensor:
+    """folder/stem.npy, else folder/stem.pt, as float32."""
+    if (folder / f"{stem}.npy").exists():
+        return torch.from_numpy(np.load(folder / f"{stem}.npy")).float()
+    if (folder / f"{stem}.pt").exists():
+        return torch.as_tensor(torch.load(folder / f"{stem}.pt", map_location="cpu", weights_only=True)).float()
     raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
 
 
@@ -712,10 +700,10 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             raise common.DataError(f"missing {folder}")
         meta = json.loads((folder / "samples.json").read_text())
         ids = [str(i) for i in meta["ids"]]
-        x = torch.stack([_load_array(_find_array(folder, m)) for m in info["modalities"]], 1)  # (N, M, d)
+        x = torch.stack([_read_array(folder, m) for m in info["modalities"]], 1)  # (N, M, d)
         if "acc" in info["metrics"] and meta.get("labels") is not None:
             classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
-            class_x, labels = _load_array(_find_array(root / dataset, "classes")), torch.tensor(meta["labels"])
+            class_x, labels = _read_array(root / dataset, "classes"), torch.tensor(meta["labels"])
     if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
         raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
                                f"({len(ids)}, {len(info['modalities'])}, d)")
@@ -954,9 +942,7 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
         raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
     d = _simat_dir(root)
     with open(d / "triplets.csv", newline="") as f:
-        trip = list(csv.DictReader(f))
-    for r in trip:
-        r["folder"] = f"A {r['subj']} {r['rel']} {r['obj']}"
+        trip = [{**r, "folder": f"A {r['subj']} {r['rel']} {r['obj']}"} for r in csv.DictReader(f)]
     by_dataset_id = "dataset_id" in trip[0]
     trip.sort(key=lambda r: int(r["dataset_id"]) if by_dataset_id else (r["folder"], f"{r['region_id']}.jpg"))
     rid2did = {int(r["region_id"]): i for i, r in enumerate(trip)}
@@ -1025,9 +1011,8 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
                 res = common.retrieval_metrics(img, txt, rs.text_to_image)
                 if analyses:
                     extra = analyze_retrieval(img, txt, rs.text_to_image, model.logit_scale.exp().item())
-                    keep = [k for k in extra if ("geometry" in analyses and not k.startswith("ece"))
-                            or ("ece" in analyses and k.startswith("ece"))]
-                    res.update({k: extra[k] for k in keep})
+                    res.update({k: v for k, v in extra.items()  # the ece_* keys with 'ece', the others with 'geometry'
+                                if ("ece" if k.startswith("ece") else "geometry") in analyses})
                 records += [{"task": name, "metric": m, "value": v, "protocol": rs.protocol, "text_mode": mode,
                              "missing": rs.missing, "n": len(rs.texts), **base,
                              **({"dropped": rs.dropped} if rs.dropped else {})} for m, v in res.items()]
