@@ -614,19 +614,16 @@ CMCL_DATASETS = {
     "llvip": (("vision", "thermal"), ("recall",)),
 }
 
-# Two layouts, detected per dataset:
-#  CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a (modalities, d) array in CMCL_DATASETS
-#        order; ids sorted as strings
+# Two layouts, detected per dataset. CMCL (the code's features_storage/, written by its extractor):
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order; ids
+#        sorted as strings
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
-#    sample classes: from the ids, which the code's perceptors write as "<id>__<class name>__<class index>", or,
-#        when given, <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes one
-#        from the code's dataset JSON)
+#    sample classes: from the ids ("<id>__<class name>__<class index>", as the code's perceptors write them) or
+#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes it from the code's JSON)
 #  ours (any encoder):
 #    <dir>/<dataset>/meta.json   {"modalities": [...], optional: "classes": [...], "metrics": ["recall", "acc"]}
-#    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
-#    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
-#    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
+#    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
+#        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
     """folder/stem.npy, else folder/stem.pt, as float32."""
     if (folder / f"{stem}.npy").exists():
@@ -764,16 +761,14 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
 # =============================================================================
 @torch.no_grad()
 def geometry(img, txt, chunk: int = 1024) -> dict:
-    """Embedding geometry of N paired, L2-normalised features img, txt (N, D).
-
+    """Embedding geometry of N paired, L2-normalised features img, txt (N, D), in row chunks (memory O(chunk x N)).
     m2-Mix (Oh et al. 2023, Sec. 3, Fig. 2; both greater-is-better; E3, E4):
       align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
       unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
     Wang & Isola (2020), plain versions (lower is better):
       wi_align     = mean_i ||v_i - t_i||^2
       wi_unif_img  = log mean_{i != j} exp(-2 ||v_i - v_j||^2)   (same for texts: wi_unif_txt)
-    gap = ||mean_i v_i - mean_i t_i|| (the modality gap).
-    Computed in row chunks: memory O(chunk x N)."""
+    gap = ||mean_i v_i - mean_i t_i|| (the modality gap)."""
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
@@ -803,9 +798,8 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
-    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison
-    with numbers made by github.com/changdaeoh/multimodal-mixup (main.py
-    do_valid; loss.py rel_lalign_torch, lunif). Both are lower-is-better:
+    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison with numbers made by
+    github.com/changdaeoh/multimodal-mixup (main.py do_valid; loss.py rel_lalign_torch, lunif). Lower is better:
       align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
       unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
                  = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
@@ -1213,9 +1207,8 @@ def analysis_table(records, published=None) -> str:
 # =============================================================================
 def load_state_dict(path) -> dict:
     """A plain open_clip state_dict from: common.save_model files, training checkpoints (common.train's
-    {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickled files are read with
-    weights_only=True (a file holding other objects is refused, not run); OpenAI's TorchScript archives through
-    torch.jit.load."""
+    {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickles are read with
+    weights_only=True (other objects are refused, not run); OpenAI's TorchScript archives with torch.jit.load."""
     path = str(path)
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
