@@ -1,10 +1,9 @@
 """Evaluation suite shared by every method (retrieval, zero-shot, WiSE-FT, geometry, ECE, SIMAT, continual).
 
-Every number a method file prints comes from `evaluate` below, so the papers' tables are made by one piece of
-code. Each loader states the protocol it follows (BENCHMARKS names every set's layout and source) and every
-result record carries it. Full references, E1-E5 at length, the task list and the API: docs/eval.md.
+Every number a method file prints comes from `evaluate` below: the papers' tables are made by one piece of code.
+Each loader states its protocol (BENCHMARKS: every set's layout and source), which every result record carries.
 
-Papers whose protocols this file follows
+Papers whose protocols this file follows (full references, E1-E5 at length, the task list, the API: docs/eval.md)
   ERCLIP    Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939, Sec. 4 (compared with Long-CLIP's protocol)
   Long-CLIP Zhang et al., ECCV 2024, arXiv:2403.15378; eval/retrieval/{coco,Urban1k}.py of beichenzbc/Long-CLIP
   m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
@@ -19,7 +18,7 @@ Protocol choices and deviations ("ours" is the default)
   E4. unif = -log mean_ij exp(-2 ||v_i - t_j||^2); the code's: the images twice, not negated: released_code_geometry.
   E5. SIMAT: test split, best of 14 lambdas {0.5, 1, ..., 7}; the code's dev split, 13 (no 6.5): --simat-protocol code.
 
-Runbook (tasks and the data root layout: python eval.py --help)
+Runbook (one device, no torchrun; the tasks and the data root layout: python eval.py --help)
   python eval.py --backbone tiny                                     # synthetic world, CPU
   python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
@@ -28,7 +27,6 @@ Runbook (tasks and the data root layout: python eval.py --help)
       --wise-ft runs/x/model.pt --alphas 0,0.25,0.5,0.75,1            # WiSE-FT curve
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
-  torchrun is not needed: evaluation runs on one device.
 """
 from __future__ import annotations
 
@@ -164,8 +162,7 @@ def _group_captions(image_keys, caption_pairs, max_per_image=None):
 
 
 # ---- retrieval benchmarks ---------------------------------------------------
-# task -> captions kept per image (E1): Long-CLIP's coco.py (the protocol ERCLIP compares with), every caption
-# (25,014 on the full set), the m2-Mix code's 1:1 protocol
+# task -> captions kept per image (E1): Long-CLIP's coco.py (ERCLIP compares with it), all (25,014), m2-Mix code's 1:1
 COCO_VAL2017 = {"coco": 5, "coco-all": None, "coco-1cap": 1}
 
 
@@ -267,13 +264,10 @@ def _dci(root, field="extra_caption", strict=False):
     task = "long-dci" if field == "extra_caption" else "dci"
     root = Path(root)
     ann_dir = _require(root / "dci/densely_captioned_images/annotations", task, root)
-    paths, texts = [], []
-    for p in sorted(ann_dir.glob("*.json")):
-        a = json.loads(p.read_text(encoding="utf-8"))
-        text = " ".join(str(a.get(field) or "").split())
-        if text:
-            paths.append(root / "dci/densely_captioned_images/photos" / a["image"])
-            texts.append(text)
+    anns = (json.loads(p.read_text(encoding="utf-8")) for p in sorted(ann_dir.glob("*.json")))  # one at a time
+    pairs = [(a["image"], text) for a in anns if (text := " ".join(str(a.get(field) or "").split()))]
+    paths = [root / "dci/densely_captioned_images/photos" / image for image, _ in pairs]
+    texts = [text for _, text in pairs]
     if not paths:
         raise MissingData(f"{task}: no annotation in {ann_dir} has a non-empty {field!r}. "
                           f"Expected: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}")
@@ -281,8 +275,7 @@ def _dci(root, field="extra_caption", strict=False):
                    f"DCI annotations with non-empty {field} ({len(paths)} pairs), 1:1", task, root, strict)
 
 
-# The lab's world (the lab package, which eval never imports) registers its synthetic-* sets here when it is
-# imported: name -> loader(root, n=None).
+# The lab (which eval never imports) registers its world's synthetic-* sets here on import: name -> loader(root, n=None)
 SYNTHETIC_RETRIEVAL: dict = {}
 SYNTHETIC_CLASSIFICATION: dict = {}
 
@@ -555,10 +548,9 @@ def _text_fingerprint(model) -> str:
     """Identifies the text tower's current weights (changes when they train)."""
     h = hashlib.sha1()
     for name, p in common.text_tower(model).named_parameters():
-        if name.startswith("visual."):
-            continue
-        p = p.detach().double()
-        h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
+        if not name.startswith("visual."):
+            p = p.detach().double()
+            h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
     return h.hexdigest()
 
 
@@ -869,8 +861,7 @@ def first_caption_pairs(text_to_image) -> torch.Tensor:
     """Index of each image's first text: turns a many-caption set into the 1:1 pairs that geometry() needs."""
     t2i = torch.as_tensor(text_to_image).long()
     first = torch.full((int(t2i.max()) + 1,), -1, dtype=torch.long)
-    first.scatter_reduce_(0, t2i, torch.arange(len(t2i)), reduce="amin", include_self=False)
-    return first
+    return first.scatter_reduce_(0, t2i, torch.arange(len(t2i)), reduce="amin", include_self=False)
 
 
 def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) -> dict:
@@ -967,7 +958,6 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
              device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
              cache_dir=None, synthetic_n=None, log=None, simat_protocol="ours"):
     """Evaluates `model` on each task; one record per (task, metric, text mode).
-
     text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or a list. Image features are computed
     once per task, text features once per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry and
     calibration (from the same features) to retrieval tasks. A task may also be 'simat' (simat_protocol: 'ours' or
@@ -1171,9 +1161,7 @@ def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=Non
             row[f"{r['metric']} (paper)"] = float(published[(r["task"], r["metric"])])
     cols = ["task"]
     for m in metrics:
-        cols.append(m)
-        if published and any(k[1] == m for k in published):
-            cols.append(f"{m} (paper)")
+        cols += [m, f"{m} (paper)"] if published and any(k[1] == m for k in published) else [m]
     if any(row["missing"] for row in rows.values()):
         cols.append("missing")
     return common.markdown_table(list(rows.values()), cols)
@@ -1196,9 +1184,7 @@ def analysis_table(records, published=None) -> str:
         paper = (published or {}).get((r["task"], r["metric"]))
         if paper is not None:
             rows.setdefault(f"{r['task']} (paper)", {"task": f"{r['task']} (paper)"})[r["metric"]] = float(paper)
-    for m in ANALYSIS_METRICS:
-        if any(m in row for row in rows.values()):
-            cols.append(m)
+    cols += [m for m in ANALYSIS_METRICS if any(m in row for row in rows.values())]
     return common.markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
 
 
@@ -1265,7 +1251,7 @@ def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
 
 def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
     """One row per alpha, one column per (task, metric): the target-task score against zero-shot retention."""
-    rows, cols = [], ["alpha"]
+    rows, cols = [], {"alpha": None}  # cols: the columns in order of first appearance
     for point in curve:
         row = {"alpha": f"{point['alpha']:g}"}
         for r in point["records"]:
@@ -1273,10 +1259,9 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
                 c = f"{r['task']} {r['metric']}" + ("" if r["text_mode"] in ("truncate", "prompt-ensemble")
                                                     else f" [{r['text_mode']}]")
                 row[c] = r["value"]
-                if c not in cols:
-                    cols.append(c)
+                cols.setdefault(c)
         rows.append(row)
-    return common.markdown_table(rows, cols)
+    return common.markdown_table(rows, list(cols))
 
 
 # =============================================================================
@@ -1296,9 +1281,8 @@ def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) 
 
 def continual_summary(rows) -> dict:
     """common.summarize_continual of continual_row's rows (row 0: before any training): matrices, metrics, PD."""
-    rec = {"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
-           "seconds": [0.0] * len(rows), "steps": [0] * len(rows)}
-    return common.summarize_continual(rec)
+    return common.summarize_continual({"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
+                                       "seconds": [0.0] * len(rows), "steps": [0] * len(rows)})
 
 
 def continual_tables(summary, tasks) -> str:
@@ -1406,8 +1390,7 @@ def main(argv=None):
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
-              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol,
-              log=lambda s: print(s, file=sys.stderr))
+              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol, log=lambda s: print(s, file=sys.stderr))
     published = published_numbers(a.paper, a.backbone) if a.paper else None
     if a.paper and not published:
         print(f"[eval] {a.paper} publishes no CLIP row for {a.backbone}", file=sys.stderr)
