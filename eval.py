@@ -1,85 +1,24 @@
 """Evaluation suite shared by every method (retrieval, zero-shot, WiSE-FT, geometry, ECE, SIMAT, continual).
 
-Benchmark loaders, protocols, long-caption text modes, WiSE-FT curves,
-geometry and calibration, SIMAT, continual matrices.
+Every number a method file prints comes from `evaluate` below: the papers' tables are made by one piece of code.
+Each loader states its protocol (BENCHMARKS: every set's layout and source), which every result record carries.
 
-Every number a method file prints comes from `evaluate` below, so the four
-papers' tables are made by one piece of code. Each loader states the
-protocol it follows (BENCHMARKS names every set's layout and source) and
-every result record carries it, so results.json says which protocol a
-number used.
+Papers whose protocols this file follows (full references, E1-E5 at length, the task list, the API: docs/eval.md)
+  ERCLIP    Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939, Sec. 4 (compared with Long-CLIP's protocol)
+  Long-CLIP Zhang et al., ECCV 2024, arXiv:2403.15378; eval/retrieval/{coco,Urban1k}.py of beichenzbc/Long-CLIP
+  m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
+            (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
+  C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
+  CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
-Papers whose protocols this file follows
-  ERCLIP   Le, Tran, Nguyen, Zhou, Gurrin. "ERCLIP: Small-Data Adaptation of CLIP
-           for Free-Length Image-Text Retrieval." arXiv:2610.29939, Sec. 4
-           (compares with Long-CLIP: Zhang et al., "Long-CLIP: Unlocking the
-           Long-Text Capability of CLIP", ECCV 2024, arXiv:2403.15378, whose
-           evaluation scripts are eval/retrieval/{coco,Urban1k}.py of
-           github.com/beichenzbc/Long-CLIP).
-  m2-Mix   Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning."
-           NeurIPS 2023, arXiv:2203.03897, Sec. 3 (align / unif), Sec. 5.3
-           (Tab. 2, Fig. 6: ECE), Tab. 5 (SIMAT: Couairon et al., "Embedding
-           Arithmetic of Multimodal Queries for Image Retrieval",
-           arXiv:2112.03162, github.com/facebookresearch/SIMAT). Released
-           code: github.com/changdaeoh/multimodal-mixup ("the m2-Mix code").
-  C-CLIP   Liu, Zhu, Wei, Tian. ICLR 2025, Sec. 3.3 (VLCL metrics, PD).
-  CMCL     Liu et al. "Continual Multimodal Contrastive Learning." NeurIPS 2025,
-           arXiv:2503.14963 (Acc, BWT, R@10).
+Protocol choices and deviations ("ours" is the default)
+  E1. COCO val2017 5k ('coco'): the first 5 captions per image (25,000), as Long-CLIP's coco.py; 'coco-all': 25,014.
+  E2. Urban1K: the caption file's first line, split on "\\n" only, as Long-CLIP's Urban1k.py (readlines()[0]).
+  E3. m2-Mix align: on the images, negated (Sec. 3); the code's (on the texts, not negated): released_code_geometry.
+  E4. unif = -log mean_ij exp(-2 ||v_i - t_j||^2); the code's: the images twice, not negated: released_code_geometry.
+  E5. SIMAT: test split, best of 14 lambdas {0.5, 1, ..., 7}; the code's dev split, 13 (no 6.5): --simat-protocol code.
 
-Protocol choices and deviations (numbered E1..; "ours" is the default)
-  E1. COCO val2017 5k ('coco'): the FIRST 5 captions of each image (25,000
-      texts, images sorted by id, captions in annotation-file order), as
-      Long-CLIP's coco.py (torchvision CocoCaptions, captions[0:5]), which
-      ERCLIP's Table 2 compares with. 'coco-all' keeps all 25,014 (13 images
-      have 6-7). The record's protocol says which.
-  E2. Urban1K: the caption is the file's first line, split on "\\n" only (after
-      universal-newline reading), as Long-CLIP's Urban1k.py (readlines()[0]);
-      str.splitlines() would also break at \\x0c, \\x85 or \\u2028 inside a caption.
-  E3. m2-Mix alignment (geometry()['align']): anchored on the images and
-      negated, greater is better, as the paper describes it (Sec. 3). The
-      m2-Mix code (main.py do_valid: loss.rel_lalign_torch(text, image))
-      anchors on the TEXTS (min over images k != i for text i) and does not
-      negate; released_code_geometry()['align_code'] computes it.
-  E4. m2-Mix uniformity (geometry()['unif']): -log mean over all image-text
-      pairs (i, j) of exp(-2 ||v_i - t_j||^2), greater is better. The m2-Mix
-      code (loss.lunif(cat([image, image]))) takes log mean exp(-2 d^2) over
-      the pairs of the IMAGE features duplicated (the N zero distances of an
-      image and its copy included), not negated, no text;
-      released_code_geometry()['unif_code'] computes it.
-  E5. SIMAT: ours evaluates SIMAT's test split (transfos.csv is_test) and
-      takes the best of lambda in {0.5, 1, ..., 7} (14 values). The m2-Mix
-      code's SIMAT_eval evaluates the 'dev' split (its default, as SIMAT's own
-      eval.py) over 13 lambdas {0.5, 1, ..., 6, 7} (no 6.5):
-      simat_protocol="code" / --simat-protocol code. The m2-Mix paper states
-      neither.
-
-Tasks (data root layout in README.md / `python eval.py --help`):
-  retrieval        coco (val2017 5k, first 5 captions per image), coco-all (all 25,014 captions),
-                   coco-1cap (m2-Mix: first caption),
-                   coco-karpathy (Karpathy 5k test), flickr30k (Karpathy 1k test),
-                   flickr30k-1cap (m2-Mix), urban1k, sharegpt4v-1k, docci, long-dci, dci,
-                   any manifest (path.jsonl / .csv / .tsv, optional '#column'),
-                   synthetic-short/-long/-unseen/-unseen-long/-task-<domain>
-  classification   cifar10, cifar100, imagenet, imagefolder:<path>, synthetic-shape/-color
-  other            simat (text-driven image transformation)
-
-Importable API (method files and tests use these; names and signatures are stable):
-  load_retrieval(name, root) -> RetrievalSet(image_paths, texts, text_to_image, protocol, missing)
-  load_classification(name, root, download=False) -> ClassificationSet
-  image_features / text_features(model, tokenizer, texts, text_mode)
-  evaluate(model, preprocess, tokenizer, tasks, data_root, text_mode, ...) -> records
-  results_table(records, metrics, published=None) -> markdown
-  geometry(img, txt) -> dict                 m2-Mix align/unif + Wang & Isola's versions
-  released_code_geometry(img, txt) -> dict   the m2-Mix code's align/unif (E3, E4)
-  ece(img, txt, text_to_image, scale, bins=15, direction="i2t") -> float (percent)
-  ece_curve(img, txt, text_to_image, taus, bins=15, direction="i2t") -> {tau: ece}
-  simat_score(...), simat(model, preprocess, tokenizer, root, split, lambdas); SIMAT_PROTOCOLS (E5)
-  load_state_dict(path), interpolate_weights(theta0, theta1, alpha), wise_ft(...)
-  continual_row(records, tasks, ...), evaluate_checkpoints(...), continual_tables(summary)
-  published_numbers(paper, backbone) -> {(task, metric): value}
-  ERCLIP_TABLE1/2, M2MIX_TABLE1, PUBLISHED   the one home of the papers' numbers
-
-Runbook:
+Runbook (one device, no torchrun; the tasks and the data root layout: python eval.py --help)
   python eval.py --backbone tiny                                     # synthetic world, CPU
   python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
@@ -88,7 +27,6 @@ Runbook:
       --wise-ft runs/x/model.pt --alphas 0,0.25,0.5,0.75,1            # WiSE-FT curve
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
-  torchrun is not needed: evaluation runs on one device.
 """
 from __future__ import annotations
 
@@ -168,9 +106,8 @@ BENCHMARKS = {
     "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
               "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
 }
-BENCHMARKS["coco-1cap"] = BENCHMARKS["coco-all"] = BENCHMARKS["coco"]
-BENCHMARKS["flickr30k-1cap"] = BENCHMARKS["flickr30k"]
-BENCHMARKS["long-dci"] = BENCHMARKS["dci"]
+BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco"],
+                   "flickr30k-1cap": BENCHMARKS["flickr30k"], "long-dci": BENCHMARKS["dci"]})
 
 
 def _require(path: Path, task: str, root):
@@ -183,10 +120,8 @@ def _require(path: Path, task: str, root):
 
 
 def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=False) -> RetrievalSet:
-    """Drops images missing on disk or not decodable in full (a truncated
-    file) with their texts, counts them and lists the undecodable ones;
-    refuses an evaluation with no image at all (or any dropped image when
-    strict)."""
+    """Drops images missing on disk or not decodable in full (a truncated file) with their texts, counts them
+    and lists the undecodable ones; refuses an evaluation with no image at all (or any dropped image when strict)."""
     t2i = torch.as_tensor(t2i, dtype=torch.long)
     found = [Path(p).is_file() for p in paths]
     checked = iter(common.image_problems([p for p, f in zip(paths, found) if f]))
@@ -214,9 +149,8 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
 
 
 def _group_captions(image_keys, caption_pairs, max_per_image=None):
-    """image_keys: ordered image keys; caption_pairs: (key, text), in file
-    order; max_per_image: keep the first k captions of each image (None:
-    all). -> texts, t2i (texts in file order)."""
+    """image_keys: ordered image keys; caption_pairs: (key, text), in file order; max_per_image: keep the first
+    k captions of each image (None: all). -> texts, t2i (texts in file order)."""
     index = {k: i for i, k in enumerate(image_keys)}
     texts, t2i, kept = [], [], {}
     for key, text in caption_pairs:
@@ -229,16 +163,12 @@ def _group_captions(image_keys, caption_pairs, max_per_image=None):
 
 
 # ---- retrieval benchmarks ---------------------------------------------------
-COCO_VAL2017 = {  # task -> captions kept per image (E1)
-    "coco": 5,  # Long-CLIP's coco.py, the protocol ERCLIP compares with
-    "coco-all": None,  # every caption (25,014 on the full set)
-    "coco-1cap": 1,  # the m2-Mix code's 1:1 protocol
-}
+# task -> captions kept per image (E1): Long-CLIP's coco.py (ERCLIP compares with it), all (25,014), m2-Mix code's 1:1
+COCO_VAL2017 = {"coco": 5, "coco-all": None, "coco-1cap": 1}
 
 
 def _coco_val2017(root, task="coco", strict=False):
-    """COCO val2017 5k: images sorted by id, captions in annotation-file
-    order, the first COCO_VAL2017[task] of each image (E1)."""
+    """COCO val2017 5k: images sorted by id, captions in annotation-file order, the first COCO_VAL2017[task] (E1)."""
     per_image = COCO_VAL2017[task]
     root = Path(root)
     ann = json.loads(_require(root / "coco/annotations/captions_val2017.json", task, root).read_text())
@@ -286,33 +216,27 @@ def _urban1k(root, strict=False):
 
 
 def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
-    """The first n objects of a (huge) JSON array, read incrementally: the
-    1.2M-record ShareGPT4V file is never parsed whole."""
+    """The first n objects of a (huge) JSON array, read incrementally (the 1.2M-record ShareGPT4V file, never whole)."""
     dec, out = json.JSONDecoder(), []
     with open(path, encoding="utf-8") as f:
-        buf, i = f.read(chunk), 0
+        buf = f.read(chunk)
         i = buf.index("[") + 1
         while len(out) < n:
             while i < len(buf) and buf[i] in " \t\r\n,":
                 i += 1
-            if i >= len(buf):
+            if buf[i:i + 1] == "]":
+                break
+            try:
+                obj, i = dec.raw_decode(buf, i)  # at the end of the buffer (i = len(buf)) it raises too
+            except json.JSONDecodeError:
                 more = f.read(chunk)
-                if not more:
+                if not more and i < len(buf):
+                    raise
+                if not more:  # the file ends between two objects
                     break
                 buf, i = buf[i:] + more, 0
                 continue
-            if buf[i] == "]":
-                break
-            try:
-                obj, j = dec.raw_decode(buf, i)
-            except json.JSONDecodeError:
-                more = f.read(chunk)
-                if not more:
-                    raise
-                buf, i = buf[i:] + more, 0
-                continue
             out.append(obj)
-            i = j
             if i > chunk:  # drop what is parsed, keep the buffer O(chunk)
                 buf, i = buf[i:], 0
     return out
@@ -341,13 +265,10 @@ def _dci(root, field="extra_caption", strict=False):
     task = "long-dci" if field == "extra_caption" else "dci"
     root = Path(root)
     ann_dir = _require(root / "dci/densely_captioned_images/annotations", task, root)
-    paths, texts = [], []
-    for p in sorted(ann_dir.glob("*.json")):
-        a = json.loads(p.read_text(encoding="utf-8"))
-        text = " ".join(str(a.get(field) or "").split())
-        if text:
-            paths.append(root / "dci/densely_captioned_images/photos" / a["image"])
-            texts.append(text)
+    anns = (json.loads(p.read_text(encoding="utf-8")) for p in sorted(ann_dir.glob("*.json")))  # one at a time
+    pairs = [(a["image"], text) for a in anns if (text := " ".join(str(a.get(field) or "").split()))]
+    paths = [root / "dci/densely_captioned_images/photos" / image for image, _ in pairs]
+    texts = [text for _, text in pairs]
     if not paths:
         raise MissingData(f"{task}: no annotation in {ann_dir} has a non-empty {field!r}. "
                           f"Expected: {BENCHMARKS[task][0]}; source: {BENCHMARKS[task][1]}")
@@ -355,8 +276,7 @@ def _dci(root, field="extra_caption", strict=False):
                    f"DCI annotations with non-empty {field} ({len(paths)} pairs), 1:1", task, root, strict)
 
 
-# The lab's world (the lab package, which eval never imports) registers its
-# synthetic-* sets here when it is imported: name -> loader(root, n=None).
+# The lab (which eval never imports) registers its world's synthetic-* sets here on import: name -> loader(root, n=None)
 SYNTHETIC_RETRIEVAL: dict = {}
 SYNTHETIC_CLASSIFICATION: dict = {}
 
@@ -367,11 +287,6 @@ def register_synthetic(retrieval: dict, classification: dict):
     RETRIEVAL_TASKS.update(retrieval)
     SYNTHETIC_CLASSIFICATION.update(classification)
     CLASSIFICATION_TASKS[:0] = [k for k in classification if k not in CLASSIFICATION_TASKS]
-
-
-def synthetic_tasks():
-    """Evaluation task names of the lab's world -> loader (empty until the lab is imported)."""
-    return SYNTHETIC_RETRIEVAL
 
 
 def _lab_not_loaded(name: str):
@@ -386,10 +301,7 @@ REAL_RETRIEVAL_TASKS = {
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
-    "urban1k": _urban1k,
-    "sharegpt4v-1k": _sharegpt4v_1k,
-    "docci": _docci,
-    "long-dci": _dci,
+    "urban1k": _urban1k, "sharegpt4v-1k": _sharegpt4v_1k, "docci": _docci, "long-dci": _dci,
     "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
 }
 RETRIEVAL_TASKS = dict(REAL_RETRIEVAL_TASKS)  # + the lab's, once registered
@@ -411,24 +323,19 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
         if strict:
             raise MissingData(msg)
         print(f"[eval] WARNING {msg}", file=sys.stderr)
-    index, paths, t2i, texts = {}, [], [], []
+    index, t2i, texts = {}, [], []  # index: image path -> image index, in order of first appearance
     for r in ds.rows:
-        p = str(ds.image_file(r))
-        if p not in index:
-            index[p] = len(paths)
-            paths.append(p)
-        t2i.append(index[p])
+        t2i.append(index.setdefault(str(ds.image_file(r)), len(index)))
         texts.append(r[column] if column in r else ds._caption(r))
-    rs = _finish(Path(path).stem, paths, texts, t2i, f"manifest {path}, column {column}", strict=strict)
+    rs = _finish(Path(path).stem, list(index), texts, t2i, f"manifest {path}, column {column}", strict=strict)
     rs.missing += len(ds.skipped)
     rs.dropped = ds.skipped + rs.dropped
     return rs
 
 
 def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=None) -> RetrievalSet:
-    """A retrieval benchmark by task name, or a manifest path ('x.jsonl',
-    'x.csv#long_caption' to read another column). strict: a missing image is
-    an error instead of being dropped and counted."""
+    """A retrieval benchmark by task name, or a manifest path ('x.jsonl', 'x.csv#long_caption' to read another
+    column). strict: a missing image is an error instead of being dropped and counted."""
     if name in SYNTHETIC_RETRIEVAL:
         return SYNTHETIC_RETRIEVAL[name](root, synthetic_n)
     if name.startswith("synthetic-"):
@@ -444,13 +351,11 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
 # ---- classification ---------------------------------------------------------
 # OpenAI's 18 CIFAR prompts (CLIP repository, notebooks/Prompt_Engineering_for_ImageNet.ipynb / data/prompts.md).
 CIFAR_TEMPLATES = [
-    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.",
-    "a low contrast photo of a {}.", "a high contrast photo of a {}.", "a bad photo of a {}.",
-    "a good photo of a {}.", "a photo of a small {}.", "a photo of a big {}.", "a photo of the {}.",
-    "a blurry photo of the {}.", "a black and white photo of the {}.", "a low contrast photo of the {}.",
-    "a high contrast photo of the {}.", "a bad photo of the {}.", "a good photo of the {}.",
-    "a photo of the small {}.", "a photo of the big {}.",
-]
+    "a photo of a {}.", "a blurry photo of a {}.", "a black and white photo of a {}.", "a low contrast photo of a {}.",
+    "a high contrast photo of a {}.", "a bad photo of a {}.", "a good photo of a {}.", "a photo of a small {}.",
+    "a photo of a big {}.", "a photo of the {}.", "a blurry photo of the {}.", "a black and white photo of the {}.",
+    "a low contrast photo of the {}.", "a high contrast photo of the {}.", "a bad photo of the {}.",
+    "a good photo of the {}.", "a photo of the small {}.", "a photo of the big {}."]
 
 
 def imagenet_templates() -> list:
@@ -472,8 +377,7 @@ class _CifarImages:
 
 
 def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
-    """torchvision's CIFAR folders (read directly: no md5 check, so any
-    faithful copy works); download=True fetches them through torchvision."""
+    """torchvision's CIFAR folders, read directly (no md5 check: any faithful copy works); download: via torchvision."""
     task = f"cifar{n_classes}"
     root = Path(root)
     folder = root / task / ("cifar-10-batches-py" if n_classes == 10 else "cifar-100-python")
@@ -483,10 +387,8 @@ def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
         cls = torchvision.datasets.CIFAR10 if n_classes == 10 else torchvision.datasets.CIFAR100
         cls(str(root / task), train=False, download=True)
     _require(folder / test_file, task, root)
-    with open(_require(folder / meta_file, task, root), "rb") as f:
-        meta = pickle.load(f, encoding="latin1")
-    with open(folder / test_file, "rb") as f:
-        batch = pickle.load(f, encoding="latin1")
+    meta = pickle.loads(_require(folder / meta_file, task, root).read_bytes(), encoding="latin1")
+    batch = pickle.loads((folder / test_file).read_bytes(), encoding="latin1")
     names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
     labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
     classnames = [c.replace("_", " ") for c in names]  # OpenAI's spelling ("aquarium fish")
@@ -501,13 +403,9 @@ IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 def _image_folder(folder: Path):
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
-    paths, labels = [], []
-    for c, name in enumerate(classes):
-        for p in sorted((folder / name).iterdir()):
-            if p.suffix.lower() in IMAGE_EXTS:
-                paths.append(str(p))
-                labels.append(c)
-    return classes, paths, torch.tensor(labels, dtype=torch.long)
+    files = [(str(p), c) for c, name in enumerate(classes) for p in sorted((folder / name).iterdir())
+             if p.suffix.lower() in IMAGE_EXTS]
+    return classes, [p for p, _ in files], torch.tensor([c for _, c in files], dtype=torch.long)
 
 
 def _imagenet(root) -> ClassificationSet:
@@ -539,8 +437,7 @@ def _any_image_folder(path) -> ClassificationSet:
 
 
 def load_classification(name: str, root="data", download: bool = False, synthetic_n=None) -> ClassificationSet:
-    """A zero-shot classification set by name; download=True lets
-    torchvision fetch CIFAR when it is absent (never implicitly)."""
+    """A zero-shot classification set by name; download=True: torchvision fetches an absent CIFAR (never implicitly)."""
     if name in SYNTHETIC_CLASSIFICATION:
         return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
     if name.startswith("synthetic-"):
@@ -563,8 +460,7 @@ def is_classification(name: str) -> bool:
 
 
 def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[str]:
-    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks, or
-    the lab's when training on the synthetic world) or a comma list."""
+    """A method script's --eval-tasks: 'none', 'auto' (the paper's tasks; the lab's on the synthetic world), a list."""
     if spec == "none":
         return []
     if spec == "auto":
@@ -573,8 +469,7 @@ def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[
 
 
 def check_tasks(tasks, data_root):
-    """Loads every evaluation set's index before training, so missing data
-    fails in seconds, not after the run."""
+    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run."""
     for t in tasks:
         try:
             if is_classification(t):
@@ -610,8 +505,7 @@ class _Images(torch.utils.data.Dataset):
 
 @torch.no_grad()
 def image_features(model, preprocess, paths, batch_size=256, workers=0, device=None):
-    """Normalised image features (N, D), float32 on CPU; AMP on CUDA.
-    `paths`: file paths or a sequence of PIL images."""
+    """Normalised image features (N, D), float32 on CPU; AMP on CUDA. `paths`: file paths or PIL images."""
     device = device or next(model.parameters()).device
     loader = torch.utils.data.DataLoader(_Images(paths, preprocess), batch_size=batch_size, num_workers=workers,
                                          pin_memory=str(device).startswith("cuda"))
@@ -626,31 +520,22 @@ _SENTENCE_END = re.compile(r"(?<=\.)\s+")
 
 
 def split_sentences(text: str) -> list[str]:
-    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7),
-    shared by ERCLIP's training and the 'sentence-mean' text mode: a '.'
-    followed by whitespace (or the end) closes a sentence, so '2.5' stays
+    """ERCLIP's sentence splitter (Le et al., Sec. 3.1; erclip.py deviation 7), shared by ERCLIP's training and
+    the 'sentence-mean' text mode: a '.' followed by whitespace (or the end) closes a sentence, so '2.5' stays
     whole. Whitespace collapses; fragments with no letter/digit are dropped."""
-    out = []
-    for s in _SENTENCE_END.split(text.strip()):
-        s = " ".join(s.split())
-        if any(ch.isalnum() for ch in s):
-            out.append(s)
-    return out
+    sentences = (" ".join(s.split()) for s in _SENTENCE_END.split(text.strip()))
+    return [s for s in sentences if any(ch.isalnum() for ch in s)]
 
 
 def text_features(model, tokenizer, texts, text_mode="truncate", device=None):
-    """truncate: the papers' protocol (cut at the context, end token kept).
-    sentence-mean: each sentence encoded within the window, normalised
-    embeddings averaged, renormalised."""
+    """truncate: the papers' protocol (cut at the context, end token kept). sentence-mean: each sentence
+    encoded within the window, normalised embeddings averaged, renormalised."""
     if text_mode == "truncate":
         return common.encode_texts(model, tokenizer, texts, device=device)
     if text_mode == "sentence-mean":
-        sents, owner = [], []
-        for i, t in enumerate(texts):
-            s = split_sentences(t) or [t]
-            sents += s
-            owner += [i] * len(s)
-        f = common.encode_texts(model, tokenizer, sents, device=device)
+        per_text = [split_sentences(t) or [t] for t in texts]
+        owner = [i for i, sents in enumerate(per_text) for _ in sents]  # text index of each sentence
+        f = common.encode_texts(model, tokenizer, [s for sents in per_text for s in sents], device=device)
         out = torch.zeros(len(texts), f.shape[1]).index_add_(0, torch.tensor(owner), f)
         return torch.nn.functional.normalize(out, dim=-1)
     raise ValueError(f"unknown text mode {text_mode!r}")
@@ -664,10 +549,9 @@ def _text_fingerprint(model) -> str:
     """Identifies the text tower's current weights (changes when they train)."""
     h = hashlib.sha1()
     for name, p in common.text_tower(model).named_parameters():
-        if name.startswith("visual."):
-            continue
-        p = p.detach().double()
-        h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
+        if not name.startswith("visual."):
+            p = p.detach().double()
+            h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
     return h.hexdigest()
 
 
@@ -692,9 +576,8 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
 @torch.no_grad()
 def manifest_features(model, preprocess, tokenizer, manifest, label_column: str = "", device=None) -> dict:
-    """Frozen CLIP features of a manifest with this module's protocol (rows that
-    share an image share it): img (N, D), txt (M, D), t2i (M,), labels (N,)
-    from `label_column` or None. Same calls as evaluate (truncate)."""
+    """Frozen CLIP features of a manifest with this module's protocol (rows that share an image share it):
+    img (N, D), txt (M, D), t2i (M,), labels (N,) from `label_column` or None. Same calls as evaluate (truncate)."""
     rs = manifest_retrieval(manifest)
     labels = None
     if label_column:
@@ -724,38 +607,28 @@ CMCL_DATASETS = {
     "llvip": (("vision", "thermal"), ("recall",)),
 }
 
-# Two layouts, detected per dataset:
-#  CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one dataset per sample id, a
-#        (modalities, d) array in CMCL_DATASETS order; ids sorted as strings
+# Two layouts, detected per dataset. CMCL (the code's features_storage/, written by its extractor):
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order; ids
+#        sorted as strings
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
-#    sample classes: from the ids, which the code's perceptors write as
-#        "<id>__<class name>__<class index>", or, when given,
-#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours;
-#        cmcl_labels() makes one from the code's dataset JSON)
+#    sample classes: from the ids ("<id>__<class name>__<class index>", as the code's perceptors write them) or
+#        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes it from the code's JSON)
 #  ours (any encoder):
-#    <dir>/<dataset>/meta.json   {"modalities": [...], "classes": [...] (optional),
-#                                 "metrics": ["recall", "acc"] (optional)}
-#    <dir>/<dataset>/<split>/<modality>.npy or .pt   (N, d), row i = sample i
-#    <dir>/<dataset>/<split>/samples.json  {"ids": [...], "labels": [class index, ...] (optional)}
-#    <dir>/<dataset>/classes.npy or .pt    (C, d): text feature of each class name
-def _load_array(path: Path) -> torch.Tensor:
-    if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path)).float()
-    return torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True)).float()
-
-
-def _find_array(folder: Path, stem: str) -> Path:
-    for suffix in (".npy", ".pt"):
-        if (folder / (stem + suffix)).exists():
-            return folder / (stem + suffix)
+#    <dir>/<dataset>/meta.json   {"modalities": [...], optional: "classes": [...], "metrics": ["recall", "acc"]}
+#    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
+#        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
+def _read_array(folder: Path, stem: str) -> torch.Tensor:
+    """folder/stem.npy, else folder/stem.pt, as float32."""
+    if (folder / f"{stem}.npy").exists():
+        return torch.from_numpy(np.load(folder / f"{stem}.npy")).float()
+    if (folder / f"{stem}.pt").exists():
+        return torch.as_tensor(torch.load(folder / f"{stem}.pt", map_location="cpu", weights_only=True)).float()
     raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
 
 
 def cmcl_labels(paired_data_json) -> dict:
-    """{sample id: class name} from the code's dataset JSON
-    (paired_data_<split>.json: a list of one-element lists [{"id", "name", ...}]),
-    to be saved as <dataset>_<split>_labels.json next to the h5 files."""
+    """{sample id: class name} from the code's dataset JSON (paired_data_<split>.json: a list of one-element
+    lists [{"id", "name", ...}]), to be saved as <dataset>_<split>_labels.json next to the h5 files."""
     return {str(row[0]["id"]): row[0]["name"] for row in json.loads(Path(paired_data_json).read_text())}
 
 
@@ -786,9 +659,8 @@ def dataset_info(root, dataset: str, perceptor: str) -> dict:
 
 
 def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") -> dict:
-    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32,
-    "modalities": (M names), "metrics": (...), "labels": (N,) long or None,
-    "classes": [C names] or None, "class_x": (C, d) or None}."""
+    """One split of one dataset: {"ids": [N], "x": (N, M, d) float32, "modalities": (M names), "metrics": (...),
+    "labels": (N,) long or None, "classes": [C names] or None, "class_x": (C, d) or None}."""
     root, info = Path(root), dataset_info(root, dataset, perceptor)
     labels = classes = class_x = None
     if info["layout"] == "cmcl":
@@ -818,15 +690,14 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             raise common.DataError(f"missing {folder}")
         meta = json.loads((folder / "samples.json").read_text())
         ids = [str(i) for i in meta["ids"]]
-        x = torch.stack([_load_array(_find_array(folder, m)) for m in info["modalities"]], 1)  # (N, M, d)
+        x = torch.stack([_read_array(folder, m) for m in info["modalities"]], 1)  # (N, M, d)
         if "acc" in info["metrics"] and meta.get("labels") is not None:
             classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
-            class_x, labels = _load_array(_find_array(root / dataset, "classes")), torch.tensor(meta["labels"])
+            class_x, labels = _read_array(root / dataset, "classes"), torch.tensor(meta["labels"])
     if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
         raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
                                f"({len(ids)}, {len(info['modalities'])}, d)")
     return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
-
 
 
 def write_h5(path, arrays: dict):
@@ -1048,16 +919,14 @@ def cmcl_table(named_results) -> str:
 # =============================================================================
 @torch.no_grad()
 def geometry(img, txt, chunk: int = 1024) -> dict:
-    """Embedding geometry of N paired, L2-normalised features img, txt (N, D).
-
+    """Embedding geometry of N paired, L2-normalised features img, txt (N, D), in row chunks (memory O(chunk x N)).
     m2-Mix (Oh et al. 2023, Sec. 3, Fig. 2; both greater-is-better; E3, E4):
       align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
       unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
     Wang & Isola (2020), plain versions (lower is better):
       wi_align     = mean_i ||v_i - t_i||^2
       wi_unif_img  = log mean_{i != j} exp(-2 ||v_i - v_j||^2)   (same for texts: wi_unif_txt)
-    gap = ||mean_i v_i - mean_i t_i|| (the modality gap).
-    Computed in row chunks: memory O(chunk x N)."""
+    gap = ||mean_i v_i - mean_i t_i|| (the modality gap)."""
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
@@ -1087,9 +956,8 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
-    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison
-    with numbers made by github.com/changdaeoh/multimodal-mixup (main.py
-    do_valid; loss.py rel_lalign_torch, lunif). Both are lower-is-better:
+    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison with numbers made by
+    github.com/changdaeoh/multimodal-mixup (main.py do_valid; loss.py rel_lalign_torch, lunif). Lower is better:
       align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
       unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
                  = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
@@ -1097,7 +965,8 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, "
+                         f"{tuple(txt.shape)}")
     pos = (txt - img).square().sum(1)  # (N,)
     hardest, lse = torch.empty(n), []
     for s in range(0, n, chunk):
@@ -1125,21 +994,16 @@ def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
         logits = scale * queries[s:s + chunk] @ cands.t()  # (c, K)
         conf.append(torch.softmax(logits, 1).max(1).values)
         top = logits.argmax(1)
-        if direction == "i2t":
-            correct.append(t2i[top] == torch.arange(s, s + len(top)))
-        else:
-            correct.append(top == t2i[s:s + len(top)])
+        correct.append(t2i[top] == torch.arange(s, s + len(top)) if direction == "i2t" else top == t2i[s:s + len(top)])
     return torch.cat(conf), torch.cat(correct).float()
 
 
 def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
-    """Expected calibration error of retrieval R@1, in percent (m2-Mix
-    Tab. 2 reports ECE of Flickr30k I2T/T2I R@1; no released code, so the
-    standard definition, Guo et al. 2017):
-      each query (an image for i2t, a text for t2i) is a classification over
-      all candidates with p = softmax(scale * sim); confidence = max p,
-      correct = the argmax is a gold match; equal-width bins on [0, 1];
-      ECE = sum_b |B_b| / N * |acc_b - conf_b|.
+    """Expected calibration error of retrieval R@1, in percent (m2-Mix Tab. 2 reports ECE of Flickr30k I2T/T2I
+    R@1; no released code, so the standard definition, Guo et al. 2017):
+      each query (an image for i2t, a text for t2i) is a classification over all candidates with
+      p = softmax(scale * sim); confidence = max p, correct = the argmax is a gold match; equal-width bins on
+      [0, 1]; ECE = sum_b |B_b| / N * |acc_b - conf_b|.
     img (N, D), txt (M, D) normalised; text_to_image (M,); scale = 1 / tau."""
     if direction not in ("i2t", "t2i"):
         raise ValueError("direction is 'i2t' or 't2i'")
@@ -1154,26 +1018,21 @@ ECE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2, 0.5, 1.0)
 
 
 def ece_curve(img, txt, text_to_image, taus=ECE_TAUS, bins: int = 15, direction: str = "i2t") -> dict:
-    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function
-    of the temperature tau (scale = 1 / tau). Returns {tau: ece}. Its minimum
-    is temperature scaling fitted on the test set itself (an oracle)."""
+    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function of the temperature tau (scale =
+    1 / tau). Returns {tau: ece}. Its minimum is temperature scaling fitted on the test set itself (an oracle)."""
     return {float(t): ece(img, txt, text_to_image, 1.0 / t, bins, direction) for t in taus}
 
 
 def first_caption_pairs(text_to_image) -> torch.Tensor:
-    """Index of each image's first text: turns a many-caption set into the
-    1:1 pairs that geometry() needs."""
+    """Index of each image's first text: turns a many-caption set into the 1:1 pairs that geometry() needs."""
     t2i = torch.as_tensor(text_to_image).long()
     first = torch.full((int(t2i.max()) + 1,), -1, dtype=torch.long)
-    idx = torch.arange(len(t2i))
-    first.scatter_reduce_(0, t2i, idx, reduce="amin", include_self=False)
-    return first
+    return first.scatter_reduce_(0, t2i, torch.arange(len(t2i)), reduce="amin", include_self=False)
 
 
 def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) -> dict:
-    """Geometry (on each image's first caption) and ECE of both directions at
-    the model's scale, plus the ECE-temperature sweep summarised by its
-    minimum and the tau reaching it."""
+    """Geometry (on each image's first caption) and ECE of both directions at the model's scale, plus the
+    ECE-temperature sweep summarised by its minimum and the tau reaching it."""
     pairs = first_caption_pairs(text_to_image)
     out = geometry(img, txt[pairs])
     out.update(released_code_geometry(img, txt[pairs]))  # E3, E4: the m2-Mix code's definitions
@@ -1189,23 +1048,18 @@ def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) ->
 
 SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # ours: 0.5, 1, ..., 7 (14 values)
 SIMAT_LAMBDAS_CODE = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0)  # the m2-Mix code (no 6.5)
-SIMAT_PROTOCOLS = {  # name -> (split of transfos.csv, lambdas); E5
-    "ours": ("test", SIMAT_LAMBDAS),
-    "code": ("dev", SIMAT_LAMBDAS_CODE),  # the m2-Mix code's SIMAT_eval(domain='dev')
-}
+# name -> (split of transfos.csv, lambdas), E5; "code": the m2-Mix code's SIMAT_eval(domain='dev')
+SIMAT_PROTOCOLS = {"ours": ("test", SIMAT_LAMBDAS), "code": ("dev", SIMAT_LAMBDAS_CODE)}
 
 
 @torch.no_grad()
 def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, lambdas=SIMAT_LAMBDAS) -> dict:
-    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation
-    query q: x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the
-    image with the highest cosine to x_q that is not the source; the query
-    succeeds when OSCAR's similarity of that image and the target caption
-    exceeds 0.5. Score = 100 * weighted mean of successes.
-      img (N, D) normalised database; source (Q,) image index of each query;
-      value_emb, target_emb (Q, D) normalised word embeddings; target_ids (Q,)
-      column of `oscar` (N, C); weights (Q,) query weights (1/sqrt(norm2)).
-    Returns {lam: score}."""
+    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation query q:
+    x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the image with the highest cosine to x_q that is
+    not the source; the query succeeds when OSCAR's similarity of that image and the target caption exceeds 0.5.
+    Score = 100 * weighted mean of successes. Returns {lam: score}.
+      img (N, D) normalised database; source (Q,) image index of each query; value_emb, target_emb (Q, D)
+      normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2)."""
     img = img.float()
     delta = (target_emb - value_emb).float()
     w = torch.as_tensor(weights, dtype=torch.float64)
@@ -1230,29 +1084,24 @@ def _simat_dir(root) -> Path:
 
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
           device=None) -> dict:
-    """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg,
-    triplets.csv (region_id, subj, rel, obj[, dataset_id]), transfos.csv
-    (region_id, value, target, target_ids, norm2, is_test), and the OSCAR
-    matrix oscar_similarity_matrix.pt (images in dataset_id order x captions).
-    Image order = dataset_id, else ImageFolder order (sorted folder, file).
-    Words are encoded bare, as in the SIMAT release. split: 'test' (rows with
-    is_test True) or 'dev' (the others)."""
+    """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg, triplets.csv (region_id,
+    subj, rel, obj[, dataset_id]), transfos.csv (region_id, value, target, target_ids, norm2, is_test), and the
+    OSCAR matrix oscar_similarity_matrix.pt (images in dataset_id order x captions). Image order = dataset_id,
+    else ImageFolder order (sorted folder, file). Words are encoded bare, as in the SIMAT release.
+    split: 'test' (rows with is_test True) or 'dev' (the others)."""
     if split not in ("test", "dev"):
         raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
     d = _simat_dir(root)
     with open(d / "triplets.csv", newline="") as f:
-        trip = list(csv.DictReader(f))
-    for r in trip:
-        r["folder"] = f"A {r['subj']} {r['rel']} {r['obj']}"
-    if "dataset_id" in trip[0]:
-        trip.sort(key=lambda r: int(r["dataset_id"]))
-    else:
-        trip.sort(key=lambda r: (r["folder"], f"{r['region_id']}.jpg"))
+        trip = [{**r, "folder": f"A {r['subj']} {r['rel']} {r['obj']}"} for r in csv.DictReader(f)]
+    by_dataset_id = "dataset_id" in trip[0]
+    trip.sort(key=lambda r: int(r["dataset_id"]) if by_dataset_id else (r["folder"], f"{r['region_id']}.jpg"))
     rid2did = {int(r["region_id"]): i for i, r in enumerate(trip)}
     paths = [d / "images" / r["folder"] / f"{r['region_id']}.jpg" for r in trip]
     missing = sum(not p.is_file() for p in paths)
     if missing:
-        raise MissingData(f"simat: {missing} of {len(paths)} images not found (e.g. {next(p for p in paths if not p.is_file())}); "
+        raise MissingData(f"simat: {missing} of {len(paths)} images not found "
+                          f"(e.g. {next(p for p in paths if not p.is_file())}); "
                           f"run SIMAT's prepare_dataset.py. {BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
@@ -1271,26 +1120,18 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
 # =============================================================================
 # 4. Evaluate
 # =============================================================================
-def _modes(text_mode):
-    if text_mode == "both":
-        return ["truncate", "sentence-mean"]
-    return [text_mode] if isinstance(text_mode, str) else list(text_mode)
-
-
 def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="truncate", batch_size=256,
              device=None, model_name="", weights="", analyses=(), download=False, strict=False, workers=0,
              cache_dir=None, synthetic_n=None, log=None, simat_protocol="ours"):
     """Evaluates `model` on each task; one record per (task, metric, text mode).
-
-    text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or
-    a list. Image features are computed once per task, text features once
-    per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry
-    and calibration (from the same features) to retrieval tasks. A task may
-    also be 'simat' (simat_protocol: 'ours' or 'code', E5). Records: task, metric, value, protocol, text_mode,
-    missing (images absent on disk), n (queries), model, weights.
-    synthetic_n: evaluate on the first n scenes of the synthetic splits."""
+    text_mode: 'truncate' (the papers' protocol), 'sentence-mean', 'both', or a list. Image features are computed
+    once per task, text features once per task and mode. analyses: ('geometry', 'ece') adds m2-Mix's geometry and
+    calibration (from the same features) to retrieval tasks. A task may also be 'simat' (simat_protocol: 'ours' or
+    'code', E5). Records: task, metric, value, protocol, text_mode, missing (images absent on disk), n (queries),
+    model, weights. synthetic_n: evaluate on the first n scenes of the synthetic splits."""
     model.eval()
-    modes = _modes(text_mode)
+    modes = (["truncate", "sentence-mean"] if text_mode == "both" else
+             [text_mode] if isinstance(text_mode, str) else list(text_mode))
     records = []
     base = {"model": model_name, "weights": weights}
     for name in tasks:
@@ -1320,9 +1161,8 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
                 res = common.retrieval_metrics(img, txt, rs.text_to_image)
                 if analyses:
                     extra = analyze_retrieval(img, txt, rs.text_to_image, model.logit_scale.exp().item())
-                    keep = [k for k in extra if ("geometry" in analyses and not k.startswith("ece"))
-                            or ("ece" in analyses and k.startswith("ece"))]
-                    res.update({k: extra[k] for k in keep})
+                    res.update({k: v for k, v in extra.items()  # the ece_* keys with 'ece', the others with 'geometry'
+                                if ("ece" if k.startswith("ece") else "geometry") in analyses})
                 records += [{"task": name, "metric": m, "value": v, "protocol": rs.protocol, "text_mode": mode,
                              "missing": rs.missing, "n": len(rs.texts), **base,
                              **({"dropped": rs.dropped} if rs.dropped else {})} for m, v in res.items()]
@@ -1479,9 +1319,8 @@ def published_numbers(paper: str, backbone: str) -> dict:
 
 
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
-    """Markdown table, one row per task (and text mode when several); with
-    `published` ({(task, metric): value}) a 'paper' column after each metric;
-    a 'missing' column when some benchmark lacked images."""
+    """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
+    a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""
     modes = {r["text_mode"] for r in records if not is_classification(r["task"])} - {"words"}
     rows = {}
     for r in records:
@@ -1494,17 +1333,15 @@ def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=Non
             row[f"{r['metric']} (paper)"] = float(published[(r["task"], r["metric"])])
     cols = ["task"]
     for m in metrics:
-        cols.append(m)
-        if published and any(k[1] == m for k in published):
-            cols.append(f"{m} (paper)")
+        cols += [m, f"{m} (paper)"] if published and any(k[1] == m for k in published) else [m]
     if any(row["missing"] for row in rows.values()):
         cols.append("missing")
     return common.markdown_table(list(rows.values()), cols)
 
 
-ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap", "ece_scale", "ece_i2t",
-                    "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min", "ece_t2i_best_tau", "simat",
-                    "simat_best_lambda")
+ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap",
+                    "ece_scale", "ece_i2t", "ece_t2i", "ece_i2t_min", "ece_i2t_best_tau", "ece_t2i_min",
+                    "ece_t2i_best_tau", "simat", "simat_best_lambda")
 
 
 def analysis_table(records, published=None) -> str:
@@ -1519,9 +1356,7 @@ def analysis_table(records, published=None) -> str:
         paper = (published or {}).get((r["task"], r["metric"]))
         if paper is not None:
             rows.setdefault(f"{r['task']} (paper)", {"task": f"{r['task']} (paper)"})[r["metric"]] = float(paper)
-    for m in ANALYSIS_METRICS:
-        if any(m in row for row in rows.values()):
-            cols.append(m)
+    cols += [m for m in ANALYSIS_METRICS if any(m in row for row in rows.values())]
     return common.markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
 
 
@@ -1529,11 +1364,9 @@ def analysis_table(records, published=None) -> str:
 # 5. WiSE-FT weight interpolation
 # =============================================================================
 def load_state_dict(path) -> dict:
-    """A plain open_clip state_dict from: common.save_model files, training
-    checkpoints (common.train's {'net': ...}, keys 'model.*'), open_clip /
-    OpenAI .pt/.bin files, or .safetensors. Pickled files are read with
-    weights_only=True (a file holding other objects is refused, not run);
-    OpenAI's TorchScript archives through torch.jit.load."""
+    """A plain open_clip state_dict from: common.save_model files, training checkpoints (common.train's
+    {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickles are read with
+    weights_only=True (other objects are refused, not run); OpenAI's TorchScript archives with torch.jit.load."""
     path = str(path)
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
@@ -1554,9 +1387,8 @@ def load_state_dict(path) -> dict:
 
 
 def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
-    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha)
-    theta0 + alpha theta1, key by key. The two state_dicts must have the same
-    keys and shapes; non-float entries (integer buffers) must be equal."""
+    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha) theta0 + alpha theta1, key by key. The
+    two state_dicts must have the same keys and shapes; non-float entries (integer buffers) must be equal."""
     k0, k1 = set(theta0), set(theta1)
     if k0 != k1:
         raise ValueError(f"WiSE-FT: the state_dicts differ in keys: only in theta0 {sorted(k0 - k1)[:5]}, "
@@ -1576,9 +1408,8 @@ def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
 
 
 def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
-    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) ->
-    records (or any value); restores the model's weights afterwards.
-    Returns [{'alpha': a, 'records': ...}]."""
+    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) -> records (or any value); restores the
+    model's weights afterwards. Returns [{'alpha': a, 'records': ...}]."""
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = []
     try:
@@ -1591,9 +1422,8 @@ def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
 
 
 def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
-    """One row per alpha, one column per (task, metric): the target-task
-    score against zero-shot retention."""
-    rows, cols = [], ["alpha"]
+    """One row per alpha, one column per (task, metric): the target-task score against zero-shot retention."""
+    rows, cols = [], {"alpha": None}  # cols: the columns in order of first appearance
     for point in curve:
         row = {"alpha": f"{point['alpha']:g}"}
         for r in point["records"]:
@@ -1601,24 +1431,20 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
                 c = f"{r['task']} {r['metric']}" + ("" if r["text_mode"] in ("truncate", "prompt-ensemble")
                                                     else f" [{r['text_mode']}]")
                 row[c] = r["value"]
-                if c not in cols:
-                    cols.append(c)
+                cols.setdefault(c)
         rows.append(row)
-    return common.markdown_table(rows, cols)
+    return common.markdown_table(rows, list(cols))
 
 
 # =============================================================================
 # 6. Continual evaluation (C-CLIP, DNS)
 # =============================================================================
 def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
-    """One row of the continual matrices from evaluate()'s records, in the
-    format common.run_continual's evaluate() returns:
-      per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for
-      the zero-shot tasks (PD = scalar before training - scalar at the end)."""
+    """One row of the continual matrices from evaluate()'s records, in the format common.run_continual's
+    evaluate() returns: per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for the zero-shot
+    tasks (PD = scalar before training - scalar at the end)."""
     value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
-    first_mode = {}
-    for r in records:
-        first_mode.setdefault(r["task"], r["text_mode"])
+    first_mode = {r["task"]: r["text_mode"] for r in reversed(records)}  # reversed: each task's first record wins
     per_task = {m: [value[(t, m, first_mode[t])] for t in tasks] for m in metrics}
     scalars = {f"{r['task']}/{r['metric']}": r["value"] for r in records
                if r["task"] in zero_shot and r["text_mode"] == first_mode[r["task"]]}
@@ -1626,11 +1452,9 @@ def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) 
 
 
 def continual_summary(rows) -> dict:
-    """common.summarize_continual over rows made by continual_row (row 0 =
-    before any training): matrices, common.continual_metrics per metric, PD."""
-    rec = {"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
-           "seconds": [0.0] * len(rows), "steps": [0] * len(rows)}
-    return common.summarize_continual(rec)
+    """common.summarize_continual of continual_row's rows (row 0: before any training): matrices, metrics, PD."""
+    return common.summarize_continual({"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
+                                       "seconds": [0.0] * len(rows), "steps": [0] * len(rows)})
 
 
 def continual_tables(summary, tasks) -> str:
@@ -1649,9 +1473,8 @@ def continual_tables(summary, tasks) -> str:
 
 
 def masked_continual_metrics(R) -> dict:
-    """common.continual_metrics when every entry of the last row exists;
-    otherwise the same definitions over the tasks that have the metric
-    (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
+    """common.continual_metrics when every entry of the last row exists; otherwise the same definitions over the
+    tasks that have the metric (NaN columns, e.g. accuracy on a dataset without classes, are left out)."""
     R = np.asarray(R, dtype=float)
     T = R.shape[1]
     cols = [j for j in range(T) if np.isfinite(R[T, j])]
@@ -1668,9 +1491,8 @@ def masked_continual_metrics(R) -> dict:
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
                          metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
-    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the
-    model before any training ('pretrained' = the backbone's default
-    weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
+    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the model before any training
+    ('pretrained' = the backbone's default weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
     test set. Returns common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
         raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
@@ -1688,16 +1510,12 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
 # 7. Main
 # =============================================================================
 def _task_help() -> str:
-    real = ", ".join(REAL_RETRIEVAL_TASKS)
-    synth = ", ".join(synthetic_tasks())
-    lines = [f"retrieval tasks: {real}",
-             f"  synthetic world: {synth}",
+    lines = [f"retrieval tasks: {', '.join(REAL_RETRIEVAL_TASKS)}",
+             f"  synthetic world: {', '.join(SYNTHETIC_RETRIEVAL)}",
              "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
-             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>",
-             "other: simat",
-             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()),
-             "", "data root layout (--data-root):"]
-    lines += [f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items()]
+             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>", "other: simat",
+             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()), "",
+             "data root layout (--data-root):", *(f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items())]
     return "\n".join(lines)
 
 
@@ -1738,13 +1556,13 @@ def main(argv=None):
     p.add_argument("--out", default="runs/eval", help="folder for results.json")
     a = p.parse_args(argv)
     if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
-        import lab  # noqa: F401
+        import lab
+        _ = lab  # used for its registrations only (a plain unused import would fail pyflakes)
     device = common.init_distributed(a.device)
     tasks = _expand(a.tasks)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
-              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol,
-              log=lambda s: print(s, file=sys.stderr))
+              synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol, log=lambda s: print(s, file=sys.stderr))
     published = published_numbers(a.paper, a.backbone) if a.paper else None
     if a.paper and not published:
         print(f"[eval] {a.paper} publishes no CLIP row for {a.backbone}", file=sys.stderr)
@@ -1777,8 +1595,7 @@ def main(argv=None):
             records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
                                weights=a.pretrained or "default", **kw)
             print(results_table(records, published=published))
-            extra = analysis_table(records, published)
-            if extra:
+            if extra := analysis_table(records, published):
                 print("\n" + extra)
             results["records"] = records
     results["seconds"] = time.time() - t0
