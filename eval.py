@@ -751,9 +751,8 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
 
 # --- continual runs of linear maps over frozen features (dns.py) --------------
 def read_cmcl_steps(root, spec: str, perceptor: str):
-    """dns.py --features ROOT --tasks SPEC: the steps (parse_steps) and every
-    train / test feature set they use (read_features), all of one width D.
-    Returns (steps, {(dataset, split): features}, D)."""
+    """dns.py --features ROOT --tasks SPEC: the steps (parse_steps) and every train / test feature set they use
+    (read_features), all of one width D. Returns (steps, {(dataset, split): features}, D)."""
     root = Path(root)
     if not root.is_dir():
         raise common.DataError(f"--features {root}: no such folder")
@@ -767,9 +766,8 @@ def read_cmcl_steps(root, spec: str, perceptor: str):
 
 
 def cached(cache_dir, key: dict, compute):
-    """compute() once per key; stored as <cache_dir>/<sha1(key)>.pt. Values
-    are tensors in plain containers, read back with weights_only=True (a
-    tampered cache file is refused, not run)."""
+    """compute() once per key, stored as <cache_dir>/<sha1(key)>.pt: tensors in plain containers, read back with
+    weights_only=True (a tampered cache file is refused, not run)."""
     path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
     if path.exists():
         return common.load_weights_only(path)
@@ -779,9 +777,8 @@ def cached(cache_dir, key: dict, compute):
 
 
 def frozen_task_features(cfg, tasks, device) -> dict:
-    """Every frozen feature a run of linear maps needs (dns.py; cfg: its
-    DNSConfig), extracted once and cached: per task the train pairs and the
-    test set, the per-task class prompts, the zero-shot sets."""
+    """Every frozen feature a run of linear maps needs (dns.py; cfg: its DNSConfig), extracted once and cached:
+    per task the train pairs and the test set, the per-task class prompts, the zero-shot sets."""
     if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
         torch.manual_seed(cfg.seed)
     model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
@@ -806,8 +803,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
-             "task_clf": task_clf, "zeroshot": {},
-             "logit_scale": float(model.logit_scale.detach())}
+             "task_clf": task_clf, "zeroshot": {}, "logit_scale": float(model.logit_scale.detach())}
     for name in filter(None, cfg.zeroshot.split(",")):
         def zero_shot_set(name=name):
             cs = load_classification(name, cfg.data_root)
@@ -816,17 +812,14 @@ def frozen_task_features(cfg, tasks, device) -> dict:
                     "labels": cs.labels}
         feats["zeroshot"][name] = cached(cache, base | {"zeroshot": name, "root": str(Path(cfg.data_root).resolve())},
                                          zero_shot_set)
-    del model
     return feats
 
 
 @torch.no_grad()
 def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
-    """dns.py's run_continual evaluate() (maps: its ModalityMaps): per task R@1 / R@10 both directions (and
-    their mean R@10), per-task classification 'acc' when every test set has
-    labels; scalars: zero-shot top-1 per set. Everything through the maps
-    (biases included with --bias); class-prompt features (D, C) through the
-    text map."""
+    """dns.py's run_continual evaluate() (maps: its ModalityMaps): per task R@1 / R@10 both directions and their
+    mean R@10, per-task classification 'acc' when every test set has labels; scalars: zero-shot top-1 per set.
+    Everything through the maps (biases included with --bias); class-prompt features (D, C) through the text map."""
     W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
     b_img, b_txt = biases if biases else (0.0, 0.0)
 
@@ -853,12 +846,10 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
 
 @torch.no_grad()
 def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
-    """One step's test set through the current maps (model: dns.py's
-    ModalityMaps, model.map(modality, x)): R@k (%, mean of both
-    directions, sample i's partner is sample i) for every test set; 'acc'
-    (top-1 %, the non-text modality against the text map of the class
-    features) where the dataset has classes and the pair includes text (the
-    code's eval_util.eval); NaN where a metric does not apply."""
+    """One step's test set through the current maps (model: dns.py's ModalityMaps, model.map(modality, x)): R@k
+    (%, mean of both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against
+    the text map of the class features) where the dataset has classes and the pair includes text (the code's
+    eval_util.eval); NaN where a metric does not apply."""
     a, b = step.modalities
     i, j = step.pair
     x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
@@ -870,7 +861,6 @@ def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
         classifier = model.map("text", test["class_x"].float()).t()  # (D, C)
         row["acc"] = common.zero_shot_accuracy(query, classifier, test["labels"], ks=(1,))["top1"]
     return row
-
 
 
 def dns_results_row(name: str, results: dict) -> dict:
@@ -901,8 +891,7 @@ def dns_results_table(named_results) -> str:
 
 
 def cmcl_row(results: dict) -> dict:
-    """Final Acc / R@10, their BWT, and the drift of the old tasks' test score
-    matrices (mean over old tasks, % relative): the CMCL table's row."""
+    """The CMCL table's row: final Acc / R@10, their BWT, the old tasks' test-score drift (mean, % relative)."""
     m, drift = results["continual"]["metrics"], results["drift"]["test"]
     return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
             "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
