@@ -38,3 +38,4 @@ from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLOR
 
 common.LAB_HOOKS.update(tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests)
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+common.LAB_HOOKS["synthetic_manifest"] = synthetic_manifest
