@@ -1307,6 +1307,46 @@ def published_numbers(paper: str, backbone: str) -> dict:
     return PUBLISHED[paper].get(openai, {})
 
 
+
+# --- ERCLIP's Tables 1-2 layout (erclip.py, longclip.py, the ERCLIP sweeps), written once ---
+ERCLIP_EVAL_TASKS = (*ERCLIP_LONG_SETS, "coco", "cifar10", "cifar100", "imagenet")  # ERCLIP Sec. 4
+ERCLIP_SYNTHETIC_TASKS = ("synthetic-long", "synthetic-short", "synthetic-shape", "synthetic-color")  # the lab's
+PUBLISHED_LONGCLIP = {"ViT-B/16": (79.30, 79.40, 94.60, 93.40, 63.18, 71.50, 42.20, 48.46),  # ERCLIP Tab. 1, grey
+                      "ViT-L/14": (82.50, 86.10, 97.20, 97.30, 66.58, 78.56, 46.53, 54.28)}  # rows: ~1M pairs, 248 tok
+# ERCLIP Sec. 4.4's points (backbone not stated; R@1: mean of I2T, T2I); Sec. 4.3's epoch 1 -> 5 ranges (Fig. 3: none)
+ERCLIP_LAMBDA_IN = {0.0: 58.2, 2.0: 60.8}
+ERCLIP_DATA = {1000: {"long": 56.3, "COCO": 40.8, "IN": 63.5}, 10000: {"long": 61.9}, 50000: {"COCO": 49.3, "IN": 59.7}}
+ERCLIP_EPOCH_CHANGE = {"Long avg": "-0.4 to -1.2 (every variant)", "COCO": "+0.5 to +1.2 (B/32, B/16); flat (L/14)",
+                       "C10": "-1.2 to -1.8 without P; -0.5 with P (B/32)"}
+
+
+def vit_key(backbone: str) -> str:  # 'ViT-B/16', 'ViT-B-16' -> 'B/16', the key of ERCLIP's tables
+    return "/".join(m.groups()) if (m := re.search(r"([BLH])[-/](\d+)", backbone)) else backbone
+
+
+def erclip_cols(window: bool = False) -> tuple[list, list]:  # Tables 1, 2; window: a 'window' column (longclip.py)
+    t1 = [f"{s} {d}" for s in ("Urban1K", "ShareGPT4V", "DOCCI", "Long-DCI", "Avg") for d in ("I2T", "T2I")]
+    t2 = ["L_pres", "Long avg I2T", "Long avg T2I", "COCO I2T", "COCO T2I", "C10", "C100", "IN"]
+    return tuple(["model", "ViT", *["window"] * window, *c] for c in (t1, t2))
+
+
+def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
+    """Our rows of ERCLIP's Tables 1, 2; window: the text window read (a column; windowless records match any)."""
+    def value(task, metric):
+        return next((r["value"] for r in records if r["task"] == task and r["metric"] == metric
+                     and (window is None or r.get("window") in (None, window))), None)
+    t1 = [value(t, m) for t in ERCLIP_LONG_SETS for m in ("i2t_R@1", "t2i_R@1")]
+    avg = [sum(v) / len(v) if None not in v else None for v in (t1[0::2], t1[1::2])]
+    t2 = [*avg, value("coco", "i2t_R@1"), value("coco", "t2i_R@1"), *(value(t, "top1") for t in ERCLIP_EVAL_TASKS[-3:])]
+    (c1, c2), w = erclip_cols(window is not None), [] if window is None else [window]
+    return dict(zip(c1, [name, vit, *w, *t1, *avg])), dict(zip(c2, [name, vit, *w, pres, *t2]))
+
+
+def erclip_tables(rows1, rows2, window: bool = False) -> str:
+    (c1, c2), cut = erclip_cols(window), "cut at the window" if window else "truncated at the context"
+    return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
+            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n" + common.markdown_table(rows2, c2, "{:.2f}"))
+
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
     """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
     a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""

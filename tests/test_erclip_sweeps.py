@@ -1,15 +1,19 @@
-"""ERCLIP's sweeps (erclip.py --sweep, lab.py section 7): per-run folders and
+"""ERCLIP's sweeps (erclip.py --sweep, lab/demos/erclip_sweeps.py): per-run folders and
 resume by skipping finished runs, pool prefixes, per-epoch checkpoints that
 leave the run unchanged, every demo sweep's results file on a shrunken
 world, and the real-setting sweeps on a manifest the lab writes."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import common
 import erclip
+import eval as evaluation
 import lab
+from lab.demos import erclip_sweeps
 
 
 # ----------------------------------------------------------------------------- generic helpers (lab.py)
@@ -78,7 +82,7 @@ SWEEP_ROWS = {  # on the shrunken grids below
     "epochs": [f"{v} epoch {k}" for v in ("M", "M+P", "RT+P") for k in (1, 2)],
     "lambda-p": ["lambda_p=0", "lambda_p=0.5", "lambda_p=2"],
     "data-size": ["N=16", "N=40", "N=400"],
-    "ablations": list(erclip.VARIANTS),
+    "ablations": list(erclip_sweeps.VARIANTS),
 }
 
 
@@ -89,10 +93,10 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     of every row, the claims, the figure, one folder per run with its record
     and no weights, and a second start that trains nothing."""
     shrink_world({"train": 48, "test": 16, "zs-test": 24}.get)
-    monkeypatch.setattr(erclip, "EPOCHS", 2)
-    monkeypatch.setattr(erclip, "DEMO_EPOCH_POOL", 8)
-    monkeypatch.setattr(erclip, "LAMBDAS", (0.0, 0.5, 2.0))
-    monkeypatch.setattr(erclip, "DEMO_DATA_SIZES", (16, 40, 400))
+    monkeypatch.setattr(erclip_sweeps, "EPOCHS", 2)
+    monkeypatch.setattr(erclip_sweeps, "DEMO_EPOCH_POOL", 8)
+    monkeypatch.setattr(erclip_sweeps, "LAMBDAS", (0.0, 0.5, 2.0))
+    monkeypatch.setattr(erclip_sweeps, "DEMO_DATA_SIZES", (16, 40, 400))
     out = tmp_path / "demo"
     argv = ["--demo", "--sweep", name, "--steps", "0" if name == "epochs" else "1", "--warmup", "1", "--batch-size",
             "8", "--data-root", str(tmp_path / "data"), "--out", str(out)]
@@ -100,7 +104,7 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     root = out / f"sweep-{name}"
     saved = check_demo_results(root, f"erclip-sweep-{name}.png", SWEEP_ROWS[name], min_claims=n_claims)
     assert list(saved["per_seed"]) == SWEEP_ROWS[name] and len(saved["claims"]) == n_claims
-    assert saved["sweep"] == name and saved["definition"] == erclip.DEMO_SWEEP_NOTES[name]
+    assert saved["sweep"] == name and saved["definition"] == erclip_sweeps.DEMO_SWEEP_NOTES[name]
     assert saved["config"]["sweep"] == name and saved["machine"]["cores"] >= 1
     runs = sorted(p.name for p in root.iterdir() if p.is_dir())
     n_runs = len(SWEEP_ROWS[name]) // (2 if name == "epochs" else 1)
@@ -116,9 +120,9 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     if name == "ablations":
         alpha = {r["name"]: json.loads((root / r["run"] / "config.json").read_text())["alpha"] for r in records}
         assert alpha["L_short only"] == 0.0 and alpha["M"] == 1.0
-    text = erclip.sweep_markdown(root / "results.json")  # the README block, from the file alone
+    text = erclip_sweeps.sweep_markdown(root / "results.json")  # the README block, from the file alone
     assert f"--sweep {name}" in text and "| CLIP |" in text and saved["claims"][0]["claim"] in text
-    assert " s (a shared machine); from" in erclip.sweep_markdown(root / "results.json", "a shared machine")
+    assert " s (a shared machine); from" in erclip_sweeps.sweep_markdown(root / "results.json", "a shared machine")
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
@@ -138,7 +142,7 @@ def _real_argv(tmp_path, name, *extra):
 
 
 def test_real_epochs_sweep_on_a_manifest_fixture(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(erclip, "EPOCHS", 3)
+    monkeypatch.setattr(erclip_sweeps, "EPOCHS", 3)
     argv = _real_argv(tmp_path, "epochs")
     result = erclip.main(argv)
     root = tmp_path / "runs" / "sweep-epochs"
@@ -156,9 +160,37 @@ def test_real_epochs_sweep_on_a_manifest_fixture(tmp_path, monkeypatch, capsys):
     assert erclip.main(argv)["runs"] == saved["runs"]
 
 
+
+def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monkeypatch, capsys):
+    """Issue 23 item 5: a sweep checks the manifest's rows, the --out lock and
+    --resume like a single run, and fails with one message before a model is
+    loaded or evaluated."""
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the preflight")
+    monkeypatch.setattr(common, "load_model", refuse)
+    argv = _real_argv(tmp_path, "ablations")
+    small = argv[argv.index("--train-data") + 1]
+    few = tmp_path / "few.jsonl"  # 4 usable rows, fewer than one batch of 8
+    few.write_text("".join(json.dumps(dict(r, image=str((Path(small).parent / r["image"]).resolve()))) + "\n"
+                           for r in common.read_manifest(small)[:4]))
+    bad = argv[:argv.index("--train-data") + 1] + [str(few)] + argv[argv.index("--train-data") + 2:]
+    with pytest.raises(SystemExit) as e:
+        common.cli(erclip.main, bad)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "4 usable rows, fewer than one batch" in err and "Traceback" not in err
+    out = tmp_path / "runs"  # another live process holds --out
+    out.mkdir()
+    (out / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+    with pytest.raises(common.RunError, match="is writing to"):
+        erclip.main(argv)
+    (out / common.LOCK).unlink()
+    with pytest.raises(FileNotFoundError, match="start without --resume"):  # nothing to resume in --out
+        erclip.main(argv + ["--resume", "latest"])
+    assert not (out / "sweep-ablations").exists()
+
 def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
     cfg = common.parse_config(erclip.ERCLIPConfig, _real_argv(tmp_path, "data-size", "--steps", "1"))
-    result = erclip.run_sweep(cfg, sizes=(8, 12, 1000))
+    result = erclip_sweeps.run_sweep(cfg, sizes=(8, 12, 1000))
     assert [r["summary"]["train_pairs"] for r in result["runs"]] == [8, 12, 16]
     firsts = [common.read_manifest(tmp_path / "runs" / "sweep-data-size" / r["run"] / "pairs.jsonl")[0]["caption"]
               for r in result["runs"]]
@@ -169,19 +201,19 @@ def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
 
 
 def _records(value):
-    recs = [{"task": t, "metric": m, "value": value} for t in erclip.LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
+    recs = [{"task": t, "metric": m, "value": value} for t in evaluation.ERCLIP_LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
     return recs + [{"task": t, "metric": "top1", "value": value + 10} for t in ("cifar10", "cifar100", "imagenet")]
 
 
 def test_real_sweep_tables_put_the_papers_numbers_beside_ours():
     base = _records(40.0)
     lam = [{"run": f"lambda_p={x:g}-seed0", "overrides": {"lambda_p": x}, "measures": [_records(50.0 + x)]}
-           for x in erclip.LAMBDAS]
-    text = erclip.sweep_tables("lambda-p", base, lam, "B/32")
+           for x in erclip_sweeps.LAMBDAS]
+    text = erclip_sweeps.sweep_tables("lambda-p", base, lam, "B/32")
     assert "| 0 | 50.00 | 50.00 | 50.00 | 50.00 | 60.00 | 60.00 | 60.00 | 50.00 | 50.00 | 58.20 |" in text
     assert "| 2 | 52.00 |" in text and text.rstrip().endswith("| 60.80 |") and "58.2 -> 60.8" in text
-    abl = [{"run": f"{v}-seed0", "overrides": dict(erclip.VARIANTS[v]), "measures": [_records(50.0)]}
-           for v in erclip.VARIANTS]
-    text = erclip.sweep_tables("ablations", base, abl, "B/16")
+    abl = [{"run": f"{v}-seed0", "overrides": dict(erclip_sweeps.VARIANTS[v]), "measures": [_records(50.0)]}
+           for v in erclip_sweeps.VARIANTS]
+    text = erclip_sweeps.sweep_tables("ablations", base, abl, "B/16")
     assert "| paper RT+P | B/16 | yes | 65.46 |" in text and "| RT (ours) | B/16 | no | 50.00 |" in text
     assert "| L_short only (ours) | B/16 | no |" in text and "not run" in text

@@ -15,6 +15,7 @@ import common
 import lab
 import eval as evaluation
 import longclip
+from lab.demos import longclip as longclip_demo
 
 # The tiny backbone's window is 24 tokens; Long-CLIP keeps 20 of CLIP's 77, so we
 # keep round(20 * 24 / 77) = 6 and stretch the rest by 4: 4 * 24 - 3 * 6 = 78 positions.
@@ -310,6 +311,25 @@ def test_sharegpt4v_manifest_on_a_fixture(tmp_path):
     assert json.loads((root / "longclip" / (path.name + ".json")).read_text())["dropped"] == 2
 
 
+
+def test_sharegpt4v_manifest_is_rebuilt_when_its_json_changes(tmp_path, capsys):
+    """Issue 23 item 5: the write-once manifest records its source in the
+    sidecar; the same json is reused, a changed one rebuilds the file."""
+    def rec(image, text):
+        return {"image": image, "conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": text}]}
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/1.jpg", "First. One.")]))
+    path = longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1)
+    assert json.loads((tmp_path / "longclip" / (path.name + ".json")).read_text())["sources"] == \
+        common.source_stamp({"sharegpt4v": sg})
+    assert longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
+    assert "rebuilding" not in capsys.readouterr().err  # the same json: reused
+    sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/2.jpg", "Changed. Two."),
+                              rec("coco/train2017/3.jpg", "Three.")]))
+    assert longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
+    assert "rebuilding it" in capsys.readouterr().err
+    assert [json.loads(line)["caption"] for line in path.read_text().splitlines()] == ["Changed", "Three."]
+
 def test_recipes_and_clear_failures(tmp_path):
     cfg = common.parse_config(longclip.LongCLIPConfig, ["--recipe", "erclip-budget"],
                               **longclip.RECIPES["erclip-budget"])
@@ -321,7 +341,7 @@ def test_recipes_and_clear_failures(tmp_path):
     assert paper.log_scale == pytest.approx(4.6052, abs=1e-4) and paper.train_data == "auto"
     assert longclip._recipe(["--lr", "1", "--recipe=erclip-budget"]) == "erclip-budget"
     demo = common.parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
-                                                                       **longclip.DEMO})
+                                                                       **longclip_demo.DEMO})
     assert (demo.recipe, demo.train_data, demo.lr, demo.wd, demo.warmup, demo.steps, demo.batch_size) == \
         ("erclip-budget", "synthetic", 1e-4, 0.05, 4, 40, 32)
     assert (demo.label_smoothing, demo.precision, demo.workers, demo.pca_dim, demo.log_scale) == \
@@ -335,7 +355,7 @@ def test_recipes_and_clear_failures(tmp_path):
 
 
 def test_paper_tables_layout():
-    records = [{"task": t, "metric": m, "value": 50.0, "window": w} for t in longclip.LONG_SETS + ("coco",)
+    records = [{"task": t, "metric": m, "value": 50.0, "window": w} for t in evaluation.ERCLIP_LONG_SETS + ("coco",)
                for m in ("i2t_R@1", "t2i_R@1") for w in (77, 248)]
     records = [dict(r, value=60.0) if r["window"] == 248 else r for r in records]
     records += [{"task": t, "metric": "top1", "value": 70.0, "window": None}
