@@ -442,11 +442,14 @@ def source_stamp(sources: dict) -> dict:
 
 
 def reusable_manifest(path, sources: dict) -> bool:
-    """True when the write-once manifest `path` exists and its sidecar records these very sources; one built from
-    other files (another --coco-captions, a changed ShareGPT4V json, an old sidecar) is rebuilt, with a message."""
+    """True when the write-once manifest `path` exists and its sidecar records these very sources (a source no
+    longer at its recorded path cannot be checked: the manifest stands). A manifest built from other files (another
+    --coco-captions, a changed ShareGPT4V json, an old sidecar without sources) is rebuilt, with a message."""
     if not Path(path).exists():
         return False
-    if read_sidecar(path).get("sources") == source_stamp(sources):
+    recorded, now = read_sidecar(path).get("sources") or {}, source_stamp(sources)
+    if all(v == recorded.get(k) or (v.get("missing") and v["path"] == recorded.get(k, {}).get("path"))
+           for k, v in now.items()) and recorded:
         return True
     print(f"[data] {path} was built from other source files than {', '.join(map(str, sources.values()))}: "
           f"rebuilding it", file=sys.stderr)

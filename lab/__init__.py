@@ -43,4 +43,3 @@ common.LAB_HOOKS.update(  # what common.py and the method files look up by name 
     long_task_manifests=long_task_manifests,  # cclip.py --tasks synthetic-long
     label_sets=label_sets)                  # dns.py --task-classes
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
-common.LAB_HOOKS["synthetic_manifest"] = synthetic_manifest
