@@ -1347,6 +1347,7 @@ def erclip_tables(rows1, rows2, window: bool = False) -> str:
     return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
             + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n" + common.markdown_table(rows2, c2, "{:.2f}"))
 
+
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
     """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
     a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""
