@@ -6,18 +6,17 @@ NeurIPS 2025. https://arxiv.org/abs/2503.14963. Released code ("the code"): gith
 
 What is implemented (problem formulation; Thm. 4; the multi-step extension)
   Frozen encoders, features cached once; one trainable linear map per modality (D x D, identity at the start, so
-  the start IS the frozen model); the score is
+  the start IS the frozen model), trained with CLIP's symmetric InfoNCE (common.clip_loss) on the score
       score(v, t) = s (W_img v) . (W_txt t)        (no renormalisation: keeps it linear in W)
-  trained with CLIP's symmetric InfoNCE (common.clip_loss). A change dW_img keeps every old score to first order
-  when P_out dW_img P_in = 0 (P_in: span of the old image features; P_out: span of the old MAPPED partner
-  features W_txt t):
+  A change dW_img keeps every old score to first order when P_out dW_img P_in = 0 (P_in: span of the old image
+  features; P_out: span of the old MAPPED partner features W_txt t):
       dW <- dW - P_out dW P_in                                       (Thm. 4)
       Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t            (running covariance)
       P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
-  Covariances are updated after each task; projectors rebuilt before each task. --mode gradient (paper, code):
-  project the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change
-  W_after - W_before; --mode vanilla: no projection. CMCL's own setting (--features, run_cmcl): the same learner
-  over M modalities, 11 modality-pair steps (eval.CMCL_STEPS), each step training only its pair's maps.
+  Covariances are updated after each task, projectors rebuilt before each. --mode gradient (paper, code): project
+  the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change W_after - W_before;
+  --mode vanilla: none. CMCL's own setting (--features, run_cmcl): the same learner over M modalities, 11
+  modality-pair steps (eval.CMCL_STEPS), each training only its pair's maps.
 
 Code name -> paper symbol
   W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
@@ -53,14 +52,13 @@ Deviations (numbered; long text in docs/dns.md under the same numbers)
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
  21. The demo --demo-cmcl runs on the lab's synthetic multimodal world, lr 1e-3.
 
-Commands
+Commands (one process: torchrun brings nothing, deviation 11)
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
               --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
   the code's settings (deviations 4, 6, 13, 14, 15):
             ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0
   CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
-  torchrun: not needed (deviation 11).
   demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
 """
 # =============================================================================
@@ -282,7 +280,6 @@ def update_covariance(Z, n: int, X):
 def score_drift(img, txt, maps_before, maps_after):
     """Relative change of an old task's score matrix (the stability condition): ||A_after - A_before||_F /
     ||A_before||_F. img (N, D), txt (M, D); maps_* = (W_img, W_txt) (+ b_img, b_txt with --bias). In float64."""
-
     before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
     after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
@@ -385,11 +382,8 @@ def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torc
     """sum_c w_c W_c Z_c W_c^T over old partner modalities c (partners = {c: Z_c (D, D)}, weights = {c: w_c}):
     the old partner features mapped with the maps as they are NOW, the output side the stability condition asks
     for (ours, deviation 13). float64, CPU."""
-    out = 0
-    for c, Z_c in partners.items():
-        W_c = getattr(maps, f"W_{c}").detach().cpu().double()
-        out = out + weights[c] * (W_c @ Z_c @ W_c.t())
-    return out
+    W = {c: getattr(maps, f"W_{c}").detach().cpu().double() for c in partners}  # W_c (D, D)
+    return sum(weights[c] * (W[c] @ Z_c @ W[c].t()) for c, Z_c in partners.items())
 
 
 def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float, relative: bool = False,
@@ -426,17 +420,13 @@ class NullSpaceProjection:
             raise ValueError(f"projection form is 'auto', 'dense' or 'factored', not {form!r}")
         self.mode, self.projectors, self.form, self.before = mode, projectors, form, {}
         self.seconds, self.steps = 0.0, 0
-        self._bases = {name: (projector_basis(P_out), projector_basis(P_in))
-                       for name, (P_out, P_in) in projectors.items()}
+        self._bases = {name: tuple(projector_basis(P) for P in pair) for name, pair in projectors.items()}
         self.forms = {name: form if form != "auto" else cheapest_projection_form(
-                          P_out.shape[0], P_in.shape[0], *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
+                          len(P_out), len(P_in), *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
         self.projected_in_backward = set()  # maps whose gradient projected_linear already projected
-        self.project = {}
-        for name, (P_out, P_in) in projectors.items():
-            if self.forms[name] == "factored":
-                self.project[name] = lambda G, U=self._bases[name]: project_gradient_factored(G, *U)
-            else:
-                self.project[name] = lambda G, P_out=P_out, P_in=P_in: project_gradient(G, P_out, P_in)
+        self.project = {name: (lambda G, U=self._bases[name]: project_gradient_factored(G, *U))
+                        if self.forms[name] == "factored" else (lambda G, P=P: project_gradient(G, *P))
+                        for name, P in projectors.items()}
 
     def bases(self, name: str) -> tuple:
         """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of map `name`'s old subspaces."""
@@ -494,11 +484,9 @@ class DNSLearner:
                  bias: bool = False, modalities=CLIP_MODALITIES):
         self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
         self.dim = dim
-        self.Z = {m: self._zeros() for m in modalities}
-        self.Zo = {m: self._zeros() for m in modalities}
-        self.Zp = {m: {} for m in modalities}
+        self.Z, self.Zo = {m: self._zeros() for m in modalities}, {m: self._zeros() for m in modalities}
+        self.Zp, self.n_pair = {m: {} for m in modalities}, {m: {} for m in modalities}
         self.n = {m: 0 for m in modalities}
-        self.n_pair = {m: {} for m in modalities}
         self.history, self.summaries = [], []
 
     def __getattr__(self, name):  # the CLIP path's names: Z_img = Z["img"], Zo_txt = Zo["txt"], ...
@@ -626,13 +614,10 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     return results
 
 
-# =============================================================================
 # CMCL's own setting: M modalities, modality-pair steps, features from files
-# =============================================================================
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     """DNS on CMCL's step sequence from cached features (--features). The step plan (eval.CMCL_STEPS,
     eval.parse_steps), the datasets' modalities (eval.CMCL_DATASETS) and the feature readers are eval.py's."""
-
     root = Path(cfg.features)
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
     steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
@@ -658,9 +643,8 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     drift = []  # each old step's test scores: right after it vs at the end
     for k, st in enumerate(steps[:-1]):
         x = data[(st.dataset, "test")]["x"]
-        before, after = (learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k],
-                                                                                   learner.history[-1]))
-        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], before, after))
+        maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
+        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
     common.write_results(cfg.out, results)
