@@ -132,8 +132,7 @@ class DNSConfig(common.Config):
 def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
     """Alignment scores without the temperature (problem formulation):
         A[i, j] = (W_img v_i + b_img) . (W_txt t_j + b_txt)
-    img (N, D), txt (M, D): frozen normalised features; W_img, W_txt (D, D), mapped = x W^T (+ b, only with
-    --bias). No renormalisation after the map. Returns (N, M)."""
+    img (N, D), txt (M, D): frozen normalised features; W (D, D), b only with --bias; no renormalisation. (N, M)."""
     mapped_img, mapped_txt = img @ W_img.t(), txt @ W_txt.t()
     if b_img is not None:  # deviation 4: the code's biases
         mapped_img, mapped_txt = mapped_img + b_img, mapped_txt + b_txt
@@ -144,8 +143,7 @@ def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
 def code_loss(img, txt):
     """The code's training loss (cmcl/base.py Base.train_loss; deviation 14): one direction, temperature 1,
         L = CE(A B^T, arange(B)) = -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j)
-    img (B, D): mapped features of the pair's first modality (the anchors), txt (B, D): of the second; neither
-    normalised."""
+    img (B, D), txt (B, D): mapped features of the pair's first (the anchors) and second modality, not normalised."""
     logits = img.float() @ txt.float().t()  # (B, B), temperature 1
     # deviation 14: rows only (image -> text), no symmetric term
     return F.cross_entropy(logits, torch.arange(len(img), device=img.device))
@@ -153,10 +151,9 @@ def code_loss(img, txt):
 
 def null_space_projector(Z, lambda_min: float, relative: bool = False):
     """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose |eigenvalue| exceeds lambda_min
-    (absolute; relative=True: a fraction of the largest). For the PSD covariances |eigenvalue| is the singular value
-    the code's SVD thresholds (cmcl/base.py get_projector), so lambda_min = 0 keeps, as there, every numerically
-    non-zero direction (deviation 8). P projects onto the span of the old features, I - P onto the null space an
-    update may use. Returns (D, D), Z's dtype."""
+    (absolute; relative=True: a fraction of the largest). |eigenvalue| of a PSD covariance is the singular value the
+    code's SVD thresholds (cmcl/base.py get_projector; deviation 8): lambda_min = 0 keeps, as there, every
+    numerically non-zero direction. P: onto the span of the old features (I - P: the null space). (D, D), Z's dtype."""
     # multi-step extension: truncated eigendecomposition of the running covariance
     evals, U = torch.linalg.eigh(0.5 * (Z + Z.t()).double())
     threshold = lambda_min * float(evals.abs().max()) if relative else lambda_min
@@ -227,18 +224,15 @@ def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, ba
 
 
 def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
-    """The form of least projection_flops: 'dense' or 'factored'; 'activations' too when batch > 0 (the map's
-    forward can hand its batch to projected_linear)."""
+    """The form of least projection_flops: 'dense', 'factored', or with batch > 0 'activations' (projected_linear)."""
     forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
     return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
 
 
 class ProjectedLinear(torch.autograd.Function):
     """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, project_gradient_activations):
-        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T
-    and x's gradient unchanged (delta W). x (..., D_in), W (D_out, D_in), U_out (D_out, k_out), U_in (D_in, k_in)
-    orthonormal, not trained."""
-
+        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T,   grad_x = delta W (unchanged)
+    x (..., D_in), W (D_out, D_in), U_out (D_out, k_out), U_in (D_in, k_in) orthonormal, not trained."""
     @staticmethod
     def forward(ctx, x, W, U_out, U_in):
         ctx.save_for_backward(x, W, U_out, U_in)
@@ -292,10 +286,9 @@ CLIP_MODALITIES = ("img", "txt")  # the CLIP path's two maps: parameters W_img, 
 
 
 class ModalityMaps(nn.Module):
-    """The trainable part: one map W_<m> (D, D) per modality m, identity at the start (with --bias the code's
-    b_<m> (D,) at zero), and CLIP's frozen logit_scale as a buffer (common.train reads .logit_scale). set_pair(a, b)
-    makes W_a, W_b (b_a, b_b) the only trainable parameters; map_image / map_text map with the pair's first /
-    second modality. The CLIP path: modalities ("img", "txt"), W_img, W_txt."""
+    """The trainable part: one map W_<m> (D, D) per modality m, identity at the start (--bias: the code's b_<m> (D,),
+    zero), and CLIP's frozen logit_scale as a buffer (common.train reads it). set_pair(a, b): W_a, W_b (b_a, b_b)
+    train; map_image / map_text map with the pair's first / second. CLIP: modalities ("img", "txt"), W_img, W_txt."""
     def __init__(self, dim: int, logit_scale: float, bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
         bad = [m for m in modalities if not m.isidentifier()]
@@ -316,8 +309,7 @@ class ModalityMaps(nn.Module):
             p.requires_grad_(name[2:] in (a, b))
 
     def map(self, m: str, x, hooks=None):  # (N, D) -> (N, D)
-        """x W_m^T (+ b_m). hooks: the task's NullSpaceProjection, whose linear() may compute the product so that
-        W_m's gradient arrives already projected (the activation form, deviation 12)."""
+        """x W_m^T (+ b_m); hooks.linear() may compute it so that W_m's gradient arrives projected (deviation 12)."""
         W, b = getattr(self, f"W_{m}"), getattr(self, f"b_{m}", None)
         y = hooks.linear(f"W_{m}", x, W) if hooks is not None and f"W_{m}" in hooks.projectors else x @ W.t()
         return y + (b if b is not None else 0)
@@ -329,8 +321,7 @@ class ModalityMaps(nn.Module):
         return self.map(self.pair[1], x, hooks)
 
     def snapshot(self) -> tuple:
-        """Every map as CPU tensors in parameter order (W_<m> for every m, then b_<m> with --bias): on CLIP
-        (W_img, W_txt) or (W_img, W_txt, b_img, b_txt), score_drift's maps."""
+        """Every map as CPU tensors in parameter order (W_<m>, then b_<m> with --bias): score_drift's maps."""
         return tuple(p.detach().cpu().clone() for p in self.parameters())
 
     def pair_maps(self, snapshot: tuple, a: str, b: str) -> tuple:
@@ -343,8 +334,7 @@ DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias
 
 
 class DNSNet(nn.Module):
-    """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...} ({"loss_code": ...} with loss="code")
-    on cached feature pairs batch["img"], batch["txt"] (B, D) of the maps' current pair."""
+    """common.train's wrapper: forward(batch, ctx) -> {"loss_clip"} ({"loss_code"} with loss="code"), batch (B, D)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
                  bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
@@ -379,18 +369,16 @@ class FeaturePairs(torch.utils.data.Dataset):
 # Training
 # =============================================================================
 def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torch.Tensor:
-    """sum_c w_c W_c Z_c W_c^T over old partner modalities c (partners = {c: Z_c (D, D)}, weights = {c: w_c}):
-    the old partner features mapped with the maps as they are NOW, the output side the stability condition asks
-    for (ours, deviation 13). float64, CPU."""
+    """sum_c w_c W_c Z_c W_c^T over old partners c (partners = {c: Z_c (D, D)}, weights = {c: w_c}), with the maps
+    as they are NOW: the output side the stability condition asks for (ours, deviation 13). float64, CPU."""
     W = {c: getattr(maps, f"W_{c}").detach().cpu().double() for c in partners}  # W_c (D, D)
     return sum(weights[c] * (W[c] @ Z_c @ W[c].t()) for c, Z_c in partners.items())
 
 
 def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float, relative: bool = False,
                     lambda_min_out: float | None = None) -> dict:
-    """{param name: (P_out, P_in)} for every name in Z_in: P_in from the input covariance Z_in[name], P_out from
-    the output-side Z_out[name] (D, D each). lambda_min_out: the output side's threshold (None or < 0: lambda_min;
-    the code: 0, deviation 6). float32, on the maps' device."""
+    """{param name: (P_out, P_in)} for each name in Z_in, from Z_out[name] and Z_in[name] (D, D). lambda_min_out: the
+    output side's threshold (None or < 0: lambda_min; the code: 0, deviation 6). float32, on the maps' device."""
     lam_out = lambda_min if lambda_min_out is None or lambda_min_out < 0 else lambda_min_out
     device = maps.logit_scale.device
     return {k: (null_space_projector(Z_out[k], lam_out, relative).float().to(device),
@@ -409,10 +397,9 @@ def build_projectors(maps: ModalityMaps, Z_img, Z_txt, lambda_min: float, relati
 
 class NullSpaceProjection:
     """common.train hooks. gradient mode: project W.grad after unscaling and clipping, before the optimizer step.
-    update mode: remember W before the step, then set W = W_before + project(W_after - W_before), so AdamW's
-    scaling, momentum and weight decay are projected too. projectors: {param name: (P_out, P_in)}. form (ours,
-    deviation 12; all tested equal to project_gradient): 'dense', 'factored', 'auto': per map the one of fewer
-    projection_flops, and in gradient mode the activation form when the map's forward goes through linear()."""
+    update mode: set W = W_before + project(W_after - W_before) after the step, so AdamW's scaling, momentum and
+    weight decay are projected too. projectors: {param name: (P_out, P_in)}. form (deviation 12, all tested equal):
+    'dense', 'factored', 'auto': per map the fewer projection_flops, in gradient mode the activations too (linear())."""
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
             raise ValueError(f"unknown projection mode {mode!r}")
@@ -474,12 +461,12 @@ class NullSpaceProjection:
 
 
 class DNSLearner:
-    """The method's state over a sequence of modality-pair steps (on CLIP: image-text tasks, modalities ("img",
-    "txt")). Per modality m: the running input covariance Z[m] of m's features over the past steps m took part in
-    (n[m] samples); per partner c, Zp[m][c] of c's raw features in those steps (n_pair[m][c] samples), so W_m's
-    output side is  sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T  with the current maps (on CLIP: W_txt Z_txt
-    W_txt^T for W_img); Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step.
-    A step trains only its pair's maps; a map whose modality has no past is not projected (the code's are zero)."""
+    """The method's state over modality-pair steps (CLIP: image-text tasks, modalities ("img", "txt")). Per modality
+    m: the running input covariance Z[m] of m's features over the past steps m took part in (n[m] samples); per
+    partner c, Zp[m][c] of c's raw features there (n_pair[m][c] samples), so W_m's output side is
+        sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T   with the current maps (CLIP: W_txt Z_txt W_txt^T for W_img);
+    Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step. A step trains only its
+    pair's maps; a map whose modality has no past is not projected (the code's projectors are zero then)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
                  bias: bool = False, modalities=CLIP_MODALITIES):
         self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
@@ -616,8 +603,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
 
 # CMCL's own setting: M modalities, modality-pair steps, features from files
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
-    """DNS on CMCL's step sequence from cached features (--features). The step plan (eval.CMCL_STEPS,
-    eval.parse_steps), the datasets' modalities (eval.CMCL_DATASETS) and the feature readers are eval.py's."""
+    """DNS on CMCL's step sequence from cached features (--features); the step plan and readers are eval.py's."""
     root = Path(cfg.features)
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
     steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
