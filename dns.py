@@ -1,26 +1,22 @@
 """DNS: dual-sided null-space projection for continual image-text contrastive learning.
 
-Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual Multimodal
-Contrastive Learning" (CMCL). NeurIPS 2025. https://arxiv.org/abs/2503.14963.
-Released code ("the code"): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py, cmcl/base.py,
-training.py). Long discussion of every deviation, the demos and results: docs/dns.md.
+Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual Multimodal Contrastive Learning" (CMCL).
+NeurIPS 2025. https://arxiv.org/abs/2503.14963. Released code ("the code"): github.com/Xiaohao-Liu/CMCL
+(cmcl/dns.py, cmcl/base.py, training.py). Long discussion of every deviation, the demos and results: docs/dns.md.
 
 What is implemented (problem formulation; Thm. 4; the multi-step extension)
-  Frozen encoders, features cached once; one trainable linear map per modality
-  (D x D, identity at the start, so the start IS the frozen model); the score is
+  Frozen encoders, features cached once; one trainable linear map per modality (D x D, identity at the start, so
+  the start IS the frozen model), trained with CLIP's symmetric InfoNCE (common.clip_loss) on the score
       score(v, t) = s (W_img v) . (W_txt t)        (no renormalisation: keeps it linear in W)
-  trained with CLIP's symmetric InfoNCE (common.clip_loss). A change dW_img keeps
-  every old score to first order when P_out dW_img P_in = 0 (P_in: span of the
-  old image features; P_out: span of the old MAPPED partner features W_txt t):
+  A change dW_img keeps every old score to first order when P_out dW_img P_in = 0 (P_in: span of the old image
+  features; P_out: span of the old MAPPED partner features W_txt t):
       dW <- dW - P_out dW P_in                                       (Thm. 4)
       Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t            (running covariance)
       P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
-  Covariances are updated after each task; projectors rebuilt before each task.
-  --mode gradient (paper, code): project the gradient, then AdamW steps;
-  --mode update (ours): project the optimizer's actual change W_after - W_before;
-  --mode vanilla: no projection. CMCL's own setting (--features, run_cmcl): the
-  same learner over M modalities, 11 modality-pair steps (eval.CMCL_STEPS), each
-  step training only its pair's maps.
+  Covariances are updated after each task, projectors rebuilt before each. --mode gradient (paper, code): project
+  the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change W_after - W_before;
+  --mode vanilla: none. CMCL's own setting (--features, run_cmcl): the same learner over M modalities, 11
+  modality-pair steps (eval.CMCL_STEPS), each training only its pair's maps.
 
 Code name -> paper symbol
   W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
@@ -56,14 +52,13 @@ Deviations (numbered; long text in docs/dns.md under the same numbers)
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
  21. The demo --demo-cmcl runs on the lab's synthetic multimodal world, lr 1e-3.
 
-Commands
+Commands (one process: torchrun brings nothing, deviation 11)
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
               --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
   the code's settings (deviations 4, 6, 13, 14, 15):
             ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0
   CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
-  torchrun: not needed (deviation 11).
   demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
 """
 # =============================================================================
@@ -97,27 +92,24 @@ class DNSConfig(common.Config):
                            choices=("gradient", "update", "vanilla"))
     lambda_min: float = common.arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
                                    "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, deviation 15)")
-    lambda_min_out: float = common.arg(-1.0, "output-side threshold (< 0: --lambda-min, the paper; the code: 0, "
-                                       "deviation 6)")
+    lambda_min_out: float = common.arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, deviation 6)")
     lambda_relative: bool = common.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
-    output_cov: str = common.arg("current", "output-side covariance: current: the history re-mapped with the "
-                                 "current maps (ours) | per-task: each task mapped with its end weights (the code, "
-                                 "deviation 13)", choices=("current", "per-task"))
+    output_cov: str = common.arg("current", "output-side covariance: current: the history re-mapped with the current "
+                                 "maps (ours) | per-task: each task with its end weights (the code, deviation 13)",
+                                 choices=("current", "per-task"))
     loss: str = common.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
                            "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
     bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = common.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
                             "(synthetic with --backbone tiny; the paper's data has no layout here)")
-    zeroshot: str = common.arg("auto", "eval.py classification sets measured after every task, class prompts "
-                               "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the lab: --tasks "
-                               "synthetic or --backbone tiny; else none)")
+    zeroshot: str = common.arg("auto", "eval.py classification sets after every task, class prompts through W_txt "
+                               "('' = none; auto: synthetic-shape,synthetic-color in the lab, else none)")
     task_classes: str = common.arg("auto", "ours: the lab's label set for per-task classification of each task's "
                                    "test set ('' = off; auto: shape in the lab, else off)")
     feature_cache: str = common.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
     demo: bool = common.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
-    features: str = common.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 "
-                               "files, or our layout); --tasks is then 'cmcl' (the code's 11 steps, also its default "
-                               "here) or 'dataset[:i,j]~...'")
+    features: str = common.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 files, "
+                               "or ours); --tasks: 'cmcl' (the code's 11 steps, default here) or 'dataset[:i,j]~...'")
     perceptor: str = common.arg("imagebind", "CMCL setting: the encoder in the h5 names "
                                 "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
     demo_cmcl: bool = common.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
@@ -140,9 +132,7 @@ class DNSConfig(common.Config):
 def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
     """Alignment scores without the temperature (problem formulation):
         A[i, j] = (W_img v_i + b_img) . (W_txt t_j + b_txt)
-    img (N, D), txt (M, D): frozen normalised features; W_img, W_txt (D, D),
-    mapped = x W^T (+ b, only with --bias). No renormalisation after the
-    map. Returns (N, M)."""
+    img (N, D), txt (M, D): frozen normalised features; W (D, D), b only with --bias; no renormalisation. (N, M)."""
     mapped_img, mapped_txt = img @ W_img.t(), txt @ W_txt.t()
     if b_img is not None:  # deviation 4: the code's biases
         mapped_img, mapped_txt = mapped_img + b_img, mapped_txt + b_txt
@@ -151,25 +141,19 @@ def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
 
 
 def code_loss(img, txt):
-    """The code's training loss (cmcl/base.py Base.train_loss; deviation 14):
-    one direction, temperature 1, on the mapped features,
+    """The code's training loss (cmcl/base.py Base.train_loss; deviation 14): one direction, temperature 1,
         L = CE(A B^T, arange(B)) = -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j)
-    img (B, D): mapped features of the pair's first modality (the anchors),
-    txt (B, D): mapped features of the second; neither normalised."""
+    img (B, D), txt (B, D): mapped features of the pair's first (the anchors) and second modality, not normalised."""
     logits = img.float() @ txt.float().t()  # (B, B), temperature 1
     # deviation 14: rows only (image -> text), no symmetric term
     return F.cross_entropy(logits, torch.arange(len(img), device=img.device))
 
 
 def null_space_projector(Z, lambda_min: float, relative: bool = False):
-    """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose
-    |eigenvalue| exceeds lambda_min (absolute; with relative=True a fraction
-    of the largest eigenvalue). For the positive semi-definite covariances
-    |eigenvalue| is the singular value the code's SVD thresholds
-    (cmcl/base.py get_projector), so lambda_min = 0 keeps, as there, every
-    numerically non-zero direction, rounding noise of either sign included.
-    P projects onto the span of the old features; I - P onto the null space
-    an update may use. Returns (D, D), Z's dtype."""
+    """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose |eigenvalue| exceeds lambda_min
+    (absolute; relative=True: a fraction of the largest). |eigenvalue| of a PSD covariance is the singular value the
+    code's SVD thresholds (cmcl/base.py get_projector; deviation 8): lambda_min = 0 keeps, as there, every
+    numerically non-zero direction. P: onto the span of the old features (I - P: the null space). (D, D), Z's dtype."""
     # multi-step extension: truncated eigendecomposition of the running covariance
     evals, U = torch.linalg.eigh(0.5 * (Z + Z.t()).double())
     threshold = lambda_min * float(evals.abs().max()) if relative else lambda_min
@@ -178,37 +162,27 @@ def null_space_projector(Z, lambda_min: float, relative: bool = False):
 
 
 def project_gradient(G, P_out, P_in):
-    """Dual-sided null-space projection (Thm. 4):
-        dW = G - P_out G P_in
-    G (D_out, D_in): a gradient or an update of W (mapped = x W^T);
-    P_out (D_out, D_out): span of the old mapped partner features;
-    P_in (D_in, D_in): span of the old input features. Then P_out dW P_in = 0."""
+    """Dual-sided null-space projection (Thm. 4):  dW = G - P_out G P_in
+    G (D_out, D_in): a gradient or an update of W (mapped = x W^T); P_out (D_out, D_out): span of the old mapped
+    partner features; P_in (D_in, D_in): span of the old input features. Then P_out dW P_in = 0."""
     # Thm. 4: dW = G - P_out G P_in
     return G - P_out @ G @ P_in
 
 
 def project_gradient_factored(G, U_out, U_in):
-    """project_gradient with P = U U^T given by orthonormal bases (D, k):
-        dW = G - U_out (U_out^T G U_in) U_in^T
-    The same result at (k_out + k_in) D^2 operations instead of 2 D^3, the
-    saving when the old subspaces are small (tests check the equality)."""
+    """project_gradient with P = U U^T given by orthonormal bases (D, k):  dW = G - U_out (U_out^T G U_in) U_in^T
+    The same result at (k_out + k_in) D^2 operations instead of 2 D^3 (tests check the equality)."""
     # Thm. 4, with P_out = U_out U_out^T and P_in = U_in U_in^T
     return G - U_out @ ((U_out.t() @ G) @ U_in) @ U_in.t()
 
 
 def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
-    """project_gradient for the gradient of a linear map over a batch, taken
-    from the batch itself: mapped = X W^T gives G = delta^T X, and with
-    P = U U^T (symmetric)
-        dW = delta^T X - (delta P_out)^T (X P_in)
-           = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T.
-    delta (B, D_out): gradient of the loss w.r.t. the map's output;
-    X (B, D_in): the map's input; U_out (D_out, k_out), U_in (D_in, k_in):
-    orthonormal bases. order: 'basis' (through the (k_out, k_in) core; the
-    saving when B is not small), 'batch' (project the B rows on both sides,
-    then one product [delta, -delta P_out]^T [X, X P_in]; the saving when B
-    is small), 'auto': the cheaper by projection_flops. Equal to
-    project_gradient(delta^T X, P_out, P_in) (tests check it)."""
+    """project_gradient from the batch itself: mapped = X W^T gives G = delta^T X, and with P = U U^T
+        dW = delta^T X - (delta P_out)^T (X P_in) = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T.
+    delta (B, D_out): gradient of the loss w.r.t. the map's output; X (B, D_in): the map's input; U_out (D_out,
+    k_out), U_in (D_in, k_in): orthonormal bases. order: 'basis' (through the (k_out, k_in) core; large B),
+    'batch' (one product [delta, -delta P_out]^T [X, X P_in]; small B), 'auto': the cheaper by projection_flops.
+    Equal to project_gradient(delta^T X, P_out, P_in) (tests check it)."""
     if order == "auto":
         d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
         order = min(("basis", "batch"), key=lambda o: _activation_flops(o, len(X), d_out, d_in, k_out, k_in))
@@ -226,9 +200,7 @@ def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
 
 
 def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int, k_in: int) -> int:
-    """Floating-point operations (2 per multiply-add, as
-    torch.utils.flop_counter counts them) of project_gradient_activations
-    beyond the plain gradient delta^T X (2 B D_out D_in)."""
+    """Flops (2 per multiply-add, as torch.utils.flop_counter) of project_gradient_activations beyond delta^T X."""
     if order == "basis":  # U_out (core U_in^T) when k_out <= k_in, else (U_out core) U_in^T
         last = 2 * k_in * (k_out * d_in if k_out <= k_in else k_out * d_out) + 2 * d_out * d_in * min(k_out, k_in)
         return 2 * batch * (d_out * k_out + d_in * k_in + k_out * k_in) + last
@@ -236,14 +208,12 @@ def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int,
 
 
 def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> int:
-    """Floating-point operations of one projection of a (D_out, D_in) map's
-    gradient with old subspaces of ranks k_out, k_in (2 per multiply-add;
+    """Flops of one projection of a (D_out, D_in) map's gradient, old ranks k_out, k_in (2 per multiply-add;
     element-wise subtractions not counted):
         dense        G - P_out G P_in                      2 D_out D_in (D_out + D_in)
         factored     G - U_out (U_out^T G U_in) U_in^T     ~2 D_out D_in (k_out + k_in)
-        activations  from the batch (size `batch`), beyond delta^T X: the cheaper
-                     order of project_gradient_activations, ~2 B D (k_out + k_in) + 2 D^2 min(k)
-                     or ~2 B D^2"""
+        activations  from the batch (size `batch`), beyond delta^T X, the cheaper order of
+                     project_gradient_activations: ~2 B D (k_out + k_in) + 2 D^2 min(k) or ~2 B D^2"""
     if form == "dense":
         return 2 * d_out * d_out * d_in + 2 * d_out * d_in * d_in
     if form == "factored":
@@ -254,20 +224,15 @@ def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, ba
 
 
 def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
-    """The form of least projection_flops: 'dense' or 'factored' for a
-    gradient at hand; 'activations' too when batch > 0 (the map's forward
-    can hand its batch to projected_linear)."""
+    """The form of least projection_flops: 'dense', 'factored', or with batch > 0 'activations' (projected_linear)."""
     forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
     return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
 
 
 class ProjectedLinear(torch.autograd.Function):
-    """mapped = x W^T whose backward returns W's gradient already projected
-    (Thm. 4, from the batch: project_gradient_activations):
-        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T
-    and x's gradient unchanged (delta W). x (..., D_in), W (D_out, D_in),
-    U_out (D_out, k_out), U_in (D_in, k_in) orthonormal, not trained."""
-
+    """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, project_gradient_activations):
+        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T,   grad_x = delta W (unchanged)
+    x (..., D_in), W (D_out, D_in), U_out (D_out, k_out), U_in (D_in, k_in) orthonormal, not trained."""
     @staticmethod
     def forward(ctx, x, W, U_out, U_in):
         ctx.save_for_backward(x, W, U_out, U_in)
@@ -299,8 +264,7 @@ def projector_basis(P):
 
 def update_covariance(Z, n: int, X):
     """Running uncentered covariance over all tasks so far (multi-step extension):
-        Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t
-    Z (D, D), X (n_t, D) the new task's features. Returns (Z, n)."""
+        Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t        Z (D, D), X (n_t, D). Returns (Z, n)."""
     X = X.to(Z.dtype)
     n_t = len(X)
     # running mean of x x^T: old mass n, new mass n_t
@@ -308,10 +272,8 @@ def update_covariance(Z, n: int, X):
 
 
 def score_drift(img, txt, maps_before, maps_after):
-    """Relative change of an old task's score matrix (the stability condition):
-        ||A_after - A_before||_F / ||A_before||_F
-    img (N, D), txt (M, D); maps_* = (W_img, W_txt) or (W_img, W_txt, b_img,
-    b_txt) with --bias. Computed in float64."""
+    """Relative change of an old task's score matrix (the stability condition): ||A_after - A_before||_F /
+    ||A_before||_F. img (N, D), txt (M, D); maps_* = (W_img, W_txt) (+ b_img, b_txt with --bias). In float64."""
     before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
     after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
@@ -324,12 +286,9 @@ CLIP_MODALITIES = ("img", "txt")  # the CLIP path's two maps: parameters W_img, 
 
 
 class ModalityMaps(nn.Module):
-    """The trainable part: one map W_<m> (D, D) per modality m, identity at
-    the start (with --bias the code's b_<m> (D,) at zero), and CLIP's frozen
-    logit_scale as a buffer (common.train reads .logit_scale). set_pair(a, b)
-    makes W_a, W_b (and b_a, b_b) the only trainable parameters; map_image /
-    map_text map with the pair's first / second modality. The CLIP path uses
-    modalities ("img", "txt"): W_img, W_txt."""
+    """The trainable part: one map W_<m> (D, D) per modality m, identity at the start (--bias: the code's b_<m> (D,),
+    zero), and CLIP's frozen logit_scale as a buffer (common.train reads it). set_pair(a, b): W_a, W_b (b_a, b_b)
+    train; map_image / map_text map with the pair's first / second. CLIP: modalities ("img", "txt"), W_img, W_txt."""
     def __init__(self, dim: int, logit_scale: float, bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
         bad = [m for m in modalities if not m.isidentifier()]
@@ -344,16 +303,13 @@ class ModalityMaps(nn.Module):
         self.set_pair(*self.modalities[:2])
 
     def set_pair(self, a: str, b: str):
-        """Only the pair's maps train; every other map is frozen (no gradient,
-        not in the optimizer, so not even weight decay touches it)."""
+        """Only the pair's maps train; every other map is frozen (not in the optimizer: no weight decay either)."""
         self.pair = (a, b)
         for name, p in self.named_parameters():
             p.requires_grad_(name[2:] in (a, b))
 
     def map(self, m: str, x, hooks=None):  # (N, D) -> (N, D)
-        """x W_m^T (+ b_m). hooks: the task's NullSpaceProjection, whose
-        linear() may compute the product so that W_m's gradient arrives
-        already projected (the activation form, deviation 12)."""
+        """x W_m^T (+ b_m); hooks.linear() may compute it so that W_m's gradient arrives projected (deviation 12)."""
         W, b = getattr(self, f"W_{m}"), getattr(self, f"b_{m}", None)
         y = hooks.linear(f"W_{m}", x, W) if hooks is not None and f"W_{m}" in hooks.projectors else x @ W.t()
         return y + (b if b is not None else 0)
@@ -365,9 +321,7 @@ class ModalityMaps(nn.Module):
         return self.map(self.pair[1], x, hooks)
 
     def snapshot(self) -> tuple:
-        """Every map as plain CPU tensors, in parameter order (W_<m> for every
-        m, then b_<m> with --bias): for the CLIP path (W_img, W_txt) or
-        (W_img, W_txt, b_img, b_txt), score_drift's maps."""
+        """Every map as CPU tensors in parameter order (W_<m>, then b_<m> with --bias): score_drift's maps."""
         return tuple(p.detach().cpu().clone() for p in self.parameters())
 
     def pair_maps(self, snapshot: tuple, a: str, b: str) -> tuple:
@@ -380,9 +334,7 @@ DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias
 
 
 class DNSNet(nn.Module):
-    """Wrapper for common.train: forward(batch, ctx) -> {"loss_clip": ...}
-    (or {"loss_code": ...} with loss="code") on cached feature pairs
-    batch["img"], batch["txt"] (B, D) of the maps' current pair."""
+    """common.train's wrapper: forward(batch, ctx) -> {"loss_clip"} ({"loss_code"} with loss="code"), batch (B, D)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
                  bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
@@ -417,23 +369,16 @@ class FeaturePairs(torch.utils.data.Dataset):
 # Training
 # =============================================================================
 def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torch.Tensor:
-    """sum_c w_c W_c Z_c W_c^T over old partner modalities c (partners =
-    {c: Z_c (D, D)}, weights = {c: w_c}): the covariance of the old partner
-    features mapped with the maps as they are NOW, the output side the
-    stability condition asks for (ours, deviation 13). float64, CPU."""
-    out = 0
-    for c, Z_c in partners.items():
-        W_c = getattr(maps, f"W_{c}").detach().cpu().double()
-        out = out + weights[c] * (W_c @ Z_c @ W_c.t())
-    return out
+    """sum_c w_c W_c Z_c W_c^T over old partners c (partners = {c: Z_c (D, D)}, weights = {c: w_c}), with the maps
+    as they are NOW: the output side the stability condition asks for (ours, deviation 13). float64, CPU."""
+    W = {c: getattr(maps, f"W_{c}").detach().cpu().double() for c in partners}  # W_c (D, D)
+    return sum(weights[c] * (W[c] @ Z_c @ W[c].t()) for c, Z_c in partners.items())
 
 
 def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float, relative: bool = False,
                     lambda_min_out: float | None = None) -> dict:
-    """{param name: (P_out, P_in)} for every name in Z_in: P_in from the input
-    covariance Z_in[name], P_out from the output-side covariance Z_out[name]
-    (D, D each). lambda_min_out: the output side's threshold (None or < 0:
-    lambda_min; the code: 0, deviation 6). float32, on the maps' device."""
+    """{param name: (P_out, P_in)} for each name in Z_in, from Z_out[name] and Z_in[name] (D, D). lambda_min_out: the
+    output side's threshold (None or < 0: lambda_min; the code: 0, deviation 6). float32, on the maps' device."""
     lam_out = lambda_min if lambda_min_out is None or lambda_min_out < 0 else lambda_min_out
     device = maps.logit_scale.device
     return {k: (null_space_projector(Z_out[k], lam_out, relative).float().to(device),
@@ -442,28 +387,19 @@ def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: flo
 
 def build_projectors(maps: ModalityMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False,
                      lambda_min_out: float | None = None, Z_out: dict | None = None):
-    """The CLIP path's pair_projectors: W_img's output side is the span of the
-    old mapped texts W_txt t, by default the covariance W_txt Z_txt W_txt^T
-    with the CURRENT maps (the end of the previous task), and vice versa;
-    Z_out = {"W_img": ..., "W_txt": ...} gives the output-side covariances
-    instead (the code's per-task accumulation, deviation 13)."""
+    """The CLIP path's pair_projectors: W_img's output side is the span of the old mapped texts, by default
+    W_txt Z_txt W_txt^T with the CURRENT maps (the end of the previous task), and vice versa; Z_out = {"W_img":
+    ..., "W_txt": ...} gives the output-side covariances instead (the code's per-task accumulation, deviation 13)."""
     Z_out = Z_out or {"W_img": mapped_covariance(maps, {"txt": Z_txt}, {"txt": 1.0}),
                       "W_txt": mapped_covariance(maps, {"img": Z_img}, {"img": 1.0})}
     return pair_projectors(maps, {"W_img": Z_img, "W_txt": Z_txt}, Z_out, lambda_min, relative, lambda_min_out)
 
 
 class NullSpaceProjection:
-    """common.train hooks. gradient mode: project W.grad after unscaling and
-    clipping, before the optimizer step. update mode: remember W before the
-    step, and after it replace W by W_before + project(W_after - W_before),
-    so AdamW's scaling, momentum and weight decay are projected too.
-
-    projectors: {param name: (P_out, P_in)}. form (ours, speed; every form is
-    the same projection, tested equal to project_gradient): 'dense'
-    (project_gradient), 'factored' (project_gradient_factored), 'auto': per
-    map the one of fewer operations (projection_flops), and in gradient mode
-    the activation form when a map's forward goes through linear() and it is
-    cheaper still."""
+    """common.train hooks. gradient mode: project W.grad after unscaling and clipping, before the optimizer step.
+    update mode: set W = W_before + project(W_after - W_before) after the step, so AdamW's scaling, momentum and
+    weight decay are projected too. projectors: {param name: (P_out, P_in)}. form (deviation 12, all tested equal):
+    'dense', 'factored', 'auto': per map the fewer projection_flops, in gradient mode the activations too (linear())."""
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
             raise ValueError(f"unknown projection mode {mode!r}")
@@ -471,21 +407,16 @@ class NullSpaceProjection:
             raise ValueError(f"projection form is 'auto', 'dense' or 'factored', not {form!r}")
         self.mode, self.projectors, self.form, self.before = mode, projectors, form, {}
         self.seconds, self.steps = 0.0, 0
-        self._bases = {name: (projector_basis(P_out), projector_basis(P_in))
-                       for name, (P_out, P_in) in projectors.items()}
+        self._bases = {name: tuple(projector_basis(P) for P in pair) for name, pair in projectors.items()}
         self.forms = {name: form if form != "auto" else cheapest_projection_form(
-                          P_out.shape[0], P_in.shape[0], *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
+                          len(P_out), len(P_in), *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
         self.projected_in_backward = set()  # maps whose gradient projected_linear already projected
-        self.project = {}
-        for name, (P_out, P_in) in projectors.items():
-            if self.forms[name] == "factored":
-                self.project[name] = lambda G, U=self._bases[name]: project_gradient_factored(G, *U)
-            else:
-                self.project[name] = lambda G, P_out=P_out, P_in=P_in: project_gradient(G, P_out, P_in)
+        self.project = {name: (lambda G, U=self._bases[name]: project_gradient_factored(G, *U))
+                        if self.forms[name] == "factored" else (lambda G, P=P: project_gradient(G, *P))
+                        for name, P in projectors.items()}
 
     def bases(self, name: str) -> tuple:
-        """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of the
-        old subspaces of map `name`, what projected_linear takes."""
+        """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of map `name`'s old subspaces."""
         return self._bases[name]
 
     def rank(self, name: str) -> tuple:
@@ -493,13 +424,9 @@ class NullSpaceProjection:
         return tuple(U.shape[1] for U in self._bases[name])
 
     def linear(self, name: str, x, W):
-        """What map `name`'s forward computes, x (B, D_in) -> x W^T (B, D_out):
-        through projected_linear (W's gradient arrives projected, and the
-        hook leaves it alone) when in gradient mode with form 'auto' the
-        activation form costs fewer operations at this batch size; plain
-        x @ W.t() otherwise. Caveat: with --grad-clip the clip then sees the
-        projected gradient norm (the dense/factored hooks clip first,
-        deviation 3); the direction of the step is the same."""
+        """x (B, D_in) -> x W^T (B, D_out) through projected_linear (the hook then leaves W's gradient alone) when
+        in gradient mode with form 'auto' the activation form is cheapest at this batch size; else x @ W.t().
+        Caveat: --grad-clip then sees the projected norm (the other forms clip first, deviation 3)."""
         if self.mode != "gradient" or self.form != "auto" or not (torch.is_grad_enabled() and W.requires_grad):
             return x @ W.t()
         if cheapest_projection_form(*W.shape, *self.rank(name), batch=x.numel() // W.shape[1]) != "activations":
@@ -534,26 +461,19 @@ class NullSpaceProjection:
 
 
 class DNSLearner:
-    """The method's state over a sequence of modality-pair steps (on CLIP:
-    image-text tasks with modalities ("img", "txt")). Per modality m: the
-    running input covariance Z[m] of m's own features over every past step m
-    took part in (n[m] samples); per partner c of m, the running covariance
-    Zp[m][c] of c's raw features in those steps (n_pair[m][c] samples), so
-    W_m's output side is  sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T  with
-    the current maps (on CLIP: W_txt Z_txt W_txt^T for W_img); Zo[m]: the
-    code's per-task output side (deviation 13); the maps after each step (for
-    the drift measure). A step trains only its pair's maps; a map whose
-    modality has no past yet is not projected (as the code, whose projectors
-    are zero then)."""
+    """The method's state over modality-pair steps (CLIP: image-text tasks, modalities ("img", "txt")). Per modality
+    m: the running input covariance Z[m] of m's features over the past steps m took part in (n[m] samples); per
+    partner c, Zp[m][c] of c's raw features there (n_pair[m][c] samples), so W_m's output side is
+        sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T   with the current maps (CLIP: W_txt Z_txt W_txt^T for W_img);
+    Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step. A step trains only its
+    pair's maps; a map whose modality has no past is not projected (the code's projectors are zero then)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
                  bias: bool = False, modalities=CLIP_MODALITIES):
         self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
         self.dim = dim
-        self.Z = {m: self._zeros() for m in modalities}
-        self.Zo = {m: self._zeros() for m in modalities}
-        self.Zp = {m: {} for m in modalities}
+        self.Z, self.Zo = {m: self._zeros() for m in modalities}, {m: self._zeros() for m in modalities}
+        self.Zp, self.n_pair = {m: {} for m in modalities}, {m: {} for m in modalities}
         self.n = {m: 0 for m in modalities}
-        self.n_pair = {m: {} for m in modalities}
         self.history, self.summaries = [], []
 
     def __getattr__(self, name):  # the CLIP path's names: Z_img = Z["img"], Zo_txt = Zo["txt"], ...
@@ -577,9 +497,8 @@ class DNSLearner:
                                cfg.lambda_relative, cfg.lambda_min_out)
 
     def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None) -> dict:
-        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b);
-        default the first two modalities, on CLIP image and text), then adds
-        the step to the covariances of a and b (after the step, as the paper)."""
+        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b), default the first two modalities),
+        then adds the step to the covariances of a and b (after the step, as the paper)."""
         model, hooks, t0 = self.net.model, None, time.perf_counter()
         a, b = pair or model.modalities[:2]
         model.set_pair(a, b)
@@ -682,13 +601,9 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     return results
 
 
-# =============================================================================
 # CMCL's own setting: M modalities, modality-pair steps, features from files
-# =============================================================================
-# The step plan (eval.CMCL_STEPS, eval.parse_steps), the datasets' modalities
-# (eval.CMCL_DATASETS) and the feature readers (eval.read_features) are eval.py's.
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
-    """DNS on CMCL's step sequence from cached features (--features)."""
+    """DNS on CMCL's step sequence from cached features (--features); the step plan and readers are eval.py's."""
     root = Path(cfg.features)
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
     steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
@@ -714,9 +629,8 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
     drift = []  # each old step's test scores: right after it vs at the end
     for k, st in enumerate(steps[:-1]):
         x = data[(st.dataset, "test")]["x"]
-        before, after = (learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k],
-                                                                                   learner.history[-1]))
-        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], before, after))
+        maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
+        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
     common.write_results(cfg.out, results)
@@ -726,8 +640,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
 
 
 def resolve_eval_sets(cfg: DNSConfig) -> DNSConfig:
-    """--task-classes / --zeroshot auto: the lab's label set and synthetic-*
-    sets in the lab (--tasks synthetic or --backbone tiny), none on real data."""
+    """--task-classes / --zeroshot auto: the lab's sets in the lab (--tasks synthetic, --backbone tiny), else none."""
     synthetic = cfg.tasks == "synthetic" or cfg.backbone == "tiny"
     return dataclasses.replace(
         cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
