@@ -108,14 +108,13 @@ class LongCLIPConfig(common.Config):
     label_smoothing: float = common.arg(0.1, "eps of both CLIP losses")              # model_longclip.py (deviation 4)
     log_scale: float = common.arg(LN_100, "set logit_scale (log 1/tau) to this; < 0: keep the backbone's")  # train.py
     learn_temperature: bool = common.arg(False, "train logit_scale (the code leaves it in AdamW; deviation 5)")
-    keep: int = common.arg(-1, "positions kept by the stretching (-1: round(20 L / 77), L the backbone's "
-                           "window)")                                               # Sec. 3.2, deviation 1
+    keep: int = common.arg(-1, "positions kept (-1: round(20 L / 77), L the backbone's window)")  # Sec. 3.2, dev. 1
     factor: int = common.arg(4, "stretch ratio lambda_2 of the other positions")    # Sec. 3.2
     stretch: bool = common.arg(True, "stretch the loaded model (off: --pretrained is a stretched model already)")
     freeze_kept: bool = common.arg(True, "keep the first `keep` positions frozen, as the code (deviation 2)")
     pca_dim: int = common.arg(32, "k: principal components kept for the coarse image embedding")  # Sec. 3.3
-    pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch "
-                                "(ours)", choices=("rank", "global"))
+    pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch (ours)",
+                                choices=("rank", "global"))                                       # deviation 3
     short_caption: str = common.arg("first-sentence", "first-sentence: the long caption's text before the first "
                                     "'. ' (code) | caption: the manifest's caption",
                                     choices=("first-sentence", "caption"))                 # deviation 8
@@ -128,8 +127,7 @@ class LongCLIPConfig(common.Config):
     eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: ERCLIP's (or synthetic) set; none")
     eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning (original window)")
     erclip_results: str = common.arg("", "an erclip.py results.json whose rows are printed beside ours")
-    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P (subprocess), "
-                            "seeds lab.SEEDS")
+    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P, seeds lab.SEEDS")
 
 
 # ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs (deviation 12)
