@@ -142,13 +142,10 @@ RECIPES = {
 # Losses (and the stretching they train)
 # =============================================================================
 def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
-    """Eq. (1), knowledge-preserved stretching (Sec. 3.2, deviation 1).
-    pos: (L, d) positional table PE; keep: rows copied as they are; factor:
-    lam2. Returns PE* of shape (factor L - (factor - 1) keep, d): rows < keep
-    copied, the others linearly interpolated between neighbouring rows of PE
-    at old index keep + (p - keep) / factor, and the last `factor` rows (past
-    the end of PE) extrapolated from its last two rows."""
-    L, d = pos.shape
+    """Eq. (1), knowledge-preserved stretching (Sec. 3.2, deviation 1). pos: (L, d) PE; keep: rows copied as they
+    are; factor: lam2. Returns PE*, (factor L - (factor - 1) keep, d): rows < keep copied, the others interpolated
+    at old index keep + (p - keep) / factor, the last `factor` (past the end of PE) extrapolated from its last two."""
+    L, _ = pos.shape  # (L, d)
     if factor < 1 or not 0 <= keep <= L - 1 or L < 2:
         raise ValueError(f"stretching needs factor >= 1 and 0 <= keep <= L - 1 (L = {L}); got keep={keep}, "
                          f"factor={factor}")
@@ -158,19 +155,14 @@ def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
     i = (keep + step).clamp(max=L - 2)  # left neighbour; L - 2 for the extrapolated tail
     a = (keep + step - i).double() + j.double() / factor  # x - i: in [0, 1) inside, [1, 2) in the tail
     a = a.to(pos.dtype)[:, None]  # (n - keep, 1)
-    out = torch.empty(n, d, dtype=pos.dtype, device=pos.device)
-    out[:keep] = pos[:keep]
-    # Eq. (1): PE*(p) = (1 - a) PE(i) + a PE(i + 1)
-    out[keep:] = (1 - a) * pos[i] + a * pos[i + 1]
-    return out
+    # Eq. (1): PE*(p) = PE(p) for p < keep, (1 - a) PE(i) + a PE(i + 1) otherwise
+    return torch.cat([pos[:keep], (1 - a) * pos[i] + a * pos[i + 1]])  # (n, d)
 
 
 def pca_reconstruct(x, k: int):
-    """Eq. (2), I_coarse = F^-1(E(F(I_fine))) (Sec. 3.3, deviation 3).
-    x: (B, d) the batch's fine image embeddings; k: components kept. Centred
-    on the batch mean, projected on the top-k right singular vectors of the
-    centred batch, mean added back: X V_k V_k^T + mu, (B, d) float32. With
-    k >= min(B, d) every component is kept and x itself is returned."""
+    """Eq. (2), I_coarse = F^-1(E(F(I_fine))) (Sec. 3.3, deviation 3). x: (B, d) fine image embeddings; k:
+    components kept. X = x - mu (the batch mean), projected on its top-k right singular vectors, mu added back:
+    X V_k V_k^T + mu, (B, d) float32. With k >= min(B, d) every component is kept: x itself is returned."""
     x = x.float()
     if k >= min(x.shape):
         return x
@@ -184,10 +176,9 @@ def pca_reconstruct(x, k: int):
 
 
 def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smoothing: float):
-    """Eqs. (3)-(4): the terms of L = L_long + L_short.
-    img: (B, d) normalised I_fine; img_coarse: (B, d) I_coarse (not
-    renormalised, as the code); txt_long, txt_short: (B, d) normalised
-    T_long, T_short; logit_scale: s = 1/tau; label_smoothing: eps."""
+    """Eqs. (3)-(4): the terms of L = L_long + L_short. img, img_coarse: (B, d) I_fine (normalised), I_coarse (not
+    renormalised, as the code); txt_long, txt_short: (B, d) normalised T_long, T_short; logit_scale: s = 1/tau;
+    label_smoothing: eps."""
     # Eq. (3): L_long = CLIP_eps(I_fine, T_long)
     loss_long = common.clip_loss(img, txt_long, logit_scale, label_smoothing)
     # Eq. (3): L_short = CLIP_eps(I_coarse, T_short)
