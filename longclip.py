@@ -202,18 +202,15 @@ def default_keep(context: int) -> int:
 
 
 def stretch_text_window(model, keep: int, factor: int) -> int:
-    """Stretches an open_clip model's text tower in place (Eq. (1)): a new
-    positional table, context_length and causal mask of the new length. The
-    result saves and loads as the same open_clip architecture with a longer
-    context. Returns the new context length."""
+    """Stretches an open_clip model's text tower in place (Eq. (1)): a new positional table, context_length and causal
+    mask; it saves and loads as the same open_clip architecture with a longer context. Returns the new length."""
     t = common.text_tower(model)
     if getattr(t, "attn_mask", None) is None or getattr(t, "cls_emb", None) is not None \
             or not isinstance(getattr(t, "positional_embedding", None), torch.Tensor):
         raise ValueError("Long-CLIP's stretching needs an open_clip text transformer with a causal mask and "
                          "absolute positional embeddings (CLIP's)")
     old = t.positional_embedding
-    with torch.no_grad():
-        new = stretch_positional_embedding(old.detach(), keep, factor)
+    new = stretch_positional_embedding(old.detach(), keep, factor)  # detached: no graph to the old table
     n = len(new)
     t.positional_embedding = nn.Parameter(new, requires_grad=old.requires_grad)
     t.context_length = n
@@ -246,9 +243,8 @@ class LongCaptionCollate(common.Collate):
 
 
 class LongCLIP(nn.Module):
-    """Stretches the text window of `model` (unless cfg.stretch is off), sets
-    and fixes the temperature, freezes the kept positions; forward(batch, ctx)
-    returns the loss terms of Eq. (4)."""
+    """Stretches the text window of `model` (unless cfg.stretch is off), sets and fixes the temperature, freezes the
+    kept positions; forward(batch, ctx) returns the loss terms of Eq. (4)."""
 
     def __init__(self, model, cfg: LongCLIPConfig):
         super().__init__()
