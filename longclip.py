@@ -288,12 +288,10 @@ class LongCLIP(nn.Module):
 # Training
 # =============================================================================
 def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
-    """Long-CLIP's training set (deviations 8, 9): the ShareGPT4V records after
-    the first `holdout` (the ShareGPT4V-1k test set) whose image is not a test
-    image; long caption = the reply (conversations[1]) with newlines as
-    spaces, caption = its first sentence. Written once as JSONL under out_dir
-    (image paths relative to it; ShareGPT4V's are relative to the data root),
-    rebuilt when the json changes (its sidecar records the source)."""
+    """Long-CLIP's training set (deviations 8, 9): the ShareGPT4V records after the first `holdout` (the ShareGPT4V-1k
+    test set) whose image is not a test image; long caption = the reply (conversations[1]) with newlines as spaces,
+    caption = its first sentence. Written once as JSONL under out_dir (image paths relative to it; ShareGPT4V's are
+    relative to the data root), rebuilt when the json changes (its sidecar records the source)."""
     out_dir = Path(out_dir)
     path = out_dir / f"longclip-train-sharegpt4v-{holdout}.jsonl"
     sources = {"sharegpt4v": sharegpt4v}
@@ -314,11 +312,8 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
                      "long_caption": text})
     if not rows:
         raise common.DataError(f"{sharegpt4v}: no training record after the first {holdout}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    (out_dir / (path.name + ".json")).write_text(json.dumps(
+    common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))  # makes out_dir
+    common.atomic_write(out_dir / (path.name + ".json"), json.dumps(
         {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": dropped, "holdout_records": holdout,
          "sources": common.source_stamp(sources)}))
     return path
@@ -361,20 +356,17 @@ def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest):
 
 
 def evaluate_windows(model, preprocess, tokenizers: dict, tasks, data_root, **kw) -> list:
-    """eval.evaluate with each text window ({context: tokenizer}) on the
-    retrieval tasks, records tagged 'window'; zero-shot tasks once, with the
-    longest window (their prompts fit in any; 'window': None)."""
+    """eval.evaluate with each text window ({context: tokenizer}) on the retrieval tasks, records tagged 'window';
+    zero-shot tasks once, with the longest window (their prompts fit in any; 'window': None)."""
     retrieval = [t for t in tasks if t != "simat" and not evaluation.is_classification(t)]
     other = [t for t in tasks if t not in retrieval]
-    records = []
-    for window, tok in sorted(tokenizers.items()):
-        if retrieval:
-            records += [dict(r, window=window) for r in evaluation.evaluate(model, preprocess, tok, retrieval,
-                                                                            data_root, **kw)]
+    records = [dict(r, window=window) for window, tok in sorted(tokenizers.items()) if retrieval
+               for r in evaluation.evaluate(model, preprocess, tok, retrieval, data_root, **kw)]
     if other:
         records += [dict(r, window=None) for r in evaluation.evaluate(model, preprocess, tokenizers[max(tokenizers)],
                                                                       other, data_root, **kw)]
     return records
+
 
 # =============================================================================
 # Tables (ERCLIP's Tables 1 and 2 layout, written once in eval.py, with the text window)
@@ -384,9 +376,8 @@ def openai_name(backbone: str) -> str:
 
 
 def paper_tables(ours, backbone: str) -> str:
-    """Tables 1 and 2 in ERCLIP's layout plus a window column: the published
-    rows for this backbone (ERCLIP's CLIP row, Long-CLIP's row of ERCLIP Tab. 1)
-    then ours: (name, records, window, L_pres mark) each."""
+    """Tables 1 and 2 in ERCLIP's layout plus a window column: the published rows for this backbone (ERCLIP's CLIP
+    row, Long-CLIP's row of ERCLIP Tab. 1), then ours: (name, records, window, L_pres mark) each."""
     vit, rows = evaluation.vit_key(backbone), []
     clip = evaluation.published_numbers("erclip", backbone)
     if clip:
