@@ -301,21 +301,19 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
         raise common.DataError(f"ShareGPT4V json not found: {sharegpt4v} (see the data layout in README.md)")
     records = json.loads(Path(sharegpt4v).read_text())
     held_out = {r.get("image") for r in records[:holdout]}
-    rows, dropped = [], 0
+    rows = []
     for r in records[holdout:]:
         conv = r.get("conversations", [])
         text = " ".join(str(conv[1].get("value", "")).split()) if len(conv) > 1 else ""
-        if not text or not r.get("image") or r["image"] in held_out:
-            dropped += 1
-            continue
-        rows.append({"image": str(Path("..") / r["image"]), "caption": first_sentence(text) or text,
-                     "long_caption": text})
+        if text and r.get("image") and r["image"] not in held_out:  # else dropped (counted in the sidecar)
+            rows.append({"image": str(Path("..") / r["image"]), "caption": first_sentence(text) or text,
+                         "long_caption": text})
     if not rows:
         raise common.DataError(f"{sharegpt4v}: no training record after the first {holdout}")
     common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))  # makes out_dir
     common.atomic_write(out_dir / (path.name + ".json"), json.dumps(
-        {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": dropped, "holdout_records": holdout,
-         "sources": common.source_stamp(sources)}))
+        {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": len(records) - holdout - len(rows),
+         "holdout_records": holdout, "sources": common.source_stamp(sources)}))
     return path
 
 
@@ -421,8 +419,7 @@ def main(argv=None):
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model is loaded
-    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
-                                                               cache_dir=cfg.cache_dir)
+    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
     base_window = common.text_tower(model).context_length
     device = common.init_distributed(cfg.device)
     base = []
@@ -437,8 +434,7 @@ def main(argv=None):
         print(f"[longclip] stopped at step {summary['stopped_at']}; checkpoint {summary['checkpoint']}; continue "
               f"with --resume latest", file=sys.stderr)
         return {"summary": summary}
-    window = summary["context_length"]
-    short_window = original_context(cfg.backbone)
+    window, short_window = summary["context_length"], original_context(cfg.backbone)
     tokenizers = {window: long_tokenizer}
     if short_window < window:
         tokenizers[short_window] = common.get_tokenizer(cfg.backbone, short_window)
@@ -450,7 +446,7 @@ def main(argv=None):
                                            for w in sorted(tokenizers)]
         text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}" for title, r in parts if r)
     else:
-        ours = ([("CLIP (ours)", base, base_window, "-")] if base else [])
+        ours = [("CLIP (ours)", base, base_window, "-")] if base else []
         if erclip_run:
             variant, records, lambda_p = erclip_run
             ours.append((f"ERCLIP {variant} (ours, --erclip-results)", records, short_window,
