@@ -6,17 +6,15 @@ every detail the paper leaves open, none copied): github.com/beichenzbc/Long-CLI
 
 What it implements
 ------------------
-Knowledge-preserved stretching of the text positional embedding (Sec. 3.2),
-fine-tuning with primary component matching (Sec. 3.3). The stretched model
-stays an open_clip CLIP, saved and loaded with its window. Eq. numbers ours:
+Knowledge-preserved stretching of the text positional embedding (Sec. 3.2), fine-tuning with primary component
+matching (Sec. 3.3). The stretched model stays an open_clip CLIP, saved and loaded with its window. Eq. numbers ours:
 
   Eq. (1)  stretching, L -> lam2 L - (lam2 - 1) keep positions (77 -> 248):
              PE*(p) = PE(p)                                   p < keep
              PE*(p) = (1 - a) PE(i) + a PE(i + 1)             otherwise, with
              x = keep + (p - keep) / lam2,  i = min(floor x, L - 2),  a = x - i
-  Eq. (2)  I_coarse = F^-1(E(F(I_fine))): F = PCA of the batch, E keeps the
-           top-k components (k = 32): mu = mean_b I_fine_b,
-           X = I_fine - mu = U S V^T,  I_coarse = X V_k V_k^T + mu
+  Eq. (2)  I_coarse = F^-1(E(F(I_fine))): F = PCA of the batch, E keeps the top-k components (k = 32):
+           mu = mean_b I_fine_b,  X = I_fine - mu = U S V^T,  I_coarse = X V_k V_k^T + mu
   Eq. (3)  L_long  = CLIP_eps(I_fine, T_long),  L_short = CLIP_eps(I_coarse, T_short)
            CLIP_eps(V, Y) = 1/2 [CE_eps(s V Y^T, I) + CE_eps(s Y V^T, I)]
   Eq. (4)  L = L_long + L_short
@@ -61,15 +59,13 @@ Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
 
 Commands
 --------
-  one GPU, the paper's recipe (ShareGPT4V json and images under data/):
-    python longclip.py --backbone ViT-B/16 --out runs/longclip-b16
+  one GPU, the paper's recipe (ShareGPT4V under data/): python longclip.py --backbone ViT-B/16 --out runs/longclip-b16
   torchrun (the global batch of 2048 split across ranks): torchrun --nproc_per_node 8 longclip.py ...
   same budget as ERCLIP, its run's rows beside (--erclip-results runs/erclip-b16-mp/results.json):
     python longclip.py --recipe erclip-budget --backbone ViT-B/16 --out runs/longclip-b16-budget
   a saved model through either window (--context-length 77: the original one):
     python eval.py --backbone ViT-B/16 --pretrained runs/longclip-b16-budget/model.pt --tasks erclip
-  the lab (lab/demos/longclip.py: against ERCLIP M+P, run as `python erclip.py` per seed):
-    python longclip.py --demo
+  the lab (lab/demos/longclip.py; ERCLIP M+P run as `python erclip.py` per seed): python longclip.py --demo
 """
 from __future__ import annotations
 
@@ -323,9 +319,8 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
     if cfg.train_data == "synthetic":
         return common.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
-        return common.coco_sharegpt4v_manifest(
-            cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json", sharegpt4v,
-            root / "erclip", cfg.train_pairs or 20000)
+        coco = cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json"
+        return common.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)
     if cfg.train_data == "sharegpt4v":
         return sharegpt4v_manifest(sharegpt4v, root / "longclip")
     return Path(cfg.train_data)
@@ -333,12 +328,11 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
 
 def read_erclip_results(path) -> tuple[str, list, float]:
     """(variant, tuned records, lambda_p) of an erclip.py results.json."""
-    p = Path(path)
     try:
-        res = json.loads(p.read_text())
+        res = json.loads(Path(path).read_text())
         return res["variant"], res["tuned"], float(res["config"]["lambda_p"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")
+        raise common.DataError(f"--erclip-results {Path(path)}: not an erclip.py results.json ({type(e).__name__}: {e})")
 
 
 def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest):
