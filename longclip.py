@@ -328,11 +328,12 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
 
 def read_erclip_results(path) -> tuple[str, list, float]:
     """(variant, tuned records, lambda_p) of an erclip.py results.json."""
+    p = Path(path)
     try:
-        res = json.loads(Path(path).read_text())
+        res = json.loads(p.read_text())
         return res["variant"], res["tuned"], float(res["config"]["lambda_p"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.DataError(f"--erclip-results {Path(path)}: not an erclip.py results.json ({type(e).__name__}: {e})")
+        raise common.DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")
 
 
 def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest):
