@@ -1,8 +1,8 @@
 """Long-CLIP: Unlocking the Long-Text Capability of CLIP.
 
 Beichen Zhang, Pan Zhang, Xiaoyi Dong, Yuhang Zang, Jiaqi Wang. ECCV 2024.
-arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for
-every detail the paper leaves open, none copied): github.com/beichenzbc/Long-CLIP.
+arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for every detail the paper leaves open, none
+copied): github.com/beichenzbc/Long-CLIP. Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
 
 What it implements
 ------------------
@@ -47,15 +47,10 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
  7. --recipe longclip = train.md's "recommended" table: batch 2048, lr 1e-6, 6 epochs.
  8. Short caption [sharegpt4v.py]: the text before the long one's first ". ";
     --short-caption caption uses the manifest's (--recipe erclip-budget does).
- 9. --train-data sharegpt4v [sharegpt4v.py]: the records after the first 1,000,
-    and none of their images (the code keeps them); rebuilt when the json changes.
-10. Windows: training tokenises both captions with the stretched window; test
-    captions are read through both windows (77 truncated, 248), zero-shot once.
+ 9. --train-data sharegpt4v [sharegpt4v.py]: records after the first 1,000, none of their images (the code keeps them).
+10. Windows: training tokenises both captions with the stretched window; test captions through both (77 truncated, 248).
 11. DDP: the loss over the gathered batch; its mean over ranks is the code's.
-12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only
-    the method differs (stretching, frozen kept rows, PCM).
-
-Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
+12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only the method differs.
 
 Commands
 --------
@@ -148,9 +143,8 @@ def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
     n = factor * L - (factor - 1) * keep
     p = torch.arange(keep, n, device=pos.device)  # the stretched positions, (n - keep,)
     step, j = torch.div(p - keep, factor, rounding_mode="floor"), (p - keep) % factor
-    i = (keep + step).clamp(max=L - 2)  # left neighbour; L - 2 for the extrapolated tail
-    a = (keep + step - i).double() + j.double() / factor  # x - i: in [0, 1) inside, [1, 2) in the tail
-    a = a.to(pos.dtype)[:, None]  # (n - keep, 1)
+    i = (keep + step).clamp(max=L - 2)  # left neighbour; L - 2 in the extrapolated tail, where x - i is in [1, 2)
+    a = ((keep + step - i).double() + j.double() / factor).to(pos.dtype)[:, None]  # x - i, (n - keep, 1)
     # Eq. (1): PE*(p) = PE(p) for p < keep, (1 - a) PE(i) + a PE(i + 1) otherwise
     return torch.cat([pos[:keep], (1 - a) * pos[i] + a * pos[i + 1]])  # (n, d)
 
@@ -212,7 +206,6 @@ def stretch_text_window(model, keep: int, factor: int) -> int:
     t.context_length = n
     if hasattr(t, "num_pos"):
         t.num_pos = n
-    # open_clip's causal mask: -inf above the diagonal
     t.attn_mask = torch.full((n, n), float("-inf"), dtype=t.attn_mask.dtype, device=t.attn_mask.device).triu_(1)
     return n
 
@@ -261,10 +254,8 @@ class LongCLIP(nn.Module):
         if cfg.freeze_kept and self.keep > 0:  # deviation 2
             t.positional_embedding.register_hook(self._freeze_kept)
 
-    def _freeze_kept(self, grad):
-        grad = grad.clone()
-        grad[:self.keep] = 0
-        return grad
+    def _freeze_kept(self, grad):  # deviation 2: rows < keep get no gradient
+        return torch.cat([torch.zeros_like(grad[:self.keep]), grad[self.keep:]])
 
     def forward(self, batch, ctx=None):
         img = self.model.encode_image(batch["image"], normalize=True)  # (b, d) I_fine
@@ -446,8 +437,7 @@ def main(argv=None):
             variant, records, lambda_p = erclip_run
             ours.append((f"ERCLIP {variant} (ours, --erclip-results)", records, short_window,
                          "yes" if lambda_p > 0 else "no"))
-        ours += [(name, tuned, w, "no") for w in sorted(tokenizers)]
-        text = paper_tables(ours, cfg.backbone)
+        text = paper_tables(ours + [(name, tuned, w, "no") for w in sorted(tokenizers)], cfg.backbone)
     print(text)
     common.write_results(cfg.out, {"recipe": cfg.recipe, "manifest": str(manifest), "summary": summary,
                                    "windows": sorted(tokenizers), "base": base, "tuned": tuned, "tables": text,
