@@ -1,22 +1,20 @@
 """Long-CLIP: Unlocking the Long-Text Capability of CLIP.
 
 Beichen Zhang, Pan Zhang, Xiaoyi Dong, Yuhang Zang, Jiaqi Wang. ECCV 2024.
-arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for
-every detail the paper leaves open, none copied): github.com/beichenzbc/Long-CLIP.
+arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for every detail the paper leaves open, none
+copied): github.com/beichenzbc/Long-CLIP. Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
 
 What it implements
 ------------------
-Knowledge-preserved stretching of the text positional embedding (Sec. 3.2),
-fine-tuning with primary component matching (Sec. 3.3). The stretched model
-stays an open_clip CLIP, saved and loaded with its window. Eq. numbers ours:
+Knowledge-preserved stretching of the text positional embedding (Sec. 3.2), fine-tuning with primary component
+matching (Sec. 3.3). The stretched model stays an open_clip CLIP, saved and loaded with its window. Eq. numbers ours:
 
   Eq. (1)  stretching, L -> lam2 L - (lam2 - 1) keep positions (77 -> 248):
              PE*(p) = PE(p)                                   p < keep
              PE*(p) = (1 - a) PE(i) + a PE(i + 1)             otherwise, with
              x = keep + (p - keep) / lam2,  i = min(floor x, L - 2),  a = x - i
-  Eq. (2)  I_coarse = F^-1(E(F(I_fine))): F = PCA of the batch, E keeps the
-           top-k components (k = 32): mu = mean_b I_fine_b,
-           X = I_fine - mu = U S V^T,  I_coarse = X V_k V_k^T + mu
+  Eq. (2)  I_coarse = F^-1(E(F(I_fine))): F = PCA of the batch, E keeps the top-k components (k = 32):
+           mu = mean_b I_fine_b,  X = I_fine - mu = U S V^T,  I_coarse = X V_k V_k^T + mu
   Eq. (3)  L_long  = CLIP_eps(I_fine, T_long),  L_short = CLIP_eps(I_coarse, T_short)
            CLIP_eps(V, Y) = 1/2 [CE_eps(s V Y^T, I) + CE_eps(s Y V^T, I)]
   Eq. (4)  L = L_long + L_short
@@ -49,27 +47,20 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
  7. --recipe longclip = train.md's "recommended" table: batch 2048, lr 1e-6, 6 epochs.
  8. Short caption [sharegpt4v.py]: the text before the long one's first ". ";
     --short-caption caption uses the manifest's (--recipe erclip-budget does).
- 9. --train-data sharegpt4v [sharegpt4v.py]: the records after the first 1,000,
-    and none of their images (the code keeps them); rebuilt when the json changes.
-10. Windows: training tokenises both captions with the stretched window; test
-    captions are read through both windows (77 truncated, 248), zero-shot once.
+ 9. --train-data sharegpt4v [sharegpt4v.py]: records after the first 1,000, none of their images (the code keeps them).
+10. Windows: training tokenises both captions with the stretched window; test captions through both (77 truncated, 248).
 11. DDP: the loss over the gathered batch; its mean over ranks is the code's.
-12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only
-    the method differs (stretching, frozen kept rows, PCM).
-
-Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
+12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only the method differs.
 
 Commands
 --------
-  one GPU, the paper's recipe (ShareGPT4V json and images under data/):
-    python longclip.py --backbone ViT-B/16 --out runs/longclip-b16
+  one GPU, the paper's recipe (ShareGPT4V under data/): python longclip.py --backbone ViT-B/16 --out runs/longclip-b16
   torchrun (the global batch of 2048 split across ranks): torchrun --nproc_per_node 8 longclip.py ...
   same budget as ERCLIP, its run's rows beside (--erclip-results runs/erclip-b16-mp/results.json):
     python longclip.py --recipe erclip-budget --backbone ViT-B/16 --out runs/longclip-b16-budget
   a saved model through either window (--context-length 77: the original one):
     python eval.py --backbone ViT-B/16 --pretrained runs/longclip-b16-budget/model.pt --tasks erclip
-  the lab (lab/demos/longclip.py: against ERCLIP M+P, run as `python erclip.py` per seed):
-    python longclip.py --demo
+  the lab (lab/demos/longclip.py; ERCLIP M+P run as `python erclip.py` per seed): python longclip.py --demo
 """
 from __future__ import annotations
 
@@ -108,14 +99,13 @@ class LongCLIPConfig(common.Config):
     label_smoothing: float = common.arg(0.1, "eps of both CLIP losses")              # model_longclip.py (deviation 4)
     log_scale: float = common.arg(LN_100, "set logit_scale (log 1/tau) to this; < 0: keep the backbone's")  # train.py
     learn_temperature: bool = common.arg(False, "train logit_scale (the code leaves it in AdamW; deviation 5)")
-    keep: int = common.arg(-1, "positions kept by the stretching (-1: round(20 L / 77), L the backbone's "
-                           "window)")                                               # Sec. 3.2, deviation 1
+    keep: int = common.arg(-1, "positions kept (-1: round(20 L / 77), L the backbone's window)")  # Sec. 3.2, dev. 1
     factor: int = common.arg(4, "stretch ratio lambda_2 of the other positions")    # Sec. 3.2
     stretch: bool = common.arg(True, "stretch the loaded model (off: --pretrained is a stretched model already)")
     freeze_kept: bool = common.arg(True, "keep the first `keep` positions frozen, as the code (deviation 2)")
     pca_dim: int = common.arg(32, "k: principal components kept for the coarse image embedding")  # Sec. 3.3
-    pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch "
-                                "(ours)", choices=("rank", "global"))
+    pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch (ours)",
+                                choices=("rank", "global"))                                       # deviation 3
     short_caption: str = common.arg("first-sentence", "first-sentence: the long caption's text before the first "
                                     "'. ' (code) | caption: the manifest's caption",
                                     choices=("first-sentence", "caption"))                 # deviation 8
@@ -128,8 +118,7 @@ class LongCLIPConfig(common.Config):
     eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: ERCLIP's (or synthetic) set; none")
     eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning (original window)")
     erclip_results: str = common.arg("", "an erclip.py results.json whose rows are printed beside ours")
-    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P (subprocess), "
-                            "seeds lab.SEEDS")
+    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P, seeds lab.SEEDS")
 
 
 # ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs (deviation 12)
@@ -144,35 +133,26 @@ RECIPES = {
 # Losses (and the stretching they train)
 # =============================================================================
 def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
-    """Eq. (1), knowledge-preserved stretching (Sec. 3.2, deviation 1).
-    pos: (L, d) positional table PE; keep: rows copied as they are; factor:
-    lam2. Returns PE* of shape (factor L - (factor - 1) keep, d): rows < keep
-    copied, the others linearly interpolated between neighbouring rows of PE
-    at old index keep + (p - keep) / factor, and the last `factor` rows (past
-    the end of PE) extrapolated from its last two rows."""
-    L, d = pos.shape
+    """Eq. (1), knowledge-preserved stretching (Sec. 3.2, deviation 1). pos: (L, d) PE; keep: rows copied as they
+    are; factor: lam2. Returns PE*, (factor L - (factor - 1) keep, d): rows < keep copied, the others interpolated
+    at old index keep + (p - keep) / factor, the last `factor` (past the end of PE) extrapolated from its last two."""
+    L, _ = pos.shape  # (L, d)
     if factor < 1 or not 0 <= keep <= L - 1 or L < 2:
         raise ValueError(f"stretching needs factor >= 1 and 0 <= keep <= L - 1 (L = {L}); got keep={keep}, "
                          f"factor={factor}")
     n = factor * L - (factor - 1) * keep
     p = torch.arange(keep, n, device=pos.device)  # the stretched positions, (n - keep,)
     step, j = torch.div(p - keep, factor, rounding_mode="floor"), (p - keep) % factor
-    i = (keep + step).clamp(max=L - 2)  # left neighbour; L - 2 for the extrapolated tail
-    a = (keep + step - i).double() + j.double() / factor  # x - i: in [0, 1) inside, [1, 2) in the tail
-    a = a.to(pos.dtype)[:, None]  # (n - keep, 1)
-    out = torch.empty(n, d, dtype=pos.dtype, device=pos.device)
-    out[:keep] = pos[:keep]
-    # Eq. (1): PE*(p) = (1 - a) PE(i) + a PE(i + 1)
-    out[keep:] = (1 - a) * pos[i] + a * pos[i + 1]
-    return out
+    i = (keep + step).clamp(max=L - 2)  # left neighbour; L - 2 in the extrapolated tail, where x - i is in [1, 2)
+    a = ((keep + step - i).double() + j.double() / factor).to(pos.dtype)[:, None]  # x - i, (n - keep, 1)
+    # Eq. (1): PE*(p) = PE(p) for p < keep, (1 - a) PE(i) + a PE(i + 1) otherwise
+    return torch.cat([pos[:keep], (1 - a) * pos[i] + a * pos[i + 1]])  # (n, d)
 
 
 def pca_reconstruct(x, k: int):
-    """Eq. (2), I_coarse = F^-1(E(F(I_fine))) (Sec. 3.3, deviation 3).
-    x: (B, d) the batch's fine image embeddings; k: components kept. Centred
-    on the batch mean, projected on the top-k right singular vectors of the
-    centred batch, mean added back: X V_k V_k^T + mu, (B, d) float32. With
-    k >= min(B, d) every component is kept and x itself is returned."""
+    """Eq. (2), I_coarse = F^-1(E(F(I_fine))) (Sec. 3.3, deviation 3). x: (B, d) fine image embeddings; k:
+    components kept. X = x - mu (the batch mean), projected on its top-k right singular vectors, mu added back:
+    X V_k V_k^T + mu, (B, d) float32. With k >= min(B, d) every component is kept: x itself is returned."""
     x = x.float()
     if k >= min(x.shape):
         return x
@@ -186,10 +166,9 @@ def pca_reconstruct(x, k: int):
 
 
 def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smoothing: float):
-    """Eqs. (3)-(4): the terms of L = L_long + L_short.
-    img: (B, d) normalised I_fine; img_coarse: (B, d) I_coarse (not
-    renormalised, as the code); txt_long, txt_short: (B, d) normalised
-    T_long, T_short; logit_scale: s = 1/tau; label_smoothing: eps."""
+    """Eqs. (3)-(4): the terms of L = L_long + L_short. img, img_coarse: (B, d) I_fine (normalised), I_coarse (not
+    renormalised, as the code); txt_long, txt_short: (B, d) normalised T_long, T_short; logit_scale: s = 1/tau;
+    label_smoothing: eps."""
     # Eq. (3): L_long = CLIP_eps(I_fine, T_long)
     loss_long = common.clip_loss(img, txt_long, logit_scale, label_smoothing)
     # Eq. (3): L_short = CLIP_eps(I_coarse, T_short)
@@ -213,24 +192,20 @@ def default_keep(context: int) -> int:
 
 
 def stretch_text_window(model, keep: int, factor: int) -> int:
-    """Stretches an open_clip model's text tower in place (Eq. (1)): a new
-    positional table, context_length and causal mask of the new length. The
-    result saves and loads as the same open_clip architecture with a longer
-    context. Returns the new context length."""
+    """Stretches an open_clip model's text tower in place (Eq. (1)): a new positional table, context_length and causal
+    mask; it saves and loads as the same open_clip architecture with a longer context. Returns the new length."""
     t = common.text_tower(model)
     if getattr(t, "attn_mask", None) is None or getattr(t, "cls_emb", None) is not None \
             or not isinstance(getattr(t, "positional_embedding", None), torch.Tensor):
         raise ValueError("Long-CLIP's stretching needs an open_clip text transformer with a causal mask and "
                          "absolute positional embeddings (CLIP's)")
     old = t.positional_embedding
-    with torch.no_grad():
-        new = stretch_positional_embedding(old.detach(), keep, factor)
+    new = stretch_positional_embedding(old.detach(), keep, factor)  # detached: no graph to the old table
     n = len(new)
     t.positional_embedding = nn.Parameter(new, requires_grad=old.requires_grad)
     t.context_length = n
     if hasattr(t, "num_pos"):
         t.num_pos = n
-    # open_clip's causal mask: -inf above the diagonal
     t.attn_mask = torch.full((n, n), float("-inf"), dtype=t.attn_mask.dtype, device=t.attn_mask.device).triu_(1)
     return n
 
@@ -257,9 +232,8 @@ class LongCaptionCollate(common.Collate):
 
 
 class LongCLIP(nn.Module):
-    """Stretches the text window of `model` (unless cfg.stretch is off), sets
-    and fixes the temperature, freezes the kept positions; forward(batch, ctx)
-    returns the loss terms of Eq. (4)."""
+    """Stretches the text window of `model` (unless cfg.stretch is off), sets and fixes the temperature, freezes the
+    kept positions; forward(batch, ctx) returns the loss terms of Eq. (4)."""
 
     def __init__(self, model, cfg: LongCLIPConfig):
         super().__init__()
@@ -280,10 +254,8 @@ class LongCLIP(nn.Module):
         if cfg.freeze_kept and self.keep > 0:  # deviation 2
             t.positional_embedding.register_hook(self._freeze_kept)
 
-    def _freeze_kept(self, grad):
-        grad = grad.clone()
-        grad[:self.keep] = 0
-        return grad
+    def _freeze_kept(self, grad):  # deviation 2: rows < keep get no gradient
+        return torch.cat([torch.zeros_like(grad[:self.keep]), grad[self.keep:]])
 
     def forward(self, batch, ctx=None):
         img = self.model.encode_image(batch["image"], normalize=True)  # (b, d) I_fine
@@ -303,12 +275,10 @@ class LongCLIP(nn.Module):
 # Training
 # =============================================================================
 def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
-    """Long-CLIP's training set (deviations 8, 9): the ShareGPT4V records after
-    the first `holdout` (the ShareGPT4V-1k test set) whose image is not a test
-    image; long caption = the reply (conversations[1]) with newlines as
-    spaces, caption = its first sentence. Written once as JSONL under out_dir
-    (image paths relative to it; ShareGPT4V's are relative to the data root),
-    rebuilt when the json changes (its sidecar records the source)."""
+    """Long-CLIP's training set (deviations 8, 9): the ShareGPT4V records after the first `holdout` (the ShareGPT4V-1k
+    test set) whose image is not a test image; long caption = the reply (conversations[1]) with newlines as spaces,
+    caption = its first sentence. Written once as JSONL under out_dir (image paths relative to it; ShareGPT4V's are
+    relative to the data root), rebuilt when the json changes (its sidecar records the source)."""
     out_dir = Path(out_dir)
     path = out_dir / f"longclip-train-sharegpt4v-{holdout}.jsonl"
     sources = {"sharegpt4v": sharegpt4v}
@@ -318,24 +288,19 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
         raise common.DataError(f"ShareGPT4V json not found: {sharegpt4v} (see the data layout in README.md)")
     records = json.loads(Path(sharegpt4v).read_text())
     held_out = {r.get("image") for r in records[:holdout]}
-    rows, dropped = [], 0
+    rows = []
     for r in records[holdout:]:
         conv = r.get("conversations", [])
         text = " ".join(str(conv[1].get("value", "")).split()) if len(conv) > 1 else ""
-        if not text or not r.get("image") or r["image"] in held_out:
-            dropped += 1
-            continue
-        rows.append({"image": str(Path("..") / r["image"]), "caption": first_sentence(text) or text,
-                     "long_caption": text})
+        if text and r.get("image") and r["image"] not in held_out:  # else dropped (counted in the sidecar)
+            rows.append({"image": str(Path("..") / r["image"]), "caption": first_sentence(text) or text,
+                         "long_caption": text})
     if not rows:
         raise common.DataError(f"{sharegpt4v}: no training record after the first {holdout}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    (out_dir / (path.name + ".json")).write_text(json.dumps(
-        {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": dropped, "holdout_records": holdout,
-         "sources": common.source_stamp(sources)}))
+    common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))  # makes out_dir
+    common.atomic_write(out_dir / (path.name + ".json"), json.dumps(
+        {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": len(records) - holdout - len(rows),
+         "holdout_records": holdout, "sources": common.source_stamp(sources)}))
     return path
 
 
@@ -345,9 +310,8 @@ def train_manifest(cfg: LongCLIPConfig) -> Path:
     if cfg.train_data == "synthetic":
         return common.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
-        return common.coco_sharegpt4v_manifest(
-            cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json", sharegpt4v,
-            root / "erclip", cfg.train_pairs or 20000)
+        coco = cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json"
+        return common.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)
     if cfg.train_data == "sharegpt4v":
         return sharegpt4v_manifest(sharegpt4v, root / "longclip")
     return Path(cfg.train_data)
@@ -376,20 +340,17 @@ def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest):
 
 
 def evaluate_windows(model, preprocess, tokenizers: dict, tasks, data_root, **kw) -> list:
-    """eval.evaluate with each text window ({context: tokenizer}) on the
-    retrieval tasks, records tagged 'window'; zero-shot tasks once, with the
-    longest window (their prompts fit in any; 'window': None)."""
+    """eval.evaluate with each text window ({context: tokenizer}) on the retrieval tasks, records tagged 'window';
+    zero-shot tasks once, with the longest window (their prompts fit in any; 'window': None)."""
     retrieval = [t for t in tasks if t != "simat" and not evaluation.is_classification(t)]
     other = [t for t in tasks if t not in retrieval]
-    records = []
-    for window, tok in sorted(tokenizers.items()):
-        if retrieval:
-            records += [dict(r, window=window) for r in evaluation.evaluate(model, preprocess, tok, retrieval,
-                                                                            data_root, **kw)]
+    records = [dict(r, window=window) for window, tok in sorted(tokenizers.items()) if retrieval
+               for r in evaluation.evaluate(model, preprocess, tok, retrieval, data_root, **kw)]
     if other:
         records += [dict(r, window=None) for r in evaluation.evaluate(model, preprocess, tokenizers[max(tokenizers)],
                                                                       other, data_root, **kw)]
     return records
+
 
 # =============================================================================
 # Tables (ERCLIP's Tables 1 and 2 layout, written once in eval.py, with the text window)
@@ -399,9 +360,8 @@ def openai_name(backbone: str) -> str:
 
 
 def paper_tables(ours, backbone: str) -> str:
-    """Tables 1 and 2 in ERCLIP's layout plus a window column: the published
-    rows for this backbone (ERCLIP's CLIP row, Long-CLIP's row of ERCLIP Tab. 1)
-    then ours: (name, records, window, L_pres mark) each."""
+    """Tables 1 and 2 in ERCLIP's layout plus a window column: the published rows for this backbone (ERCLIP's CLIP
+    row, Long-CLIP's row of ERCLIP Tab. 1), then ours: (name, records, window, L_pres mark) each."""
     vit, rows = evaluation.vit_key(backbone), []
     clip = evaluation.published_numbers("erclip", backbone)
     if clip:
@@ -445,8 +405,7 @@ def main(argv=None):
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model is loaded
-    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
-                                                               cache_dir=cfg.cache_dir)
+    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
     base_window = common.text_tower(model).context_length
     device = common.init_distributed(cfg.device)
     base = []
@@ -461,8 +420,7 @@ def main(argv=None):
         print(f"[longclip] stopped at step {summary['stopped_at']}; checkpoint {summary['checkpoint']}; continue "
               f"with --resume latest", file=sys.stderr)
         return {"summary": summary}
-    window = summary["context_length"]
-    short_window = original_context(cfg.backbone)
+    window, short_window = summary["context_length"], original_context(cfg.backbone)
     tokenizers = {window: long_tokenizer}
     if short_window < window:
         tokenizers[short_window] = common.get_tokenizer(cfg.backbone, short_window)
@@ -474,13 +432,12 @@ def main(argv=None):
                                            for w in sorted(tokenizers)]
         text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}" for title, r in parts if r)
     else:
-        ours = ([("CLIP (ours)", base, base_window, "-")] if base else [])
+        ours = [("CLIP (ours)", base, base_window, "-")] if base else []
         if erclip_run:
             variant, records, lambda_p = erclip_run
             ours.append((f"ERCLIP {variant} (ours, --erclip-results)", records, short_window,
                          "yes" if lambda_p > 0 else "no"))
-        ours += [(name, tuned, w, "no") for w in sorted(tokenizers)]
-        text = paper_tables(ours, cfg.backbone)
+        text = paper_tables(ours + [(name, tuned, w, "no") for w in sorted(tokenizers)], cfg.backbone)
     print(text)
     common.write_results(cfg.out, {"recipe": cfg.recipe, "manifest": str(manifest), "summary": summary,
                                    "windows": sorted(tokenizers), "base": base, "tuned": tuned, "tables": text,
