@@ -315,8 +315,7 @@ TASK_GROUPS = {  # shorthands for --tasks
 
 
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
-    """Any user manifest (JSONL/CSV, image path relative to the manifest):
-    one text per row from `column`; rows that share an image share it."""
+    """Any user manifest (JSONL/CSV, image paths relative to it): one text per row from `column` (rows may share an image)."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
         msg = common.bad_rows_message(path, ds.skipped)
@@ -591,12 +590,10 @@ def manifest_features(model, preprocess, tokenizer, manifest, label_column: str 
 
 
 # --- CMCL's cached multimodal features (dns.py --features) ---------------------
-# The released code's datasets (dataloader.py, DATASETS): each one's modalities
-# in the order its h5 arrays hold them (ModalityType order, reorder()) and its
-# evaluations (TASKS): "acc" = classification against class text features,
-# "recall" = pairwise retrieval. A step (dns.py's CMCL_STEPS, the code's
-# training.py datasets_name) "name:i,j" picks modalities i and j of the array,
-# no suffix = 0,1.
+# The released code's datasets (dataloader.py, DATASETS): each one's modalities in the order its h5 arrays hold them
+# (ModalityType order, reorder()) and its evaluations (TASKS): "acc" = classification against class text features,
+# "recall" = pairwise retrieval. A step (CMCL_STEPS, the code's training.py datasets_name) "name:i,j" picks
+# modalities i and j of the array, no suffix = 0,1.
 CMCL_DATASETS = {
     "ucf101": (("text", "video"), ("acc",)),
     "esc50": (("text", "audio"), ("recall", "acc")),
@@ -608,8 +605,7 @@ CMCL_DATASETS = {
 }
 
 # Two layouts, detected per dataset. CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order; ids
-#        sorted as strings
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order, ids sorted
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
 #    sample classes: from the ids ("<id>__<class name>__<class index>", as the code's perceptors write them) or
 #        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes it from the code's JSON)
@@ -618,7 +614,6 @@ CMCL_DATASETS = {
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
 #        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
-    """folder/stem.npy, else folder/stem.pt, as float32."""
     if (folder / f"{stem}.npy").exists():
         return torch.from_numpy(np.load(folder / f"{stem}.npy")).float()
     if (folder / f"{stem}.pt").exists():
@@ -701,8 +696,7 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
 
 
 def write_h5(path, arrays: dict):
-    """The code's FeatureStorage.save_features: one dataset per key
-    (lab.synthetic_multimodal writes the code's layout with it)."""
+    """The code's FeatureStorage.save_features, one dataset per key (lab.synthetic_multimodal writes with it)."""
     import h5py
     with h5py.File(path, "w") as f:
         for k, v in arrays.items():
@@ -945,12 +939,11 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
-    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison with numbers made by
-    github.com/changdaeoh/multimodal-mixup (main.py do_valid; loss.py rel_lalign_torch, lunif). Lower is better:
+    """The m2-Mix code's align / unif (E3, E4; github.com/changdaeoh/multimodal-mixup main.py do_valid, loss.py
+    rel_lalign_torch, lunif) of paired, L2-normalised img, txt (N, D), in row chunks (O(chunk x N)); lower is better:
       align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
       unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
-                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
-    img, txt: (N, D) paired, L2-normalised. Row chunks: memory O(chunk x N)."""
+                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)"""
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
@@ -973,8 +966,7 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
-    """Per query: max softmax(scale * sim) over all candidates, and whether
-    the argmax is a gold match (ties: the first index wins, as argmax does)."""
+    """Per query: max softmax(scale * sim) over all candidates, and whether the argmax (first on ties) is gold."""
     img, txt = img.float(), txt.float()
     t2i = torch.as_tensor(text_to_image).long()
     conf, correct = [], []
@@ -988,8 +980,7 @@ def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
 
 
 def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
-    """Expected calibration error of retrieval R@1, in percent (m2-Mix Tab. 2 reports ECE of Flickr30k I2T/T2I
-    R@1; no released code, so the standard definition, Guo et al. 2017):
+    """ECE of retrieval R@1 (%; m2-Mix Tab. 2, Flickr30k I2T/T2I; no released code: Guo et al. 2017's definition):
       each query (an image for i2t, a text for t2i) is a classification over all candidates with
       p = softmax(scale * sim); confidence = max p, correct = the argmax is a gold match; equal-width bins on
       [0, 1]; ECE = sum_b |B_b| / N * |acc_b - conf_b|.
@@ -1201,10 +1192,8 @@ ERCLIP_TABLE2 = {
     ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
     ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
 }
-# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, keyed by our
-# task -> model -> metric: Table 1 (retrieval; one caption per image, COCO =
-# val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
-# m2-Mix alone is not in Table 1.
+# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, our task -> model -> metric: Table 1 (retrieval; one
+# caption per image, COCO = val2017; no m2-Mix row), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
 M2MIX_TABLE1 = {
     "flickr30k-1cap": {
         "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
@@ -1222,14 +1211,12 @@ M2MIX_TABLE1 = {
     },
 }
 M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
-# m2-Mix's Table 1 layout, for m2mix.py's real runs (moved from m2mix.py, issue 23)
 M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
 
 
 def m2mix_table1(records) -> str:
-    """Table 1's layout (ZS, FT, m2-Mix, m3-Mix) per evaluation protocol, with
-    align / unif / ECE; a cell reads "ours (paper)" where the paper reports the
-    same protocol, "- (paper)" for a row we did not run."""
+    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
+    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run."""
     by = {}
     for r in records:
         by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
@@ -1267,8 +1254,8 @@ def _erclip_clip_rows() -> dict:
     return out
 
 
-# Published CLIP numbers (the pretrained model, no fine-tuning) whose protocol
-# matches one of our tasks. Keys: paper -> backbone -> {(task, metric): value}.
+# Published CLIP numbers (pretrained, no fine-tuning) whose protocol matches one of our tasks: paper -> backbone ->
+# {(task, metric): value}.
 PUBLISHED = {
     # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, first 5 captions per image (Long-CLIP's
     # protocol, our task 'coco'); long-caption sets truncated at the context
@@ -1277,11 +1264,9 @@ PUBLISHED = {
     "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
                               for metric, v in models["ZS"].items()},
                            ("simat", "simat"): M2MIX_SIMAT_ZS}},
-    "cclip": {  # C-CLIP (Liu et al., ICLR 2025) Sec. 5: pretrained ViT-B/16 zero-shot ImageNet
-        "ViT-B/16": {("imagenet", "top1"): 67.73},
-    },
-    "clip": {  # OpenAI CLIP weights on the standard protocols, as the result tables of open_clip
-        #        (github.com/mlfoundations/open_clip) and CLIP_benchmark (github.com/LAION-AI/CLIP_benchmark) give them
+    "cclip": {"ViT-B/16": {("imagenet", "top1"): 67.73}},  # C-CLIP (ICLR 2025) Sec. 5: pretrained, zero-shot ImageNet
+    "clip": {  # OpenAI weights, standard protocols: the result tables of open_clip and CLIP_benchmark
+        #        (github.com/mlfoundations/open_clip, github.com/LAION-AI/CLIP_benchmark)
         "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
                      ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
                      ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},
@@ -1299,13 +1284,11 @@ CCLIP_IMAGENET_AFTER_2_TASKS = {"C-CLIP": 65.1, "full FT": 25.0}
 
 
 def published_numbers(paper: str, backbone: str) -> dict:
-    """{(task, metric): value} of the paper's CLIP baseline for this backbone
-    (OpenAI or open_clip spelling); {} when the paper has no such row."""
+    """The paper's CLIP row {(task, metric): value} for this backbone (OpenAI or open_clip spelling), or {}."""
     if paper not in PUBLISHED:
         raise ValueError(f"unknown paper {paper!r}; known: {', '.join(PUBLISHED)}")
     openai = {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
     return PUBLISHED[paper].get(openai, {})
-
 
 
 # --- ERCLIP's Tables 1-2 layout (erclip.py, longclip.py, the ERCLIP sweeps), written once ---
@@ -1345,7 +1328,8 @@ def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
 def erclip_tables(rows1, rows2, window: bool = False) -> str:
     (c1, c2), cut = erclip_cols(window), "cut at the window" if window else "truncated at the context"
     return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
-            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n" + common.markdown_table(rows2, c2, "{:.2f}"))
+            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
+            + common.markdown_table(rows2, c2, "{:.2f}"))
 
 
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
@@ -1375,8 +1359,7 @@ ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_
 
 
 def analysis_table(records, published=None) -> str:
-    """Geometry / ECE / SIMAT records: one row per (task, text mode), one
-    column per metric; with `published`, a '(paper)' row under each task."""
+    """Geometry / ECE / SIMAT records: a row per (task, text mode), a column per metric; a '(paper)' row per task."""
     rows, cols = {}, ["task"]
     for r in records:
         if r["metric"] not in ANALYSIS_METRICS:
