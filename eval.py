@@ -315,7 +315,7 @@ TASK_GROUPS = {  # shorthands for --tasks
 
 
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
-    """Any user manifest (JSONL/CSV, image paths relative to it): one text per row from `column` (rows may share an image)."""
+    """A user manifest (JSONL/CSV, image paths relative to it): a text per row from `column`; rows may share images."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
         msg = common.bad_rows_message(path, ds.skipped)
