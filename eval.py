@@ -23,8 +23,7 @@ Runbook (one device, no torchrun; the tasks and the data root layout: python eva
   python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
   python eval.py --backbone ViT-B/32 --tasks flickr30k-1cap --analyses geometry,ece --paper m2mix
-  python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape \\
-      --wise-ft runs/x/model.pt --alphas 0,0.25,0.5,0.75,1            # WiSE-FT curve
+  python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape --wise-ft runs/x/model.pt  # WiSE-FT curve
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
 """
@@ -111,7 +110,6 @@ BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco
 
 
 def _require(path: Path, task: str, root):
-    """Raises MissingData naming the expected path, the layout and the source."""
     if path.exists():
         return path
     layout, source = BENCHMARKS[task]
@@ -282,7 +280,6 @@ SYNTHETIC_CLASSIFICATION: dict = {}
 
 
 def register_synthetic(retrieval: dict, classification: dict):
-    """Called by the lab on import: adds its retrieval and classification sets."""
     SYNTHETIC_RETRIEVAL.update(retrieval)
     RETRIEVAL_TASKS.update(retrieval)
     SYNTHETIC_CLASSIFICATION.update(classification)
@@ -555,8 +552,7 @@ def _text_fingerprint(model) -> str:
 
 
 def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_dir=None):
-    """common.zero_shot_classifier, cached per (text weights, class names,
-    templates) in memory and, with cache_dir, on disk. Returns (D, C)."""
+    """common.zero_shot_classifier (D, C), cached per (text weights, classnames, templates); on disk with cache_dir."""
     key = hashlib.sha1(json.dumps([_text_fingerprint(model), list(classnames), list(templates)]).encode()).hexdigest()
     if key in _CLASSIFIER_CACHE:
         return _CLASSIFIER_CACHE[key]
@@ -840,10 +836,9 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
 
 @torch.no_grad()
 def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
-    """One step's test set through the current maps (model: dns.py's ModalityMaps, model.map(modality, x)): R@k
-    (%, mean of both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against
-    the text map of the class features) where the dataset has classes and the pair includes text (the code's
-    eval_util.eval); NaN where a metric does not apply."""
+    """One step's test set through the current maps (dns.py's ModalityMaps, model.map(modality, x)): R@k (%, mean of
+    both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against the text map of the
+    class features) where the dataset has classes and the pair has text (the code's eval_util.eval); else NaN."""
     a, b = step.modalities
     i, j = step.pair
     x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
@@ -1275,11 +1270,8 @@ PUBLISHED = {
                      ("imagenet", "top1"): 75.5, ("cifar10", "top1"): 95.7, ("cifar100", "top1"): 76.1},
     },
 }
-
-
-# C-CLIP (Liu et al., ICLR 2025) Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate
-# ("~") as the text gives them, C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"], 67.73); the paper
-# column of the lab demo's zero-shot claim (lab/demos/cclip.py).
+# C-CLIP Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate ("~") as the text gives them,
+# C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"]); the paper column of lab/demos/cclip.py's zero-shot claim
 CCLIP_IMAGENET_AFTER_2_TASKS = {"C-CLIP": 65.1, "full FT": 25.0}
 
 
@@ -1453,9 +1445,8 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
 # 6. Continual evaluation (C-CLIP, DNS)
 # =============================================================================
 def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
-    """One row of the continual matrices from evaluate()'s records, in the format common.run_continual's
-    evaluate() returns: per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for the zero-shot
-    tasks (PD = scalar before training - scalar at the end)."""
+    """A continual-matrix row from evaluate()'s records, in the format of common.run_continual's evaluate():
+    per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] of zero-shot tasks (PD: row 0 - last row)."""
     value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
     first_mode = {r["task"]: r["text_mode"] for r in reversed(records)}  # reversed: each task's first record wins
     per_task = {m: [value[(t, m, first_mode[t])] for t in tasks] for m in metrics}
@@ -1504,9 +1495,8 @@ def masked_continual_metrics(R) -> dict:
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
                          metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
-    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the model before any training
-    ('pretrained' = the backbone's default weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
-    test set. Returns common.summarize_continual's dict (+ 'records')."""
+    """Continual evaluation of checkpoints: [0] before any training ('pretrained': the backbone's default weights),
+    [i] after task i; tasks[j]: task j+1's test set. Returns common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
         raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
     rows, records = [], []
