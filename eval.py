@@ -189,8 +189,7 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     else:
         task = "flickr30k-1cap" if first_only else "flickr30k"
         js, img_dir = root / "flickr30k/dataset_flickr30k.json", root / "flickr30k/images"
-    data = json.loads(_require(js, task, root).read_text())
-    images = [im for im in data["images"] if im["split"] == "test"]
+    images = [im for im in json.loads(_require(js, task, root).read_text())["images"] if im["split"] == "test"]
     paths = [img_dir / im.get("filepath", "") / im["filename"] for im in images]
     pairs = ((i, s["raw"]) for i, im in enumerate(images) for s in im["sentences"])
     texts, t2i = _group_captions(range(len(images)), pairs, 1 if first_only else None)
@@ -227,11 +226,10 @@ def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
             try:
                 obj, i = dec.raw_decode(buf, i)  # at the end of the buffer (i = len(buf)) it raises too
             except json.JSONDecodeError:
-                more = f.read(chunk)
-                if not more and i < len(buf):
-                    raise
-                if not more:  # the file ends between two objects
-                    break
+                if not (more := f.read(chunk)):
+                    if i < len(buf):
+                        raise
+                    break  # the file ends between two objects
                 buf, i = buf[i:] + more, 0
                 continue
             out.append(obj)
@@ -286,15 +284,14 @@ def register_synthetic(retrieval: dict, classification: dict):
     CLASSIFICATION_TASKS[:0] = [k for k in classification if k not in CLASSIFICATION_TASKS]
 
 
-def _lab_not_loaded(name: str):
-    raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
-                            f"first (the command line does it when --tasks names a synthetic set)")
+def _check_lab_loaded(name: str):  # after the lab's registered sets were looked up
+    if name.startswith("synthetic-"):
+        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
+                                f"first (the command line does it when --tasks names a synthetic set)")
 
 
 REAL_RETRIEVAL_TASKS = {
-    "coco": lambda root, strict=False: _coco_val2017(root, "coco", strict),
-    "coco-all": lambda root, strict=False: _coco_val2017(root, "coco-all", strict),
-    "coco-1cap": lambda root, strict=False: _coco_val2017(root, "coco-1cap", strict),
+    **{task: (lambda root, strict=False, task=task: _coco_val2017(root, task, strict)) for task in COCO_VAL2017},
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
@@ -334,8 +331,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     column). strict: a missing image is an error instead of being dropped and counted."""
     if name in SYNTHETIC_RETRIEVAL:
         return SYNTHETIC_RETRIEVAL[name](root, synthetic_n)
-    if name.startswith("synthetic-"):
-        _lab_not_loaded(name)
+    _check_lab_loaded(name)
     if name in REAL_RETRIEVAL_TASKS:
         return REAL_RETRIEVAL_TASKS[name](root, strict=strict)
     path, _, column = name.partition("#")
@@ -436,8 +432,7 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
     """A zero-shot classification set by name; download=True: torchvision fetches an absent CIFAR (never implicitly)."""
     if name in SYNTHETIC_CLASSIFICATION:
         return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
-    if name.startswith("synthetic-"):
-        _lab_not_loaded(name)
+    _check_lab_loaded(name)
     if name in ("cifar10", "cifar100"):
         return _cifar(root, int(name.removeprefix("cifar")), download)
     if name == "imagenet":
@@ -773,8 +768,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
         torch.manual_seed(cfg.seed)
     model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
     model.eval()
-    weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
-    weights = weights or "default"
+    weights = (cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}") or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
         weights = str(common.lab_hook("pretrain_tiny")())
     elif os.path.isfile(weights):
@@ -812,12 +806,7 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
     Everything through the maps (biases included with --bias); class-prompt features (D, C) through the text map."""
     W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
     b_img, b_txt = biases if biases else (0.0, 0.0)
-
-    def map_img(x):  # (N, D) -> (N, D)
-        return x @ W_img.t() + b_img
-
-    def map_txt(x):
-        return x @ W_txt.t() + b_txt
+    map_img, map_txt = (lambda x: x @ W_img.t() + b_img), (lambda x: x @ W_txt.t() + b_txt)  # (N, D) -> (N, D)
     with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
     per_task = {}
     for f in tests:
@@ -839,8 +828,7 @@ def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
     """One step's test set through the current maps (dns.py's ModalityMaps, model.map(modality, x)): R@k (%, mean of
     both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against the text map of the
     class features) where the dataset has classes and the pair has text (the code's eval_util.eval); else NaN."""
-    a, b = step.modalities
-    i, j = step.pair
+    (a, b), (i, j) = step.modalities, step.pair
     x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
     r = common.retrieval_metrics(x_a, x_b, torch.arange(len(x_b)), ks=ks)
     row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
@@ -942,8 +930,7 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, "
-                         f"{tuple(txt.shape)}")
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
     pos = (txt - img).square().sum(1)  # (N,)
     hardest, lse = torch.empty(n), []
     for s in range(0, n, chunk):
@@ -1049,14 +1036,6 @@ def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, 
     return out
 
 
-def _simat_dir(root) -> Path:
-    root = Path(root)
-    for d in (root / "simat/simat_db", root / "simat"):
-        if (d / "transfos.csv").exists():
-            return d
-    return _require(root / "simat/simat_db/transfos.csv", "simat", root).parent
-
-
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
           device=None) -> dict:
     """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg, triplets.csv (region_id,
@@ -1066,7 +1045,8 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     split: 'test' (rows with is_test True) or 'dev' (the others)."""
     if split not in ("test", "dev"):
         raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
-    d = _simat_dir(root)
+    found = [d for d in (Path(root) / "simat/simat_db", Path(root) / "simat") if (d / "transfos.csv").exists()]
+    d = found[0] if found else _require(Path(root) / "simat/simat_db/transfos.csv", "simat", root).parent
     with open(d / "triplets.csv", newline="") as f:
         trip = [{**r, "folder": f"A {r['subj']} {r['rel']} {r['obj']}"} for r in csv.DictReader(f)]
     by_dataset_id = "dataset_id" in trip[0]
@@ -1075,9 +1055,9 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     paths = [d / "images" / r["folder"] / f"{r['region_id']}.jpg" for r in trip]
     missing = sum(not p.is_file() for p in paths)
     if missing:
-        raise MissingData(f"simat: {missing} of {len(paths)} images not found "
-                          f"(e.g. {next(p for p in paths if not p.is_file())}); "
-                          f"run SIMAT's prepare_dataset.py. {BENCHMARKS['simat'][1]}")
+        raise MissingData(f"simat: {missing} of {len(paths)} images not found (e.g. "
+                          f"{next(p for p in paths if not p.is_file())}); run SIMAT's prepare_dataset.py. "
+                          f"{BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
     oscar = torch.as_tensor(torch.load(_require(d / "oscar_similarity_matrix.pt", "simat", root), map_location="cpu"))
@@ -1219,15 +1199,14 @@ def m2mix_table1(records) -> str:
     for task, models in by.items():
         paper = M2MIX_TABLE1.get(task, {})
         rows = []
-        for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
-            if name in models or name in paper:
-                row = {"method": name}
-                for m in M2MIX_TABLE1_METRICS:
-                    ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
-                    digits = 1 if "R@" in m else 2 if "ece" in m else 3
-                    row[m] = "-" if ours is None else f"{ours:.{digits}f}"
-                    row[m] += "" if theirs is None else f" ({theirs})"
-                rows.append(row)
+        for name in (n for n in ("ZS", "FT", "m2-Mix", "m3-Mix") if n in models or n in paper):
+            row = {"method": name}
+            for m in M2MIX_TABLE1_METRICS:
+                ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
+                digits = 1 if "R@" in m else 2 if "ece" in m else 3
+                row[m] = "-" if ours is None else f"{ours:.{digits}f}"
+                row[m] += "" if theirs is None else f" ({theirs})"
+            rows.append(row)
         head = f"### {task}" + (" - ours (paper)" if paper else "")
         out.append(head + "\n" + common.markdown_table(rows, ("method", *M2MIX_TABLE1_METRICS)))
     return "\n\n".join(out)
@@ -1237,15 +1216,13 @@ def _erclip_clip_rows() -> dict:
     """ERCLIP's 'CLIP' rows of Tables 1-2 as {'ViT-B/32': {(task, metric): value}}."""
     out = {}
     for (vit, name), t1 in ERCLIP_TABLE1.items():
-        if name != "CLIP":
-            continue
-        row = {}
-        for k, task in enumerate(ERCLIP_LONG_SETS):
-            row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
-        t2 = ERCLIP_TABLE2[(vit, name)]
-        row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
-        row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
-        out[f"ViT-{vit}"] = row
+        if name == "CLIP":
+            t2, row = ERCLIP_TABLE2[(vit, name)], {}
+            for k, task in enumerate(ERCLIP_LONG_SETS):
+                row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
+            row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
+            row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
+            out[f"ViT-{vit}"] = row
     return out
 
 
@@ -1403,12 +1380,9 @@ def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
         a, b = theta0[k], theta1[k]
         if a.shape != b.shape:
             raise ValueError(f"WiSE-FT: {k} has shape {tuple(a.shape)} in theta0 and {tuple(b.shape)} in theta1")
-        if a.is_floating_point():
-            out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype)
-        else:
-            if not torch.equal(a, b):
-                raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
-            out[k] = a.clone()
+        if not a.is_floating_point() and not torch.equal(a, b):
+            raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
+        out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype) if a.is_floating_point() else a.clone()
     return out
 
 
@@ -1588,8 +1562,7 @@ def main(argv=None):
         if a.wise_ft:
             theta0 = (load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
-            theta1 = load_state_dict(a.wise_ft)
-            curve = wise_ft(model, theta0, theta1, [float(x) for x in a.alphas.split(",")],
+            curve = wise_ft(model, theta0, load_state_dict(a.wise_ft), [float(x) for x in a.alphas.split(",")],
                             lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
                                                model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
             print(wise_ft_table(curve))
