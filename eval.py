@@ -23,8 +23,7 @@ Runbook (one device, no torchrun; the tasks and the data root layout: python eva
   python eval.py --backbone ViT-B/16 --tasks erclip --data-root data/ --paper erclip
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
   python eval.py --backbone ViT-B/32 --tasks flickr30k-1cap --analyses geometry,ece --paper m2mix
-  python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape \\
-      --wise-ft runs/x/model.pt --alphas 0,0.25,0.5,0.75,1            # WiSE-FT curve
+  python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape --wise-ft runs/x/model.pt  # WiSE-FT curve
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
 """
@@ -111,7 +110,6 @@ BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco
 
 
 def _require(path: Path, task: str, root):
-    """Raises MissingData naming the expected path, the layout and the source."""
     if path.exists():
         return path
     layout, source = BENCHMARKS[task]
@@ -191,8 +189,7 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     else:
         task = "flickr30k-1cap" if first_only else "flickr30k"
         js, img_dir = root / "flickr30k/dataset_flickr30k.json", root / "flickr30k/images"
-    data = json.loads(_require(js, task, root).read_text())
-    images = [im for im in data["images"] if im["split"] == "test"]
+    images = [im for im in json.loads(_require(js, task, root).read_text())["images"] if im["split"] == "test"]
     paths = [img_dir / im.get("filepath", "") / im["filename"] for im in images]
     pairs = ((i, s["raw"]) for i, im in enumerate(images) for s in im["sentences"])
     texts, t2i = _group_captions(range(len(images)), pairs, 1 if first_only else None)
@@ -229,11 +226,10 @@ def _first_json_records(path, n: int, chunk: int = 1 << 20) -> list:
             try:
                 obj, i = dec.raw_decode(buf, i)  # at the end of the buffer (i = len(buf)) it raises too
             except json.JSONDecodeError:
-                more = f.read(chunk)
-                if not more and i < len(buf):
-                    raise
-                if not more:  # the file ends between two objects
-                    break
+                if not (more := f.read(chunk)):
+                    if i < len(buf):
+                        raise
+                    break  # the file ends between two objects
                 buf, i = buf[i:] + more, 0
                 continue
             out.append(obj)
@@ -282,22 +278,20 @@ SYNTHETIC_CLASSIFICATION: dict = {}
 
 
 def register_synthetic(retrieval: dict, classification: dict):
-    """Called by the lab on import: adds its retrieval and classification sets."""
     SYNTHETIC_RETRIEVAL.update(retrieval)
     RETRIEVAL_TASKS.update(retrieval)
     SYNTHETIC_CLASSIFICATION.update(classification)
     CLASSIFICATION_TASKS[:0] = [k for k in classification if k not in CLASSIFICATION_TASKS]
 
 
-def _lab_not_loaded(name: str):
-    raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
-                            f"first (the command line does it when --tasks names a synthetic set)")
+def _check_lab_loaded(name: str):  # after the lab's registered sets were looked up
+    if name.startswith("synthetic-"):
+        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
+                                f"first (the command line does it when --tasks names a synthetic set)")
 
 
 REAL_RETRIEVAL_TASKS = {
-    "coco": lambda root, strict=False: _coco_val2017(root, "coco", strict),
-    "coco-all": lambda root, strict=False: _coco_val2017(root, "coco-all", strict),
-    "coco-1cap": lambda root, strict=False: _coco_val2017(root, "coco-1cap", strict),
+    **{task: (lambda root, strict=False, task=task: _coco_val2017(root, task, strict)) for task in COCO_VAL2017},
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
@@ -315,8 +309,7 @@ TASK_GROUPS = {  # shorthands for --tasks
 
 
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
-    """Any user manifest (JSONL/CSV, image path relative to the manifest):
-    one text per row from `column`; rows that share an image share it."""
+    """A user manifest (JSONL/CSV, image paths relative to it): a text per row from `column`; rows may share images."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
         msg = common.bad_rows_message(path, ds.skipped)
@@ -338,8 +331,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     column). strict: a missing image is an error instead of being dropped and counted."""
     if name in SYNTHETIC_RETRIEVAL:
         return SYNTHETIC_RETRIEVAL[name](root, synthetic_n)
-    if name.startswith("synthetic-"):
-        _lab_not_loaded(name)
+    _check_lab_loaded(name)
     if name in REAL_RETRIEVAL_TASKS:
         return REAL_RETRIEVAL_TASKS[name](root, strict=strict)
     path, _, column = name.partition("#")
@@ -440,8 +432,7 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
     """A zero-shot classification set by name; download=True: torchvision fetches an absent CIFAR (never implicitly)."""
     if name in SYNTHETIC_CLASSIFICATION:
         return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
-    if name.startswith("synthetic-"):
-        _lab_not_loaded(name)
+    _check_lab_loaded(name)
     if name in ("cifar10", "cifar100"):
         return _cifar(root, int(name.removeprefix("cifar")), download)
     if name == "imagenet":
@@ -556,8 +547,7 @@ def _text_fingerprint(model) -> str:
 
 
 def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_dir=None):
-    """common.zero_shot_classifier, cached per (text weights, class names,
-    templates) in memory and, with cache_dir, on disk. Returns (D, C)."""
+    """common.zero_shot_classifier (D, C), cached per (text weights, classnames, templates); on disk with cache_dir."""
     key = hashlib.sha1(json.dumps([_text_fingerprint(model), list(classnames), list(templates)]).encode()).hexdigest()
     if key in _CLASSIFIER_CACHE:
         return _CLASSIFIER_CACHE[key]
@@ -591,12 +581,10 @@ def manifest_features(model, preprocess, tokenizer, manifest, label_column: str 
 
 
 # --- CMCL's cached multimodal features (dns.py --features) ---------------------
-# The released code's datasets (dataloader.py, DATASETS): each one's modalities
-# in the order its h5 arrays hold them (ModalityType order, reorder()) and its
-# evaluations (TASKS): "acc" = classification against class text features,
-# "recall" = pairwise retrieval. A step (dns.py's CMCL_STEPS, the code's
-# training.py datasets_name) "name:i,j" picks modalities i and j of the array,
-# no suffix = 0,1.
+# The released code's datasets (dataloader.py, DATASETS): each one's modalities in the order its h5 arrays hold them
+# (ModalityType order, reorder()) and its evaluations (TASKS): "acc" = classification against class text features,
+# "recall" = pairwise retrieval. A step (CMCL_STEPS, the code's training.py datasets_name) "name:i,j" picks
+# modalities i and j of the array, no suffix = 0,1.
 CMCL_DATASETS = {
     "ucf101": (("text", "video"), ("acc",)),
     "esc50": (("text", "audio"), ("recall", "acc")),
@@ -608,8 +596,7 @@ CMCL_DATASETS = {
 }
 
 # Two layouts, detected per dataset. CMCL (the code's features_storage/, written by its extractor):
-#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order; ids
-#        sorted as strings
+#    <dir>/<dataset>_<split>_<perceptor>.h5  one (modalities, d) array per sample id, CMCL_DATASETS order, ids sorted
 #    <dir>/<dataset>_class_<perceptor>.h5    one (d,) text feature per class name
 #    sample classes: from the ids ("<id>__<class name>__<class index>", as the code's perceptors write them) or
 #        <dir>/<dataset>_<split>_labels.json {sample id: class name} (ours; cmcl_labels() makes it from the code's JSON)
@@ -618,7 +605,6 @@ CMCL_DATASETS = {
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
 #        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
-    """folder/stem.npy, else folder/stem.pt, as float32."""
     if (folder / f"{stem}.npy").exists():
         return torch.from_numpy(np.load(folder / f"{stem}.npy")).float()
     if (folder / f"{stem}.pt").exists():
@@ -701,8 +687,7 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
 
 
 def write_h5(path, arrays: dict):
-    """The code's FeatureStorage.save_features: one dataset per key
-    (lab.synthetic_multimodal writes the code's layout with it)."""
+    """The code's FeatureStorage.save_features, one dataset per key (lab.synthetic_multimodal writes with it)."""
     import h5py
     with h5py.File(path, "w") as f:
         for k, v in arrays.items():
@@ -783,8 +768,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
         torch.manual_seed(cfg.seed)
     model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
     model.eval()
-    weights = cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}"
-    weights = weights or "default"
+    weights = (cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}") or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
         weights = str(common.lab_hook("pretrain_tiny")())
     elif os.path.isfile(weights):
@@ -822,12 +806,7 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
     Everything through the maps (biases included with --bias); class-prompt features (D, C) through the text map."""
     W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
     b_img, b_txt = biases if biases else (0.0, 0.0)
-
-    def map_img(x):  # (N, D) -> (N, D)
-        return x @ W_img.t() + b_img
-
-    def map_txt(x):
-        return x @ W_txt.t() + b_txt
+    map_img, map_txt = (lambda x: x @ W_img.t() + b_img), (lambda x: x @ W_txt.t() + b_txt)  # (N, D) -> (N, D)
     with_acc = task_clf is not None and all(f["labels"] is not None for f in tests)
     per_task = {}
     for f in tests:
@@ -846,12 +825,10 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
 
 @torch.no_grad()
 def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
-    """One step's test set through the current maps (model: dns.py's ModalityMaps, model.map(modality, x)): R@k
-    (%, mean of both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against
-    the text map of the class features) where the dataset has classes and the pair includes text (the code's
-    eval_util.eval); NaN where a metric does not apply."""
-    a, b = step.modalities
-    i, j = step.pair
+    """One step's test set through the current maps (dns.py's ModalityMaps, model.map(modality, x)): R@k (%, mean of
+    both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against the text map of the
+    class features) where the dataset has classes and the pair has text (the code's eval_util.eval); else NaN."""
+    (a, b), (i, j) = step.modalities, step.pair
     x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
     r = common.retrieval_metrics(x_a, x_b, torch.arange(len(x_b)), ks=ks)
     row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
@@ -945,17 +922,15 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
-    """The m2-Mix code's alignment and uniformity (E3, E4), for comparison with numbers made by
-    github.com/changdaeoh/multimodal-mixup (main.py do_valid; loss.py rel_lalign_torch, lunif). Lower is better:
+    """The m2-Mix code's align / unif (E3, E4; github.com/changdaeoh/multimodal-mixup main.py do_valid, loss.py
+    rel_lalign_torch, lunif) of paired, L2-normalised img, txt (N, D), in row chunks (O(chunk x N)); lower is better:
       align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
       unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
-                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)
-    img, txt: (N, D) paired, L2-normalised. Row chunks: memory O(chunk x N)."""
+                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)"""
     img, txt = img.float(), txt.float()
     n = len(img)
     if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, "
-                         f"{tuple(txt.shape)}")
+        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
     pos = (txt - img).square().sum(1)  # (N,)
     hardest, lse = torch.empty(n), []
     for s in range(0, n, chunk):
@@ -973,8 +948,7 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
 
 @torch.no_grad()
 def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
-    """Per query: max softmax(scale * sim) over all candidates, and whether
-    the argmax is a gold match (ties: the first index wins, as argmax does)."""
+    """Per query: max softmax(scale * sim) over all candidates, and whether the argmax (first on ties) is gold."""
     img, txt = img.float(), txt.float()
     t2i = torch.as_tensor(text_to_image).long()
     conf, correct = [], []
@@ -988,8 +962,7 @@ def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
 
 
 def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
-    """Expected calibration error of retrieval R@1, in percent (m2-Mix Tab. 2 reports ECE of Flickr30k I2T/T2I
-    R@1; no released code, so the standard definition, Guo et al. 2017):
+    """ECE of retrieval R@1 (%; m2-Mix Tab. 2, Flickr30k I2T/T2I; no released code: Guo et al. 2017's definition):
       each query (an image for i2t, a text for t2i) is a classification over all candidates with
       p = softmax(scale * sim); confidence = max p, correct = the argmax is a gold match; equal-width bins on
       [0, 1]; ECE = sum_b |B_b| / N * |acc_b - conf_b|.
@@ -1063,14 +1036,6 @@ def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, 
     return out
 
 
-def _simat_dir(root) -> Path:
-    root = Path(root)
-    for d in (root / "simat/simat_db", root / "simat"):
-        if (d / "transfos.csv").exists():
-            return d
-    return _require(root / "simat/simat_db/transfos.csv", "simat", root).parent
-
-
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
           device=None) -> dict:
     """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg, triplets.csv (region_id,
@@ -1080,7 +1045,8 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     split: 'test' (rows with is_test True) or 'dev' (the others)."""
     if split not in ("test", "dev"):
         raise ValueError(f"SIMAT split is 'test' or 'dev', not {split!r}")
-    d = _simat_dir(root)
+    found = [d for d in (Path(root) / "simat/simat_db", Path(root) / "simat") if (d / "transfos.csv").exists()]
+    d = found[0] if found else _require(Path(root) / "simat/simat_db/transfos.csv", "simat", root).parent
     with open(d / "triplets.csv", newline="") as f:
         trip = [{**r, "folder": f"A {r['subj']} {r['rel']} {r['obj']}"} for r in csv.DictReader(f)]
     by_dataset_id = "dataset_id" in trip[0]
@@ -1089,9 +1055,9 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     paths = [d / "images" / r["folder"] / f"{r['region_id']}.jpg" for r in trip]
     missing = sum(not p.is_file() for p in paths)
     if missing:
-        raise MissingData(f"simat: {missing} of {len(paths)} images not found "
-                          f"(e.g. {next(p for p in paths if not p.is_file())}); "
-                          f"run SIMAT's prepare_dataset.py. {BENCHMARKS['simat'][1]}")
+        raise MissingData(f"simat: {missing} of {len(paths)} images not found (e.g. "
+                          f"{next(p for p in paths if not p.is_file())}); run SIMAT's prepare_dataset.py. "
+                          f"{BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
     oscar = torch.as_tensor(torch.load(_require(d / "oscar_similarity_matrix.pt", "simat", root), map_location="cpu"))
@@ -1201,10 +1167,8 @@ ERCLIP_TABLE2 = {
     ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
     ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
 }
-# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, keyed by our
-# task -> model -> metric: Table 1 (retrieval; one caption per image, COCO =
-# val2017), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
-# m2-Mix alone is not in Table 1.
+# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, our task -> model -> metric: Table 1 (retrieval; one
+# caption per image, COCO = val2017; no m2-Mix row), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
 M2MIX_TABLE1 = {
     "flickr30k-1cap": {
         "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
@@ -1222,14 +1186,12 @@ M2MIX_TABLE1 = {
     },
 }
 M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
-# m2-Mix's Table 1 layout, for m2mix.py's real runs (moved from m2mix.py, issue 23)
 M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
 
 
 def m2mix_table1(records) -> str:
-    """Table 1's layout (ZS, FT, m2-Mix, m3-Mix) per evaluation protocol, with
-    align / unif / ECE; a cell reads "ours (paper)" where the paper reports the
-    same protocol, "- (paper)" for a row we did not run."""
+    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
+    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run."""
     by = {}
     for r in records:
         by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
@@ -1237,15 +1199,14 @@ def m2mix_table1(records) -> str:
     for task, models in by.items():
         paper = M2MIX_TABLE1.get(task, {})
         rows = []
-        for name in ("ZS", "FT", "m2-Mix", "m3-Mix"):
-            if name in models or name in paper:
-                row = {"method": name}
-                for m in M2MIX_TABLE1_METRICS:
-                    ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
-                    digits = 1 if "R@" in m else 2 if "ece" in m else 3
-                    row[m] = "-" if ours is None else f"{ours:.{digits}f}"
-                    row[m] += "" if theirs is None else f" ({theirs})"
-                rows.append(row)
+        for name in (n for n in ("ZS", "FT", "m2-Mix", "m3-Mix") if n in models or n in paper):
+            row = {"method": name}
+            for m in M2MIX_TABLE1_METRICS:
+                ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
+                digits = 1 if "R@" in m else 2 if "ece" in m else 3
+                row[m] = "-" if ours is None else f"{ours:.{digits}f}"
+                row[m] += "" if theirs is None else f" ({theirs})"
+            rows.append(row)
         head = f"### {task}" + (" - ours (paper)" if paper else "")
         out.append(head + "\n" + common.markdown_table(rows, ("method", *M2MIX_TABLE1_METRICS)))
     return "\n\n".join(out)
@@ -1255,20 +1216,18 @@ def _erclip_clip_rows() -> dict:
     """ERCLIP's 'CLIP' rows of Tables 1-2 as {'ViT-B/32': {(task, metric): value}}."""
     out = {}
     for (vit, name), t1 in ERCLIP_TABLE1.items():
-        if name != "CLIP":
-            continue
-        row = {}
-        for k, task in enumerate(ERCLIP_LONG_SETS):
-            row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
-        t2 = ERCLIP_TABLE2[(vit, name)]
-        row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
-        row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
-        out[f"ViT-{vit}"] = row
+        if name == "CLIP":
+            t2, row = ERCLIP_TABLE2[(vit, name)], {}
+            for k, task in enumerate(ERCLIP_LONG_SETS):
+                row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
+            row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
+            row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
+            out[f"ViT-{vit}"] = row
     return out
 
 
-# Published CLIP numbers (the pretrained model, no fine-tuning) whose protocol
-# matches one of our tasks. Keys: paper -> backbone -> {(task, metric): value}.
+# Published CLIP numbers (pretrained, no fine-tuning) whose protocol matches one of our tasks: paper -> backbone ->
+# {(task, metric): value}.
 PUBLISHED = {
     # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, first 5 captions per image (Long-CLIP's
     # protocol, our task 'coco'); long-caption sets truncated at the context
@@ -1277,11 +1236,9 @@ PUBLISHED = {
     "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
                               for metric, v in models["ZS"].items()},
                            ("simat", "simat"): M2MIX_SIMAT_ZS}},
-    "cclip": {  # C-CLIP (Liu et al., ICLR 2025) Sec. 5: pretrained ViT-B/16 zero-shot ImageNet
-        "ViT-B/16": {("imagenet", "top1"): 67.73},
-    },
-    "clip": {  # OpenAI CLIP weights on the standard protocols, as the result tables of open_clip
-        #        (github.com/mlfoundations/open_clip) and CLIP_benchmark (github.com/LAION-AI/CLIP_benchmark) give them
+    "cclip": {"ViT-B/16": {("imagenet", "top1"): 67.73}},  # C-CLIP (ICLR 2025) Sec. 5: pretrained, zero-shot ImageNet
+    "clip": {  # OpenAI weights, standard protocols: the result tables of open_clip and CLIP_benchmark
+        #        (github.com/mlfoundations/open_clip, github.com/LAION-AI/CLIP_benchmark)
         "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
                      ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
                      ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},
@@ -1290,22 +1247,17 @@ PUBLISHED = {
                      ("imagenet", "top1"): 75.5, ("cifar10", "top1"): 95.7, ("cifar100", "top1"): 76.1},
     },
 }
-
-
-# C-CLIP (Liu et al., ICLR 2025) Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate
-# ("~") as the text gives them, C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"], 67.73); the paper
-# column of the lab demo's zero-shot claim (lab/demos/cclip.py).
+# C-CLIP Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate ("~") as the text gives them,
+# C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"]); the paper column of lab/demos/cclip.py's zero-shot claim
 CCLIP_IMAGENET_AFTER_2_TASKS = {"C-CLIP": 65.1, "full FT": 25.0}
 
 
 def published_numbers(paper: str, backbone: str) -> dict:
-    """{(task, metric): value} of the paper's CLIP baseline for this backbone
-    (OpenAI or open_clip spelling); {} when the paper has no such row."""
+    """The paper's CLIP row {(task, metric): value} for this backbone (OpenAI or open_clip spelling), or {}."""
     if paper not in PUBLISHED:
         raise ValueError(f"unknown paper {paper!r}; known: {', '.join(PUBLISHED)}")
     openai = {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
     return PUBLISHED[paper].get(openai, {})
-
 
 
 # --- ERCLIP's Tables 1-2 layout (erclip.py, longclip.py, the ERCLIP sweeps), written once ---
@@ -1345,7 +1297,8 @@ def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
 def erclip_tables(rows1, rows2, window: bool = False) -> str:
     (c1, c2), cut = erclip_cols(window), "cut at the window" if window else "truncated at the context"
     return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
-            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n" + common.markdown_table(rows2, c2, "{:.2f}"))
+            + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
+            + common.markdown_table(rows2, c2, "{:.2f}"))
 
 
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
@@ -1375,8 +1328,7 @@ ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_
 
 
 def analysis_table(records, published=None) -> str:
-    """Geometry / ECE / SIMAT records: one row per (task, text mode), one
-    column per metric; with `published`, a '(paper)' row under each task."""
+    """Geometry / ECE / SIMAT records: a row per (task, text mode), a column per metric; a '(paper)' row per task."""
     rows, cols = {}, ["task"]
     for r in records:
         if r["metric"] not in ANALYSIS_METRICS:
@@ -1428,12 +1380,9 @@ def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
         a, b = theta0[k], theta1[k]
         if a.shape != b.shape:
             raise ValueError(f"WiSE-FT: {k} has shape {tuple(a.shape)} in theta0 and {tuple(b.shape)} in theta1")
-        if a.is_floating_point():
-            out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype)
-        else:
-            if not torch.equal(a, b):
-                raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
-            out[k] = a.clone()
+        if not a.is_floating_point() and not torch.equal(a, b):
+            raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
+        out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype) if a.is_floating_point() else a.clone()
     return out
 
 
@@ -1470,9 +1419,8 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
 # 6. Continual evaluation (C-CLIP, DNS)
 # =============================================================================
 def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
-    """One row of the continual matrices from evaluate()'s records, in the format common.run_continual's
-    evaluate() returns: per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] for the zero-shot
-    tasks (PD = scalar before training - scalar at the end)."""
+    """A continual-matrix row from evaluate()'s records, in the format of common.run_continual's evaluate():
+    per_task[metric][j] = score on tasks[j]; scalars['<task>/<metric>'] of zero-shot tasks (PD: row 0 - last row)."""
     value = {(r["task"], r["metric"], r["text_mode"]): r["value"] for r in records}
     first_mode = {r["task"]: r["text_mode"] for r in reversed(records)}  # reversed: each task's first record wins
     per_task = {m: [value[(t, m, first_mode[t])] for t in tasks] for m in metrics}
@@ -1521,9 +1469,8 @@ def masked_continual_metrics(R) -> dict:
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
                          metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
-    """Continual evaluation of a checkpoint sequence: checkpoints[0] is the model before any training
-    ('pretrained' = the backbone's default weights), checkpoints[i] the model after task i; tasks[j] is task j+1's
-    test set. Returns common.summarize_continual's dict (+ 'records')."""
+    """Continual evaluation of checkpoints: [0] before any training ('pretrained': the backbone's default weights),
+    [i] after task i; tasks[j]: task j+1's test set. Returns common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
         raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
     rows, records = [], []
@@ -1615,8 +1562,7 @@ def main(argv=None):
         if a.wise_ft:
             theta0 = (load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
-            theta1 = load_state_dict(a.wise_ft)
-            curve = wise_ft(model, theta0, theta1, [float(x) for x in a.alphas.split(",")],
+            curve = wise_ft(model, theta0, load_state_dict(a.wise_ft), [float(x) for x in a.alphas.split(",")],
                             lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
                                                model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
             print(wise_ft_table(curve))
