@@ -353,16 +353,9 @@ class DNSNet(nn.Module):
         return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
 
 
-class FeaturePairs(torch.utils.data.Dataset):
-    """Cached (image feature, text feature) training pairs."""
-    def __init__(self, img, txt):
-        self.img, self.txt = img, txt
-
-    def __len__(self):
-        return len(self.txt)
-
-    def __getitem__(self, i):
-        return {"img": self.img[i], "txt": self.txt[i], "index": i}
+def FeaturePairs(img, txt) -> torch.utils.data.StackDataset:
+    """Cached (image, text) training pairs: item i = {"img": img[i], "txt": txt[i], "index": i}."""
+    return torch.utils.data.StackDataset(img=img, txt=txt, index=range(len(txt)))
 
 
 # =============================================================================
