@@ -4,6 +4,8 @@ endpoints, continual matrices, and end-to-end runs of main()."""
 import json
 import math
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -580,3 +582,19 @@ def test_undecodable_images_are_dropped_counted_and_listed(tmp_path, capsys):
     with pytest.raises(common.DataError, match=r"undecodable image .*t.jpg"):
         ev.image_features(common.load_model("tiny", "random")[0], lambda im: torch.zeros(3, 32, 32),
                           [tmp_path / "t.jpg"])
+
+
+def test_a_synthetic_name_says_whether_the_lab_is_loaded(tmp_path):
+    """With the lab loaded (conftest imports it) an unknown synthetic-* name is an unknown task; without it,
+    every synthetic-* name says to load the lab."""
+    with pytest.raises(ValueError, match="unknown retrieval task 'synthetic-nope'"):
+        ev.load_retrieval("synthetic-nope", tmp_path)
+    with pytest.raises(ValueError, match="unknown classification task 'synthetic-nope'"):
+        ev.load_classification("synthetic-nope", tmp_path)
+    code = ("import common, eval\n"
+            "for load in (eval.load_retrieval, eval.load_classification):\n"
+            "    try:\n        load('synthetic-short')\n    except common.UsageError as e:\n        print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("the lab's synthetic world, which is not loaded") == 2
