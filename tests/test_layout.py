@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns")
 PROJECT = {"common", "eval", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
-# length: its target is 650, and the learner with both settings' drivers comes to 672 after the move and a
+# length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
 TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (450, 90, 160),
-           "dns": (675, 90, 160)}
+           "dns": (665, 90, 160)}
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
 # used by two or more files (docs/training.md, "Size"): the bound keeps it from growing
 SHARED_LINES = {"common": 1750, "eval": 1600}
