@@ -1360,10 +1360,9 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         log(f"resuming the task sequence after {len(rec['rows']) - 1} finished task(s)")
 
     def record(row, seconds, steps):
-        rec["rows"].append(row["per_task"])
-        rec["scalars"].append(row.get("scalars", {}))
-        rec["seconds"].append(seconds)
-        rec["steps"].append(steps)
+        for key, value in zip(("rows", "scalars", "seconds", "steps"),
+                              (row["per_task"], row.get("scalars", {}), seconds, steps)):
+            rec[key].append(value)
         atomic_write(state_file, json.dumps(rec, indent=1))
 
     if not rec["rows"]:
@@ -1383,6 +1382,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
             return {"stopped_at": summary["stopped_at"], "task": i + 1}
         save_state(boundary)
         record(evaluate(), seconds, summary.get("steps", 0))
+        shutil.rmtree(task_out / "checkpoints", ignore_errors=True)  # recorded: boundary.pt now holds its end state
         log(f"task {i + 1}/{len(tasks)} ({task.name}) learned in {seconds:.0f}s")
     return summarize_continual(rec)
 

@@ -28,7 +28,7 @@ file's main() imports the lab only when its command names the lab.
 import common
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
-from lab.runs import EpochSnapshots, prefix_manifest, sweep_run
+from lab.runs import EpochSnapshots, drop_weights, prefix_manifest, sweep_run
 from lab.stats import SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, verdict
 from lab.tiny import TINY_CFG, TINY_PRETRAIN, pretrain_tiny, retrieval_report, zero_shot_report
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,

@@ -31,6 +31,18 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     return record
 
 
+def drop_weights(folder) -> None:
+    """Deletes every weight file a finished lab run left under folder (the
+    training checkpoints, model.pt and the task boundaries, with their .json
+    cards); metrics, configs and results stay. The lab keeps numbers, not
+    models: a demo's 60 tiny runs would otherwise fill gigabytes."""
+    folder = Path(folder)
+    for ck in list(folder.rglob("checkpoints")):
+        shutil.rmtree(ck, ignore_errors=True)
+    for p in list(folder.rglob("*.pt")) + list(folder.rglob("*.pt.json")):
+        p.unlink(missing_ok=True)
+
+
 def prefix_manifest(src, n: int, dst) -> Path:
     """The first n rows of a manifest (all of them when it has fewer), image
     paths made absolute so that the copy can live anywhere: a data-size sweep

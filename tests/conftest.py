@@ -48,5 +48,6 @@ def check_demo_results():
             assert c["n_seeds"] == len(lab.SEEDS) == len(c["per_seed"])
             assert c["verdict"] in ("reproduced", "opposite", "not resolved")
         assert (out / png).stat().st_size > 10_000
+        assert not list(out.rglob("checkpoints")) and not list(out.glob("*-seed*/**/model.pt"))  # numbers, not models
         return saved
     return check

@@ -310,7 +310,8 @@ def test_main_end_to_end(tmp_path):
     assert set(written["continual"]["metrics"]) >= {"i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10", "R@10", "acc"}
     assert written["tasks"][1]["old_rank"]["W_img_in"] > 0  # task 2 was projected
     assert len(res["drift"]["train"]) == 1 and res["timing"]["projection_ms_per_step"] > 0
-    assert (out / "features").is_dir() and (out / "task2-night" / "checkpoints" / "last.pt").exists()
+    assert (out / "features").is_dir() and (out / "boundary.pt").exists()
+    assert not (out / "task2-night" / "checkpoints").exists()  # a recorded task's training checkpoint is dropped
 
 
 @pytest.mark.parametrize("code_settings", [False, True])

@@ -111,6 +111,7 @@ def run_demo(cfg: CClipConfig) -> dict:
                                               **(DEMO_LORA if method in ("lora", "cclip") else {})))
             base = base or demo_base(summary, unseen)
             runs[name].append({**demo_row(summary, unseen), "seed": seed})
+            lab.drop_weights(run_out)
             print(f"[cclip demo] seed {seed} {name}: {time.time() - t0:.0f}s so far", file=sys.stderr)
     head = (f"C-CLIP demo: lab world, tiny backbone, tasks {' -> '.join(tasks)} (long captions), seeds "
             f"{list(lab.SEEDS)}, {cfg.steps} steps x batch {cfg.batch_size} per task (demo settings, not the "

@@ -144,6 +144,7 @@ def run_demo(cfg: erclip.ERCLIPConfig):
             model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
             runs[name].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
                                "seed": seed, "train_seconds": summary["train_seconds"]})
+            lab.drop_weights(run_out)
             print(f"[erclip demo] seed {seed} {name}: {summary['train_seconds']:.0f}s", file=sys.stderr)
     head = (f"ERCLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g} (demo settings). R@1 % on the fine-tuning domain's test split "

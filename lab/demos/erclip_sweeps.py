@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import json
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -93,9 +92,7 @@ def sweep_one(cfg, root, run: str, overrides: dict, seed: int, pool, initial, me
                 model.load_state_dict(torch.load(snap, map_location="cpu") if isinstance(snap, Path) else snap)
                 measures.append(measure(model, preprocess, tokenizer, snap if isinstance(snap, Path) else None))
         if not keep_weights:  # the lab: the numbers are what is kept
-            shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-            for p in folder.glob("model.pt*"):
-                p.unlink()
+            lab.drop_weights(folder)
         print(f"[erclip sweep] {run} seed {seed}: trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
         return {"name": run, "overrides": over, "prefix": overrides.get("train_pairs"), "seed": seed,
                 "summary": summary, "measures": measures}

@@ -172,6 +172,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
         runs[ERCLIP_NAME].append({**demo_measure(model, preprocess, {short_window: tokenizer},
                                                  cfg.data_root)[short_window], "seed": seed,
                                   "train_seconds": time.time() - t1})
+        lab.drop_weights(run_out)
         print(f"[longclip demo] seed {seed} {ERCLIP_NAME}: {time.time() - t1:.0f}s (subprocess)", file=sys.stderr)
 
         run_out = out / f"LongCLIP-seed{seed}"
@@ -185,6 +186,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
         for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
             names[w] = f"Long-CLIP, window {w}"
             runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
+        lab.drop_weights(run_out)
         print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
     short, full = names[short_window], names[max(names)]
     head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "

@@ -160,6 +160,7 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
                                    common.Collate(tokenizer), export=False)
             runs[m2mix.METHOD_NAMES[method]].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
                                                      "seed": seed, "train_seconds": summary["train_seconds"]})
+            lab.drop_weights(run_out)
             print(f"[m2mix demo] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
     head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights 1 (demo settings, not the paper's). Task: long captions "
