@@ -29,12 +29,13 @@ import common
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import EpochSnapshots, drop_weights, prefix_manifest, sweep_run
-from lab.stats import SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, verdict
-from lab.tiny import TINY_CFG, TINY_PRETRAIN, pretrain_tiny, retrieval_report, zero_shot_report
+from lab.stats import (SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
+                       take_seeds_flag, verdict)
+from lab.tiny import TINY_CFG, TINY_PRETRAIN, domain_report, pretrain_tiny, retrieval_report, zero_shot_report
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
                        Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
-                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest,
+                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest, world_fingerprint,
                        synthetic_multimodal, task_manifests, world_split)
 
 common.LAB_HOOKS.update(  # what common.py and the method files look up by name (common.lab_hook)

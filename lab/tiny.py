@@ -15,7 +15,8 @@ import torch
 
 import common
 import eval as evaluation
-from lab.world import IMAGE_SIZE, PRETRAIN, finetune_classes, label_sets, render, synthetic_manifest, world_split
+from lab.world import (IMAGE_SIZE, PRETRAIN, SPLITS, TASK_DOMAINS, finetune_classes, label_sets, render,
+                       synthetic_manifest, world_fingerprint, world_split)
 
 # =============================================================================
 # 3. The tiny backbone
@@ -30,8 +31,11 @@ TINY_CFG = {
     "vision_cfg": {"image_size": IMAGE_SIZE, "layers": 4, "width": 128, "patch_size": 8, "head_width": 32},
     "text_cfg": {"context_length": 24, "vocab_size": 49408, "width": 128, "heads": 4, "layers": 4},
 }
-# version: bump when the world or the recipe changes (it is part of the cache key)
-TINY_PRETRAIN = dict(n=10000, epochs=3, batch=128, lr=1e-3, wd=0.1, warmup_pct=5, seed=0, version=4)
+# version: bump when the recipe's code changes (the config, the recipe and the
+# world's fingerprint are part of the key anyway)
+TINY_PRETRAIN = dict(n=40000, epochs=10, batch=256, lr=1e-3, wd=0.1, warmup_pct=5, seed=0, version=5)
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # the shipped weights, one file per recipe key
+WRITE_COMMAND = "python -m lab.tiny --write-weights"
 
 
 class _PretrainScenes(torch.utils.data.Dataset):
@@ -50,52 +54,135 @@ class _PretrainScenes(torch.utils.data.Dataset):
         return {"image": self.images[i], "caption": self.captions[i]}
 
 
+def recipe_key(recipe: dict | None = None) -> str:
+    """What names a set of pretrained weights: the model config, the recipe and the world they were trained on."""
+    return hashlib.sha1(json.dumps([TINY_CFG, recipe or TINY_PRETRAIN, world_fingerprint()],
+                                   sort_keys=True).encode()).hexdigest()[:10]
+
+
+def world_token_ids() -> list[int]:
+    """Every token id a text of the lab can contain (captions, long captions and
+    prompts of every split). The tokenizer splits text into words before its BPE,
+    so a text's tokens are those of its words: the words of every template and
+    of 300 scenes of every domain cover them (a test checks fresh captions)."""
+    tok = open_clip.SimpleTokenizer()  # encode(): no context cut (Long-CLIP stretches the window)
+    texts = [t.format(c) for classes, templates, _ in label_sets().values() for t in templates for c in classes]
+    for domain, _, seed in [*SPLITS.values(), (PRETRAIN, 0, 100)]:
+        texts += [x for sc in world_split(domain, 300, seed) for x in (sc["caption"], sc["long_caption"])]
+    return sorted({i for t in texts for i in tok.encode(t)} | {tok.sot_token_id, tok.eot_token_id})
+
+
+def _token_init(seed: int, shape) -> torch.Tensor:
+    """The token embedding's initial rows, N(0, 0.02^2) as open_clip draws them
+    but from numpy's PCG64, whose stream is the same on every machine: the rows
+    no lab text uses never train (embeddings get no weight decay), so the
+    shipped file leaves them out and load_shipped rebuilds them exactly."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * np.float32(0.02))
+
+
+def shipped_path(key: str | None = None) -> Path:
+    return WEIGHTS_DIR / f"tiny-{key or recipe_key()}.pt"
+
+
+def write_shipped(model, path: Path, recipe: dict, seconds: float) -> Path:
+    """The shipped form of pretrained weights: every tensor but the token
+    embedding, which keeps only the rows of world_token_ids(); a card
+    path.json records the recipe, the key and the file's sha256."""
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    ids = torch.tensor(world_token_ids())
+    emb = sd.pop("token_embedding.weight")
+    common._atomic_save({"state": sd, "token_ids": ids, "token_rows": emb[ids].clone()}, path)
+    card = {"key": path.stem.removeprefix("tiny-"), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "config": TINY_CFG, "recipe": recipe, "world": world_fingerprint(), "command": WRITE_COMMAND,
+            "pretrain_seconds": round(seconds), "torch": torch.__version__, "open_clip": open_clip.__version__}
+    common.atomic_write(Path(f"{path}.json"), json.dumps(card, indent=1))
+    return path
+
+
+def load_shipped(path: Path) -> dict:
+    """The full state_dict from a shipped file (its sha256 checked against its card)."""
+    card = json.loads(Path(f"{path}.json").read_text())
+    if hashlib.sha256(Path(path).read_bytes()).hexdigest() != card["sha256"]:
+        raise common.UsageError(f"{path}: its sha256 is not the one its card records; rewrite it with "
+                                f"{WRITE_COMMAND}")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    emb = _token_init(card["recipe"]["seed"], (TINY_CFG["text_cfg"]["vocab_size"], TINY_CFG["text_cfg"]["width"]))
+    emb[blob["token_ids"]] = blob["token_rows"]
+    return {**blob["state"], "token_embedding.weight": emb}
+
+
 def pretrain_tiny(force: bool = False) -> Path:
-    """The tiny backbone's 'pretrained' weights: contrastive training from
-    scratch on the world's short alt-text captions (CLIP's situation: short
-    web captions over a broad vocabulary, then asked about long ones).
-    Deterministic on one machine, cached in CLIPFT_CACHE after the first run."""
-    key = hashlib.sha1(json.dumps([TINY_CFG, TINY_PRETRAIN], sort_keys=True).encode()).hexdigest()[:10]
+    """The tiny backbone's 'pretrained' weights, as a full state_dict in
+    CLIPFT_CACHE: expanded from the shipped file of the current recipe
+    (lab/weights/), so every machine starts from the same weights and nothing
+    pretrains; without one (a changed recipe) it pretrains into the cache and
+    says how to ship the new weights."""
+    key = recipe_key()
     path = common.CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if path.exists() and not force:
         return path
     common.register_tiny(TINY_CFG)
     common.CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    import fcntl  # one process pretrains; others (parallel tests, ranks) wait for its file
+    import fcntl  # one process writes; others (parallel tests, ranks) wait for its file
     with open(common.CACHE_DIR / f"{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists() and not force:
             return path
-        return _pretrain_tiny(path, key)
+        if shipped_path(key).exists() and not force:
+            model, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None)
+            model.load_state_dict(load_shipped(shipped_path(key)))
+            model.quick_gelu = False
+            return common.save_model(model, path, "tiny", source=f"{shipped_path(key).name} (recipe {TINY_PRETRAIN})")
+        print(f"[lab] no shipped weights for recipe key {key} (lab/weights/): pretraining into the cache; ship "
+              f"them with {WRITE_COMMAND}", file=sys.stderr)
+        model, _ = _pretrain_tiny(TINY_PRETRAIN, common.CACHE_DIR / f"tiny-pretrain-{key}")
+        return common.save_model(model, path, "tiny", source=f"synthetic world pretraining {TINY_PRETRAIN}")
 
 
-def _pretrain_tiny(path: Path, key: str) -> Path:
+def _pretrain_tiny(p: dict, out: Path):
+    """Contrastive pretraining from scratch on the world's short alt-text
+    captions (CLIP's situation: short web captions over a broad vocabulary,
+    then asked about long ones). Deterministic on one machine. Returns (model, seconds)."""
     t0 = time.time()
-    print(f"[lab] pretraining the tiny backbone on the world's alt-text captions -> {path}", file=sys.stderr)
-    p = TINY_PRETRAIN
+    print(f"[lab] pretraining the tiny backbone on the world's alt-text captions ({p})", file=sys.stderr)
+    common.register_tiny(TINY_CFG)
     torch.manual_seed(p["seed"])
     model, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None)
+    with torch.no_grad():
+        model.token_embedding.weight.copy_(_token_init(p["seed"], model.token_embedding.weight.shape))
     tok = open_clip.get_tokenizer(common.TINY_NAME)
     scenes = _PretrainScenes(world_split(PRETRAIN, p["n"], seed=100), seed=100)
     cfg = common.Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
-                        grad_clip=1.0, precision="fp32", workers=0, out=str(common.CACHE_DIR / f"tiny-pretrain-{key}"),
-                        save_every=0, log_every=50, device="cpu", seed=p["seed"])
+                        grad_clip=1.0, precision="fp32", workers=0, out=str(out), save_every=0, log_every=50,
+                        device="cpu", seed=p["seed"], overwrite=True)
     common.train(cfg, common.ClipFineTune(model), scenes, common.Collate(tok), export=False)
     model.quick_gelu = False
-    common.save_model(model, path, "tiny", source=f"synthetic world pretraining {p}")
     print(f"[lab] tiny backbone pretrained in {time.time() - t0:.0f}s", file=sys.stderr)
-    return path
+    return model, time.time() - t0
+
+
+def write_weights(recipe: dict | None = None, weights_dir: Path | None = None) -> Path:
+    """Pretrains with the recipe and writes its shipped file (the old ones in the folder are removed)."""
+    recipe, folder = recipe or TINY_PRETRAIN, Path(weights_dir or WEIGHTS_DIR)
+    key = recipe_key(recipe)
+    torch.set_num_threads(2)  # the recipe's machine: 2 CPU threads (the kernels' sums depend on the thread count)
+    model, seconds = _pretrain_tiny(recipe, common.CACHE_DIR / f"tiny-pretrain-{key}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("tiny-*.pt*"):
+        old.unlink()
+    return write_shipped(model, folder / f"tiny-{key}.pt", recipe, seconds)
 
 
 # =============================================================================
 # 4. Measurements on the world (one image pass per model)
 # =============================================================================
 @torch.no_grad()
-def zero_shot_report(model, preprocess, tokenizer, data_root="data", n=None) -> dict:
-    """Zero-shot top-1 (%) on 'zs-test' per label set, overall and split into
-    the classes fine-tuning shows ('<set> seen') and those only pretraining
-    saw ('<set> held-out'); the background family is held out entirely."""
-    ds = common.ManifestDataset(synthetic_manifest("zs-test", data_root, n), check_images=False,
+def zero_shot_report(model, preprocess, tokenizer, data_root="data", n=None, split="zs-test") -> dict:
+    """Zero-shot top-1 (%) on 'zs-test' ('zs-val': calibration) per label set,
+    overall and split into the classes fine-tuning shows ('<set> seen') and
+    those only pretraining saw ('<set> held-out'); the background family is
+    held out entirely."""
+    ds = common.ManifestDataset(synthetic_manifest(split, data_root, n), check_images=False,
                                 extra=("shape", "color", "background"))
     img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
     out, seen = {}, finetune_classes()
@@ -130,3 +217,27 @@ def retrieval_report(model, preprocess, tokenizer, split="test", data_root="data
     return out
 
 
+
+
+
+@torch.no_grad()
+def domain_report(model, preprocess, tokenizer, data_root="data", n=None) -> dict:
+    """Per continual domain, R@1 (%, mean of I2T and T2I) on its test split:
+    '<domain>' with the short captions (DNS's tasks), '<domain> long' with the
+    long ones truncated (C-CLIP's --tasks synthetic-long)."""
+    out = {}
+    for name in TASK_DOMAINS:
+        ds = common.ManifestDataset(synthetic_manifest(f"task-{name}-test", data_root, n), need_long=True,
+                                    check_images=False)
+        img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
+        for label, column in ((name, "caption"), (f"{name} long", "long_caption")):
+            txt = evaluation.text_features(model, tokenizer, [r[column] for r in ds.rows], "truncate")
+            m = common.retrieval_metrics(img, txt, torch.arange(len(ds.rows)), ks=(1,))
+            out[label] = 0.5 * (m["i2t_R@1"] + m["t2i_R@1"])
+    return out
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-weights"]:
+        sys.exit(f"usage: {WRITE_COMMAND}   (pretrains with lab.tiny.TINY_PRETRAIN and writes lab/weights/)")
+    import lab  # noqa: F401  registers the tiny backbone
+    print(write_weights())

@@ -52,6 +52,8 @@ elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import random
@@ -86,6 +88,7 @@ POSITIONS = ("top left", "top right", "bottom left", "bottom right")  # the 2 x 
 SIZES = ("small", "large")
 IMAGE_SIZE = 32
 NUMBERS = ("no", "one", "two", "three", "four")
+ALT_DESCRIPTIVE = 0.3  # share of pretraining alt-texts that open like a long caption ('there is a ...')
 
 # Zero-shot label sets: name -> (classnames, templates, manifest column).
 SHAPE_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "a {} shape.", "an image with a {}.")
@@ -123,9 +126,10 @@ UNSEEN = Domain(("grainy",), phrase="a grainy snapshot of")  # no task trains on
 # name -> (domain, size, seed)
 SPLITS = {
     "train": (FINETUNE, 2000, 1), "test": (FINETUNE, 400, 2), "val": (FINETUNE, 400, 5),
-    "zs-test": (ZS_DOMAIN, 720, 3), "unseen": (UNSEEN, 300, 4),
+    "zs-test": (ZS_DOMAIN, 720, 3), "unseen": (UNSEEN, 300, 4), "zs-val": (ZS_DOMAIN, 720, 6),
     **{f"task-{d}": (dom, 600, 10 + i) for i, (d, dom) in enumerate(TASK_DOMAINS.items())},
     **{f"task-{d}-test": (dom, 200, 20 + i) for i, (d, dom) in enumerate(TASK_DOMAINS.items())},
+    **{f"task-{d}-val": (dom, 200, 30 + i) for i, (d, dom) in enumerate(TASK_DOMAINS.items())},  # calibration only
 }
 
 
@@ -182,6 +186,9 @@ def scene(rng: random.Random, domain: Domain) -> dict:
                               f"{bg} background with {what}.",
                               f"{what} at the {POSITIONS[main['cell']]}, {bg} background.",
                               f"a picture of {what} on a {bg} background."))
+        if others and rng.random() < ALT_DESCRIPTIVE:  # a descriptive alt-text, in the long captions' words
+            caption = (f"there is a {main['size']} {_name(main)} at the {POSITIONS[main['cell']]} and "
+                       f"{_a(_name(rng.choice(others)))}, {bg} background.")
     else:  # COCO style: the main object, where it is, one neighbour; never the background
         rest = f" next to {_a(_name(others[0]))}" if others else ""
         lead = f"{domain.phrase} " if domain.phrase else ""
@@ -271,6 +278,21 @@ def world_split(domain: Domain, n: int, seed: int) -> list[dict]:
     return [scene(rng, domain) for _ in range(n)]
 
 
+@functools.cache
+def world_fingerprint() -> str:
+    """A digest of what the world draws: the texts and labels of the first scenes
+    of every split and of pretraining, and a few rendered pictures. Names the
+    folder the splits are written to and keys the tiny model's weights, so a
+    changed world never reads stale files."""
+    h = hashlib.sha1()
+    for domain, _, seed in [*SPLITS.values(), (PRETRAIN, 0, 100)]:
+        for i, s in enumerate(world_split(domain, 40, seed)):
+            h.update(json.dumps([s["caption"], s["long_caption"], s["labels"], s["style"]]).encode())
+            if i < 2:
+                h.update(np.asarray(render(s, seed=seed * 100003 + i)).tobytes())
+    return h.hexdigest()[:8]
+
+
 def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Path:
     """Writes (once) a split of the world as PNG files plus a JSONL manifest
     under data_root/synthetic/ and returns the manifest path. n: only the
@@ -279,7 +301,7 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
     if split not in SPLITS:
         raise ValueError(f"unknown synthetic split {split!r}; known: {', '.join(SPLITS)}")
     domain, size, seed = SPLITS[split]
-    root = Path(data_root) / "synthetic"
+    root = Path(data_root) / "synthetic" / f"world-{world_fingerprint()}"
     name = split if n is None else f"{split}-{n}"
     manifest = root / f"{name}.jsonl"
     if manifest.exists():

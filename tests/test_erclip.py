@@ -13,6 +13,7 @@ from PIL import Image
 
 import common
 import lab
+from lab.demos import erclip as erclip_demo
 import erclip
 import eval as evaluation
 
@@ -360,4 +361,8 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     out = tmp_path / "demo"
     erclip.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                        str(tmp_path / "data"), "--out", str(out)])
-    check_demo_results(out, "erclip-demo.png", ("M", "M+P", "RT+P"), min_claims=5)
+    saved = check_demo_results(out, "erclip-demo.png", ("M", "M+P", "RT+P", "RT+P own lr"), min_claims=8)
+    verdicts = {c["claim"]: c["verdict"] for c in saved["claims"]}
+    assert verdicts["RT+P about equal to M+P on long R@1 (RT+P - M+P; equal within 1 point)"] == "by construction"
+    cards = {n: json.loads((out / f"{n}-seed0" / "config.json").read_text()) for n in ("RTP", "RTP-own-lr")}
+    assert cards["RTP"]["fusion_lr"] == 0.0 and cards["RTP-own-lr"]["fusion_lr"] == erclip_demo.DEMO_FUSION_LR > 0

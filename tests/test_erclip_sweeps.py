@@ -79,14 +79,14 @@ def test_epoch_snapshots_save_every_epoch_and_leave_the_run_unchanged(tmp_path):
 
 # ----------------------------------------------------------------------------- the lab (--demo --sweep)
 SWEEP_ROWS = {  # on the shrunken grids below
-    "epochs": [f"{v} epoch {k}" for v in ("M", "M+P", "RT+P") for k in (1, 2)],
+    "epochs": [f"{v} epoch {k}" for v in ("M", "M+P", "RT+P", "RT+P own lr") for k in (1, 2)],
     "lambda-p": ["lambda_p=0", "lambda_p=0.5", "lambda_p=2"],
     "data-size": ["N=16", "N=40", "N=400"],
     "ablations": list(erclip_sweeps.VARIANTS),
 }
 
 
-@pytest.mark.parametrize("name,n_claims", [("epochs", 9), ("lambda-p", 7), ("data-size", 4), ("ablations", 5)])
+@pytest.mark.parametrize("name,n_claims", [("epochs", 11), ("lambda-p", 7), ("data-size", 4), ("ablations", 5)])
 def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo_results, name, n_claims):
     """Each demo sweep's plumbing on a shrunken world and shrunken grids (one
     step per run; 2 epochs of 8 pairs for the epochs sweep): every seed
@@ -108,7 +108,7 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     assert saved["config"]["sweep"] == name and saved["machine"]["cores"] >= 1
     runs = sorted(p.name for p in root.iterdir() if p.is_dir())
     n_runs = len(SWEEP_ROWS[name]) // (2 if name == "epochs" else 1)
-    assert len(runs) == 1 + n_runs * len(lab.SEEDS) and "CLIP" in runs
+    assert len(runs) == 1 + n_runs * len(lab.seeds()) and "CLIP" in runs
     for run in runs:
         assert (root / run / "run.json").exists() and not list((root / run).glob("*.pt"))
         assert not (root / run / "checkpoints").exists()

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 import common
 import lab
@@ -69,20 +70,78 @@ def test_continual_domains_differ(tmp_path):
     assert all(len(common.ManifestDataset(t.train, check_images=False)) == 600 for t in tasks)
 
 
-def test_tiny_backbone_meets_the_floor(tmp_path):
-    """The pretrained tiny backbone knows something worth eroding: the
-    held-out background family (8 classes, chance 12.5 %) at >= 60 % top-1,
-    and shapes and colours well above chance. The numbers measured on the
-    reference machine are in the README; these floors leave margin for other
-    CPUs' float kernels."""
+def test_shipped_weights_are_the_current_recipes():
+    """The repository ships the tiny backbone's weights for exactly today's
+    config, recipe and world; change any of them without rewriting the file
+    (python -m lab.tiny --write-weights) and this fails."""
+    from lab import tiny
+    path = tiny.shipped_path()
+    assert path.exists(), f"no weights for recipe key {tiny.recipe_key()}: run {tiny.WRITE_COMMAND}"
+    card = json.loads(path.with_name(path.name + ".json").read_text())
+    assert card["key"] == tiny.recipe_key() and card["world"] == lab.world_fingerprint()
+    assert card["recipe"] == tiny.TINY_PRETRAIN and card["config"] == tiny.TINY_CFG
+    assert card["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert path.stat().st_size <= 10 * 2 ** 20
+    assert sorted(p.name for p in tiny.WEIGHTS_DIR.glob("tiny-*")) == [path.name, path.name + ".json"]
+
+
+def test_world_token_ids_cover_texts_nobody_sampled():
+    from lab import tiny
+    ids, tok = set(tiny.world_token_ids()), common.open_clip.SimpleTokenizer()
+    for domain in (lab.PRETRAIN, lab.FINETUNE, *lab.TASK_DOMAINS.values(), lab.UNSEEN):
+        for s in lab.world_split(domain, 200, 999):
+            assert set(tok.encode(s["caption"] + " " + s["long_caption"])) <= ids
+
+
+def test_a_shortened_recipe_end_to_end(tmp_path, monkeypatch):
+    """Pretrain (a short recipe), write the shipped form, read it back: the
+    very weights trained, the rows no lab text uses rebuilt from the seed;
+    a tampered file is refused; without shipped weights pretrain_tiny
+    pretrains into the cache and says so."""
+    from lab import tiny
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    recipe = {**tiny.TINY_PRETRAIN, "n": 192, "epochs": 1, "batch": 64}
+    assert tiny.recipe_key(recipe) != tiny.recipe_key()
+    model, seconds = tiny._pretrain_tiny(recipe, tmp_path / "run")
+    path = tiny.write_shipped(model, tmp_path / "w" / f"tiny-{tiny.recipe_key(recipe)}.pt", recipe, seconds)
+    loaded, trained = tiny.load_shipped(path), model.state_dict()
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[k], trained[k]) for k in trained)
+    rows = torch.tensor(tiny.world_token_ids())
+    emb = trained["token_embedding.weight"]
+    unused = torch.ones(len(emb), dtype=torch.bool).index_fill_(0, rows, False)
+    assert torch.equal(emb[unused], tiny._token_init(recipe["seed"], emb.shape)[unused])  # never trained
+    assert not torch.equal(emb[rows], tiny._token_init(recipe["seed"], emb.shape)[rows])  # trained
+    path.write_bytes(path.read_bytes()[:-1] + b"x")
+    with pytest.raises(common.UsageError, match="sha256"):
+        tiny.load_shipped(path)
+    monkeypatch.setattr(tiny, "TINY_PRETRAIN", recipe)
+    monkeypatch.setattr(tiny, "WEIGHTS_DIR", tmp_path / "empty")
+    import contextlib, io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        cached = tiny.pretrain_tiny()
+    assert "no shipped weights" in err.getvalue() and tiny.WRITE_COMMAND in err.getvalue()
+    assert all(torch.equal(v, trained[k]) for k, v in torch.load(cached, weights_only=True).items())
+
+
+def test_tiny_backbone_meets_the_floors(tmp_path):
+    """The pretrained tiny backbone (the shipped weights) retrieves and
+    classifies well enough that fine-tuning has something to gain and to
+    lose: short-caption R@1 >= 25 %, long-caption (truncated) R@1 >= 15 %
+    (mean of I2T and T2I, 400 test pairs), every zero-shot family >= 60 % and
+    the held-out background family >= 80 %, each continual domain's test
+    R@1 >= 15 % (200 pairs, short captions). docs/lab.md has the values measured; the shipped
+    weights are the same everywhere, so only the evaluation's float kernels
+    differ between machines."""
     model, _, pre, tok = common.load_model("tiny")
     model.eval()
     zs = lab.zero_shot_report(model, pre, tok, tmp_path)
-    assert zs["background"] >= 60.0, zs
-    assert zs["color"] >= 3 * 100 / len(lab.COLORS), zs
-    assert zs["shape"] >= 100 / len(lab.SHAPES) + 10, zs
+    assert min(zs["shape"], zs["color"], zs["background"]) >= 60.0 and zs["background"] >= 80.0, zs
     r = lab.retrieval_report(model, pre, tok, "test", tmp_path)
-    assert r["short T2I"] > 10 * 100 / 400, r
+    assert (r["short I2T"] + r["short T2I"]) / 2 >= 25.0 and (r["long I2T"] + r["long T2I"]) / 2 >= 15.0, r
+    domains = lab.domain_report(model, pre, tok, tmp_path)
+    for name in lab.TASK_DOMAINS:  # short captions: the demos' tasks (the long ones start lower: docs/lab.md)
+        assert domains[name] >= 15.0, (name, domains)
 
 
 def test_paired_statistics_and_verdicts():
@@ -101,3 +160,17 @@ def test_paired_statistics_and_verdicts():
     assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
     assert c["n_seeds"] == 3 and c["per_seed"] == [1.0, 2.0, 3.0] and c["verdict"] == "reproduced"
     assert "reproduced" in lab.claims_table([c])
+
+
+def test_seeds_flag_reruns_the_claims_on_other_seeds():
+    try:
+        assert lab.take_seeds_flag(["--steps", "3", "--seeds", "10,11,12"]) == ["--steps", "3"]
+        assert lab.seeds() == (10, 11, 12)
+        assert lab.take_seeds_flag(["--seeds=7,8"]) == [] and lab.seeds() == (7, 8)
+        for bad in ("10", "1,1", "a,b", ""):
+            with pytest.raises(common.UsageError, match="two or more different integers"):
+                lab.take_seeds_flag(["--seeds", bad])
+        assert lab.take_seeds_flag(["--lr", "1"]) == ["--lr", "1"] and lab.seeds() == lab.SEEDS
+    finally:
+        lab.take_seeds_flag([])
+    assert len(lab.SEEDS) == 5 and lab.seeds() == lab.SEEDS

@@ -343,7 +343,9 @@ def test_recipes_and_clear_failures(tmp_path):
     demo = common.parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
                                                                        **longclip_demo.DEMO})
     assert (demo.recipe, demo.train_data, demo.lr, demo.wd, demo.warmup, demo.steps, demo.batch_size) == \
-        ("erclip-budget", "synthetic", 1e-4, 0.05, 4, 40, 32)
+        ("erclip-budget", "synthetic", 1.5e-4, 0.05, 4, 40, 32)
+    from lab.demos import erclip as erclip_demo  # ERCLIP's demo settings, copied (the two runs are independent)
+    assert all(getattr(demo, k) == v for k, v in erclip_demo.DEMO.items() if k in ("lr", "wd", "warmup", "steps"))
     assert (demo.label_smoothing, demo.precision, demo.workers, demo.pca_dim, demo.log_scale) == \
         (0.1, "fp32", 0, 8, -1.0) and demo.short_caption == "caption"
     with pytest.raises(common.DataError, match="ShareGPT4V json not found"):
@@ -426,6 +428,6 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     names = {"ERCLIP M+P", "Long-CLIP, window 24", "Long-CLIP, window 78"}
     saved = check_demo_results(out, "longclip-demo.png", names, min_claims=5)
     assert set(saved["per_seed"]) == names
-    for s in lab.SEEDS:  # the subprocess trained on the demo's (shrunken) manifest, for 2 steps
+    for s in lab.seeds():  # the subprocess trained on the demo's (shrunken) manifest, for 2 steps
         summary = json.loads((out / f"ERCLIP-MP-seed{s}" / "results.json").read_text())["summary"]
         assert summary["steps"] == 2 and summary["train_pairs"] == 64

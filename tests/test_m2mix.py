@@ -411,7 +411,7 @@ def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, sh
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
     assert common.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
-    assert m2mix.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic/train.jsonl"
+    assert m2mix.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl"
     monkeypatch.delitem(common.LAB_HOOKS, "synthetic_manifest")
     with pytest.raises(common.UsageError, match="import lab"):
         m2mix.train_manifest(cfg)
@@ -440,7 +440,7 @@ def test_demo_claims_take_their_paper_column_from_eval():
     the strings are the ones the committed demo results carry."""
     from lab.demos import m2mix as demo
     runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,
-                    "background": 1.0} for s in lab.SEEDS] for name in ("FT", "m2-Mix", "m3-Mix")}
+                    "background": 1.0} for s in lab.seeds()] for name in ("FT", "m2-Mix", "m3-Mix")}
     papers = [c["paper"] for c in demo.demo_claims({"background": 1.0}, runs)]
     committed = json.loads((Path(m2mix.__file__).parent / "docs" / "m2mix-demo-results.json").read_text())
     assert papers == [c["paper"] for c in committed["claims"]]

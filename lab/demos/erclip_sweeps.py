@@ -61,6 +61,13 @@ def sweep_plan(name: str, sizes=DATA_SIZES) -> list[tuple[str, dict]]:
     return list(VARIANTS.items())
 
 
+def demo_plan(name: str, sizes) -> list[tuple[str, dict]]:
+    """The lab's runs of a sweep: the paper's, plus in 'epochs' the demo's
+    pre-registered RT+P with the fusion's own lr (lab/demos/erclip.py)."""
+    own = [("RT+P own lr", dict(VARIANTS["RT+P"], epochs=EPOCHS, fusion_lr=demo.DEMO_FUSION_LR))]
+    return sweep_plan(name, sizes) + (own if name == "epochs" else [])
+
+
 def sweep_one(cfg, root, run: str, overrides: dict, seed: int, pool, initial, measure, keep_weights=True) -> dict:
     """One run (lab.sweep_run: folder root/run, skipped when finished): a copy
     of the initial weights (model, train_tf, preprocess, tokenizer), train_erclip
@@ -192,7 +199,7 @@ def sweep_tables(name: str, base: list, runs: list[dict], vit: str) -> str:
 
 # --- the lab: --demo --sweep NAME (the demo's settings, lab.SEEDS, claims fixed before the runs) ---
 DEMO_SWEEP_NOTES = {
-    "epochs": f"M, M+P, RT+P; an epoch is one pass over the first {DEMO_EPOCH_POOL} scenes of 'train' (8 steps of "
+    "epochs": f"M, M+P, RT+P, RT+P own lr; an epoch is one pass over the first {DEMO_EPOCH_POOL} scenes of 'train' (8 steps of "
               f"32), so the 40 steps are 5 epochs (cosine over all 40); the weights saved after each epoch are "
               f"evaluated; epoch 0 is CLIP",
     "lambda-p": "M (mean fusion) with lambda_p 0, 0.25, 0.5, 1, 2 on the whole 'train' split (2,000 scenes)",
@@ -218,9 +225,9 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
         out = [lab.claim(f"long R@1 falls from epoch 1 to {last}, {v} (epoch {last} - epoch 1)",
                          evaluation.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
-               for v in ("M", "M+P", "RT+P")]
+               for v in ("M", "M+P", "RT+P own lr")]
         out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}",
-                          "COCO " + evaluation.ERCLIP_EPOCH_CHANGE["COCO"], d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P")]
+                          "COCO " + evaluation.ERCLIP_EPOCH_CHANGE["COCO"], d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P own lr")]
         drift_m = d(f"M epoch {last}", "M epoch 1", "background")
         drift_p = d(f"M+P epoch {last}", "M+P epoch 1", "background")
         return out + [
@@ -228,7 +235,12 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
             lab.claim(f"P limits that drift ((M+P) - M change from epoch 1 to {last}, {ZS})",
                       "CIFAR-10 B/32: -0.5 with P against -1.2 to -1.8 without", [p - m for p, m in zip(drift_p, drift_m)], "+"),
             lab.claim(f"RT+P reaches M+P by epoch 2 (RT+P - M+P at epoch 2, {ZS}; equal within 1 point)",
-                      "CIFAR-10, Fig. 3", d("RT+P epoch 2", "M+P epoch 2", "background"), "=", margin=1.0)]
+                      "CIFAR-10, Fig. 3", d("RT+P epoch 2", "M+P epoch 2", "background"), "=", margin=1.0,
+                      by_construction=demo.BY_CONSTRUCTION),
+            lab.claim(f"RT+P own lr is below M at epoch 1 ({ZS})", "CIFAR-10 -1.3 to -2.3 (B/32, B/16), Fig. 3",
+                      d("RT+P own lr epoch 1", "M epoch 1", "background"), "-"),
+            lab.claim(f"... and reaches M+P by epoch 2 (RT+P own lr - M+P at epoch 2, {ZS}; equal within 1 point)",
+                      "CIFAR-10, Fig. 3", d("RT+P own lr epoch 2", "M+P epoch 2", "background"), "=", margin=1.0)]
     if name == "lambda-p":
         lp = [f"lambda_p={x:g}" for x in LAMBDAS]
         lo, hi = PAPER_LAMBDA_IN[0.0], PAPER_LAMBDA_IN[2.0]
@@ -280,10 +292,10 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
 
     def seeds(names, key):  # (n_seeds, len(names)); 'CLIP' is the pretrained model for every seed
         return np.array([[base[key] if r == "CLIP" else rows[r][i][key] for r in names]
-                         for i in range(len(lab.SEEDS))])
+                         for i in range(len(lab.seeds()))])
     if name == "epochs":
         xs, series = list(range(EPOCHS + 1)), {v: ["CLIP"] + [f"{v} epoch {k}" for k in range(1, EPOCHS + 1)]
-                                               for v in ("M", "M+P", "RT+P")}
+                                               for v in ("M", "M+P", "RT+P", "RT+P own lr")}
         paper, xlabel = {}, f"epoch (1 epoch = {DEMO_EPOCH_POOL} pairs = 8 steps; 0 = CLIP)"
     elif name == "lambda-p":
         xs, series = list(LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in LAMBDAS]}
@@ -311,7 +323,7 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
 
 
 def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
-    """--demo --sweep NAME: every run of the sweep once per seed in lab.SEEDS
+    """--demo --sweep NAME: every run of the sweep once per seed in lab.seeds()
     from the same pretrained weights (same seed, same data order across runs);
     claims from the paired differences, the figure, one results file."""
     t0, name = time.time(), cfg.sweep
@@ -327,19 +339,19 @@ def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
     base = lab.sweep_run(root, "CLIP", lambda folder: {"measures": [measure(initial[0], *initial[2:], None)]})
     base = base["measures"][0]
     records = [sweep_one(cfg, root, run, over, seed, pool, initial, measure, keep_weights=False)
-               for seed in lab.SEEDS for run, over in sweep_plan(name, sizes or DEMO_DATA_SIZES)]
+               for seed in lab.seeds() for run, over in demo_plan(name, sizes or DEMO_DATA_SIZES)]
     rows = {}
-    for r in records:  # seed-major: every row's list is in lab.SEEDS order
+    for r in records:  # seed-major: every row's list is in lab.seeds() order
         for k, m in enumerate(r["measures"], 1):
             rows.setdefault(f"{r['name']} epoch {k}" if name == "epochs" else r["name"], []).append(
                 {**m, "seed": r["seed"], "train_seconds": r["summary"]["train_seconds"]})
-    head = (f"ERCLIP sweep '{name}' on the lab: {DEMO_SWEEP_NOTES[name]}. Tiny backbone, seeds {list(lab.SEEDS)}, "
+    head = (f"ERCLIP sweep '{name}' on the lab: {DEMO_SWEEP_NOTES[name]}. Tiny backbone, seeds {list(lab.seeds())}, "
             f"{cfg.steps} steps x batch {cfg.batch_size}, lr {cfg.lr:g} (the demo's settings). Columns as in the "
             f"demo; mean ± std over seeds.")
     claims = sweep_claims(name, base, rows)
     lab.report_demo(root, head, base, rows, claims, demo.DEMO_COLS, t0, lambda o: sweep_figure(
         name, base, rows, o / f"erclip-sweep-{name}.png", f"python erclip.py --demo --sweep {name}; seeds "
-        f"{list(lab.SEEDS)}; band: ±1 std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
+        f"{list(lab.seeds())}; band: ±1 std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
         sweep=name, definition=DEMO_SWEEP_NOTES[name])
     return {"base": base, "per_seed": rows, "claims": claims}
 

@@ -1,9 +1,9 @@
 """Long-CLIP's demo on the lab (python longclip.py --demo): same-budget
-Long-CLIP against ERCLIP M+P on the lab's world, once per seed in lab.SEEDS,
+Long-CLIP against ERCLIP M+P on the lab's world, once per seed in lab.seeds(),
 from the same pretrained tiny weights.
 
 Settings fixed before any demo run: the erclip-budget recipe (longclip.py
-deviation 12) at ERCLIP's demo settings (lab/demos/erclip.py DEMO: lr 1e-4,
+deviation 12) at ERCLIP's demo settings (lab/demos/erclip.py DEMO: lr 1.5e-4,
 wd 0.05, 4 warm-up steps then cosine, 40 steps at batch 32, label smoothing
 0.1, fp32, workers 0, split 'train', the manifest's short caption, the
 backbone's temperature kept fixed), plus k = 8 principal components (ours: 32
@@ -41,7 +41,7 @@ import longclip
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run: the
 # erclip-budget recipe at ERCLIP's demo settings (lab/demos/erclip.py DEMO, copied
 # here: the two runs are independent), and k = 8 (module docstring).
-DEMO = dict(recipe="erclip-budget", backbone="tiny", train_data="synthetic", lr=1e-4, wd=0.05, warmup=4, steps=40,
+DEMO = dict(recipe="erclip-budget", backbone="tiny", train_data="synthetic", lr=1.5e-4, wd=0.05, warmup=4, steps=40,
             batch_size=32, label_smoothing=0.1, workers=0, precision="fp32", pca_dim=8, out="runs/longclip-demo",
             save_every=0, log_every=20)
 DEMO_COLS = ["long", "short", "background", "long I2T", "long T2I", "short I2T", "short T2I", "shape held-out",
@@ -154,7 +154,7 @@ def erclip_command(cfg: longclip.LongCLIPConfig, seed: int, out) -> list[str]:
 
 def run_demo(cfg: longclip.LongCLIPConfig):
     """CLIP, ERCLIP M+P (subprocess) and same-budget Long-CLIP (both
-    windows) on the lab world, once per seed in lab.SEEDS from the same
+    windows) on the lab world, once per seed in lab.seeds() from the same
     pretrained weights; claims from the paired differences."""
     t0 = time.time()
     out = Path(cfg.out)
@@ -163,7 +163,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]
     manifest = longclip.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
     runs, names = {ERCLIP_NAME: []}, {}
-    for seed in lab.SEEDS:
+    for seed in lab.seeds():
         run_out = out / f"ERCLIP-MP-seed{seed}"
         shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
         t1 = time.time()
@@ -189,7 +189,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
         lab.drop_weights(run_out)
         print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
     short, full = names[short_window], names[max(names)]
-    head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.SEEDS)}, {cfg.steps} steps x batch "
+    head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, k = {cfg.pca_dim} (demo settings; ERCLIP M+P by subprocess at the "
             f"same settings). R@1 % (long, short: mean of I2T and T2I) on the fine-tuning domain's test split, "
             f"long captions cut at the window ({short_window}: truncated; {max(names)}: Long-CLIP's stretched "
@@ -197,13 +197,14 @@ def run_demo(cfg: longclip.LongCLIPConfig):
             f"Mean ± std over seeds.")
     claims = demo_claims(base, runs, short, full)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
-        base, runs, o / "longclip-demo.png", f"python longclip.py --demo; seeds {list(lab.SEEDS)}; error bars: "
+        base, runs, o / "longclip-demo.png", f"python longclip.py --demo; seeds {list(lab.seeds())}; error bars: "
         f"std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
         erclip="python erclip.py subprocess per seed: " + " ".join(
-            erclip_command(cfg, lab.SEEDS[0], out / "ERCLIP-MP-seed{seed}")[1:]))
+            erclip_command(cfg, lab.seeds()[0], out / "ERCLIP-MP-seed{seed}")[1:]))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
 def main(argv):
     """python longclip.py --demo: the erclip-budget recipe with the demo's defaults."""
+    argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
     return run_demo(common.parse_config(longclip.LongCLIPConfig, argv, **{**longclip.RECIPES["erclip-budget"], **DEMO}))

@@ -1,0 +1,183 @@
+"""The regime's calibration: each demo's fine-tuning settings, chosen ONCE,
+before any seed of lab.SEEDS runs, on the 'val' splits with a pilot seed
+outside SEEDS, so that the BASELINE's effect has the papers' size. The
+methods' claims are never looked at: only the baseline's numbers enter a rule.
+
+  erclip (and longclip, which runs at ERCLIP's budget): M (mean pooling, no
+      preservation) must lose 3-25 % (relative) of the held-out zero-shot
+      family and gain >= 3 points of long-caption R@1 (truncated, mean of
+      I2T and T2I). The papers: ERCLIP's M costs ImageNet 3.8-6.1 points
+      (B/16: 68.4 -> 62.3, -9 %) and gains 10-20 long R@1 points.
+      RT's own lr (--fusion-lr): the smallest value of the grid at which the
+      gate moves, |gamma| >= 0.1 at the end of the pilot's RT+P run; when none
+      does, the value that moved it most.
+  cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
+      mean of I2T and T2I, >= 5 points over the pretrained model's right after
+      its task) and forget (BWT of R@1 <= -3 points over the sequence).
+
+The rule picks the first setting of the grid that passes (grids are ordered
+by cost, then by lr). When none passes, ERCLIP's falls back to the first
+setting whose erosion is in the band (its long-gain target then reported as
+missed), and the continual demos' to the first whose full FT learns every
+task (forgetting then reported as missed), C-CLIP's then to the setting whose
+full FT learned most on average;
+with no such setting it says so and picks none.
+`python -m lab.calibrate NAME` runs one grid and writes
+docs/calibration-NAME.json (every pilot number, the rule, the choice); the
+demos' settings are then written into lab/demos/ by hand, and docs/lab.md
+records them, in commits that precede the seed runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import common
+import lab
+
+PILOT_SEED = 99  # not in lab.SEEDS
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+# grids, cheapest first; the values that are not in a grid are the demo's DEMO
+ERCLIP_GRID = [dict(steps=s, lr=lr) for s in (30, 40) for lr in (1e-4, 3e-4, 1e-3)]  # 5 seeds x 4 variants fit 240 s
+# declared after the first grid ran: M lost 0.3-0.8 % at lr 1e-4 and 44-58 % at 3e-4 and above, and no setting
+# gained 3 long points; the band lies between, so a second grid fills it (the rule and its fallback unchanged)
+ERCLIP_GRID_2 = [dict(steps=s, lr=lr) for s in (30, 40) for lr in (1.5e-4, 2e-4)]
+FUSION_LRS = (1e-3, 1e-2, 1e-1)
+CCLIP_GRID = [dict(steps=s, lr_image=lr, lr_text=5 * lr) for s in (10, 20) for lr in (2e-4, 6e-4, 2e-3)]  # 20: ~300 s
+# declared after the first grid ran: full FT lost R@1 on every task at every setting, more the higher the lr
+# (the previous backbone's rates are too high for this one), so lower rates
+CCLIP_GRID_2 = [dict(steps=s, lr_image=lr, lr_text=5 * lr) for s in (10, 20) for lr in (2e-5, 6e-5)]
+DNS_GRID = [dict(epochs=e, lr=lr) for e in (5, 10) for lr in (1e-4, 1e-3, 1e-2)]
+
+
+def erclip_passes(base: dict, m: dict) -> dict:
+    loss = 100 * (base["background"] - m["background"]) / base["background"]
+    gain = m["long"] - base["long"]
+    return {"held-out loss %": loss, "long gain": gain, "in band": 3 <= loss <= 25, "passes": 3 <= loss <= 25 and gain >= 3}
+
+
+def continual_passes(R: list[list[float]]) -> dict:
+    """R[i][j]: R@1 on task j after tasks 1..i (row 0: pretrained)."""
+    n = len(R[0])
+    learned = [R[i + 1][i] - R[0][i] for i in range(n)]
+    bwt = sum(R[n][j] - R[j + 1][j] for j in range(n - 1)) / (n - 1)
+    return {"learned per task": learned, "BWT": bwt, "learns": min(learned) >= 5, "forgets": bwt <= -3,
+            "passes": min(learned) >= 5 and bwt <= -3}
+
+
+def _pick(rows: list[dict], fallback: str = ""):
+    """The first setting that passes; when none does, the first whose check
+    `fallback` holds (the target it misses is then reported as missed)."""
+    return next((r["setting"] for r in rows if r["check"]["passes"]), None) or \
+        next((r["setting"] for r in rows if fallback and r["check"][fallback]), None)
+
+
+def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
+    import erclip
+    from lab.demos import erclip as demo
+    cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
+    rows = []
+    for setting in ERCLIP_GRID + ERCLIP_GRID_2:
+        vcfg = dataclasses.replace(cfg, fusion="mean", lambda_p=0.0, out=f"{out}/M-{len(rows)}", overwrite=True,
+                                   warmup=max(1, setting["steps"] // 10), **setting)
+        m = _train_erclip(erclip, demo, vcfg, data_root)
+        rows.append({"setting": setting, "M": m, "check": erclip_passes(base, m)})
+        print(f"[calibrate erclip] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    chosen = _pick(rows[:len(ERCLIP_GRID)], "in band") or _pick(rows, "in band")  # the first grid first
+    fusion = []
+    if chosen:
+        for flr in FUSION_LRS:
+            vcfg = dataclasses.replace(cfg, fusion="rt", lambda_p=1.0, fusion_lr=flr, out=f"{out}/RT-{flr:g}",
+                                       overwrite=True, warmup=max(1, chosen["steps"] // 10), **chosen)
+            m = _train_erclip(erclip, demo, vcfg, data_root)
+            fusion.append({"fusion_lr": flr, "gamma": m["gamma"], "passes": abs(m["gamma"]) >= 0.1})
+            print(f"[calibrate erclip] fusion lr {flr:g}: gamma {m['gamma']:+.3f}", file=sys.stderr)
+    # the fallback, declared after the fusion grid ran (no value reached 0.1): the value that moved the gate most
+    moved = max(fusion, key=lambda f: abs(f["gamma"]))["fusion_lr"] if fusion else None
+    return {"base": base, "grid": rows, "chosen": chosen, "fusion_grid": fusion,
+            "fusion_lr": next((f["fusion_lr"] for f in fusion if f["passes"]), moved)}
+
+
+def _train_erclip(erclip, demo, vcfg, data_root) -> dict:
+    import torch
+    model, train_tf, preprocess, tokenizer = common.load_model(vcfg.backbone, vcfg.pretrained)
+    torch.manual_seed(vcfg.seed)
+    model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
+    lab.drop_weights(vcfg.out)
+    return {**demo.demo_measure(model, preprocess, tokenizer, data_root, split="val"),
+            "gamma": summary.get("gamma", 0.0), "train_seconds": summary["train_seconds"]}
+
+
+def _val_tasks(data_root, long: bool) -> str:
+    """The continual domains with their 'val' splits in place of 'test'."""
+    spec = []
+    for d in lab.TASK_DOMAINS:
+        tr, va = lab.synthetic_manifest(f"task-{d}", data_root), lab.synthetic_manifest(f"task-{d}-val", data_root)
+        if long:
+            tr, va = lab.long_caption_manifest(tr), lab.long_caption_manifest(va)
+        spec.append(f"{d}={tr}:{va}")
+    return ",".join(spec)
+
+
+def _r_at_1(matrices) -> list[list[float]]:
+    return [[(a + b) / 2 for a, b in zip(ra, rb)] for ra, rb in zip(matrices["i2t_R@1"], matrices["t2i_R@1"])]
+
+
+def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
+    import cclip
+    from lab.demos import cclip as demo
+    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    rows = []
+    for setting in CCLIP_GRID + CCLIP_GRID_2:
+        vcfg = dataclasses.replace(cfg, method="full", tasks=_val_tasks(data_root, long=False), unseen="",
+                                   zero_shot="", out=f"{out}/full-{len(rows)}", overwrite=True, **setting)
+        summary = cclip.run(vcfg)
+        lab.drop_weights(vcfg.out)
+        R = _r_at_1(summary["matrices"])
+        rows.append({"setting": setting, "R@1": R, "check": continual_passes(R)})
+        print(f"[calibrate cclip] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    # the fallback, declared after both grids ran (full FT never learned 5 points on every task within the budget):
+    # the setting whose full FT learned most on average; the targets are then reported as missed
+    chosen = _pick(rows, "learns") or max(rows, key=lambda r: sum(r["check"]["learned per task"]))["setting"]
+    return {"grid": rows, "chosen": chosen}
+
+
+def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
+    import dns
+    from lab.demos import dns as demo
+    cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    rows = []
+    for setting in DNS_GRID:
+        vcfg = dataclasses.replace(dns.resolve(cfg), mode="vanilla", tasks=_val_tasks(data_root, long=False),
+                                   out=f"{out}/vanilla-{len(rows)}", feature_cache=f"{out}/features", demo=False,
+                                   **setting)
+        results = dns.run(vcfg, show=False)
+        R = _r_at_1(results["continual"]["matrices"])
+        rows.append({"setting": setting, "R@1": R, "check": continual_passes(R)})
+        print(f"[calibrate dns] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    return {"grid": rows, "chosen": _pick(rows, "learns")}
+
+
+CALIBRATIONS = {"erclip": calibrate_erclip, "cclip": calibrate_cclip, "dns": calibrate_dns}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] not in CALIBRATIONS:
+        sys.exit(f"usage: python -m lab.calibrate {{{','.join(CALIBRATIONS)}}}")
+    t0 = time.time()
+    record = {"demo": argv[0], "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[argv[0]](),
+              "seconds": time.time() - t0, "machine": common.machine_info()}
+    path = common.atomic_write(DOCS / f"calibration-{argv[0]}.json", json.dumps(record, indent=1, default=float))
+    print(json.dumps({k: record[k] for k in record if k in ("chosen", "fusion_lr")}), path)
+    return record
+
+
+if __name__ == "__main__":
+    main()
