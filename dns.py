@@ -647,10 +647,10 @@ def resolve(cfg: DNSConfig) -> DNSConfig:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = common.parse_config(DNSConfig, argv)
-    if cfg.demo_cmcl or (cfg.demo and not cfg.features):  # the lab: world, tiny backbone, seeds, claims
-        from lab.demos import dns as demo
+    if "--demo-cmcl" in argv or ("--demo" in argv and not any(a.split("=")[0] == "--features" for a in argv)):
+        from lab.demos import dns as demo  # the lab: world, tiny backbone, seeds (--seeds), claims
         return demo.main(argv)
+    cfg = common.parse_config(DNSConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
     if cfg.features:

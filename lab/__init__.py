@@ -12,10 +12,13 @@ is honestly not resolved at this size.
 
   lab/world.py    the world: vocabulary, scenes, captions, pixels, splits, the
                   continual domains, a multimodal feature world (CMCL)
-  lab/tiny.py     the tiny CLIP: config, pretraining, measurements on the world
-  lab/stats.py    SEEDS, paired differences, verdicts, claims, the demo report
+  lab/tiny.py     the tiny CLIP: config, pretraining, the shipped weights
+                  (lab/weights/), measurements on the world
+  lab/stats.py    SEEDS, --seeds, paired differences, verdicts, claims, the demo report
+  lab/calibrate.py  each demo's settings, chosen once on 'val' with a pilot seed
   lab/figures.py  matplotlib figures (Agg)
   lab/runs.py     sweep plumbing: one folder per run, data prefixes, snapshots
+  lab/report.py   the docs' demo sections, printed from a results file
   lab/demos/      one module per method's demo; erclip_sweeps.py
 
 The import graph runs one way: the lab imports common, eval and the method

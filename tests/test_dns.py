@@ -352,6 +352,21 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     check_demo_results(out, "dns-demo.png", dns_demo.DEMO_MODES.values(), min_claims=10)
 
 
+def test_demo_seeds_flag_reruns_on_other_seeds(tmp_path, shrink_world):
+    """--seeds 7,8: the claims on seeds nobody has seen, every one reported;
+    the next demo without the flag is back on lab.SEEDS."""
+    shrink_world(lambda k: 32 if k.startswith("task-") or k == "zs-test" else None)
+    out = tmp_path / "demo"
+    try:
+        dns.main(["--demo", "--seeds", "7,8", "--epochs", "1", "--batch-size", "16", "--device", "cpu",
+                  "--data-root", str(tmp_path / "data"), "--out", str(out)])
+    finally:
+        lab.take_seeds_flag([])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["seeds"] == [7, 8] and all(c["n_seeds"] == 2 for c in saved["claims"])
+    assert [r["seed"] for r in saved["per_seed"]["vanilla"]] == [7, 8] and lab.seeds() == lab.SEEDS
+
+
 # --- real paths without the lab (issue 23, item 5) -------------------------------
 def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     """--task-classes / --zeroshot auto: the lab's sets with --tasks synthetic

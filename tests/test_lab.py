@@ -3,6 +3,7 @@ and the paired statistics behind every demo verdict."""
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +175,35 @@ def test_seeds_flag_reruns_the_claims_on_other_seeds():
     finally:
         lab.take_seeds_flag([])
     assert len(lab.SEEDS) == 5 and lab.seeds() == lab.SEEDS
+
+
+def test_calibration_rules_by_hand():
+    """lab/calibrate.py's rules read the baseline's numbers only."""
+    from lab import calibrate as cal
+    base = {"background": 90.0, "long": 20.0}
+    assert cal.erclip_passes(base, {"background": 81.0, "long": 23.0})["passes"]      # -10 %, +3
+    assert not cal.erclip_passes(base, {"background": 89.0, "long": 30.0})["passes"]  # -1.1 %: too gentle
+    assert not cal.erclip_passes(base, {"background": 60.0, "long": 30.0})["in band"]  # -33 %: catastrophic
+    R = [[20, 20, 20], [30, 20, 20], [24, 30, 20], [23, 24, 31]]  # learns +10, +10, +11; BWT (-7 -6) / 2
+    check = cal.continual_passes(R)
+    assert check["learned per task"] == [10, 10, 11] and check["BWT"] == -6.5 and check["passes"]
+    rows = [{"setting": "a", "check": {"passes": False, "in band": False}},
+            {"setting": "b", "check": {"passes": False, "in band": True}},
+            {"setting": "c", "check": {"passes": True, "in band": True}}]
+    assert cal._pick(rows) == "c" and cal._pick(rows[:2]) is None and cal._pick(rows[:2], "in band") == "b"
+    recorded = json.loads((cal.DOCS / "calibration-erclip.json").read_text())
+    assert recorded["pilot_seed"] not in lab.SEEDS and recorded["chosen"]["lr"] == erclip_demo_lr()
+
+
+def erclip_demo_lr():
+    from lab.demos import erclip as demo
+    return demo.DEMO["lr"]
+
+
+def test_docs_sections_print_from_the_results_file():
+    from lab import report
+    path = Path(__file__).resolve().parents[1] / "docs" / "dns-demo-results.json"
+    text = report.demo_markdown(path, "python dns.py --demo")
+    saved = json.loads(path.read_text())
+    assert saved["table"] in text and all(c["claim"] in text for c in saved["claims"])
+    assert f"seeds {saved['seeds']}" in text and len(report.claims_lines(path).splitlines()) == len(saved["claims"])
