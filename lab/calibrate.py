@@ -57,7 +57,8 @@ DNS_GRID = [dict(epochs=e, lr=lr) for e in (5, 10) for lr in (1e-4, 1e-3, 1e-2)]
 def erclip_passes(base: dict, m: dict) -> dict:
     loss = 100 * (base["background"] - m["background"]) / base["background"]
     gain = m["long"] - base["long"]
-    return {"held-out loss %": loss, "long gain": gain, "in band": 3 <= loss <= 25, "passes": 3 <= loss <= 25 and gain >= 3}
+    in_band = 3 <= loss <= 25
+    return {"held-out loss %": loss, "long gain": gain, "in band": in_band, "passes": in_band and gain >= 3}
 
 
 def continual_passes(R: list[list[float]]) -> dict:
@@ -84,9 +85,9 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     rows = []
     for setting in ERCLIP_GRID + ERCLIP_GRID_2:
-        vcfg = dataclasses.replace(cfg, fusion="mean", lambda_p=0.0, out=f"{out}/M-{len(rows)}", overwrite=True,
+        vcfg = dataclasses.replace(cfg, fusion="mean", lambda_p=0.0, out=f"{out}/M-{len(rows)}",
                                    warmup=max(1, setting["steps"] // 10), **setting)
-        m = _train_erclip(erclip, demo, vcfg, data_root)
+        m = demo.train_and_measure(vcfg, split="val")
         rows.append({"setting": setting, "M": m, "check": erclip_passes(base, m)})
         print(f"[calibrate erclip] {setting}: {rows[-1]['check']}", file=sys.stderr)
     chosen = _pick(rows[:len(ERCLIP_GRID)], "in band") or _pick(rows, "in band")  # the first grid first
@@ -94,24 +95,14 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
     if chosen:
         for flr in FUSION_LRS:
             vcfg = dataclasses.replace(cfg, fusion="rt", lambda_p=1.0, fusion_lr=flr, out=f"{out}/RT-{flr:g}",
-                                       overwrite=True, warmup=max(1, chosen["steps"] // 10), **chosen)
-            m = _train_erclip(erclip, demo, vcfg, data_root)
+                                       warmup=max(1, chosen["steps"] // 10), **chosen)
+            m = demo.train_and_measure(vcfg, split="val")
             fusion.append({"fusion_lr": flr, "gamma": m["gamma"], "passes": abs(m["gamma"]) >= 0.1})
             print(f"[calibrate erclip] fusion lr {flr:g}: gamma {m['gamma']:+.3f}", file=sys.stderr)
     # the fallback, declared after the fusion grid ran (no value reached 0.1): the value that moved the gate most
     moved = max(fusion, key=lambda f: abs(f["gamma"]))["fusion_lr"] if fusion else None
     return {"base": base, "grid": rows, "chosen": chosen, "fusion_grid": fusion,
             "fusion_lr": next((f["fusion_lr"] for f in fusion if f["passes"]), moved)}
-
-
-def _train_erclip(erclip, demo, vcfg, data_root) -> dict:
-    import torch
-    model, train_tf, preprocess, tokenizer = common.load_model(vcfg.backbone, vcfg.pretrained)
-    torch.manual_seed(vcfg.seed)
-    model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
-    lab.drop_weights(vcfg.out)
-    return {**demo.demo_measure(model, preprocess, tokenizer, data_root, split="val"),
-            "gamma": summary.get("gamma", 0.0), "train_seconds": summary["train_seconds"]}
 
 
 def _val_tasks(data_root, long: bool) -> str:

@@ -1,7 +1,9 @@
-"""Experiment plumbing for sweeps: one folder per run (resume by skipping
-finished runs), prefixes of one fixed data order, per-epoch snapshots."""
+"""Experiment plumbing for demos and sweeps: a demo run's scratch folder, one
+folder per sweep run (resume by skipping finished runs), prefixes of one
+fixed data order, per-epoch snapshots."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -41,6 +43,15 @@ def drop_weights(folder) -> None:
         shutil.rmtree(ck, ignore_errors=True)
     for p in list(folder.rglob("*.pt")) + list(folder.rglob("*.pt.json")):
         p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def scratch_run(folder):
+    """A demo run's own folder: emptied first (a rerun starts it afresh),
+    its weight files dropped once the block (train, then measure) ends."""
+    shutil.rmtree(folder, ignore_errors=True)
+    yield Path(folder)
+    drop_weights(folder)
 
 
 def prefix_manifest(src, n: int, dst) -> Path:

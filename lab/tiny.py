@@ -128,11 +128,12 @@ def pretrain_tiny(force: bool = False) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists() and not force:
             return path
-        if shipped_path(key).exists() and not force:
+        shipped = shipped_path(key)
+        if shipped.exists() and not force:
             model, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None)
-            model.load_state_dict(load_shipped(shipped_path(key)))
+            model.load_state_dict(load_shipped(shipped))
             model.quick_gelu = False
-            return common.save_model(model, path, "tiny", source=f"{shipped_path(key).name} (recipe {TINY_PRETRAIN})")
+            return common.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")
         print(f"[lab] no shipped weights for recipe key {key} (lab/weights/): pretraining into the cache; ship "
               f"them with {WRITE_COMMAND}", file=sys.stderr)
         model, _ = _pretrain_tiny(TINY_PRETRAIN, common.CACHE_DIR / f"tiny-pretrain-{key}")
@@ -217,24 +218,16 @@ def retrieval_report(model, preprocess, tokenizer, split="test", data_root="data
     return out
 
 
-
-
-
-@torch.no_grad()
 def domain_report(model, preprocess, tokenizer, data_root="data", n=None) -> dict:
     """Per continual domain, R@1 (%, mean of I2T and T2I) on its test split:
     '<domain>' with the short captions (DNS's tasks), '<domain> long' with the
     long ones truncated (C-CLIP's --tasks synthetic-long)."""
     out = {}
     for name in TASK_DOMAINS:
-        ds = common.ManifestDataset(synthetic_manifest(f"task-{name}-test", data_root, n), need_long=True,
-                                    check_images=False)
-        img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
-        for label, column in ((name, "caption"), (f"{name} long", "long_caption")):
-            txt = evaluation.text_features(model, tokenizer, [r[column] for r in ds.rows], "truncate")
-            m = common.retrieval_metrics(img, txt, torch.arange(len(ds.rows)), ks=(1,))
-            out[label] = 0.5 * (m["i2t_R@1"] + m["t2i_R@1"])
+        r = retrieval_report(model, preprocess, tokenizer, f"task-{name}-test", data_root, n)
+        out[name], out[f"{name} long"] = (r["short I2T"] + r["short T2I"]) / 2, (r["long I2T"] + r["long T2I"]) / 2
     return out
+
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write-weights"]:

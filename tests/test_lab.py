@@ -191,13 +191,9 @@ def test_calibration_rules_by_hand():
             {"setting": "b", "check": {"passes": False, "in band": True}},
             {"setting": "c", "check": {"passes": True, "in band": True}}]
     assert cal._pick(rows) == "c" and cal._pick(rows[:2]) is None and cal._pick(rows[:2], "in band") == "b"
-    recorded = json.loads((cal.DOCS / "calibration-erclip.json").read_text())
-    assert recorded["pilot_seed"] not in lab.SEEDS and recorded["chosen"]["lr"] == erclip_demo_lr()
-
-
-def erclip_demo_lr():
     from lab.demos import erclip as demo
-    return demo.DEMO["lr"]
+    recorded = json.loads((cal.DOCS / "calibration-erclip.json").read_text())
+    assert recorded["pilot_seed"] not in lab.SEEDS and recorded["chosen"]["lr"] == demo.DEMO["lr"]
 
 
 def test_docs_sections_print_from_the_results_file():

@@ -11,7 +11,6 @@ seed); docs/cclip.md holds the committed results and the protocol.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -107,15 +106,14 @@ def run_demo(cfg: CClipConfig) -> dict:
     runs, base = {name: [] for name in DEMO_NAMES.values()}, None
     for seed in lab.seeds():
         for method, name in DEMO_NAMES.items():
-            run_out = out / f"{method}-seed{seed}"
-            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-            summary = run(dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out),
-                                              **(DEMO_LORA if method in ("lora", "cclip") else {})))
+            with lab.scratch_run(out / f"{method}-seed{seed}") as run_out:
+                summary = run(dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out),
+                                                  **(DEMO_LORA if method in ("lora", "cclip") else {})))
             base = base or demo_base(summary, unseen)
             runs[name].append({**demo_row(summary, unseen), "seed": seed})
-            lab.drop_weights(run_out)
             print(f"[cclip demo] seed {seed} {name}: {time.time() - t0:.0f}s so far", file=sys.stderr)
-    head = (f"C-CLIP demo: lab world, tiny backbone, tasks {' -> '.join(tasks)} (long captions), seeds "
+    captions = "long" if cfg.tasks == "synthetic-long" else "short"
+    head = (f"C-CLIP demo: lab world, tiny backbone, tasks {' -> '.join(tasks)} ({captions} captions), seeds "
             f"{list(lab.seeds())}, {cfg.steps} steps x batch {cfg.batch_size} per task (demo settings, not the "
             f"paper's). R@1 % = mean of I2T, T2I on each task's test split; learned = mean over tasks of what a "
             f"task gains while it is trained; unseen = the grainy domain no task trains on; background = held-out "

@@ -9,7 +9,6 @@ With --sweep NAME the demo runs one of the paper's sweeps instead
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from decimal import ROUND_HALF_UP, Decimal
@@ -140,6 +139,18 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     return lab.save_figure(fig, path)
 
 
+def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
+    """One variant from the pretrained weights: the fusion module initialised
+    from the run's seed, trained, measured on `split` (demo_measure); its
+    folder is scratch (lab.scratch_run). The demo's runs and the calibration's."""
+    with lab.scratch_run(vcfg.out):
+        model, train_tf, preprocess, tokenizer = common.load_model(vcfg.backbone, vcfg.pretrained)
+        torch.manual_seed(vcfg.seed)  # the fusion module's initialisation
+        model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
+        return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split), "seed": vcfg.seed,
+                "train_seconds": summary["train_seconds"], "gamma": summary.get("gamma", 0.0)}
+
+
 def run_demo(cfg: erclip.ERCLIPConfig):
     """CLIP, M, M+P, RT+P and RT+P own lr on the lab world: every variant fine-tuned from
     the same pretrained weights once per seed in lab.seeds() (same seed, same
@@ -152,17 +163,9 @@ def run_demo(cfg: erclip.ERCLIPConfig):
     for seed in lab.seeds():
         for name, fusion, lambda_p, fusion_lr in DEMO_VARIANTS:
             run_out = out / f"{name.replace('+', '').replace(' ', '-')}-seed{seed}"
-            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-            vcfg = dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed,
-                                       out=str(run_out))
-            model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-            torch.manual_seed(seed)  # the fusion module's initialisation
-            model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
-            runs[name].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
-                               "seed": seed, "train_seconds": summary["train_seconds"],
-                               "gamma": summary.get("gamma", 0.0)})
-            lab.drop_weights(run_out)
-            print(f"[erclip demo] seed {seed} {name}: {summary['train_seconds']:.0f}s", file=sys.stderr)
+            runs[name].append(train_and_measure(dataclasses.replace(
+                cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed, out=str(run_out))))
+            print(f"[erclip demo] seed {seed} {name}: {runs[name][-1]['train_seconds']:.0f}s", file=sys.stderr)
     head = (f"ERCLIP demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g} (demo settings). R@1 % on the fine-tuning domain's test split "
             f"(long = truncated at the context, the paper's protocol); zero-shot top-1 % on zs-test: background "

@@ -199,9 +199,9 @@ def sweep_tables(name: str, base: list, runs: list[dict], vit: str) -> str:
 
 # --- the lab: --demo --sweep NAME (the demo's settings, lab.SEEDS, claims fixed before the runs) ---
 DEMO_SWEEP_NOTES = {
-    "epochs": f"M, M+P, RT+P, RT+P own lr; an epoch is one pass over the first {DEMO_EPOCH_POOL} scenes of 'train' (8 steps of "
-              f"32), so the 40 steps are 5 epochs (cosine over all 40); the weights saved after each epoch are "
-              f"evaluated; epoch 0 is CLIP",
+    "epochs": f"M, M+P, RT+P, RT+P own lr; an epoch is one pass over the first {DEMO_EPOCH_POOL} scenes of "
+              f"'train' (8 steps of 32), so the 40 steps are 5 epochs (cosine over all 40); the weights saved after "
+              f"each epoch are evaluated; epoch 0 is CLIP",
     "lambda-p": "M (mean fusion) with lambda_p 0, 0.25, 0.5, 1, 2 on the whole 'train' split (2,000 scenes)",
     "data-size": f"M+P on the first N scenes of 'train', N = {', '.join(map(str, DEMO_DATA_SIZES))} for the "
                  f"paper's 1k-50k (x 2,000 / 50,000), every run 40 steps (a fixed budget: 32 epochs of the "
@@ -226,8 +226,8 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
                          evaluation.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
                for v in ("M", "M+P", "RT+P own lr")]
-        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}",
-                          "COCO " + evaluation.ERCLIP_EPOCH_CHANGE["COCO"], d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P own lr")]
+        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}", "COCO " + evaluation.ERCLIP_EPOCH_CHANGE["COCO"],
+                          d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P own lr")]
         drift_m = d(f"M epoch {last}", "M epoch 1", "background")
         drift_p = d(f"M+P epoch {last}", "M+P epoch 1", "background")
         return out + [

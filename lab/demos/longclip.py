@@ -24,7 +24,6 @@ by lab.verdict; directions and margins were fixed before running
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 import sys
 import time
@@ -164,29 +163,25 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     manifest = longclip.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
     runs, names = {ERCLIP_NAME: []}, {}
     for seed in lab.seeds():
-        run_out = out / f"ERCLIP-MP-seed{seed}"
-        shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-        t1 = time.time()
-        subprocess.run(erclip_command(cfg, seed, run_out), check=True, stdout=subprocess.DEVNULL)
-        model, _, preprocess, tokenizer = common.load_model(cfg.backbone, str(run_out / "model.pt"))
-        runs[ERCLIP_NAME].append({**demo_measure(model, preprocess, {short_window: tokenizer},
-                                                 cfg.data_root)[short_window], "seed": seed,
-                                  "train_seconds": time.time() - t1})
-        lab.drop_weights(run_out)
+        with lab.scratch_run(out / f"ERCLIP-MP-seed{seed}") as run_out:
+            t1 = time.time()
+            subprocess.run(erclip_command(cfg, seed, run_out), check=True, stdout=subprocess.DEVNULL)
+            model, _, preprocess, tokenizer = common.load_model(cfg.backbone, str(run_out / "model.pt"))
+            runs[ERCLIP_NAME].append({**demo_measure(model, preprocess, {short_window: tokenizer},
+                                                     cfg.data_root)[short_window], "seed": seed,
+                                      "train_seconds": time.time() - t1})
         print(f"[longclip demo] seed {seed} {ERCLIP_NAME}: {time.time() - t1:.0f}s (subprocess)", file=sys.stderr)
 
-        run_out = out / f"LongCLIP-seed{seed}"
-        shutil.rmtree(run_out, ignore_errors=True)
-        vcfg = dataclasses.replace(cfg, seed=seed, out=str(run_out))
-        model, train_tf, preprocess, _ = common.load_model(cfg.backbone, cfg.pretrained)
-        torch.manual_seed(seed)
-        model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
-        window = summary["context_length"]
-        tokenizers = {window: long_tok, short_window: common.get_tokenizer(cfg.backbone, short_window)}
-        for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
-            names[w] = f"Long-CLIP, window {w}"
-            runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
-        lab.drop_weights(run_out)
+        vcfg = dataclasses.replace(cfg, seed=seed, out=str(out / f"LongCLIP-seed{seed}"))
+        with lab.scratch_run(vcfg.out):
+            model, train_tf, preprocess, _ = common.load_model(cfg.backbone, cfg.pretrained)
+            torch.manual_seed(seed)
+            model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
+            window = summary["context_length"]
+            tokenizers = {window: long_tok, short_window: common.get_tokenizer(cfg.backbone, short_window)}
+            for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
+                names[w] = f"Long-CLIP, window {w}"
+                runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
         print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
     short, full = names[short_window], names[max(names)]
     head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "

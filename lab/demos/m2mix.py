@@ -10,7 +10,6 @@ Settings, the protocol and the committed results: docs/m2mix.md.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -153,21 +152,20 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     runs = {m2mix.METHOD_NAMES[m]: [] for m in DEMO_METHODS}
     for seed in lab.seeds():
         for method in DEMO_METHODS:
-            run_out = out / f"{method}-seed{seed}"
-            shutil.rmtree(run_out, ignore_errors=True)  # the demo's own folder: a rerun starts it afresh
-            vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out), train_data=str(manifest))
-            model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-            summary = common.train(vcfg, m2mix.M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
-                                   common.Collate(tokenizer), export=False)
-            runs[m2mix.METHOD_NAMES[method]].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
-                                                     "seed": seed, "train_seconds": summary["train_seconds"]})
-            lab.drop_weights(run_out)
+            vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(out / f"{method}-seed{seed}"),
+                                       train_data=str(manifest))
+            with lab.scratch_run(vcfg.out):
+                model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+                summary = common.train(vcfg, m2mix.M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
+                                       common.Collate(tokenizer), export=False)
+                runs[m2mix.METHOD_NAMES[method]].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
+                                                         "seed": seed, "train_seconds": summary["train_seconds"]})
             print(f"[m2mix demo] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
     head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights m2 / uni / VL {cfg.m2_weight:g} / {cfg.uni_weight:g} / "
-            f"{cfg.vl_weight:g} (demo settings, not the paper's). Task: long captions (truncated at 24 tokens); R@1 %, align / unif (x100), ECE % on the test split (400 images, 1:1); short R@1 "
-            f"and background (held-out zero-shot family, 8 classes, chance 12.5 %) = what pretraining knew. "
-            f"Mean ± std over seeds.")
+            f"{cfg.vl_weight:g} (demo settings, not the paper's). Task: long captions (truncated at 24 tokens); "
+            f"R@1 %, align / unif (x100), ECE % on the test split (400 images, 1:1); short R@1 and background "
+            f"(held-out zero-shot family, 8 classes, chance 12.5 %) = what pretraining knew. Mean ± std over seeds.")
     claims = demo_claims(base, runs)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
         base, runs, o / "m2mix-demo.png", f"python m2mix.py --demo; seeds {list(lab.seeds())}; error bars: std over "
