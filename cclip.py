@@ -333,8 +333,9 @@ def make_lr_of(cfg, lr_image, lr_text):
     return lr_of
 
 
-def run(cfg: CClipConfig) -> dict:
-    """The continual sequence for one method; returns the summary."""
+def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
+    """The continual sequence for one method; returns the summary. first_row:
+    row 0 (the initial weights evaluated) when the caller has it already."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
@@ -396,7 +397,7 @@ def run(cfg: CClipConfig) -> dict:
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state,
         lambda path: model.load_state_dict(torch.load(path, map_location=device, weights_only=True)),
-        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr))
+        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr), first_row=first_row)
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
         common.write_results(out, {"method": cfg.method, "config": dataclasses.asdict(cfg),

@@ -1337,15 +1337,15 @@ def parse_tasks(spec: str, data_root="data") -> list[Task]:
     return tasks
 
 
-def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Callable,
-                  save_state: Callable, load_state: Callable, resume: bool = False, log=print) -> dict:
+def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Callable, save_state: Callable,
+                  load_state: Callable, resume: bool = False, log=print, first_row: dict | None = None) -> dict:
     """Trains the tasks in order and keeps, per metric, the matrix R[i][j] = score on task j after learning tasks
     1..i (row 0: before any training), plus per-row scalars such as zero-shot accuracy.
     learn_task(i, task, task_out, resume) trains task i in place and returns common.train's summary (one with
     'stopped_at' ends the sequence early); evaluate() -> {"per_task": {metric: [score per task]}, "scalars":
     {name: value}}; save_state(path) / load_state(path) store / restore the method's state at a task boundary.
     Everything is written after each task: a crash loses at most the task in flight, which resumes from its
-    last checkpoint."""
+    last checkpoint. first_row: row 0 when the caller has it (sequences from the same weights: evaluate once)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state_file, boundary = out / "continual.json", out / "boundary.pt"
@@ -1366,7 +1366,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         atomic_write(state_file, json.dumps(rec, indent=1))
 
     if not rec["rows"]:
-        record(evaluate(), 0.0, 0)
+        record(first_row or evaluate(), 0.0, 0)
     for i, task in enumerate(tasks):
         if i + 1 < len(rec["rows"]):
             continue

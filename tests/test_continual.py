@@ -56,6 +56,21 @@ def test_resume_after_a_crash_equals_uninterrupted(tmp_path):
     assert resumed["matrices"] == full["matrices"] and resumed["pd"] == full["pd"]
 
 
+def test_a_given_first_row_is_not_evaluated_again(tmp_path):
+    """Sequences that start from the same weights (the C-CLIP demo's) pass row 0 in: the same summary, one
+    evaluation fewer."""
+    full, method, calls = _run(tmp_path / "a", Counter()), Counter(), []
+
+    def evaluate():
+        calls.append(len(method.learned))
+        return method.evaluate(3)
+    tasks = [common.Task(f"t{j}", "unused", "unused") for j in range(3)]
+    first = {"per_task": {"R@1": full["matrices"]["R@1"][0]}, "scalars": full["scalars"][0]}
+    given = common.run_continual(tmp_path / "b", tasks, method.learn, evaluate, method.save, method.load,
+                                 log=lambda *a: None, first_row=first)
+    assert given["matrices"] == full["matrices"] and given["pd"] == full["pd"] and calls == [1, 2, 3]
+
+
 def test_parse_tasks(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text(""), b.write_text("")

@@ -13,6 +13,7 @@ import common
 import erclip
 import eval as evaluation
 import lab
+from lab.demos import erclip as erclip_demo
 from lab.demos import erclip_sweeps
 
 
@@ -102,13 +103,15 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
             "8", "--data-root", str(tmp_path / "data"), "--out", str(out)]
     erclip.main(argv)
     root = out / f"sweep-{name}"
-    saved = check_demo_results(root, f"erclip-sweep-{name}.png", SWEEP_ROWS[name], min_claims=n_claims)
+    checks = [r for r in SWEEP_ROWS[name] if name == "epochs" and r.rsplit(" epoch", 1)[0] in erclip_demo.CHECK_ONLY]
+    saved = check_demo_results(root, f"erclip-sweep-{name}.png", SWEEP_ROWS[name], min_claims=n_claims, checks=checks)
     assert list(saved["per_seed"]) == SWEEP_ROWS[name] and len(saved["claims"]) == n_claims
     assert saved["sweep"] == name and saved["definition"] == erclip_sweeps.DEMO_SWEEP_NOTES[name]
     assert saved["config"]["sweep"] == name and saved["machine"]["cores"] >= 1
     runs = sorted(p.name for p in root.iterdir() if p.is_dir())
     n_runs = len(SWEEP_ROWS[name]) // (2 if name == "epochs" else 1)
-    assert len(runs) == 1 + n_runs * len(lab.seeds()) and "CLIP" in runs
+    n_checks = len(checks) // 2  # the construction check's run: the first seed only
+    assert len(runs) == 1 + (n_runs - n_checks) * len(lab.seeds()) + n_checks and "CLIP" in runs
     for run in runs:
         assert (root / run / "run.json").exists() and not list((root / run).glob("*.pt"))
         assert not (root / run / "checkpoints").exists()

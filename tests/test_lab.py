@@ -161,6 +161,11 @@ def test_paired_statistics_and_verdicts():
     assert set(c) >= {"claim", "paper", "mean", "std", "n_seeds", "per_seed", "verdict"}
     assert c["n_seeds"] == 3 and c["per_seed"] == [1.0, 2.0, 3.0] and c["verdict"] == "reproduced"
     assert "reproduced" in lab.claims_table([c])
+    why = "the code makes the two sides equal"
+    built = lab.claim("y", "~0", [0.0], "=", margin=1.0, by_construction=why)  # a check on one seed
+    assert built["verdict"] == "by construction" and built["why"] == why and built["n_seeds"] == 1
+    assert lab.claim("y", "~0", [0.1, -0.2, 0.0], "=", margin=1.0, by_construction=why)["verdict"] == "by construction"
+    assert lab.claim("y", "~0", [0.0, 2.5], "=", margin=1.0, by_construction=why)["verdict"] == "construction check failed"
 
 
 def test_seeds_flag_reruns_the_claims_on_other_seeds():
