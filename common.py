@@ -388,7 +388,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
     if pretrained == "random":
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
-        return model, train_tf, eval_tf, open_clip.get_tokenizer(name)
+        return model, train_tf, eval_tf, get_tokenizer(name)
     if os.path.isfile(pretrained):
         meta = read_sidecar(pretrained)
         if meta and meta.get("model") not in (None, name):
@@ -417,13 +417,35 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     model, train_tf, eval_tf = open_clip.create_model_and_transforms(
         name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
-    return model, train_tf, eval_tf, open_clip.get_tokenizer(name, context_length=context)
+    return model, train_tf, eval_tf, get_tokenizer(name, context)
 
 
 def get_tokenizer(backbone: str, context_length: int | None = None):
-    """open_clip's tokenizer of the backbone; with context_length, one that
-    pads/truncates to that window instead (end token kept in the last slot)."""
-    return open_clip.get_tokenizer(resolve_backbone(backbone), context_length=context_length)
+    """open_clip's tokenizer of the backbone (context_length: pad / truncate to that window instead, end token
+    kept in the last slot), remembering the last 65,536 texts: captions come back every epoch and evaluation,
+    prompts every zero-shot head, and the pure-Python BPE costs ~60 us a text."""
+    return CachedTokenizer(open_clip.get_tokenizer(resolve_backbone(backbone), context_length=context_length))
+
+
+class CachedTokenizer:
+    """tokenizer(texts) -> (N, context) LongTensor, the same as the wrapped tokenizer's; other attributes pass."""
+    def __init__(self, tokenizer, size: int = 1 << 16):
+        self.tokenizer, self.size, self.rows = tokenizer, size, {}
+
+    def __call__(self, texts, context_length: int | None = None):
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        new = list(dict.fromkeys(t for t in texts if (t, context_length) not in self.rows))
+        if new:
+            if len(self.rows) + len(new) > self.size:
+                self.rows.clear()
+            tokens = self.tokenizer(new) if context_length is None else self.tokenizer(new, context_length)
+            self.rows.update(((t, context_length), r) for t, r in zip(new, tokens.clone()))
+        return torch.stack([self.rows[(t, context_length)] for t in texts])
+
+    def __getattr__(self, name):  # only for names the wrapper lacks (unpickling asks before __dict__ is set)
+        if name == "tokenizer":
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
 
 
 def read_sidecar(path):
@@ -527,10 +549,13 @@ class DataError(ValueError):
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
 
 
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
 def _not_utf8(values) -> bool:
     """The manifest is decoded with errors='surrogateescape': a non-UTF-8 byte becomes a lone surrogate, so a
     bad row can be named and skipped instead of refusing the whole file."""
-    return any(isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)
+    return any(isinstance(v, str) and _ESCAPED_BYTE.search(v) is not None for v in values)
 
 
 def _json_array_rows(path, text) -> list[dict]:

@@ -60,3 +60,21 @@ def test_sidecar_of_another_model_is_refused(tmp_path):
     (tmp_path / "m.pt.json").write_text('{"model": "ViT-B-16"}')
     with pytest.raises(ValueError, match="holds a ViT-B-16 model"):
         common.load_model("ViT-B/32", str(f))
+
+
+def test_the_cached_tokenizer_gives_the_wrapped_tokenizers_tokens():
+    """common.get_tokenizer remembers texts (captions recur every epoch and evaluation); the tokens are the
+    wrapped open_clip tokenizer's, per window, across a refill of the bounded cache and through pickling
+    (DataLoader workers)."""
+    import pickle
+    import torch
+    import lab  # noqa: F401  the tiny backbone's config
+    tok = common.get_tokenizer("tiny")
+    raw = tok.tokenizer
+    texts = ["a red circle.", "two blue stars at the top left.", "a red circle.", "x " * 40]
+    assert torch.equal(tok(texts), raw(texts)) and torch.equal(tok(texts), raw(texts))  # cold, then cached
+    assert torch.equal(tok(texts, 8), raw(texts, context_length=8)) and tok("a red circle.").shape == (1, 24)
+    small = common.CachedTokenizer(raw, size=2)
+    assert torch.equal(small(texts), raw(texts)) and len(small.rows) <= 3  # cleared, then refilled
+    again = pickle.loads(pickle.dumps(tok))
+    assert torch.equal(again(texts), raw(texts)) and again.context_length == raw.context_length
