@@ -135,6 +135,7 @@ class CClipConfig(common.Config):
 # =============================================================================
 # Losses
 # =============================================================================
+@common.float32
 def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     """Contrastive knowledge consolidation L_CKC, Sec. 4.2.
 
@@ -156,8 +157,7 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     logits = logit_scale * p @ z.t()  # (2N, 2N): s p_i . z_j
     labels = torch.arange(len(p), device=p.device)  # the positive of row i is column i
     # Sec. 4.2: -1/(2N) sum_i log a_i (rows: new -> old) and -1/(2N) sum_i log b_i (columns: old -> new)
-    new_to_old = F.cross_entropy(logits, labels)
-    old_to_new = F.cross_entropy(logits.t(), labels)
+    new_to_old, old_to_new = F.cross_entropy(logits, labels), F.cross_entropy(logits.t(), labels)
     # Sec. 4.2: L_CKC = the two summed (as printed); "mean": their average (deviation 10)
     total = new_to_old + old_to_new
     return total if directions == "sum" else 0.5 * total
@@ -334,8 +334,7 @@ def make_lr_of(cfg, lr_image, lr_text):
 
 
 def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
-    """The continual sequence for one method; returns the summary. first_row:
-    row 0 (the initial weights evaluated) when the caller has it already."""
+    """The continual sequence for one method; returns the summary (first_row: row 0, when the caller has it)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)

@@ -148,6 +148,21 @@ def parse_config(cls, argv=None, **overrides):
 # =============================================================================
 # 2. Shared math
 # =============================================================================
+def float32(loss_fn):
+    """Every loss's numerics: autocast off inside it and its floating tensor arguments in float32, so logits and
+    log-sum-exps are float32 under fp16 / bf16 AMP too (autocast recasts a matmul's inputs whatever .float() said:
+    bf16 logits at scale 100 are off by 0.1-0.4 each). Gradients flow back through the casts to the AMP graph."""
+    cast = lambda x: x.float() if torch.is_tensor(x) and x.is_floating_point() else x  # noqa: E731
+
+    @functools.wraps(loss_fn)
+    def wrapped(*args, **kwargs):
+        device = next((a.device.type for a in (*args, *kwargs.values()) if torch.is_tensor(a)), "cpu")
+        with torch.autocast(device, enabled=False):
+            return loss_fn(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
+    return wrapped
+
+
+@float32
 def clip_loss(img, txt, logit_scale, label_smoothing: float = 0.0):
     """CLIP's symmetric InfoNCE (Radford et al. 2021, Fig. 3):
         L = 1/2 [ CE(s img txt^T, I) + CE(s txt img^T, I) ]

@@ -140,13 +140,13 @@ def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
     return mapped_img @ mapped_txt.t()
 
 
+@common.float32
 def code_loss(img, txt):
     """The code's training loss (cmcl/base.py Base.train_loss; deviation 14): one direction, temperature 1,
         L = CE(A B^T, arange(B)) = -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j)
     img (B, D), txt (B, D): mapped features of the pair's first (the anchors) and second modality, not normalised."""
-    logits = img.float() @ txt.float().t()  # (B, B), temperature 1
-    # deviation 14: rows only (image -> text), no symmetric term
-    return F.cross_entropy(logits, torch.arange(len(img), device=img.device))
+    # deviation 14: rows only (image -> text), no symmetric term; temperature 1
+    return F.cross_entropy(img @ txt.t(), torch.arange(len(img), device=img.device))  # logits (B, B)
 
 
 def null_space_projector(Z, lambda_min: float, relative: bool = False):

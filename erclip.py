@@ -206,6 +206,7 @@ class LSTMFusion(nn.Module):
         return h[-1]  # (B, d)
 
 
+@common.float32
 def preservation_loss(img, img0, txt, txt0):
     """Eq. (4): L_pres = 1/(2B) sum_b [(1 - v_b . v0_b) + (1 - t_b . t0_b)].
     img, img0: (B, d) student / frozen-initial image embeddings; txt, txt0:
@@ -216,6 +217,7 @@ def preservation_loss(img, img0, txt, txt0):
     return ((1 - cos_img) + (1 - cos_txt)).sum() / (2 * len(img))
 
 
+@common.float32
 def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lambda_p, label_smoothing):
     """Eqs. (3)-(4): the already-weighted terms of
     L = L_short + alpha L_long + lambda_p L_pres.

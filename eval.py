@@ -612,9 +612,18 @@ def _read_array(folder: Path, stem: str) -> torch.Tensor:
     raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
 
 
+def sample_key(key: str) -> tuple[str, str | None]:
+    """(sample id, class name) of an h5 key: the code's perceptors write "<id>__<class name>__<class index>",
+    read from the right, so an id that itself holds '__' (VGGSound ids whose YouTube id ends in '_') stays whole;
+    a key of another form is its own id, with no class."""
+    parts = key.rsplit("__", 2)
+    return (parts[0], parts[1]) if len(parts) == 3 and parts[0] else (key, None)
+
+
 def cmcl_labels(paired_data_json) -> dict:
     """{sample id: class name} from the code's dataset JSON (paired_data_<split>.json: a list of one-element
-    lists [{"id", "name", ...}]), to be saved as <dataset>_<split>_labels.json next to the h5 files."""
+    lists [{"id", "name", ...}]), to be saved as <dataset>_<split>_labels.json next to the h5 files; read_features
+    looks a sample up by its whole h5 key first, then by the id in it (sample_key)."""
     return {str(row[0]["id"]): row[0]["name"] for row in json.loads(Path(paired_data_json).read_text())}
 
 
@@ -662,10 +671,10 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             with h5py.File(class_path, "r") as f:
                 classes = sorted(f.keys())  # the code sorts the class names
                 class_x = torch.stack([torch.as_tensor(f[c][:]).float() for c in classes])
-            # the code's perceptors store each sample under "<id>__<class name>__<class index>"
-            by_id = json.loads(label_path.read_text()) if label_path.exists() else \
-                {i: i.split("__")[1] for i in ids if i.count("__") >= 2}
-            missing = [i for i in ids if by_id.get(i) not in classes]
+            given = json.loads(label_path.read_text()) if label_path.exists() else None  # keyed by raw id
+            by_id = {i: given.get(i, given.get(sample_key(i)[0])) if given is not None else sample_key(i)[1]
+                     for i in ids}
+            missing = [i for i in ids if by_id[i] not in classes]
             if missing:
                 raise common.DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
                                        f"{missing[0]!r}; give {label_path.name} ({{sample id: class name}})")

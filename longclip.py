@@ -149,22 +149,22 @@ def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
     return torch.cat([pos[:keep], (1 - a) * pos[i] + a * pos[i + 1]])  # (n, d)
 
 
+@common.float32  # the SVD and the reconstruction in float32 under AMP
 def pca_reconstruct(x, k: int):
     """Eq. (2), I_coarse = F^-1(E(F(I_fine))) (Sec. 3.3, deviation 3). x: (B, d) fine image embeddings; k:
     components kept. X = x - mu (the batch mean), projected on its top-k right singular vectors, mu added back:
     X V_k V_k^T + mu, (B, d) float32. With k >= min(B, d) every component is kept: x itself is returned."""
-    x = x.float()
     if k >= min(x.shape):
         return x
-    with torch.autocast(x.device.type, enabled=False):
-        mu = x.mean(0, keepdim=True)  # (1, d)
-        X = x - mu
-        _, _, Vh = torch.linalg.svd(X, full_matrices=False)  # rows: right singular vectors, by decreasing S
-        V_k = Vh[:k].t()  # (d, k)
-        # Eq. (2): I_coarse = X V_k V_k^T + mu
-        return X @ V_k @ V_k.t() + mu
+    mu = x.mean(0, keepdim=True)  # (1, d)
+    X = x - mu
+    _, _, Vh = torch.linalg.svd(X, full_matrices=False)  # rows: right singular vectors, by decreasing S
+    V_k = Vh[:k].t()  # (d, k)
+    # Eq. (2): I_coarse = X V_k V_k^T + mu
+    return X @ V_k @ V_k.t() + mu
 
 
+@common.float32
 def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smoothing: float):
     """Eqs. (3)-(4): the terms of L = L_long + L_short. img, img_coarse: (B, d) I_fine (normalised), I_coarse (not
     renormalised, as the code); txt_long, txt_short: (B, d) normalised T_long, T_short; logit_scale: s = 1/tau;

@@ -39,7 +39,7 @@ Deviations (numbered; each discussed at length in docs/m2mix.md under its number
  10. Data: Flickr30k Karpathy train -> test 1k; COCO train2017 -> val2017 5k (Sec. 5.1) or --coco-split
      karpathy; --train-captions first|all; tested on 5 captions and on the first (Table 1's 1:1).
  11. One lam per batch and per term, drawn from the step's seeded generator (same on every rank).
- 12. Numerics, not the paper: every loss (logits included) in float32 with autocast off.
+ 12. Numerics, not the paper: every loss (logits included) in float32 with autocast off (common.float32).
  13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Algorithm 1, the code); as printed: --m2-form printed.
  14. L_uni = 1/2 (C_V + C_L) (Sec. 4.2.1); the code weights C_V and C_L each: --uni-combine sum.
  15. SIMAT (Tab. 5) on eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
@@ -160,6 +160,7 @@ def soft_cross_entropy(logits, target):
     return -(target * logits.float().log_softmax(-1)).sum(-1).mean()
 
 
+@common.float32
 def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str = "text"):
     """Eqs. (4)-(5): m2-Mix, hard negatives made by mixing image and text.
         mix_j = mix_lam(I_j, T_j)
@@ -172,7 +173,6 @@ def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str =
     img, txt: (B, D) normalised; logit_scale: s; lam: float in [0, 1]."""
     if form not in ("text", "printed") or directions not in ("mean", "sum"):
         raise ValueError(f"form is 'text' or 'printed' ({form!r}), directions 'mean' or 'sum' ({directions!r})")
-    img, txt = img.float(), txt.float()
     mix = geodesic_mix(lam, img, txt)  # (B, D)
     pos = (img * txt).sum(-1, keepdim=True)  # (B, 1): I_i . T_i
     if form == "text":
@@ -197,6 +197,7 @@ def _flip_targets(lam, n, device):
     return lam * eye + (1 - lam) * flip(eye)
 
 
+@common.float32
 def vmix_loss(img, txt, logit_scale, lam):
     """Sec. 4.2.1, V-Mix (normalised over the mixed row, deviation 2):
         M = s mix_lam(I, flip(I)) T^T,   Y = lam I + (1-lam) I_R
@@ -208,6 +209,7 @@ def vmix_loss(img, txt, logit_scale, lam):
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
 
+@common.float32
 def lmix_loss(img, txt, logit_scale, lam):
     """Sec. 4.2.1, L-Mix (normalised over the mixed row, deviation 2):
         M = s I mix_lam(T, flip(T))^T,   Y = lam I + (1-lam) I_R
@@ -218,6 +220,7 @@ def lmix_loss(img, txt, logit_scale, lam):
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
 
+@common.float32
 def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
     """Sec. 4.2.2, VL-Mix: images and texts mixed with the same lam and partner.
         M = s mix_lam(I, flip(I)) mix_lam(T, flip(T))^T,   Y = I (paper) | I + I_R (code)
@@ -261,9 +264,7 @@ class M2Mix(nn.Module):
     def forward(self, batch, ctx):
         img = self.model.encode_image(batch["image"], normalize=True)  # (B, D)
         txt = common.encode_text(self.model, batch["text"])  # (B, D)
-        img, txt = common.gather(img, txt)
-        with torch.autocast(img.device.type, enabled=False):  # the losses in float32, logits included
-            return self.loss_terms(img.float(), txt.float(), ctx)
+        return self.loss_terms(*common.gather(img, txt), ctx)  # every loss in float32 (common.float32)
 
     def loss_terms(self, img, txt, ctx):
         """The named, weighted terms from the (global) batch's embeddings, (B, D) each."""

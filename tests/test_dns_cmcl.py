@@ -90,6 +90,39 @@ def test_cmcl_labels_from_the_codes_dataset_json(tmp_path):
     assert evaluation.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
 
 
+def _vggsound_like(tmp_path, keys, classes=("dog", "rain")):
+    import h5py
+    with h5py.File(tmp_path / "vggsound_s_test_imagebind.h5", "w") as f:
+        for k in keys:
+            f.create_dataset(k, data=np.ones((3, 3)))  # text, audio, video
+    with h5py.File(tmp_path / "vggsound_s_class_imagebind.h5", "w") as f:
+        for c in classes:
+            f.create_dataset(c, data=np.zeros(3))
+    (tmp_path / "vggsound_s_train_imagebind.h5").touch()
+
+
+def test_an_id_holding_double_underscores_keeps_its_class(tmp_path):
+    """Issue 25.1: a YouTube id ending in '_' makes '<id>__<class>__<k>' hold '___'; the class is read from the
+    right (it was 'no class for 1 sample(s)' before)."""
+    _vggsound_like(tmp_path, ["abc_000010___dog__0", "xyz_000020__rain__1"])
+    feats = evaluation.read_features(tmp_path, "vggsound_s", "test")
+    assert feats["labels"].tolist() == [0, 1] and evaluation.sample_key("abc_000010___dog__0") == ("abc_000010_", "dog")
+
+
+def test_the_labels_json_from_cmcl_labels_matches_the_h5_keys(tmp_path):
+    """Issue 25.2: cmcl_labels() keys by the raw id, the h5 by the whole key; read_features finds both (the
+    documented remedy matched no sample before)."""
+    keys = ["abc_000010___dog__0", "xyz_000020__rain__1"]
+    _vggsound_like(tmp_path, keys)
+    rows = [[{"id": "abc_000010_", "name": "rain"}], [{"id": "xyz_000020", "name": "dog"}]]  # the JSON decides
+    (tmp_path / "paired.json").write_text(json.dumps(rows))
+    labels = evaluation.cmcl_labels(tmp_path / "paired.json")
+    (tmp_path / "vggsound_s_test_labels.json").write_text(json.dumps(labels))
+    assert evaluation.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [1, 0]
+    (tmp_path / "vggsound_s_test_labels.json").write_text(json.dumps({keys[0]: "dog", keys[1]: "dog"}))  # whole keys
+    assert evaluation.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [0, 0]
+
+
 def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
     with pytest.raises(common.DataError, match="meta.json"):
         evaluation.read_features(tmp_path, "esc50", "train")
