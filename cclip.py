@@ -32,7 +32,7 @@ Code name -> paper symbol
 Deviations (no official code: "research code" = the first author's github.com/SmallPigPeppa/clip-lightning,
 clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each discussed in docs/cclip.md)
   1. alpha = 0.5 merge at every task (Sec. 4.1); the research code merges at full strength, then interpolates
-     checkpoints (a_mix.py, not offered): --merge-alpha 1.
+     whole checkpoints (a_mix.py / a_mix.sh: 1:1 after task 2, 2:1 old:new later): --merge-schedule research.
   2. LoRA acts on the attention: parametrizations of in_proj_weight, out_proj.weight, c_fc, c_proj in both
      towers (the research code's peft out_proj adapters never act): --lora-targets.
   3. LoRA dropout masks A's input columns, one mask per step (a parametrization sees no activations);
@@ -48,6 +48,9 @@ clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each
  10. L_CKC as printed, the SUM of both directions; the research code and KoyoImai average: --ckc-directions mean.
  11. Image and text rows stacked along the batch (2N x 2N), as printed; KoyoImai: along the features. Not offered.
  12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one across tasks. Not offered.
+ 13. Per-step cosine to 0 after --warmup; the research code steps pl_bolts' LinearWarmupCosineAnnealingLR per epoch
+     (5 warm-up epochs, start and floor 1 % of the image lr; up to 0.198 apart) and trains h_psi at the image
+     lr: --schedule research --projector-lr image. 14. Decay on every parameter (research code): --decay-all.
 
 Commands (the paper's 8 tasks as data/vlcl/<name>/{train,test}.jsonl, the unseen set data/vlcl/havg/test.jsonl)
   python cclip.py --tasks vlcl --out runs/cclip                       # one GPU
@@ -106,6 +109,8 @@ class CClipConfig(common.Config):
     lora_dropout: float = common.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
     lora_targets: str = common.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
     merge_alpha: float = common.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
+    merge_schedule: str = common.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: a_mix.sh "
+                                              "(deviation 1)", choices=("alpha", "research"))
     train_rest: bool = common.arg(False, "also train non-adapted weights, like the research code (deviation 4)")
     # CKC (Sec. 4.2)
     proj_hidden: int = common.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
@@ -123,6 +128,10 @@ class CClipConfig(common.Config):
     wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
+    schedule: str = common.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, from and to 1 "
+                                        "% (deviation 13)", choices=("paper", "research"))
+    projector_lr: str = common.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research code)",
+                                   choices=("lr", "image"))
     out: str = common.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
     resume: str = common.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
@@ -239,6 +248,15 @@ def merge_lora(model, coef: float = 0.5):
     return model
 
 
+@torch.no_grad()
+def interpolate(model, previous: dict, new_share: float):
+    """The research code's a_mix.py: every weight <- (1 - new_share) previous + new_share current; a_mix.sh mixes
+    1:1 after task 2 (new_share 1/2) and 2:1 old:new after later tasks (1/3)."""
+    for name, t in model.state_dict().items():
+        if t.is_floating_point():
+            t.copy_((1 - new_share) * previous[name] + new_share * t)
+
+
 def projector(dim: int, hidden: int = 2048):
     """h_psi (Sec. 4.2; layout of the research code's DistillPredictor):
     Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
@@ -327,7 +345,9 @@ def make_lr_of(cfg, lr_image, lr_text):
     def lr_of(name):
         if name.startswith("model.visual."):
             return lr_image
-        if name.startswith("projector.") or name in ("model.logit_scale", "model.logit_bias"):
+        if name.startswith("projector."):
+            return lr_image if cfg.projector_lr == "image" else cfg.lr
+        if name in ("model.logit_scale", "model.logit_bias"):
             return cfg.lr
         return lr_text  # token/positional embedding, text transformer, ln_final, text_projection
     return lr_of
@@ -355,6 +375,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
             raise Interrupted(f"stopped before task {i + 1} (--stop-after-tasks)")
         torch.manual_seed(cfg.seed + i)  # fresh adapters / projector, the same on resume
         teacher = copy.deepcopy(model) if use_ckc else None  # the model as it was at the end of task i-1
+        previous = copy.deepcopy(model.state_dict()) if cfg.merge_schedule == "research" else None
         if use_lora:
             add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","))
             if cfg.train_rest:  # deviation 4: everything but the adapted (frozen) originals trains
@@ -366,12 +387,16 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         lr_image, lr_text = task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
         dataset = common.ManifestDataset(task.train, train_tf, skip_bad=cfg.skip_bad)
+        schedule = (common.epoch_warmup_cosine(len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs,
+                    0.01 * lr_image, 0.01 * lr_image) if cfg.schedule == "research" else None)  # deviation 13
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
-                               lr_of=make_lr_of(cfg, lr_image, lr_text), export=False)
+                               lr_of=make_lr_of(cfg, lr_image, lr_text), export=False, schedule=schedule)
         if "stopped_at" in summary:
             raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} (--stop-at)")
-        if use_lora:
-            merge_lora(model, cfg.merge_alpha)  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW
+        if use_lora:  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (deviation 1)
+            merge_lora(model, 1.0 if cfg.merge_schedule == "research" else cfg.merge_alpha)
+        if cfg.merge_schedule == "research" and i > 0:
+            interpolate(model, previous, 1 / 2 if i == 1 else 1 / 3)
         model.requires_grad_(True)
         if rank == 0:
             common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")
@@ -404,21 +429,6 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
     return summary
 
 
-def headline(summary, unseen, zero_shot) -> dict:
-    """The ablation row (Sec. 5.2.1 shape): final and average R@1, BWT, forgetting, learned (what a task gains
-    while it is trained: mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3), the mean zero-shot PD over
-    the sets, and the mean over the sets of the largest drop below the pretrained accuracy after any task."""
-    m, R = summary["metrics"]["R@1"], summary["matrices"]["R@1"]
-    pds = [summary["pd"][f"{z}/top1"] for z in zero_shot if f"{z}/top1" in summary["pd"]]
-    rows = summary["scalars"]  # the worst drop along the way, which the final PD can hide
-    drops = [max(rows[0][f"{z}/top1"] - r[f"{z}/top1"] for r in rows) for z in zero_shot if f"{z}/top1" in rows[0]]
-    return {"last R@1": m["last"], "avg R@1": m["avg"], "BWT": m["bwt"], "forgetting": m["forgetting"],
-            "learned": sum(R[j][j - 1] - R[j - 1][j - 1] for j in range(1, len(R))) / (len(R) - 1),
-            "unseen I2T R@1": summary["scalars"][-1].get(f"{unseen}/i2t_R@1") if unseen else None,
-            "zero-shot PD": sum(pds) / len(pds) if pds else None,
-            "worst zero-shot drop": sum(drops) / len(drops) if drops else None}
-
-
 # =============================================================================
 # Main
 # =============================================================================
@@ -440,8 +450,8 @@ def main(argv=None):
         return {"interrupted": str(e)}
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in resolve_tasks(cfg)]))
-    row = {"method": cfg.method, **headline(summary, *resolve_eval_sets(cfg))}
-    table = common.markdown_table([row], list(row))  # method, then headline's columns in its order
+    row = {"method": cfg.method, **evaluation.continual_headline(summary, *resolve_eval_sets(cfg))}
+    table = common.markdown_table([row], list(row))  # method, then the headline's columns in order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
 

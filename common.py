@@ -88,6 +88,7 @@ class Config:
     batch_size: int = arg(64, "global batch size (split across ranks)")
     lr: float = arg(1e-5, "peak learning rate")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
+    decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
     beta1: float = arg(0.9, "AdamW beta1")
     beta2: float = arg(0.98, "AdamW beta2")
     eps: float = arg(1e-6, "AdamW eps")
@@ -958,14 +959,14 @@ def no_decay(name: str, p: torch.Tensor) -> bool:
                                                   "ln_", "norm", ".bn", "bias"))
 
 
-def param_groups(net, lr, wd, lr_of: Callable[[str], float] | None = None):
+def param_groups(net, lr, wd, lr_of: Callable[[str], float] | None = None, decay_all: bool = False):
     """AdamW groups keyed by (learning rate, decay) over trainable parameters."""
     groups = {}
     for name, p in net.named_parameters():
         if not p.requires_grad:
             continue
         g_lr = lr_of(name) if lr_of else lr
-        key = (g_lr, not no_decay(name, p))
+        key = (g_lr, decay_all or not no_decay(name, p))
         groups.setdefault(key, {"params": [], "names": [], "lr": g_lr, "weight_decay": wd if key[1] else 0.0})
         groups[key]["params"].append(p)
         groups[key]["names"].append(name)
@@ -982,6 +983,21 @@ def warmup_cosine(warmup: int, total: int):
         progress = (step - warmup) / max(1, total - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return f
+
+
+def epoch_warmup_cosine(steps_per_epoch: int, warmup_epochs: int, epochs: int, start: float, floor: float):
+    """pl_bolts' LinearWarmupCosineAnnealingLR stepped once per epoch (Lightning's default interval), as
+    multipliers for common.train's schedule=: lr(e) = start + e (base - start) / max(1, W - 1) for e < W, then
+    floor + (base - floor) (1 + cos(pi (e - W) / (E - W))) / 2; start and floor absolute, the same for every group."""
+    def for_group(base: float):
+        def f(step):
+            e = step // max(1, steps_per_epoch)
+            if e < warmup_epochs:
+                return (start + e * (base - start) / max(1, warmup_epochs - 1)) / base
+            t = (e - warmup_epochs) / max(1, epochs - warmup_epochs)
+            return (floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * min(1.0, t)))) / base
+        return f
+    return lambda opt, *_: [for_group(g["lr"]) for g in opt.param_groups]
 
 
 class ClipFineTune(nn.Module):
@@ -1077,7 +1093,7 @@ def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool 
     """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on
     CPU), which also takes the scaler's inf flag and skips an overflowed step on the device (no host sync).
     fused=False gives the for-each implementation (tests use both)."""
-    groups = param_groups(net, cfg.lr, cfg.wd, lr_of)
+    groups = param_groups(net, cfg.lr, cfg.wd, lr_of, cfg.decay_all)
     for g in groups:
         g.pop("names")
     fused = torch.device(device).type in ("cuda", "cpu") if fused is None else fused
@@ -1169,11 +1185,12 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
 
 
 def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export: bool = True,
-          hooks=None, method_state: Callable[[], dict] | None = None):
+          hooks=None, method_state: Callable[[], dict] | None = None, schedule: Callable | None = None):
     """Trains `net` (a wrapper with .model = the open_clip model, whose forward(batch, ctx) returns the loss
     terms) and returns a summary dict. hooks: optional object with before_optimizer_step(net) (after unscaling
     and clipping) and after_optimizer_step(net); DNS projects there. Each step is train_step (its docstring gives
-    the order and what an fp16 skipped step does); metrics.jsonl logs grad_scale and skipped_steps under fp16."""
+    the order and what an fp16 skipped step does); metrics.jsonl logs grad_scale and skipped_steps under fp16.
+    schedule(opt, steps_per_epoch, total): LambdaLR's lr_lambda(s) (default: warm-up, then cosine to 0)."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     precision = resolve_precision(cfg.precision, device)
@@ -1197,7 +1214,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
     opt = make_optimizer(cfg, net, device, lr_of)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
+    multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, multipliers)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
                                               find_unused_parameters=cfg.find_unused) if world > 1 else net

@@ -1,8 +1,8 @@
 """DNS: dual-sided null-space projection for continual image-text contrastive learning.
 
 Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual Multimodal Contrastive Learning" (CMCL).
-NeurIPS 2025. https://arxiv.org/abs/2503.14963. Released code ("the code"): github.com/Xiaohao-Liu/CMCL
-(cmcl/dns.py, cmcl/base.py, training.py). Long discussion of every deviation, the demos and results: docs/dns.md.
+NeurIPS 2025. https://arxiv.org/abs/2503.14963. Code ("the code"): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py,
+cmcl/base.py, training.py, eval_util.py). Every deviation at length, the demos and results: docs/dns.md.
 
 What is implemented (problem formulation; Thm. 4; the multi-step extension)
   Frozen encoders, features cached once; one trainable linear map per modality (D x D, identity at the start, so
@@ -15,8 +15,8 @@ What is implemented (problem formulation; Thm. 4; the multi-step extension)
       P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
   Covariances are updated after each task, projectors rebuilt before each. --mode gradient (paper, code): project
   the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change W_after - W_before;
-  --mode vanilla: none. CMCL's own setting (--features, run_cmcl): the same learner over M modalities, 11
-  modality-pair steps (eval.CMCL_STEPS), each training only its pair's maps.
+  --mode vanilla: none. CMCL's setting (--features, run_cmcl): the same learner over M modalities, 11 modality-pair
+  steps (eval.CMCL_STEPS), each training only its pair's maps.
 
 Code name -> paper symbol
   W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
@@ -47,17 +47,17 @@ Deviations (numbered; long text in docs/dns.md under the same numbers)
  15. lambda_min default 0.01 (paper); the code's 0.1: --lambda-min 0.1.
  16. Covariance counts per modality (ours); the code keeps one count over all steps.
  17. Covariances from the step's own pair (ours); the code's post_step uses columns 0, 1.
- 18. Recall on the whole test set, mean of both directions (the code: 5 random 1k subsets).
+ 18. Recall on the whole test set (the code: mean over 5 random 1k subsets: --recall-protocol cmcl); both ways.
  19. Class features read as stored, keyed and sorted by class name; features not renormalised.
- 20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
- 21. The demo --demo-cmcl runs on the lab's synthetic multimodal world, lr 1e-3.
+ 20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1. 21. --demo-cmcl: the lab.
+ 22. No gradient clipping (paper silent); the code's Hugging Face Trainer clips at max_grad_norm 1.0: --grad-clip 1.
 
 Commands (one process: torchrun brings nothing, deviation 11)
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
               --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
-  the code's settings (deviations 4, 6, 13, 14, 15):
-            ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0
+  the code's settings (deviations 4, 6, 13, 14, 15, 22):
+            ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0 --grad-clip 1
   CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
   demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
 """
@@ -113,6 +113,7 @@ class DNSConfig(common.Config):
     perceptor: str = common.arg("imagebind", "CMCL setting: the encoder in the h5 names "
                                 "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
     demo_cmcl: bool = common.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
+    recall_protocol: str = common.arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)", choices=("full", "cmcl"))
     lr: float = common.arg(1e-4, "AdamW learning rate (paper, implementation details)")
     wd: float = common.arg(1e-3, "AdamW weight decay (paper)")
     batch_size: int = common.arg(64, "batch size (paper)")
@@ -545,9 +546,8 @@ def start(cfg: DNSConfig):
     """One process (deviation 11), the device, the --out folder."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("dns.py trains D x D maps on cached features: run it as one process (deviation 11)")
-    device = common.init_distributed(cfg.device)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    return device
+    return common.init_distributed(cfg.device)
 
 
 def continual(cfg: DNSConfig, learner: DNSLearner, tasks, learn_task, evaluate) -> dict:
@@ -567,8 +567,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
                          cfg.loss, cfg.bias)
 
-    def pairs(f):  # unique-image features -> one (image, text) pair per caption
-        return f["img"][f["t2i"]], f["txt"]
+    pairs = lambda f: (f["img"][f["t2i"]], f["txt"])  # noqa: E731  unique-image features -> a pair per caption
 
     def learn_task(i, task, task_out, resume):
         return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
@@ -612,7 +611,8 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
         return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities)
 
     def evaluate():
-        rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")]) for st in steps]
+        rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
+                                         seed=cfg.seed) for st in steps]
         return {"per_task": {k: [r[k] for r in rows] for k in rows[0]}, "scalars": {}}
 
     summary = continual(cfg, learner, tasks, learn_task, evaluate)

@@ -198,6 +198,53 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     return _finish(task, paths, texts, t2i, protocol, task, root, strict)
 
 
+# m2-Mix's training sets (m2mix.py --train-data flickr30k | coco), from the same annotation files
+KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
+
+
+def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
+    """A JSONL manifest (absolute image paths) of a Karpathy split from data_root/<dataset>/dataset_<dataset>.json
+    (images[].filename, filepath, split, sentences[].raw). Images: flickr30k/images/<filename>,
+    coco/<filepath>/<filename> (train2014/, val2014/). captions: 'first' or 'all'."""
+    root = Path(data_root) / dataset
+    ann = root / f"dataset_{dataset}.json"
+    if not ann.exists():
+        raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
+    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
+    image_dir = root / "images" if dataset == "flickr30k" else root
+    rows = []
+    for im in json.loads(ann.read_text())["images"]:
+        if im["split"] in splits:
+            sentences = [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]
+            path = str((image_dir / im.get("filepath", "") / im["filename"]).resolve())
+            rows += [{"image": path, "caption": c} for c in (sentences[:1] if captions == "first" else sentences)]
+    if not rows:
+        raise common.DataError(f"{ann}: no images in split(s) {splits}")
+    return _write_rows(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
+
+
+def coco2017_train_manifest(data_root, captions: str, out_dir) -> Path:
+    """COCO train2017 (the paper's split, Sec. 5.1) from coco/annotations/captions_train2017.json; the first
+    caption of an image is its first annotation in file order (as eval.py's coco-1cap takes it)."""
+    root = Path(data_root) / "coco"
+    ann_file = root / "annotations" / "captions_train2017.json"
+    if not ann_file.exists():
+        raise common.DataError(f"{ann_file} not found (see README, data layout)")
+    ann = json.loads(ann_file.read_text())
+    files = {im["id"]: str((root / "train2017" / im["file_name"]).resolve()) for im in ann["images"]}
+    rows, seen = [], set()
+    for a in ann["annotations"]:
+        if captions == "all" or a["image_id"] not in seen:
+            seen.add(a["image_id"])
+            rows.append({"image": files[a["image_id"]], "caption": " ".join(a["caption"].split())})
+    return _write_rows(rows, Path(out_dir) / f"coco-train2017-{captions}.jsonl")
+
+
+def _write_rows(rows, path: Path) -> Path:
+    """A JSONL manifest, written atomically, so that the ranks of a torchrun job may all write the same file."""
+    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
 def _urban1k(root, strict=False):
     root = Path(root)
     cap_dir = _require(root / "Urban1k/caption", "urban1k", root)
@@ -368,8 +415,10 @@ class _CifarImages:
         return Image.fromarray(self.data[i].reshape(3, 32, 32).transpose(1, 2, 0))
 
 
-def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
-    """torchvision's CIFAR folders, read directly (no md5 check: any faithful copy works); download: via torchvision."""
+def _cifar(root, n_classes: int, download=False, longclip: bool = False) -> ClassificationSet:
+    """torchvision's CIFAR folders, read directly (no md5 check: any faithful copy works); download: via torchvision.
+    longclip: Long-CLIP's protocol (eval/classification/cifar/cifar10.py: the 80 ImageNet templates and torchvision's
+    raw class names, 'aquarium_fish'), as the task cifar10-longclip / cifar100-longclip."""
     task = f"cifar{n_classes}"
     root = Path(root)
     folder = root / task / ("cifar-10-batches-py" if n_classes == 10 else "cifar-100-python")
@@ -383,9 +432,13 @@ def _cifar(root, n_classes: int, download=False) -> ClassificationSet:
     batch = pickle.loads((folder / test_file).read_bytes(), encoding="latin1")
     names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
     labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
+    images = _CifarImages(np.asarray(batch["data"], dtype=np.uint8))
+    if longclip:
+        return ClassificationSet(f"{task}-longclip", images, torch.tensor(labels), list(names), imagenet_templates(),
+                                 protocol=f"CIFAR-{n_classes} test ({len(labels)}), Long-CLIP's: 80 ImageNet "
+                                          f"templates, torchvision's raw class names")
     classnames = [c.replace("_", " ") for c in names]  # OpenAI's spelling ("aquarium fish")
-    return ClassificationSet(task, _CifarImages(np.asarray(batch["data"], dtype=np.uint8)),
-                             torch.tensor(labels), classnames, list(CIFAR_TEMPLATES),
+    return ClassificationSet(task, images, torch.tensor(labels), classnames, list(CIFAR_TEMPLATES),
                              protocol=f"CIFAR-{n_classes} test ({len(labels)}), 18 OpenAI CIFAR templates, "
                                       f"class names with spaces")
 
@@ -433,8 +486,8 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
     if name in SYNTHETIC_CLASSIFICATION:
         return SYNTHETIC_CLASSIFICATION[name](root, synthetic_n)
     _check_lab_loaded(name)
-    if name in ("cifar10", "cifar100"):
-        return _cifar(root, int(name.removeprefix("cifar")), download)
+    if name in ("cifar10", "cifar100", "cifar10-longclip", "cifar100-longclip"):
+        return _cifar(root, int(name.removeprefix("cifar").removesuffix("-longclip")), download, "-" in name)
     if name == "imagenet":
         return _imagenet(root)
     if name.startswith("imagefolder:"):
@@ -443,7 +496,8 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
                      f"imagefolder:<path>")
 
 
-CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet"]  # + the lab's synthetic-* sets, once registered
+# + the lab's synthetic-* sets, once registered
+CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip"]
 
 
 def is_classification(name: str) -> bool:
@@ -833,14 +887,21 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
 
 
 @torch.no_grad()
-def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10)) -> dict:
+def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10), protocol: str = "full", seed: int = 0) -> dict:
     """One step's test set through the current maps (dns.py's ModalityMaps, model.map(modality, x)): R@k (%, mean of
-    both directions, sample i's partner is sample i); 'acc' (top-1 %, the non-text modality against the text map of the
-    class features) where the dataset has classes and the pair has text (the code's eval_util.eval); else NaN."""
+    both directions, sample i's partner is sample i; 'A->B R@k', 'B->A R@k' each); 'acc' (top-1 %, the non-text
+    modality against the text map of the class features) where the dataset has classes and the pair has text (the
+    code's eval_util.eval); else NaN. protocol 'cmcl': R@k averaged over 5 random subsets of 1,000 samples (all when
+    fewer), drawn from `seed`, as eval_util.eval does; 'full': the whole test set."""
     (a, b), (i, j) = step.modalities, step.pair
     x_a, x_b = model.map(a, test["x"][:, i].float()), model.map(b, test["x"][:, j].float())
-    r = common.retrieval_metrics(x_a, x_b, torch.arange(len(x_b)), ks=ks)
+    g = torch.Generator().manual_seed(seed)
+    subsets = [torch.randperm(len(x_a), generator=g)[:1000] for _ in range(5)] if protocol == "cmcl" else [None]
+    rs = [common.retrieval_metrics(x_a if s is None else x_a[s], x_b if s is None else x_b[s],
+                                   torch.arange(len(x_b) if s is None else len(s)), ks=ks) for s in subsets]
+    r = {key: sum(m[key] for m in rs) / len(rs) for key in rs[0]}
     row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
+    row |= {f"{d} R@{k}": r[f"{x}_R@{k}"] for k in ks for d, x in (("A->B", "i2t"), ("B->A", "t2i"))}
     row["acc"] = float("nan")
     if test["labels"] is not None and "text" in (a, b):
         query = x_b if a == "text" else x_a
@@ -1442,6 +1503,21 @@ def continual_summary(rows) -> dict:
     """common.summarize_continual of continual_row's rows (row 0: before any training): matrices, metrics, PD."""
     return common.summarize_continual({"rows": [r["per_task"] for r in rows], "scalars": [r["scalars"] for r in rows],
                                        "seconds": [0.0] * len(rows), "steps": [0] * len(rows)})
+
+
+def continual_headline(summary, unseen, zero_shot) -> dict:
+    """C-CLIP's ablation row (Sec. 5.2.1 shape): final and average R@1, BWT, forgetting, learned (what a task gains
+    while it is trained: mean_j R[j][j] - R[j-1][j]), unseen-set I2T R@1 (Sec. 3.3), the mean zero-shot PD over
+    the sets, and the mean over the sets of the largest drop below the pretrained accuracy after any task."""
+    m, R = summary["metrics"]["R@1"], summary["matrices"]["R@1"]
+    pds = [summary["pd"][f"{z}/top1"] for z in zero_shot if f"{z}/top1" in summary["pd"]]
+    rows = summary["scalars"]  # the worst drop along the way, which the final PD can hide
+    drops = [max(rows[0][f"{z}/top1"] - r[f"{z}/top1"] for r in rows) for z in zero_shot if f"{z}/top1" in rows[0]]
+    return {"last R@1": m["last"], "avg R@1": m["avg"], "BWT": m["bwt"], "forgetting": m["forgetting"],
+            "learned": sum(R[j][j - 1] - R[j - 1][j - 1] for j in range(1, len(R))) / (len(R) - 1),
+            "unseen I2T R@1": summary["scalars"][-1].get(f"{unseen}/i2t_R@1") if unseen else None,
+            "zero-shot PD": sum(pds) / len(pds) if pds else None,
+            "worst zero-shot drop": sum(drops) / len(drops) if drops else None}
 
 
 def continual_tables(summary, tasks) -> str:

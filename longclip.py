@@ -4,10 +4,9 @@ Beichen Zhang, Pan Zhang, Xiaoyi Dong, Yuhang Zang, Jiaqi Wang. ECCV 2024.
 arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for every detail the paper leaves open, none
 copied): github.com/beichenzbc/Long-CLIP. Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
 
-What it implements
-------------------
-Knowledge-preserved stretching of the text positional embedding (Sec. 3.2), fine-tuning with primary component
-matching (Sec. 3.3). The stretched model stays an open_clip CLIP, saved and loaded with its window. Eq. numbers ours:
+What it implements: knowledge-preserved stretching of the text positional embedding (Sec. 3.2), fine-tuning with
+primary component matching (Sec. 3.3). The stretched model stays an open_clip CLIP, saved and loaded with its
+window. Eq. numbers ours:
 
   Eq. (1)  stretching, L -> lam2 L - (lam2 - 1) keep positions (77 -> 248):
              PE*(p) = PE(p)                                   p < keep
@@ -40,12 +39,13 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
  3. PCA [Sec. 3.3; CLIP.PCA]: per rank, on the local batch, SVD in float32, then
     gathered with gradient, as the code; --pca-scope global (ours): the gathered batch.
  4. Loss [CLIP.forward]: both terms CLIP's symmetric CE, label smoothing 0.1, weight 1.
- 5. Temperature [train.py --log_scale]: set to ln 100 and kept fixed (the code
-    trains it); --learn-temperature trains it; --log-scale -1 keeps the backbone's.
- 6. Optimiser [train.md; scheduler.py]: AdamW (0.9, 0.999, 1e-8), wd 1e-2, 200
-    warm-up steps then cosine; the shared parameter groups (the code decays all).
+ 5. Temperature [train.py --log_scale]: ln 100 = 4.605170, fixed (the code: 4.6052, trained, 2.9e-4 on the
+    loss: --log-scale 4.6052 --learn-temperature); --log-scale -1 keeps the backbone's.
+ 6. Optimiser [train.md; scheduler.py]: AdamW (0.9, 0.999, 1e-8), wd 1e-2, 200 warm-up steps then cosine; the
+    shared parameter groups (the code decays all: --decay-all). CIFAR as the code's eval: cifar10-longclip (eval.py).
  7. --recipe longclip = train.md's "recommended" table: batch 2048, lr 1e-6, 6 epochs.
- 8. Short caption [sharegpt4v.py]: the text before the long one's first ". ";
+ 8. Short caption [sharegpt4v.py]: the text before the long one's first ". ", stripped, the whole caption if
+    empty; the code's split exactly: --short-caption code (on our manifest, whose whitespace is collapsed);
     --short-caption caption uses the manifest's (--recipe erclip-budget does).
  9. --train-data sharegpt4v [sharegpt4v.py]: records after the first 1,000, none of their images (the code keeps them).
 10. Windows: training tokenises both captions with the stretched window; test captions through both (77 truncated, 248).
@@ -107,8 +107,8 @@ class LongCLIPConfig(common.Config):
     pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch (ours)",
                                 choices=("rank", "global"))                                       # deviation 3
     short_caption: str = common.arg("first-sentence", "first-sentence: the long caption's text before the first "
-                                    "'. ' (code) | caption: the manifest's caption",
-                                    choices=("first-sentence", "caption"))                 # deviation 8
+                                    "'. ' (code), stripped, else the whole | code: exactly the code's split | "
+                                    "caption: the manifest's", choices=("first-sentence", "code", "caption"))  # dev. 8
     train_data: str = common.arg("auto", "auto: sharegpt4v under --data-root (synthetic with --backbone tiny when "
                                  "absent) | sharegpt4v (Long-CLIP's) | coco-sharegpt4v (ERCLIP's 20k pairs) | "
                                  "synthetic | a manifest with caption + long_caption")
@@ -224,8 +224,9 @@ class LongCaptionCollate(common.Collate):
         self.short = short
 
     def __call__(self, items):
-        if self.short == "first-sentence":
-            items = [dict(it, caption=first_sentence(it["long_caption"]) or it["long_caption"]) for it in items]
+        if self.short != "caption":  # "code": sharegpt4v.py's caption.split(". ")[0], nothing else (deviation 8)
+            items = [dict(it, caption=first_sentence(it["long_caption"]) or it["long_caption"] if self.short ==
+                          "first-sentence" else it["long_caption"].replace("\n", " ").split(". ")[0]) for it in items]
         out = super().__call__(items)
         out["long_text"] = self.tokenizer(out["long_caption"])  # (B, stretched context)
         return out

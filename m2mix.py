@@ -43,12 +43,17 @@ Deviations (numbered; each discussed at length in docs/m2mix.md under its number
  13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Algorithm 1, the code); as printed: --m2-form printed.
  14. L_uni = 1/2 (C_V + C_L) (Sec. 4.2.1); the code weights C_V and C_L each: --uni-combine sum.
  15. SIMAT (Tab. 5) on eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
+ 16. Float32 weights between steps; the code keeps them in fp16 (main.py: convert_weights after each step; over 200
+     steps at lr 1e-5 the gap to fp32 masters is 56 % of the update) and lam in fp16: --fp16-weights.
+ 17. No weight decay on gains, biases, embeddings, logit_scale; the code's AdamW decays all: --decay-all.
+ 18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (one caption per image, not released).
 
 Commands
   one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k  (or ft, m2)
   torchrun  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
   the code  ... --m2-tau 0.07 --base-tau 0.01 --mix-decay --m2-directions sum --vl-target code --uni-combine sum
-            [--simat --simat-protocol code]; its m3.sh: --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
+            --fp16-weights --decay-all --precision fp16 [--simat --simat-protocol code];
+            its m3.sh: --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
   table     python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (ZS comes with the first run)
   demo      python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
 """
@@ -119,6 +124,7 @@ class M2MixConfig(common.Config):
     base_tau: float = arg(0.0, "fixed temperature of the CLIP/uni/VL terms (code: 0.01); 0: learnable")
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
+    fp16_weights: bool = arg(False, "the code's fp16 storage: weights and lam rounded to fp16 (deviation 16)")
     # evaluation (ours)
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
     eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test protocols")
@@ -236,10 +242,30 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
 # =============================================================================
 # Model wrapper
 # =============================================================================
-def sample_lam(alpha: float, generator: torch.Generator) -> float:
-    """lam ~ Beta(alpha, alpha) (Sec. 4.1), drawn from the step's seeded generator."""
+def sample_lam(alpha: float, generator: torch.Generator, fp16: bool = False) -> float:
+    """lam ~ Beta(alpha, alpha) (Sec. 4.1), drawn from the step's seeded generator; fp16: rounded as the code's
+    .half() (deviation 16)."""
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    return float(np.random.default_rng(seed).beta(alpha, alpha))
+    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
+    return float(torch.tensor(lam).half()) if fp16 else lam
+
+
+class Fp16Storage:
+    """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the parameters OpenAI's
+    clip.model.convert_weights casts (conv, linear and attention weights and biases; proj, text_projection) are
+    rounded to fp16, as the code's convert_weights after each step; norms, embeddings, logit_scale stay float32."""
+    def __init__(self, model):
+        casts = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.MultiheadAttention)
+        self.params = list({id(p): p for m in model.modules() for n, p in m.named_parameters(recurse=False)
+                            if isinstance(m, casts) or n in ("proj", "text_projection")}.values())
+
+    def before_optimizer_step(self, net):
+        pass
+
+    def after_optimizer_step(self, net):
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(p.half())
 
 
 class M2Mix(nn.Module):
@@ -279,11 +305,12 @@ class M2Mix(nn.Module):
             m2_scale = self.logit_scale2.clamp(max=common.LOGIT_SCALE_MAX).exp()
         else:
             m2_scale = 1.0 / cfg.m2_tau if cfg.m2_tau else scale
-        lam = sample_lam(alpha_m2, ctx.generator)
+        lam = sample_lam(alpha_m2, ctx.generator, cfg.fp16_weights)
         losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam, cfg.m2_directions,
                                                                cfg.m2_form)
         if cfg.method == "m3":
-            lam_v, lam_l, lam_vl = (sample_lam(a, ctx.generator) for a in (cfg.alpha_v, cfg.alpha_l, cfg.alpha_vl))
+            lam_v, lam_l, lam_vl = (sample_lam(a, ctx.generator, cfg.fp16_weights)
+                                    for a in (cfg.alpha_v, cfg.alpha_l, cfg.alpha_vl))
             c_v, c_l = vmix_loss(img, txt, scale, lam_v), lmix_loss(img, txt, scale, lam_l)
             # Sec. 4.2.1: L_uni = 1/2 (C_V + C_L); "sum": C_V + C_L, the code (deviation 14)
             uni = 0.5 * (c_v + c_l) if cfg.uni_combine == "mean" else c_v + c_l
@@ -295,62 +322,16 @@ class M2Mix(nn.Module):
 # =============================================================================
 # Training and evaluation
 # =============================================================================
-KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
-
-
-def karpathy_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
-    """A JSONL manifest (absolute image paths) of a Karpathy split from data_root/<dataset>/dataset_<dataset>.json
-    (images[].filename, filepath, split, sentences[].raw). Images: flickr30k/images/<filename>,
-    coco/<filepath>/<filename> (train2014/, val2014/). captions: 'first' or 'all'."""
-    root = Path(data_root) / dataset
-    ann = root / f"dataset_{dataset}.json"
-    if not ann.exists():
-        raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
-    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
-    image_dir = root / "images" if dataset == "flickr30k" else root
-    rows = []
-    for im in json.loads(ann.read_text())["images"]:
-        if im["split"] in splits:
-            sentences = [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]
-            path = str((image_dir / im.get("filepath", "") / im["filename"]).resolve())
-            rows += [{"image": path, "caption": c} for c in (sentences[:1] if captions == "first" else sentences)]
-    if not rows:
-        raise common.DataError(f"{ann}: no images in split(s) {splits}")
-    return _write_manifest(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
-
-
-def coco2017_manifest(data_root, captions: str, out_dir) -> Path:
-    """COCO train2017 (the paper's split, Sec. 5.1) from coco/annotations/captions_train2017.json; the first
-    caption of an image is its first annotation in file order (as eval.py's coco-1cap takes it)."""
-    root = Path(data_root) / "coco"
-    ann_file = root / "annotations" / "captions_train2017.json"
-    if not ann_file.exists():
-        raise common.DataError(f"{ann_file} not found (see README, data layout)")
-    ann = json.loads(ann_file.read_text())
-    files = {im["id"]: str((root / "train2017" / im["file_name"]).resolve()) for im in ann["images"]}
-    rows, seen = [], set()
-    for a in ann["annotations"]:
-        if captions == "all" or a["image_id"] not in seen:
-            seen.add(a["image_id"])
-            rows.append({"image": files[a["image_id"]], "caption": " ".join(a["caption"].split())})
-    return _write_manifest(rows, Path(out_dir) / f"coco-train2017-{captions}.jsonl")
-
-
-def _write_manifest(rows, path: Path) -> Path:
-    """Atomic, so that the ranks of a torchrun job may all write the same file."""
-    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
 def train_manifest(cfg: M2MixConfig) -> Path:
     data_dir = Path(cfg.out) / "data"
     if cfg.train_data == "synthetic":
         return common.lab_hook("synthetic_manifest")("train", cfg.data_root)  # the lab registers its world
     if cfg.train_data == "flickr30k":
-        return karpathy_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
+        return evaluation.karpathy_train_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":
         if cfg.coco_split == "2017":
-            return coco2017_manifest(cfg.data_root, cfg.train_captions, data_dir)
-        return karpathy_manifest("coco", cfg.data_root, "train", cfg.train_captions, data_dir)
+            return evaluation.coco2017_train_manifest(cfg.data_root, cfg.train_captions, data_dir)
+        return evaluation.karpathy_train_manifest("coco", cfg.data_root, "train", cfg.train_captions, data_dir)
     return Path(cfg.train_data)
 
 
@@ -399,7 +380,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
         records += evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")
     dataset = common.ManifestDataset(manifest, train_tf, skip_bad=cfg.skip_bad)
     net = M2Mix(model, cfg)
-    summary = common.train(cfg, net, dataset, common.Collate(tokenizer))
+    hooks = Fp16Storage(model) if cfg.fp16_weights else None
+    summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks)
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, METHOD_NAMES[cfg.method])

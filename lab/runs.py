@@ -1,16 +1,78 @@
 """Experiment plumbing for demos and sweeps: a demo run's scratch folder, one
 folder per sweep run (resume by skipping finished runs), prefixes of one
-fixed data order, per-epoch snapshots."""
+fixed data order, per-epoch snapshots, independent runs in parallel
+processes."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
+import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
+
+import torch
 
 import common
+
+# =============================================================================
+# Independent runs: in processes of one torch thread each
+# =============================================================================
+PROCESSES = min(4, os.cpu_count() or 1)  # a demo's --processes default
+
+
+def _one_thread():
+    torch.set_num_threads(1)
+    import lab  # noqa: F401  (registers the tiny backbone and the world in the worker)
+
+
+def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, done: Callable | None = None) -> list:
+    """[fn(*job) for job in jobs], each in ONE torch thread: in `processes` spawned workers, or here when
+    processes is 1. The numbers are the same either way (every job is seeded by its arguments and runs on one
+    thread); the workers fill the cores that a tiny model's two-thread matmuls leave idle (a C-CLIP sequence:
+    14.3 s on 2 threads, two at once on 1 thread each 19 s, 1.5x the throughput; measured on 2 cores).
+    done(i, result) is called in the order the jobs finish (progress lines). fn must be a module-level function."""
+    results = [None] * len(jobs)
+    if processes <= 1 or len(jobs) <= 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for i, job in enumerate(jobs):
+                results[i] = fn(*job)
+                done and done(i, results[i])
+        finally:
+            torch.set_num_threads(threads)
+        return results
+    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=multiprocessing.get_context(
+            "spawn"), initializer=_one_thread) as pool:
+        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        try:
+            for f in concurrent.futures.as_completed(futures):
+                results[futures[f]] = f.result()
+                done and done(futures[f], results[futures[f]])
+        except BaseException:  # one job failed (or Ctrl-C): the queued ones never start
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return results
+
+
+def take_processes_flag(argv: Sequence[str]) -> tuple[list[str], int]:
+    """Takes `--processes N` (or --processes=N) off a demo's command line: how many jobs run at once
+    (run_jobs; default PROCESSES). Returns (the other arguments, N)."""
+    argv, rest, n = list(argv), [], PROCESSES
+    while argv:
+        a = argv.pop(0)
+        if a == "--processes" or a.startswith("--processes="):
+            value = a.partition("=")[2] if "=" in a else (argv.pop(0) if argv else "")
+            if not value.isdigit() or int(value) < 1:
+                raise common.UsageError(f"--processes {value!r}: give a whole number >= 1 (1: one run at a time)")
+            n = int(value)
+        else:
+            rest.append(a)
+    return rest, n
 
 # =============================================================================
 # 7. Sweeps: one folder per run, resume by skipping finished runs, curves

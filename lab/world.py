@@ -56,7 +56,9 @@ import functools
 import hashlib
 import json
 import math
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -297,23 +299,35 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
     """Writes (once) a split of the world as PNG files plus a JSONL manifest
     under data_root/synthetic/ and returns the manifest path. n: only the
     first n scenes (tests). Demos and tests read it back through
-    common.ManifestDataset, like real data."""
+    common.ManifestDataset, like real data. The pictures are rendered into a
+    folder of this process's own and renamed into place whole, the manifest
+    written atomically after: processes that write the same split at once
+    (a demo's parallel runs) never read a half-written file."""
     if split not in SPLITS:
         raise ValueError(f"unknown synthetic split {split!r}; known: {', '.join(SPLITS)}")
     domain, size, seed = SPLITS[split]
     root = Path(data_root) / "synthetic" / f"world-{world_fingerprint()}"
     name = split if n is None else f"{split}-{n}"
-    manifest = root / f"{name}.jsonl"
+    manifest, folder = root / f"{name}.jsonl", root / name
     if manifest.exists():
         return manifest
-    (root / name).mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i, s in enumerate(world_split(domain, n or size, seed)):
-        rel = f"{name}/{i:05d}.png"
-        render(s, seed=seed * 100003 + i).save(root / rel)
-        lines.append(json.dumps({"image": rel, "caption": s["caption"], "long_caption": s["long_caption"],
-                                 "background": s["labels"]["background"], "shape": s["labels"]["shape"],
-                                 "color": s["labels"]["color"], "style": s["style"]}))
+    scenes = world_split(domain, n or size, seed)
+    lines = [json.dumps({"image": f"{name}/{i:05d}.png", "caption": s["caption"], "long_caption": s["long_caption"],
+                         "background": s["labels"]["background"], "shape": s["labels"]["shape"],
+                         "color": s["labels"]["color"], "style": s["style"]}) for i, s in enumerate(scenes)]
+    if len(list(folder.glob("*.png"))) != len(scenes):  # absent, or left half-written by an older version
+        own = root / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"  # not random: its state stays seeded
+        own.mkdir(parents=True)
+        for i, s in enumerate(scenes):
+            render(s, seed=seed * 100003 + i).save(own / f"{i:05d}.png")
+        try:
+            os.rename(own, folder)  # atomic; fails when another process's whole folder is there already
+        except OSError:
+            if len(list(folder.glob("*.png"))) != len(scenes):
+                shutil.rmtree(folder, ignore_errors=True)
+                os.replace(own, folder)
+            else:
+                shutil.rmtree(own, ignore_errors=True)
     common.atomic_write(manifest, "\n".join(lines) + "\n")
     return manifest
 

@@ -3,10 +3,13 @@ both towers through the attention weights, exact merge), CKC against a
 per-sample loop and a hand-computed case, reduction to plain CLIP, which
 parameters get gradient, a bf16 step, resume of the task sequence, and the
 script end to end."""
+import copy
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -348,7 +351,8 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every method is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world(lambda k: 32 if k.startswith("task-") or k in ("unseen", "zs-test") else None)
     out = tmp_path / "demo"
-    cclip.main(["--demo", "--steps", "2", "--batch-size", "8", "--eval-n", "24", "--proj-hidden", "32",
+    cclip.main(["--demo", "--processes", "1", "--steps", "2", "--batch-size", "8", "--eval-n", "24",
+                "--proj-hidden", "32",
                 "--data-root", str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "cclip-demo.png", cclip_demo.DEMO_NAMES.values(), min_claims=8)
     for name in cclip_demo.DEMO_NAMES.values():
@@ -393,3 +397,45 @@ def test_override_resume_is_recorded_in_config_json(tmp_path):
     saved = json.loads((out / "config.json").read_text())
     assert saved["lr_text"] == 5e-4
     assert saved["resume_overrides"] == [{"field": "lr_text", "was": 1e-3, "now": 5e-4}]
+
+
+# ----------------------------------------------------------------------------- the research code's switches (issue 25)
+def test_research_merge_schedule_is_a_mix_of_the_full_merge(tmp_path):
+    """--merge-schedule research (deviation 1): LoRA merged at full strength, then a_mix.sh's 1:1 with the
+    previous task's weights after task 2; so task 2 = (task 1 + the full merge of task 2) / 2, against a run that
+    only merges at alpha 1 (same seed, same data: the same adapters)."""
+    root = tmp_path / "data"
+    cclip.main(_argv(root, tmp_path / "mix", "--method", "lora", "--merge-schedule", "research"))
+    cclip.main(_argv(root, tmp_path / "full", "--method", "lora", "--merge-alpha", "1"))
+    load = lambda run, k: torch.load(tmp_path / run / k / "model.pt", weights_only=True)  # noqa: E731
+    one, full2, mix2 = load("mix", "task1-photo"), load("full", "task2-night"), load("mix", "task2-night")
+    assert all(torch.equal(one[k], load("full", "task1-photo")[k]) for k in one)  # no mix after task 1
+    moved = [k for k in one if not torch.equal(one[k], full2[k])]
+    assert moved
+    for k in one:
+        torch.testing.assert_close(mix2[k], 0.5 * one[k] + 0.5 * full2[k], atol=1e-6, rtol=0, msg=k)
+
+
+def test_interpolate_weights_new_by_its_share(tiny):
+    model = copy.deepcopy(tiny[0])
+    old = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    now = {k: v.clone() for k, v in model.state_dict().items()}
+    cclip.interpolate(model, old, 1 / 3)  # 2:1 old:new
+    assert all(torch.allclose(model.state_dict()[k], now[k] / 3) for k in now if now[k].is_floating_point())
+
+
+def test_research_schedule_is_pl_bolts_per_epoch_closed_form(monkeypatch, tmp_path):
+    """--schedule research (deviation 13): per epoch, 1 % start and floor of the IMAGE lr for every group
+    (pl_bolts takes one absolute warmup_start_lr / eta_min); hand values: W = 2 warm-up epochs of E = 5."""
+    groups = [{"lr": 1.0}, {"lr": 10.0}]
+    img, txt = common.epoch_warmup_cosine(2, 2, 5, 0.01, 0.01)(SimpleNamespace(param_groups=groups), 2, 10)
+    assert [round(img(s), 6) for s in range(0, 10, 2)] == [0.01, 1.0, 1.0, 0.7525, 0.2575]
+    assert txt(0) == pytest.approx(0.001) and txt(2) == 1.0 and txt(8) == pytest.approx((0.01 + 9.99 * 0.25) / 10)
+    seen = []
+    monkeypatch.setattr(common, "train", lambda *a, **k: seen.append(k["schedule"]) or {"stopped_at": 0})
+    cclip.main(_argv(tmp_path / "data", tmp_path / "a", "--schedule", "research"))
+    cclip.main(_argv(tmp_path / "data", tmp_path / "b"))
+    assert callable(seen[0]) and seen[1] is None
+    cfg = common.parse_config(cclip.CClipConfig, ["--schedule", "research", "--projector-lr", "image"])
+    assert cclip.make_lr_of(cfg, 2e-6, 3e-5)("projector.0.weight") == 2e-6
+    assert cclip.make_lr_of(dataclasses.replace(cfg, projector_lr="lr"), 2e-6, 3e-5)("projector.0.weight") == cfg.lr

@@ -152,3 +152,14 @@ def test_param_groups_no_decay(tiny_random):
     assert all(n.endswith("bias") is False for n in by_decay[0.1])
     assert "model.transformer.resblocks.0.mlp.c_fc.weight" in by_decay[0.1]
     assert "model.visual.proj" in by_decay[0.1]
+
+
+def test_decay_all_puts_every_parameter_in_one_decayed_group(tiny_random):
+    """--decay-all (issue 25.4): the m2-Mix code's and the C-CLIP research code's AdamW over all parameters."""
+    net = common.ClipFineTune(tiny_random[0])
+    groups = common.param_groups(net, lr=1e-3, wd=0.1, decay_all=True)
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+    assert set(groups[0]["names"]) == {n for n, p in net.named_parameters() if p.requires_grad}
+    opt = common.make_optimizer(common.Config(lr=1e-3, wd=0.1, decay_all=True), net, "cpu")
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1]
+    assert 0.0 in [g["weight_decay"] for g in common.make_optimizer(common.Config(lr=1e-3), net, "cpu").param_groups]

@@ -5,6 +5,7 @@ old-pair drift bounded in update mode), both feature layouts, the code's step li
 continual metrics, and main() end to end on a fixture in the code's layout."""
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -316,3 +317,46 @@ def test_resume_inside_a_projected_step_equals_an_uninterrupted_run(tmp_path, co
     assert all(torch.allclose(W_full["maps"][k], W_cut["maps"][k], atol=1e-6) for k in W_full["maps"])
     assert resumed["tasks"][1]["old_rank"]["W_text_in"] > 0  # the resumed step was projected
     assert ("b_audio" in W_full["maps"]) == code_settings
+
+
+def test_grad_clip_1_reaches_the_learner_as_the_codes_trainer(tmp_path, monkeypatch):
+    """Deviation 22 (issue 25.6): CMCL's Hugging Face Trainer clips the global norm at 1.0 (max_grad_norm's
+    default); --grad-clip 1 gives the same clip in dns.py's learner, which by default does not clip."""
+    calls = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm, *a, **k: calls.append(max_norm)
+                        or real(params, max_norm, *a, **k))
+    img, txt = lab.low_rank_tasks(n=64)[0]
+    for clip in (0.0, 1.0):
+        cfg = dns.DNSConfig(grad_clip=clip, device="cpu", precision="fp32", out=str(tmp_path / f"c{clip}"),
+                            log_every=10_000, epochs=1, batch_size=32)
+        dns.DNSLearner(img.shape[1], math.log(1 / 0.07)).learn(cfg, img, txt, tmp_path / f"c{clip}" / "task1")
+    assert calls and set(calls) == {1.0}  # every step clipped at 1 with the flag, none without
+
+
+def test_recall_protocol_cmcl_is_the_codes_five_subsets(tmp_path):
+    """--recall-protocol cmcl (deviation 18, issue 25.9): R@k averaged over 5 random 1,000-subsets drawn from the
+    seed, per direction, against a hand loop written as eval_util.compute_recall does it (topk hits); 'full' uses
+    every sample. At N = 1,500 the two differ (a subset has fewer distractors)."""
+    g = torch.Generator().manual_seed(0)
+    a = F.normalize(torch.randn(1500, 16, generator=g), dim=-1)
+    b = F.normalize(a + 0.9 * torch.randn(1500, 16, generator=g), dim=-1)
+    test = {"x": torch.stack([a, b], 1), "labels": None}
+    step = evaluation.Step("clotho", (0, 1), ("text", "audio"))
+    model = SimpleNamespace(map=lambda modality, x: x)
+    row = evaluation.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
+    gen, hits = torch.Generator().manual_seed(7), {"A->B": [], "B->A": []}
+    for _ in range(5):
+        idx = torch.randperm(1500, generator=gen)[:1000]
+        scores = a[idx] @ b[idx].T
+        for d, s in (("A->B", scores), ("B->A", scores.T)):
+            top = torch.topk(s, 10, dim=1).indices == torch.arange(1000).view(-1, 1)
+            hits[d].append((100 * top[:, :1].any(1).float().mean().item(), 100 * top.any(1).float().mean().item()))
+    for d in hits:
+        assert row[f"{d} R@1"] == pytest.approx(np.mean([h[0] for h in hits[d]]), abs=1e-4)
+        assert row[f"{d} R@10"] == pytest.approx(np.mean([h[1] for h in hits[d]]), abs=1e-4)
+    assert row["R@10"] == pytest.approx((row["A->B R@10"] + row["B->A R@10"]) / 2)
+    full = evaluation.evaluate_step(model, step, test, ks=(1, 10))
+    again = evaluation.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
+    assert full["R@10"] < row["R@10"] and {k: v for k, v in again.items() if k != "acc"} == {
+        k: v for k, v in row.items() if k != "acc"}  # the subsets come from the seed alone (acc: NaN, no classes)

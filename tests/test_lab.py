@@ -168,6 +168,39 @@ def test_paired_statistics_and_verdicts():
     assert lab.claim("y", "~0", [0.0, 2.5], "=", margin=1.0, by_construction=why)["verdict"] == "construction check failed"
 
 
+def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path):
+    """lab.run_jobs: jobs in spawned one-thread workers return what they return run here one after another
+    (every job on one torch thread either way), in job order, and the thread count here is restored."""
+    from lab.demos import erclip as demo
+    cfg = demo.erclip.ERCLIPConfig(backbone="tiny", data_root=str(tmp_path))
+    lab.synthetic_manifest("test", tmp_path), lab.synthetic_manifest("zs-test", tmp_path)  # before the workers
+    jobs = [(cfg, "test"), (cfg, "test")]
+    threads = torch.get_num_threads()
+    here, order = lab.run_jobs(demo.measure_pretrained, jobs, 1), []
+    assert torch.get_num_threads() == threads
+    there = lab.run_jobs(demo.measure_pretrained, jobs, 2, done=lambda i, r: order.append(i))
+    assert here == there and sorted(order) == [0, 1] and here[0]["short"] > 0
+    assert lab.take_processes_flag(["--processes", "3", "--steps", "1"]) == (["--steps", "1"], 3)
+    with pytest.raises(common.UsageError, match="whole number"):
+        lab.take_processes_flag(["--processes", "0"])
+
+
+def test_processes_writing_one_split_at_once_never_see_half_a_file(tmp_path):
+    """The world renders into a folder of its own and renames it into place (issue 26.8): four processes asked
+    for the same split at once all get a manifest whose every picture decodes."""
+    import subprocess
+    import sys
+    code = ("import lab, common; m = lab.synthetic_manifest('unseen', {root!r}, 120); "
+            "ds = common.ManifestDataset(m); print(len(ds.rows))").format(root=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    assert [o[0].split()[-1] for o in outs] == ["120"] * 4
+    folder = next((tmp_path / "synthetic").glob("world-*")) / "unseen-120"
+    assert len(list(folder.glob("*.png"))) == 120 and not list(folder.parent.glob(".unseen-120.*"))
+
+
 def test_seeds_flag_reruns_the_claims_on_other_seeds():
     try:
         assert lab.take_seeds_flag(["--steps", "3", "--seeds", "10,11,12"]) == ["--steps", "3"]

@@ -15,12 +15,16 @@ PROJECT = {"common", "eval", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
-TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (450, 90, 160),
+# cclip.py's is 460 since issue 25 added the research code's three switches (--merge-schedule, --schedule,
+# --projector-lr) with their deviation
+TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (460, 90, 160),
            "dns": (665, 90, 160)}
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
-# used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised, to 1,790, for
-# three shared pieces: CachedTokenizer (every method's tokenizer), run_continual's first_row, float32 (every loss)
-SHARED_LINES = {"common": 1790, "eval": 1600}
+# used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,810 in issues
+# 24-25 for CachedTokenizer, run_continual's first_row, float32 (every loss), --decay-all and train(schedule=);
+# eval.py's to 1,675 when m2-Mix's training-set builders and C-CLIP's headline row moved there from the methods
+# and CMCL's recall protocol and Long-CLIP's CIFAR protocol came in
+SHARED_LINES = {"common": 1810, "eval": 1675}
 
 
 def _imports(path: Path):

@@ -1,6 +1,7 @@
 """Tests of m2mix.py: geodesic mixup, the four mix losses against per-sample
 loops written from the paper's equations, reduction to CLIP, gradients, bf16,
 the training wrapper and an end-to-end run on the synthetic world."""
+import copy
 import json
 import math
 from pathlib import Path
@@ -331,20 +332,51 @@ def test_sample_lam_is_seeded_and_beta_shaped():
     assert abs(np.mean(a) - 0.5) < 0.05 and np.var(a) == pytest.approx(1 / 8, abs=0.02)  # Beta(.5,.5): var 1/8
 
 
+def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_random, monkeypatch, tmp_path):
+    """--fp16-weights (deviation 16, issue 25.3): lam as the code's .half() (numpy's float16 as the hand
+    reference); after a step, conv / linear / attention weights and biases and the projections are fp16 values,
+    norms, embeddings and logit_scale untouched; finetune passes the hooks to common.train."""
+    exact = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(50)]
+    rounded = [m2mix.sample_lam(0.5, common.step_generator(0, s), fp16=True) for s in range(50)]
+    assert rounded == [float(np.float16(x)) for x in exact] and rounded != exact
+    model = copy.deepcopy(tiny_random[0])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4 * torch.randn_like(p))  # off the fp16 grid
+    hooks = m2mix.Fp16Storage(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    hooks.before_optimizer_step(None)
+    hooks.after_optimizer_step(None)
+    on_grid = {n for n, p in model.named_parameters() if torch.equal(p, p.half().float())}
+    for n in ("visual.conv1.weight", "visual.proj", "text_projection", "transformer.resblocks.0.attn.in_proj_weight",
+              "transformer.resblocks.0.attn.in_proj_bias", "transformer.resblocks.0.attn.out_proj.weight",
+              "transformer.resblocks.0.mlp.c_fc.bias"):
+        assert n in on_grid, n
+    for n in ("ln_final.weight", "token_embedding.weight", "positional_embedding", "logit_scale"):
+        assert n not in on_grid and torch.equal(dict(model.named_parameters())[n], before[n]), n
+    seen = {}
+    monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
+    monkeypatch.setattr(m2mix, "train_manifest", lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
+    cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_zs=False, device="cpu",
+                            data_root=str(tmp_path), out=str(tmp_path / "run"))
+    m2mix.finetune(cfg)
+    assert isinstance(seen["hooks"], m2mix.Fp16Storage)
+
+
 # ----------------------------------------------------------------------------- data, tables
 def test_karpathy_manifest_first_and_all(tmp_path):
     (tmp_path / "flickr30k").mkdir()
     images = [{"filename": f"{i}.jpg", "split": sp, "sentences": [{"raw": f"cap {i}.{k} "} for k in range(5)]}
               for i, sp in enumerate(("train", "train", "test", "val"))]
     (tmp_path / "flickr30k" / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
-    first = m2mix.karpathy_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
+    first = evaluation.karpathy_train_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["cap 0.0", "cap 1.0"]
     assert rows[0]["image"] == str((tmp_path / "flickr30k" / "images" / "0.jpg").resolve())
-    every = m2mix.karpathy_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
+    every = evaluation.karpathy_train_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
     assert len(every.read_text().splitlines()) == 5
     with pytest.raises(common.DataError):
-        m2mix.karpathy_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
+        evaluation.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
 
 
 def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
@@ -353,11 +385,11 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
            "annotations": [{"image_id": 9, "caption": "b  one"}, {"image_id": 7, "caption": "a one"},
                            {"image_id": 9, "caption": "b two"}]}
     (tmp_path / "coco" / "annotations" / "captions_train2017.json").write_text(json.dumps(ann))
-    first = m2mix.coco2017_manifest(tmp_path, "first", tmp_path / "m")
+    first = evaluation.coco2017_train_manifest(tmp_path, "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["b one", "a one"]  # first annotation of each image, file order
     assert rows[1]["image"].endswith("coco/train2017/a.jpg")
-    assert len(m2mix.coco2017_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
+    assert len(evaluation.coco2017_train_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
     # COCO 2017 train is tested on val2017; Flickr30k Karpathy train on Karpathy test (both protocols)
     assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
     assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",

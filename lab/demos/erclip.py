@@ -156,23 +156,31 @@ def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
                 "train_seconds": summary["train_seconds"], "gamma": summary.get("gamma", 0.0)}
 
 
-def run_demo(cfg: erclip.ERCLIPConfig):
+def measure_pretrained(cfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
+    """demo_measure of the pretrained weights (a run_jobs job, so on one torch thread as every run)."""
+    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    return demo_measure(model, preprocess, tokenizer, cfg.data_root, split)
+
+
+def run_demo(cfg: erclip.ERCLIPConfig, processes: int = lab.PROCESSES):
     """CLIP, M, M+P, RT+P and RT+P own lr on the lab world: every variant fine-tuned from
     the same pretrained weights once per seed in lab.seeds() (same seed, same
-    data order across variants); claims from the paired differences."""
+    data order across variants), `processes` runs at a time (lab.run_jobs: one
+    torch thread each, the same numbers for any count); claims from the paired differences."""
     t0 = time.time()
     out = Path(cfg.out)
-    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-    base = demo_measure(model, preprocess, tokenizer, cfg.data_root)
+    lab.synthetic_manifest("train", cfg.data_root)  # the world's splits written once, before the workers read them
+    base = lab.run_jobs(measure_pretrained, [(cfg,)], 1)[0]
+    jobs = [(name, dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed,
+                                       out=str(out / f"{name.replace('+', '').replace(' ', '-')}-seed{seed}")))
+            for k, seed in enumerate(lab.seeds()) for name, fusion, lambda_p, fusion_lr in DEMO_VARIANTS
+            if not (k and name in CHECK_ONLY)]
+    done = lambda i, r: print(f"[erclip demo] seed {r['seed']} {jobs[i][0]}: trained in {r['train_seconds']:.0f}s, "  # noqa: E731
+                              f"{time.time() - t0:.0f}s so far", file=sys.stderr)
+    results = lab.run_jobs(train_and_measure, [(vcfg,) for _, vcfg in jobs], processes, done)
     runs = {name: [] for name, *_ in DEMO_VARIANTS}
-    for k, seed in enumerate(lab.seeds()):
-        for name, fusion, lambda_p, fusion_lr in DEMO_VARIANTS:
-            if k and name in CHECK_ONLY:
-                continue
-            run_out = out / f"{name.replace('+', '').replace(' ', '-')}-seed{seed}"
-            runs[name].append(train_and_measure(dataclasses.replace(
-                cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed, out=str(run_out))))
-            print(f"[erclip demo] seed {seed} {name}: {runs[name][-1]['train_seconds']:.0f}s", file=sys.stderr)
+    for (name, _), r in zip(jobs, results):
+        runs[name].append(r)
     head = (f"ERCLIP demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g} (demo settings; RT+P at that lr, M+P by construction, on seed "
             f"{lab.seeds()[0]} only). R@1 % on the fine-tuning domain's test split "
@@ -189,8 +197,9 @@ def run_demo(cfg: erclip.ERCLIPConfig):
 def main(argv):
     """python erclip.py --demo [--sweep NAME]: the method's Config with the demo's defaults."""
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
+    argv, processes = lab.take_processes_flag(argv)  # --processes N: runs at once (the same numbers)
     cfg = common.parse_config(erclip.ERCLIPConfig, argv, **DEMO)
     if cfg.sweep:  # Sec. 4.3-4.4 on the lab
         from lab.demos import erclip_sweeps
-        return erclip_sweeps.run_demo_sweep(cfg)
-    return run_demo(cfg)
+        return erclip_sweeps.run_demo_sweep(cfg, processes=processes)
+    return run_demo(cfg, processes)

@@ -328,24 +328,35 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
     return lab.curves_figure(panels, path, caption, xlabel, log_x=name == "data-size")
 
 
-def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
+def demo_sweep_job(cfg: erclip.ERCLIPConfig, root, run: str, overrides: dict, seed: int, pool) -> dict:
+    """One run of a demo sweep (a lab.run_jobs job): sweep_one from freshly loaded pretrained weights, measured
+    by the demo's demo_measure, weights dropped."""
+    def measure(model, preprocess, tokenizer, weights):
+        return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
+    initial = common.load_model(cfg.backbone, cfg.pretrained)
+    return sweep_one(cfg, root, run, overrides, seed, pool, initial, measure, keep_weights=False)
+
+
+def demo_sweep_base(cfg: erclip.ERCLIPConfig, root) -> dict:
+    """The pretrained weights measured (a job too: one torch thread, as every run)."""
+    return lab.sweep_run(root, "CLIP", lambda folder: {"measures": [demo.measure_pretrained(cfg)]})["measures"][0]
+
+
+def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PROCESSES):
     """--demo --sweep NAME: every run of the sweep once per seed in lab.seeds()
-    from the same pretrained weights (same seed, same data order across runs);
+    from the same pretrained weights (same seed, same data order across runs),
+    `processes` runs at a time (lab.run_jobs; the same numbers for any count);
     claims from the paired differences, the figure, one results file."""
     t0, name = time.time(), cfg.sweep
     root = Path(cfg.out) / f"sweep-{name}"
     full = lab.synthetic_manifest("train", cfg.data_root)
     pool = {"epochs": lambda: lab.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
             "data-size": lambda: full}.get(name, lambda: None)()
-
-    def measure(model, preprocess, tokenizer, weights):
-        return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
-
-    initial = common.load_model(cfg.backbone, cfg.pretrained)
-    base = lab.sweep_run(root, "CLIP", lambda folder: {"measures": [measure(initial[0], *initial[2:], None)]})
-    base = base["measures"][0]
-    records = [sweep_one(cfg, root, run, over, seed, pool, initial, measure, keep_weights=False)
-               for k, seed in enumerate(lab.seeds()) for run, over in demo_plan(name, sizes or DEMO_DATA_SIZES, k == 0)]
+    base = lab.run_jobs(demo_sweep_base, [(cfg, root)], 1)[0]
+    jobs = [(cfg, root, run, over, seed, pool) for k, seed in enumerate(lab.seeds())
+            for run, over in demo_plan(name, sizes or DEMO_DATA_SIZES, k == 0)]
+    records = lab.run_jobs(demo_sweep_job, jobs, processes, lambda i, r: print(
+        f"[erclip sweep] {r['name']} seed {r['seed']}: {time.time() - t0:.0f}s so far", file=sys.stderr))
     rows = {}
     for r in records:  # seed-major: every row's list is in lab.seeds() order
         for k, m in enumerate(r["measures"], 1):

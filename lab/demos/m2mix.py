@@ -10,6 +10,7 @@ Settings, the protocol and the committed results: docs/m2mix.md.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,8 @@ def demo_manifest(data_root, out_dir) -> Path:
     captions as the caption, which pretraining never showed."""
     src = common.ManifestDataset(lab.synthetic_manifest("train", data_root), need_long=True, check_images=False)
     rows = [{"image": str(src.image_file(r).resolve()), "caption": r["long_caption"]} for r in src.rows]
-    return m2mix._write_manifest(rows, Path(out_dir) / "synthetic-train-long.jsonl")
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    return common.atomic_write(Path(out_dir) / "synthetic-train-long.jsonl", text)
 
 
 @torch.no_grad()
