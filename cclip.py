@@ -424,8 +424,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr), first_row=first_row)
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
-        common.write_results(out, {"method": cfg.method, "config": dataclasses.asdict(cfg),
-                                   "tasks": [t.name for t in tasks], **summary})
+        common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks], **summary}, cfg)
     return summary
 
 

@@ -112,17 +112,22 @@ class Config:
     debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
 
 
-# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" >= 0
-# (steps 0: the epochs decide; save_every 0: one checkpoint at the end; stop_at 0: off).
+# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
+# rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
+# stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every")
-COUNTS = ("steps", "save_every", "stop_at", "workers")
+COUNTS = ("steps", "save_every", "stop_at", "workers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
+          "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
+UNIT = ("beta1", "beta2", "label_smoothing")
 
 
-def _checked(typ, positive: bool):
+def _checked(typ, name: str):
     def check(text):
         v = typ(text)
-        if not math.isfinite(v) or (v <= 0 if positive else v < 0):
-            raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else '>= 0'}, got {text}")
+        bad = v <= 0 if name in POSITIVE else (v < 0 or v >= 1) if name in UNIT else v < 0
+        if not math.isfinite(v) or bad:
+            rule = "> 0" if name in POSITIVE else "in [0, 1)" if name in UNIT else ">= 0"
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return v
     check.__name__ = typ.__name__
     return check
@@ -131,7 +136,7 @@ def _checked(typ, positive: bool):
 def parse_config(cls, argv=None, **overrides):
     """argparse built from the dataclass fields; returns a frozen cfg."""
     p = argparse.ArgumentParser(description=(sys.modules[cls.__module__].__doc__ or "").split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     for f in dataclasses.fields(cls):
         default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
         name = "--" + f.name.replace("_", "-")
@@ -140,8 +145,8 @@ def parse_config(cls, argv=None, **overrides):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
-            if f.name in POSITIVE or f.name in COUNTS:
-                typ = _checked(typ, f.name in POSITIVE)
+            if f.name in POSITIVE + COUNTS + UNIT:
+                typ = _checked(typ, f.name)
             p.add_argument(name, type=typ, default=default, help=help_, choices=f.metadata.get("choices"))
     return cls(**vars(p.parse_args(argv)))
 
@@ -240,9 +245,21 @@ def zero_shot_classifier(model, tokenizer, classnames, templates, device=None, c
 
 
 @torch.no_grad()
-def zero_shot_accuracy(img, classifier, labels, ks=(1, 5)):
+def check_finite(name: str, **rows):
+    """A NaN or inf embedding compares False with everything, so a rank counting 'at least as good' candidates
+    would score it a hit at every k: an error naming the task and the rows instead (a diverged run, a broken
+    feature file), before anything is ranked."""
+    bad = {k: int((~torch.isfinite(v.float())).reshape(len(v), -1).any(1).sum()) for k, v in rows.items()}
+    if any(bad.values()):
+        raise RunError(f"{name}: " + ", ".join(f"{n} of {len(rows[k])} {k} rows" for k, n in bad.items() if n)
+                       + " are not finite (NaN or inf): the weights or the features are broken (a diverged run?); "
+                         "nothing was scored")
+
+
+def zero_shot_accuracy(img, classifier, labels, ks=(1, 5), name: str = "zero-shot"):
     """Top-k accuracy (percent) of logits img @ classifier; img (N, D) normalised, classifier (D, C), labels (N,).
-    A tie with the gold class counts against it."""
+    A tie with the gold class counts against it; a non-finite row is an error (check_finite), never a hit."""
+    check_finite(name, image=img, classifier=classifier.t())
     logits = img.float() @ classifier.float().to(img.device)  # (N, C)
     gold = logits.gather(1, labels.view(-1, 1).to(img.device))
     n_better = (logits >= gold).sum(1) - 1
@@ -250,12 +267,14 @@ def zero_shot_accuracy(img, classifier, labels, ks=(1, 5)):
 
 
 @torch.no_grad()
-def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), max_chunk_scores: int = 2 ** 24):
+def retrieval_metrics(img, txt, text_to_image, ks=(1, 5, 10), max_chunk_scores: int = 2 ** 24, name="retrieval",
+                      sides=("image", "text")):
     """Recall@k in percent for both directions. img (N, D), txt (M, D) normalised; text_to_image (M,) = index of
     text j's image (several captions per image allowed). Image-to-text: a hit when any of the image's captions
     ranks in the top k; text-to-image: when the text's image does. A candidate scoring equal to the best gold
     counts as ranked above it, so ties never inflate recall. Chunks of at most max_chunk_scores scores (64 MiB
-    of float32): 5k x 25k never needs the dense matrix."""
+    of float32): 5k x 25k never needs the dense matrix. A non-finite row is an error (check_finite), never a hit."""
+    check_finite(name, **{sides[0]: img, sides[1]: txt})
     img, txt = img.float(), txt.float()
     t2i = torch.as_tensor(text_to_image, device=txt.device).long()
     n_img, n_txt = len(img), len(txt)
@@ -412,6 +431,8 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         if quick_gelu is None:
             quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
         context = meta.get("context_length") if meta else None
+        if not meta:  # another program's layout (Long-CLIP's release, m2-Mix's checkpoints): an open_clip copy
+            pretrained, context = foreign_checkpoint(pretrained, cache_dir or CACHE_DIR)
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
@@ -464,6 +485,33 @@ class CachedTokenizer:
         return getattr(self.tokenizer, name)
 
 
+def foreign_checkpoint(path, cache_dir) -> tuple[str, int | None]:
+    """(file open_clip loads, text window or None) for a checkpoint in another program's layout, else (path, None).
+    m2-Mix's main.py saves {'model_state_dict': ...}; Long-CLIP's release (model_longclip.py) keeps positions < 20
+    in positional_embedding, the rest in positional_embedding_res: cat(PE[:20], PE_res[20:]). Extra keys dropped."""
+    try:  # a TorchScript archive (OpenAI's own files), safetensors or anything else: open_clip's to read, as before
+        sd, what = (None if str(path).endswith(".safetensors") else load_weights_only(path)), []
+    except Exception:  # noqa: BLE001
+        return str(path), None
+    if isinstance(sd, dict) and isinstance(sd.get("model_state_dict"), dict):
+        sd, what = sd["model_state_dict"], ["m2-Mix's {'model_state_dict'} wrapper"]
+    if not isinstance(sd, dict) or "positional_embedding_res" not in sd and not what:
+        return str(path), None
+    if "positional_embedding_res" in sd:
+        sd = dict(sd)
+        sd["positional_embedding"] = torch.cat([sd["positional_embedding"][:20], sd.pop("positional_embedding_res")[20:]])
+        what.append("Long-CLIP's split positional embedding")
+    extra = [k for k in sd if k.split(".")[0] in ("text_projection_mix", "shared_projection1", "shared_projection2",
+                                                  "prompts_weights", "input_resolution", "context_length", "vocab_size")]
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items() if k not in extra}
+    out = Path(cache_dir) / "converted" / f"{Path(path).stem}-{os.stat(path).st_size}-{int(os.stat(path).st_mtime)}.pt"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, lambda tmp: torch.save(sd, tmp))
+    print(f"[clipft] {path}: read as {' and '.join(what)}" + (f"; dropped {extra}" if extra else ""), file=sys.stderr)
+    return str(out), sd["positional_embedding"].shape[0]
+
+
 def read_sidecar(path):
     p = Path(str(path) + ".json")
     return json.loads(p.read_text()) if p.exists() else {}
@@ -492,6 +540,16 @@ def reusable_manifest(path, sources: dict) -> bool:
     print(f"[data] {path} was built from other source files than {', '.join(map(str, sources.values()))}: "
           f"rebuilding it", file=sys.stderr)
     return False
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """PIL's convert('RGB') clips a 16- or 32-bit integer image at 255 (a 16-bit PNG comes out 99.5 % white):
+    such images are scaled to 8 bits by their type's range first (16 bits: / 257), in training and evaluation."""
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        a = np.asarray(im, dtype=np.float64)
+        top = 65535.0 if im.mode.startswith("I;16") or a.max() <= 65535 else float(np.iinfo(np.int32).max)
+        im = Image.fromarray(np.clip(np.rint(a * 255.0 / top), 0, 255).astype(np.uint8), "L")
+    return im.convert("RGB")
 
 
 def atomic_write(path, content) -> Path:
@@ -741,7 +799,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         r = self.rows[i]
         try:
             with Image.open(self.image_file(r)) as im:
-                image = im.convert("RGB")
+                image = to_rgb(im)
         except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
             raise DataError(f"{self.path}:{r['_line']}: undecodable image {self.image_file(r)} "
                             f"({type(e).__name__}: {e}); run again with --skip-bad (the row check decodes "
@@ -1353,8 +1411,11 @@ def machine_info() -> dict:
             "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}
 
 
-def write_results(out, results: dict):
-    """<out>/results.json, written atomically."""
+def write_results(out, results: dict, cfg=None):
+    """<out>/results.json, atomically; with cfg its settings and, as 'switches', those off their defaults."""
+    if cfg is not None:
+        results = {**results, "config": dataclasses.asdict(cfg), "switches": {
+            f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}}
     return atomic_write(Path(out) / "results.json", json.dumps(results, indent=1, default=float))
 
 
@@ -1490,8 +1551,17 @@ def cli(main: Callable, argv=None):
         message, code = expected_error(e)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {printable(message)}", file=sys.stderr)
         sys.exit(code)
+
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A message as the terminal should show it: control characters from paths and captions (\\r, ANSI escapes,
+    NUL) written as escapes, so they cannot rewrite the line or colour the output; newlines stay."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
 def expected_error(e: BaseException) -> tuple[str | None, int]:

@@ -45,8 +45,8 @@ Deviations (numbered; long text in docs/dns.md under the same numbers)
  13. Output covariance re-mapped with the current maps (ours); the code's: --output-cov per-task.
  14. Loss: CLIP's symmetric InfoNCE (ours); the code's one-direction CE at temperature 1: --loss code.
  15. lambda_min default 0.01 (paper); the code's 0.1: --lambda-min 0.1.
- 16. Covariance counts per modality (ours); the code keeps one count over all steps.
- 17. Covariances from the step's own pair (ours); the code's post_step uses columns 0, 1.
+ 16. Covariance counts per modality (ours); the code keeps one count over all steps: --covariance code.
+ 17. Covariances from the step's own pair (ours); the code's post_step uses columns 0, 1: --covariance code.
  18. Recall on the whole test set (the code: mean over 5 random 1k subsets: --recall-protocol cmcl); both ways.
  19. Class features read as stored, keyed and sorted by class name; features not renormalised.
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1. 21. --demo-cmcl: the lab.
@@ -56,8 +56,9 @@ Commands (one process: torchrun brings nothing, deviation 11)
   one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
               --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
               --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
-  the code's settings (deviations 4, 6, 13, 14, 15, 22):
-            ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1 --lambda-min-out 0 --grad-clip 1
+  the code's settings (deviations 4, 6, 13, 14, 15, 22; CMCL's setting also 16-18: --covariance code
+            --recall-protocol cmcl): ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1
+            --lambda-min-out 0 --grad-clip 1
   CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
   demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
 """
@@ -97,6 +98,8 @@ class DNSConfig(common.Config):
     output_cov: str = common.arg("current", "output-side covariance: current: the history re-mapped with the current "
                                  "maps (ours) | per-task: each task with its end weights (the code, deviation 13)",
                                  choices=("current", "per-task"))
+    covariance: str = common.arg("ours", "ours: per-modality counts, the step's pair | code: one count over all steps, "
+                                 "the stored columns 0, 1 (CMCL setting; deviations 16, 17)", choices=("ours", "code"))
     loss: str = common.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
                            "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
     bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
@@ -467,7 +470,7 @@ class DNSLearner:
         self.dim = dim
         self.Z, self.Zo = {m: self._zeros() for m in modalities}, {m: self._zeros() for m in modalities}
         self.Zp, self.n_pair = {m: {} for m in modalities}, {m: {} for m in modalities}
-        self.n = {m: 0 for m in modalities}
+        self.n, self.n_bar = {m: 0 for m in modalities}, 0  # n_bar: --covariance code's one count
         self.history, self.summaries = [], []
 
     def __getattr__(self, name):  # the CLIP path's names: Z_img = Z["img"], Zo_txt = Zo["txt"], ...
@@ -490,9 +493,22 @@ class DNSLearner:
         return pair_projectors(self.net.model, {f"W_{m}": self.Z[m] for m in past}, Z_out, cfg.lambda_min,
                                cfg.lambda_relative, cfg.lambda_min_out)
 
-    def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None) -> dict:
+    def code_covariance(self, a, b, W_a, W_b, x0, x1):
+        """--covariance code: Z[a] from the stored column 0, Z[b] from column 1, both weighted by ONE count over
+        all steps and modalities (n_bar), the output sides W_a Z0 W_a^T -> Zo[b], W_b Z1 W_b^T -> Zo[a]."""
+        n_new = self.n_bar + len(x0)
+        C0, C1 = (x.cpu().double().t() @ x.cpu().double() / n_new for x in (x0, x1))
+        keep = self.n_bar / n_new
+        Z, Zo = dict(self.Z), dict(self.Zo)
+        Z[a], Zo[b] = Z[a] * keep + C0, Zo[b] * keep + W_a @ C0 @ W_a.t()
+        Z[b], Zo[a] = Z[b] * keep + C1, Zo[a] * keep + W_b @ C1 @ W_b.t()
+        self.code_Z, self.code_Zo, self.n_bar = Z, Zo, n_new
+
+    def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None,
+              cov_x: tuple | None = None) -> dict:
         """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b), default the first two modalities),
-        then adds the step to the covariances of a and b (after the step, as the paper)."""
+        then adds the step to the covariances of a and b (after the step, as the paper; cov_x: the stored columns
+        0 and 1 that --covariance code reads instead)."""
         model, hooks, t0 = self.net.model, None, time.perf_counter()
         a, b = pair or model.modalities[:2]
         model.set_pair(a, b)
@@ -510,6 +526,8 @@ class DNSLearner:
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
         W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
+        if cfg.covariance == "code":  # deviations 16-17: cmcl/dns.py update_covariance, one count n_bar for all
+            self.code_covariance(a, b, W_a, W_b, *(cov_x or (x_a, x_b)))
         n_a, n_b = self.n[a], self.n[b]
         self.Z[a], self.n[a] = update_covariance(self.Z[a], n_a, x_a)
         self.Z[b], self.n[b] = update_covariance(self.Z[b], n_b, x_b)
@@ -519,6 +537,8 @@ class DNSLearner:
         # deviation 13 (the code): the partner's features mapped with this step's end weights
         self.Zo[a], _ = update_covariance(self.Zo[a], n_a, x_b.cpu().double() @ W_b.t())
         self.Zo[b], _ = update_covariance(self.Zo[b], n_b, x_a.cpu().double() @ W_a.t())
+        if cfg.covariance == "code":
+            self.Z, self.Zo = self.code_Z, self.code_Zo
         self.history.append(model.snapshot())
         summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
             "pair": [a, b], "final_loss": sum(summary["final_losses"].values()),
@@ -531,11 +551,12 @@ class DNSLearner:
 
     def state_dict(self):
         return {"maps": self.net.model.state_dict(), "Z": self.Z, "Zo": self.Zo, "Zp": self.Zp, "n": self.n,
-                "n_pair": self.n_pair, "history": self.history, "summaries": self.summaries}
+                "n_pair": self.n_pair, "n_bar": self.n_bar, "history": self.history, "summaries": self.summaries}
 
     def load_state_dict(self, s):
         self.net.model.load_state_dict(s["maps"])
         self.Z, self.Zo, self.Zp, self.n, self.n_pair = s["Z"], s["Zo"], s["Zp"], s["n"], s["n_pair"]
+        self.n_bar = s.get("n_bar", 0)
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
@@ -587,7 +608,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
               "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
     results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
                "tasks": learner.summaries}
-    common.write_results(out, results)
+    common.write_results(out, results, cfg)
     if show:
         print(evaluation.dns_results_table([(cfg.mode, results)]))
     return results
@@ -608,7 +629,8 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
 
     def learn_task(k, task, task_out, resume):
         st, x = steps[k], data[(steps[k].dataset, "train")]["x"]
-        return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities)
+        return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities,
+                             cov_x=(x[:, 0], x[:, 1]))
 
     def evaluate():
         rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
@@ -626,7 +648,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
         drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
-    common.write_results(cfg.out, results)
+    common.write_results(cfg.out, results, cfg)
     if show:
         print(evaluation.cmcl_table([(cfg.mode, results)]))
     return results

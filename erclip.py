@@ -441,8 +441,7 @@ def main(argv=None):
         text = paper_tables(([("CLIP", base, 0.0)] if base else []) + [(name, tuned, cfg.lambda_p)], vit)
     print(text)
     common.write_results(cfg.out, {"variant": name, "manifest": str(manifest), "summary": summary,
-                                   "base": base, "tuned": tuned, "tables": text,
-                                   "config": dataclasses.asdict(cfg)})
+                                   "base": base, "tuned": tuned, "tables": text}, cfg)
     return {"summary": summary, "base": base, "tuned": tuned}
 
 

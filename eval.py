@@ -88,6 +88,8 @@ BENCHMARKS = {
     "flickr30k": ("flickr30k/dataset_flickr30k.json (Karpathy splits) + flickr30k/images/*.jpg",
                   "https://shannon.cs.illinois.edu/DenotationGraph/ (images); Karpathy json in "
                   "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip)"),
+    "flickr30k-full": ("flickr30k/results_20130124.token (the Flickr30k release's captions) + flickr30k/images/*.jpg",
+                       "https://shannon.cs.illinois.edu/DenotationGraph/ (images and the .token file)"),
     "urban1k": ("Urban1k/image/<k>.jpg + Urban1k/caption/<k>.txt, k = 1..1000",
                 "https://huggingface.co/datasets/BeichenZhang/Urban1k"),
     "sharegpt4v-1k": ("sharegpt4v/share-captioner_coco_lcs_sam_1246k_1107.json + the images its records name, "
@@ -245,6 +247,20 @@ def _write_rows(rows, path: Path) -> Path:
     return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _flickr30k_full(root, strict=False):
+    """Long-CLIP's eval/retrieval/flickr30k.py protocol: every image of the release (31,783) against every caption
+    of results_20130124.token ("<image>#<k>\t<caption>" lines, 158,915), not Karpathy's 1k test split."""
+    root = Path(root)
+    lines = _require(root / "flickr30k/results_20130124.token", "flickr30k-full", root).read_text(encoding="utf-8")
+    pairs = [(ln.split("\t")[0].rsplit("#", 1)[0], ln.split("\t", 1)[1].strip()) for ln in lines.split("\n")
+             if "\t" in ln]
+    names = list(dict.fromkeys(name for name, _ in pairs))
+    texts, t2i = _group_captions(names, pairs)
+    return _finish("flickr30k-full", [root / "flickr30k/images" / n for n in names], texts, t2i,
+                   f"Flickr30k full set ({len(names)} images, {len(texts)} captions; Long-CLIP's flickr30k.py)",
+                   "flickr30k-full", root, strict)
+
+
 def _urban1k(root, strict=False):
     root = Path(root)
     cap_dir = _require(root / "Urban1k/caption", "urban1k", root)
@@ -342,6 +358,7 @@ REAL_RETRIEVAL_TASKS = {
     "coco-karpathy": lambda root, strict=False: _karpathy(root, "coco", False, strict),
     "flickr30k": lambda root, strict=False: _karpathy(root, "flickr30k", False, strict),
     "flickr30k-1cap": lambda root, strict=False: _karpathy(root, "flickr30k", True, strict),
+    "flickr30k-full": _flickr30k_full,
     "urban1k": _urban1k, "sharegpt4v-1k": _sharegpt4v_1k, "docci": _docci, "long-dci": _dci,
     "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
 }
@@ -539,10 +556,10 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, i):
         item = self.paths[i]
         if isinstance(item, Image.Image):
-            return self.transform(item.convert("RGB"))
+            return self.transform(common.to_rgb(item))
         try:
             with Image.open(item) as im:
-                image = im.convert("RGB")
+                image = common.to_rgb(im)
         except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
             raise common.DataError(f"undecodable image {item} ({type(e).__name__}: {e})") from None
         return self.transform(image)
@@ -898,7 +915,9 @@ def evaluate_step(model, step: Step, test: dict, ks=(1, 5, 10), protocol: str = 
     g = torch.Generator().manual_seed(seed)
     subsets = [torch.randperm(len(x_a), generator=g)[:1000] for _ in range(5)] if protocol == "cmcl" else [None]
     rs = [common.retrieval_metrics(x_a if s is None else x_a[s], x_b if s is None else x_b[s],
-                                   torch.arange(len(x_b) if s is None else len(s)), ks=ks) for s in subsets]
+                                   torch.arange(len(x_b) if s is None else len(s)), ks=ks, name=step.name,
+                                   sides=(a, b))
+          for s in subsets]
     r = {key: sum(m[key] for m in rs) / len(rs) for key in rs[0]}
     row = {f"R@{k}": 0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in ks}
     row |= {f"{d} R@{k}": r[f"{x}_R@{k}"] for k in ks for d, x in (("A->B", "i2t"), ("B->A", "t2i"))}
@@ -1174,7 +1193,7 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
             cs = load_classification(name, data_root, download=download, synthetic_n=synthetic_n)
             img = image_features(model, preprocess, cs.image_paths, batch_size, workers, device=device)
             clf = zero_shot_head(model, tokenizer, cs.classnames, cs.templates, device=device, cache_dir=cache_dir)
-            res = common.zero_shot_accuracy(img, clf, cs.labels)
+            res = common.zero_shot_accuracy(img, clf, cs.labels, name=name)
             records += [{"task": name, "metric": m, "value": v, "protocol": cs.protocol,
                          "text_mode": "prompt-ensemble", "missing": cs.missing, "n": len(cs.labels), **base}
                         for m, v in res.items()]
@@ -1183,7 +1202,7 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
             img = image_features(model, preprocess, rs.image_paths, batch_size, workers, device=device)
             for mode in modes:
                 txt = text_features(model, tokenizer, rs.texts, mode, device=device)
-                res = common.retrieval_metrics(img, txt, rs.text_to_image)
+                res = common.retrieval_metrics(img, txt, rs.text_to_image, name=name)
                 if analyses:
                     extra = analyze_retrieval(img, txt, rs.text_to_image, model.logit_scale.exp().item())
                     res.update({k: v for k, v in extra.items()  # the ece_* keys with 'ece', the others with 'geometry'
@@ -1589,7 +1608,7 @@ def _expand(spec: str) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(),
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(), allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
     p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")

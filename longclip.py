@@ -382,7 +382,7 @@ def paper_tables(ours, backbone: str) -> str:
 # Main
 # =============================================================================
 def _recipe(argv) -> str:
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--recipe", default="longclip", choices=tuple(RECIPES))
     return p.parse_known_args(argv)[0].recipe
 
@@ -442,7 +442,7 @@ def main(argv=None):
     print(text)
     common.write_results(cfg.out, {"recipe": cfg.recipe, "manifest": str(manifest), "summary": summary,
                                    "windows": sorted(tokenizers), "base": base, "tuned": tuned, "tables": text,
-                                   "erclip_results": cfg.erclip_results, "config": dataclasses.asdict(cfg)})
+                                   "erclip_results": cfg.erclip_results}, cfg)
     return {"summary": summary, "base": base, "tuned": tuned}
 
 

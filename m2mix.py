@@ -386,7 +386,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, METHOD_NAMES[cfg.method])
     results = {"config": vars(cfg), "summary": summary, "records": records}
-    common.write_results(cfg.out, results)
+    common.write_results(cfg.out, results, cfg)
     if show:
         print(evaluation.m2mix_table1(records))
     return results

@@ -662,7 +662,7 @@ def bench_retrieval(quick):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
     p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))

@@ -478,7 +478,7 @@ def summary_rows(results: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--out", default="runs/gpu_check.json", help="the JSON written")
     p.add_argument("--backbone", default="ViT-B/16", help="backbone (random weights)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of the per-method steps")

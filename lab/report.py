@@ -15,13 +15,20 @@ from pathlib import Path
 import lab
 
 
+def threads(r: dict) -> str:
+    """How a results file's runs were executed: lab.run_jobs' one-thread workers, or the process's threads."""
+    if "processes" in r:
+        return f"one torch thread per run, {r['processes']} run(s) at a time"
+    return f"{r['machine']['torch_threads']} torch threads"
+
+
 def demo_markdown(path, command: str) -> str:
     path = Path(path)
     r = json.loads(path.read_text())
     m = r["machine"]
     figure = Path(r["figure"]).name
-    head = (f"Run: `{command}` on {m['cores']} CPU cores ({m['cpu']}), torch {m['torch']}, "
-            f"{m['torch_threads']} torch threads; wall time {r['wall_seconds']:.0f} s; seeds {r['seeds']}. "
+    head = (f"Run: `{command}` on {m['cores']} CPU cores ({m['cpu']}), torch {m['torch']}, {threads(r)}; wall time "
+            f"{r['wall_seconds']:.0f} s; seeds {r['seeds']}. "
             f"Table, claims and figure from [`docs/{path.name}`]({path.name}).")
     return (f"{head}\n\n![{command}]({figure})\n\n{r['table']}\n\nClaims (paired per-seed differences; verdict by "
             f"2 standard errors):\n\n{lab.claims_table(r['claims'])}")

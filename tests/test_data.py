@@ -250,3 +250,37 @@ def test_write_once_manifest_is_rebuilt_when_its_sources_change(tmp_path, capsys
     other.write_text(sg.read_text())
     common.coco_sharegpt4v_manifest(coco, other, out, n_pairs=2, holdout=1)  # another --sharegpt4v path
     assert common.read_sidecar(path)["sharegpt4v"] == str(other)
+
+
+def test_a_16_bit_png_is_scaled_not_clipped_to_white(tmp_path):
+    """Issue 26.9: convert('RGB') on a mode I;16 image clipped every value above 255 (99.5 % white, 6 distinct
+    values); common.to_rgb scales by the 16-bit range, the same in training (ManifestDataset) and evaluation."""
+    import numpy as np
+    from PIL import Image
+    import eval as evaluation
+    ramp = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)  # 0 .. 65520
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    with Image.open(tmp_path / "deep.png") as im:
+        assert im.mode.startswith("I")  # what PIL makes of a 16-bit grey PNG
+        rgb = np.asarray(common.to_rgb(im))
+    assert rgb.shape == (64, 64, 3) and (rgb == 255).mean() < 0.01 and len(np.unique(rgb)) > 200
+    assert abs(int(rgb[32, 0, 0]) - round(int(ramp[32, 0]) / 257)) <= 1
+    (tmp_path / "m.jsonl").write_text('{"image": "deep.png", "caption": "a ramp"}\n')
+    train = np.asarray(common.ManifestDataset(tmp_path / "m.jsonl")[0]["image"])
+    ev = evaluation._Images([str(tmp_path / "deep.png")], lambda x: np.asarray(x))[0]
+    assert np.array_equal(train, rgb) and np.array_equal(ev, rgb)
+
+
+def test_control_characters_in_a_message_are_escaped(tmp_path, capsys):
+    """Issue 26.10: a manifest path with \\r and ANSI escapes erased the `error:` line and printed a green
+    forgery; common.cli writes every message with control characters escaped (newlines kept)."""
+    evil = tmp_path / "x\r\x1b[32mall rows OK, training started\x1b[0m\x00.jsonl"
+
+    def main(argv):
+        raise common.DataError(f"manifest not found: {evil}\nsecond line")
+    with pytest.raises(SystemExit):
+        common.cli(main, [])
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err and "\x00" not in err
+    assert "x\\r\\x1b[32mall rows OK" in err and "\\x00.jsonl" in err and err.startswith("error: manifest not found")
+    assert "\nsecond line" in err

@@ -360,3 +360,48 @@ def test_recall_protocol_cmcl_is_the_codes_five_subsets(tmp_path):
     again = evaluation.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
     assert full["R@10"] < row["R@10"] and {k: v for k, v in again.items() if k != "acc"} == {
         k: v for k, v in row.items() if k != "acc"}  # the subsets come from the seed alone (acc: NaN, no classes)
+
+
+def test_covariance_code_is_the_codes_update_covariance(tmp_path, monkeypatch):
+    """--covariance code (deviations 16-17, issue 25.10): every step adds its stored columns 0 and 1 (not its
+    pair's) to the covariances of its two modalities, all weighted by ONE count over the steps (n_bar), and the
+    output sides W_A Z0 W_A^T, W_B Z1 W_B^T with the step's end weights: a hand loop of cmcl/dns.py's
+    update_covariance over the 11 steps gives the learner's Z and Zo."""
+    world = lab.synthetic_multimodal(tmp_path / "features_storage", "cmcl", dim=8, n_train=48, n_test=24)
+    made, real = [], dns.DNSLearner
+    monkeypatch.setattr(dns, "DNSLearner", type("Kept", (real,), {
+        "__init__": lambda self, *a, **k: (made.append(self), real.__init__(self, *a, **k))[1]}))
+    dns.main(["--features", str(world), "--tasks", "cmcl", "--perceptor", "imagebind", "--covariance", "code",
+              "--output-cov", "per-task", "--lambda-min-out", "0", "--epochs", "1", "--batch-size", "16",
+              "--device", "cpu", "--precision", "fp32", "--out", str(tmp_path / "run")])
+    learner = made[0]
+    steps, data, dim = evaluation.read_cmcl_steps(world, "cmcl", "imagebind")
+    Z, Zo, n_bar = {}, {}, 0
+    for k, st in enumerate(steps):
+        x = data[(st.dataset, "train")]["x"].double()
+        (a, b), n_new = st.modalities, n_bar + len(x)
+        W_a, W_b = (w.double() for w in learner.net.model.pair_maps(learner.history[k], a, b)[:2])
+        c0, c1 = x[:, 0].t() @ x[:, 0] / n_new, x[:, 1].t() @ x[:, 1] / n_new
+        old = n_bar / n_new
+        Z[a] = Z.get(a, 0) * old + c0
+        Zo[b] = Zo.get(b, 0) * old + W_a @ c0 @ W_a.t()
+        Z[b] = Z.get(b, 0) * old + c1
+        Zo[a] = Zo.get(a, 0) * old + W_b @ c1 @ W_b.t()
+        n_bar = n_new
+    assert learner.n_bar == n_bar and set(Z) == {m for m, n in learner.n.items() if n}
+    for m in Z:
+        torch.testing.assert_close(learner.Z[m], Z[m], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(learner.Zo[m], Zo[m], rtol=1e-9, atol=1e-12)
+    ours = dns.DNSConfig().covariance
+    assert ours == "ours" and json.loads((tmp_path / "run" / "results.json").read_text())["switches"]["covariance"] \
+        == "code"
+
+
+def test_inf_in_test_features_is_an_error_not_a_score():
+    """Issue 26.1: DNS's step evaluation (R@k, accuracy) refuses non-finite features, naming the step."""
+    a = F.normalize(torch.randn(20, 8), dim=-1)
+    test = {"x": torch.stack([a, a.clone()], 1), "labels": None}
+    test["x"][3, 1, 0] = float("inf")
+    step = evaluation.Step("clotho", (0, 1), ("text", "audio"))
+    with pytest.raises(common.RunError, match=r"clotho\(T-A\): 1 of 20 audio rows"):
+        evaluation.evaluate_step(SimpleNamespace(map=lambda m, x: x), step, test, ks=(1,))

@@ -203,6 +203,22 @@ def test_manifest_with_column_and_missing_image(tmp_path):
     assert ev.load_retrieval(str(tmp_path / "m/x.jsonl") + "#long_caption", tmp_path).texts[0] == "A. Long."
 
 
+def test_flickr30k_full_is_long_clips_whole_release(tmp_path):
+    """Issue 25.13: 'flickr30k-full' = Long-CLIP's flickr30k.py, every image of results_20130124.token with its
+    five captions (image i's are lines 5i..5i+4), beside Karpathy's 1k test ('flickr30k'); protocol recorded."""
+    lines = [f"{i}.jpg#{k}\tcaption {i}.{k} \n" for i in (7, 3, 9) for k in range(5)]
+    (tmp_path / "flickr30k").mkdir()
+    (tmp_path / "flickr30k/results_20130124.token").write_text("".join(lines))
+    for i in (7, 3, 9):
+        png(tmp_path / f"flickr30k/images/{i}.jpg")
+    rs = ev.load_retrieval("flickr30k-full", tmp_path)
+    assert [Path(p).name for p in rs.image_paths] == ["7.jpg", "3.jpg", "9.jpg"] and len(rs.texts) == 15
+    assert rs.texts[6] == "caption 3.1" and rs.text_to_image.tolist() == [i // 5 for i in range(15)]
+    assert "Long-CLIP" in rs.protocol and "3 images, 15 captions" in rs.protocol
+    with pytest.raises(ev.MissingData, match="results_20130124.token"):
+        ev.load_retrieval("flickr30k-full", tmp_path / "nowhere")
+
+
 def test_cifar_imagenet_imagefolder(tmp_path):
     b10 = make_cifar(tmp_path, 10)
     make_cifar(tmp_path, 100)
@@ -213,6 +229,11 @@ def test_cifar_imagenet_imagefolder(tmp_path):
     assert im.size == (32, 32) and np.array_equal(np.asarray(im)[..., 0].ravel(), b10["data"][1][:1024])
     c100 = ev.load_classification("cifar100", tmp_path)
     assert c100.classnames[1:3] == ["aquarium fish", "maple tree"] and len(c100.classnames) == 100
+    # Long-CLIP's CIFAR protocol (issue 25.8): the 80 ImageNet templates, torchvision's raw class names
+    long100 = ev.load_classification("cifar100-longclip", tmp_path)
+    assert long100.classnames[1:3] == ["aquarium_fish", "maple_tree"] and long100.templates == ev.imagenet_templates()
+    assert len(long100.templates) == 80 and long100.name == "cifar100-longclip" and "Long-CLIP" in long100.protocol
+    assert ev.load_classification("cifar10-longclip", tmp_path).labels.tolist() == c10.labels.tolist()
     # ImageNet: sorted wnid folders align with open_clip's class names
     wnids = [f"n{i:08d}" for i in range(1000)]
     for w in wnids:

@@ -241,3 +241,18 @@ def test_docs_sections_print_from_the_results_file():
     saved = json.loads(path.read_text())
     assert saved["table"] in text and all(c["claim"] in text for c in saved["claims"])
     assert f"seeds {saved['seeds']}" in text and len(report.claims_lines(path).splitlines()) == len(saved["claims"])
+
+
+def test_a_diverged_model_is_refused_not_scored_100(tmp_path):
+    """Issue 26.1, end to end: NaN in visual.proj made every image embedding NaN and eval.py printed R@1 100 and
+    zero-shot 100 with exit 0; now the evaluation stops with one error naming the task."""
+    import copy
+    import eval as evaluation
+    model, _, pre, tok = common.load_model("tiny", "random")
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.visual.proj[0, 0] = float("nan")
+    for task in ("synthetic-short", "synthetic-shape"):
+        assert evaluation.evaluate(model, pre, tok, [task], tmp_path, synthetic_n=16)  # the healthy one scores
+        with pytest.raises(common.RunError, match=f"{task}: 16 of 16 image rows are not finite"):
+            evaluation.evaluate(broken, pre, tok, [task], tmp_path, synthetic_n=16)

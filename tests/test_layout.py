@@ -16,15 +16,17 @@ PROJECT = {"common", "eval", "lab", "benchmarks", *METHODS}
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
 # cclip.py's is 460 since issue 25 added the research code's three switches (--merge-schedule, --schedule,
-# --projector-lr) with their deviation
+# --projector-lr) with their deviation; dns.py's 690 since it added the code's covariance bookkeeping
+# (--covariance code) and recall protocol
 TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (460, 90, 160),
-           "dns": (665, 90, 160)}
+           "dns": (690, 90, 160)}
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
-# used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,810 in issues
-# 24-25 for CachedTokenizer, run_continual's first_row, float32 (every loss), --decay-all and train(schedule=);
-# eval.py's to 1,675 when m2-Mix's training-set builders and C-CLIP's headline row moved there from the methods
-# and CMCL's recall protocol and Long-CLIP's CIFAR protocol came in
-SHARED_LINES = {"common": 1810, "eval": 1675}
+# used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,880 in issues
+# 24-26 for CachedTokenizer, run_continual's first_row, float32 (every loss), --decay-all, train(schedule=),
+# foreign_checkpoint (Long-CLIP's and m2-Mix's files), check_finite, the settings' ranges, to_rgb, printable;
+# eval.py's to 1,695 when m2-Mix's training-set builders and C-CLIP's headline row moved there from the methods
+# and CMCL's recall protocol, Long-CLIP's CIFAR protocol and flickr30k-full came in
+SHARED_LINES = {"common": 1880, "eval": 1695}
 
 
 def _imports(path: Path):

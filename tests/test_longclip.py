@@ -431,3 +431,26 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     for s in lab.seeds():  # the subprocess trained on the demo's (shrunken) manifest, for 2 steps
         summary = json.loads((out / f"ERCLIP-MP-seed{s}" / "results.json").read_text())["summary"]
         assert summary["steps"] == 2 and summary["train_pairs"] == 64
+
+
+def test_short_caption_code_is_the_codes_split_exactly():
+    """--short-caption code (deviation 8, issue 25.8): sharegpt4v.py's caption.replace("\\n", " ").split(". ")[0],
+    nothing stripped and no fallback; first-sentence (ours) strips and falls back to the whole caption."""
+    texts = [" A man rides.  A dog runs.", ". Opens with a stop. Then more.", "One line\nno stop", "Ends. "]
+    items = [{"caption": "unused", "long_caption": t} for t in texts]
+    tok = lambda xs, *a, **k: torch.zeros(len(xs), 4, dtype=torch.long)  # noqa: E731  (tokens not under test)
+    code = longclip.LongCaptionCollate(tok, "code")(items)["caption"]
+    ours = longclip.LongCaptionCollate(tok, "first-sentence")(items)["caption"]
+    assert code == [" A man rides", "", "One line no stop", "Ends"]
+    assert ours == ["A man rides", ". Opens with a stop. Then more.", "One line no stop", "Ends"]
+    assert longclip.LongCaptionCollate(tok, "caption")(items)["caption"] == ["unused"] * 4
+
+
+def test_log_scale_flag_sets_the_codes_temperature(tiny_random):
+    """Deviation 5 (issue 25.8): ours sets logit_scale to ln 100 = 4.605170; the code's --log_scale 4.6052 is a
+    flag away, and the two differ by 2.9e-5 in the log scale (100.003 against 100)."""
+    for value in (longclip.LN_100, 4.6052):
+        model = copy.deepcopy(tiny_random[0])
+        longclip.LongCLIP(model, cfg_of(log_scale=value))
+        assert float(model.logit_scale) == pytest.approx(value, abs=1e-6)  # float32
+    assert 4.6052 - longclip.LN_100 == pytest.approx(2.9e-5, abs=1e-6)

@@ -78,3 +78,24 @@ def test_the_cached_tokenizer_gives_the_wrapped_tokenizers_tokens():
     assert torch.equal(small(texts), raw(texts)) and len(small.rows) <= 3  # cleared, then refilled
     again = pickle.loads(pickle.dumps(tok))
     assert torch.equal(again(texts), raw(texts)) and again.context_length == raw.context_length
+
+
+def test_long_clip_and_m2_mix_checkpoint_layouts_load(tiny_random, tmp_path, capsys):
+    """Issue 25.12: Long-CLIP's released layout (positions < 20 in positional_embedding, the rest in
+    positional_embedding_res, model_longclip.py's mask1 / mask2) and m2-Mix's {'model_state_dict': ...} (with a
+    key of its own model) load through --pretrained, written here by hand in those layouts (no network)."""
+    import torch
+    sd = {k: v.clone() for k, v in tiny_random[0].state_dict().items() if k != "attn_mask"}
+    g = torch.Generator().manual_seed(0)
+    width = sd["positional_embedding"].shape[1]
+    pe, res = torch.randn(40, width, generator=g), torch.randn(40, width, generator=g)
+    torch.save({**sd, "positional_embedding": pe.half(), "positional_embedding_res": res.half()}, tmp_path / "lc.pt")
+    model, _, _, tok = common.load_model("tiny", str(tmp_path / "lc.pt"), cache_dir=str(tmp_path / "cache"))
+    assert torch.equal(model.positional_embedding, torch.cat([pe[:20], res[20:]]).half().float())
+    assert tok("a red circle").shape == (1, 40) and model.encode_text(tok("a red circle")).shape[0] == 1
+    assert "Long-CLIP" in capsys.readouterr().err
+    extra = torch.randn(width, 8)
+    torch.save({"model_state_dict": {**sd, "text_projection_mix": extra}}, tmp_path / "m2.pt")
+    model, _, _, _ = common.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
+    assert "dropped ['text_projection_mix']" in capsys.readouterr().err

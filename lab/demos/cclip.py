@@ -147,7 +147,7 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "cclip-demo.png",
         f"python cclip.py --demo; R[i][j] = R@1 on task j's test split after training tasks 1..i; seeds "
-        f"{list(lab.seeds())}"), config=dataclasses.asdict(cfg), demo_lora_lrs=DEMO_LORA)
+        f"{list(lab.seeds())}"), config=dataclasses.asdict(cfg), demo_lora_lrs=DEMO_LORA, processes=processes)
     return {"base": base, "per_seed": runs, "claims": claims}
 
 

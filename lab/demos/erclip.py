@@ -190,7 +190,7 @@ def run_demo(cfg: erclip.ERCLIPConfig, processes: int = lab.PROCESSES):
     claims = demo_claims(base, runs)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
         base, runs, o / "erclip-demo.png", f"python erclip.py --demo; seeds {list(lab.seeds())}; error bars: std "
-        f"over seeds; dots: seeds"), config=dataclasses.asdict(cfg))
+        f"over seeds; dots: seeds"), config=dataclasses.asdict(cfg), processes=processes)
     return {"base": base, "per_seed": runs, "claims": claims}
 
 

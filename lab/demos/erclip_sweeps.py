@@ -28,6 +28,7 @@ import common
 import erclip
 import eval as evaluation
 import lab
+from lab import report
 from lab.demos import erclip as demo
 
 # Every run of a sweep starts from the same initial weights in its own folder
@@ -369,7 +370,7 @@ def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PR
     lab.report_demo(root, head, base, rows, claims, demo.DEMO_COLS, t0, lambda o: sweep_figure(
         name, base, rows, o / f"erclip-sweep-{name}.png", f"python erclip.py --demo --sweep {name}; seeds "
         f"{list(lab.seeds())}; band: ±1 std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
-        sweep=name, definition=DEMO_SWEEP_NOTES[name])
+        sweep=name, definition=DEMO_SWEEP_NOTES[name], processes=processes)
     return {"base": base, "per_seed": rows, "claims": claims}
 
 
@@ -380,7 +381,8 @@ def sweep_markdown(path, timing: str = "") -> str:
     r = json.loads(Path(path).read_text())
     m = r["machine"]
     head = (f"`python erclip.py --demo --sweep {r['sweep']}`: {r['definition']}. Seeds {r['seeds']}; "
-            f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, wall time {r['wall_seconds']:.0f} s"
+            f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, {report.threads(r)}, wall time "
+            f"{r['wall_seconds']:.0f} s"
             f"{f' ({timing})' if timing else ''}; from [`{path}`]({path}).")
     table = lab.mean_std_table({"CLIP": [r["base"]], **r["per_seed"]}, SWEEP_README_COLS)
     return f"{head}\n\n{table}\n\n{lab.claims_table(r['claims'])}"
