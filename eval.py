@@ -622,14 +622,9 @@ def zero_shot_head(model, tokenizer, classnames, templates, device=None, cache_d
     key = hashlib.sha1(json.dumps([_text_fingerprint(model), list(classnames), list(templates)]).encode()).hexdigest()
     if key in _CLASSIFIER_CACHE:
         return _CLASSIFIER_CACHE[key]
-    file = Path(cache_dir) / f"classifier-{key[:16]}.pt" if cache_dir else None
-    if file is not None and file.exists():
-        clf = common.load_weights_only(file)
-    else:
-        clf = common.zero_shot_classifier(model, tokenizer, classnames, templates, device=device).cpu()
-        if file is not None:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(clf, file)
+    def compute():
+        return common.zero_shot_classifier(model, tokenizer, classnames, templates, device=device).cpu()
+    clf = cached(cache_dir, None, compute, f"classifier-{key[:16]}.pt") if cache_dir else compute()
     _CLASSIFIER_CACHE[key] = clf
     return clf
 
@@ -830,12 +825,18 @@ def read_cmcl_steps(root, spec: str, perceptor: str):
     return steps, data, dims.pop()
 
 
-def cached(cache_dir, key: dict, compute):
-    """compute() once per key, stored as <cache_dir>/<sha1(key)>.pt: tensors in plain containers, read back with
-    weights_only=True (a tampered cache file is refused, not run)."""
-    path = Path(cache_dir) / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
+def cached(cache_dir, key: dict | None, compute, name: str = ""):
+    """compute() once per key, stored as <cache_dir>/<sha1(key)>.pt (or `name`): tensors in plain containers,
+    written atomically, read back with weights_only=True: a tampered file is refused (UnsafeFileError), never run;
+    one that cannot be read otherwise (truncated by a kill) is rebuilt, with one line naming it (issue 26.6)."""
+    path = Path(cache_dir) / (name or hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
     if path.exists():
-        return common.load_weights_only(path)
+        try:
+            return common.load_weights_only(path)
+        except common.UnsafeFileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken cache file, whatever broke it, is rebuilt
+            print(f"[eval] cache file {path} could not be read ({type(e).__name__}): rebuilt", file=sys.stderr)
     value = compute()
     common.atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value

@@ -619,3 +619,19 @@ def test_a_synthetic_name_says_whether_the_lab_is_loaded(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("the lab's synthetic world, which is not loaded") == 2
+
+
+def test_a_broken_cache_entry_is_rebuilt_with_one_line(tmp_path, tiny_random, capsys):
+    """Issue 26.6: the zero-shot classifier cache was written with a bare torch.save and a truncated entry broke
+    every later run; now it is written atomically, and an entry that cannot be read is rebuilt, named."""
+    import torch
+    model, _, _, tok = tiny_random
+    ev._CLASSIFIER_CACHE.clear()
+    first = ev.zero_shot_head(model, tok, ["circle", "square"], ["a {}."], cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("classifier-*.pt")
+    entry.write_bytes(entry.read_bytes()[:40])  # a kill half-way through the write, as it was possible before
+    ev._CLASSIFIER_CACHE.clear()
+    again = ev.zero_shot_head(model, tok, ["circle", "square"], ["a {}."], cache_dir=tmp_path)
+    assert torch.equal(first, again) and f"cache file {entry} could not be read" in capsys.readouterr().err
+    assert torch.equal(torch.load(entry, weights_only=True), first)  # the rebuilt entry reads back
+    assert not list(tmp_path.glob("*.tmp*"))
