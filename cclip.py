@@ -248,15 +248,6 @@ def merge_lora(model, coef: float = 0.5):
     return model
 
 
-@torch.no_grad()
-def interpolate(model, previous: dict, new_share: float):
-    """The research code's a_mix.py: every weight <- (1 - new_share) previous + new_share current; a_mix.sh mixes
-    1:1 after task 2 (new_share 1/2) and 2:1 old:new after later tasks (1/3)."""
-    for name, t in model.state_dict().items():
-        if t.is_floating_point():
-            t.copy_((1 - new_share) * previous[name] + new_share * t)
-
-
 def projector(dim: int, hidden: int = 2048):
     """h_psi (Sec. 4.2; layout of the research code's DistillPredictor):
     Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
@@ -395,8 +386,8 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
             raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} (--stop-at)")
         if use_lora:  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (deviation 1)
             merge_lora(model, 1.0 if cfg.merge_schedule == "research" else cfg.merge_alpha)
-        if cfg.merge_schedule == "research" and i > 0:
-            interpolate(model, previous, 1 / 2 if i == 1 else 1 / 3)
+        if cfg.merge_schedule == "research" and i > 0:  # a_mix.py: new share 1/2 after task 2, 1/3 after later ones
+            model.load_state_dict(evaluation.interpolate_weights(previous, model.state_dict(), 1 / (1 + min(i, 2))))
         model.requires_grad_(True)
         if rank == 0:
             common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")

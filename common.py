@@ -244,18 +244,18 @@ def zero_shot_classifier(model, tokenizer, classnames, templates, device=None, c
                                                 device=device).float()
 
 
-@torch.no_grad()
 def check_finite(name: str, **rows):
     """A NaN or inf embedding compares False with everything, so a rank counting 'at least as good' candidates
     would score it a hit at every k: an error naming the task and the rows instead (a diverged run, a broken
     feature file), before anything is ranked."""
-    bad = {k: int((~torch.isfinite(v.float())).reshape(len(v), -1).any(1).sum()) for k, v in rows.items()}
+    bad = {k: int((~torch.isfinite(v)).reshape(len(v), -1).any(1).sum()) for k, v in rows.items()}
     if any(bad.values()):
         raise RunError(f"{name}: " + ", ".join(f"{n} of {len(rows[k])} {k} rows" for k, n in bad.items() if n)
                        + " are not finite (NaN or inf): the weights or the features are broken (a diverged run?); "
                          "nothing was scored")
 
 
+@torch.no_grad()
 def zero_shot_accuracy(img, classifier, labels, ks=(1, 5), name: str = "zero-shot"):
     """Top-k accuracy (percent) of logits img @ classifier; img (N, D) normalised, classifier (D, C), labels (N,).
     A tie with the gold class counts against it; a non-finite row is an error (check_finite), never a hit."""

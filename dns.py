@@ -498,11 +498,10 @@ class DNSLearner:
         all steps and modalities (n_bar), the output sides W_a Z0 W_a^T -> Zo[b], W_b Z1 W_b^T -> Zo[a]."""
         n_new = self.n_bar + len(x0)
         C0, C1 = (x.cpu().double().t() @ x.cpu().double() / n_new for x in (x0, x1))
-        keep = self.n_bar / n_new
-        Z, Zo = dict(self.Z), dict(self.Zo)
+        keep, Z, Zo = self.n_bar / n_new, self.Z, self.Zo
         Z[a], Zo[b] = Z[a] * keep + C0, Zo[b] * keep + W_a @ C0 @ W_a.t()
         Z[b], Zo[a] = Z[b] * keep + C1, Zo[a] * keep + W_b @ C1 @ W_b.t()
-        self.code_Z, self.code_Zo, self.n_bar = Z, Zo, n_new
+        self.n_bar = n_new
 
     def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None,
               cov_x: tuple | None = None) -> dict:
@@ -526,19 +525,19 @@ class DNSLearner:
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
         W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
+        n_a, n_b = self.n[a], self.n[b]
         if cfg.covariance == "code":  # deviations 16-17: cmcl/dns.py update_covariance, one count n_bar for all
             self.code_covariance(a, b, W_a, W_b, *(cov_x or (x_a, x_b)))
-        n_a, n_b = self.n[a], self.n[b]
-        self.Z[a], self.n[a] = update_covariance(self.Z[a], n_a, x_a)
-        self.Z[b], self.n[b] = update_covariance(self.Z[b], n_b, x_b)
+        else:
+            self.Z[a], _ = update_covariance(self.Z[a], n_a, x_a)
+            self.Z[b], _ = update_covariance(self.Z[b], n_b, x_b)
+            # deviation 13 (the code): the partner's features mapped with this step's end weights
+            self.Zo[a], _ = update_covariance(self.Zo[a], n_a, x_b.cpu().double() @ W_b.t())
+            self.Zo[b], _ = update_covariance(self.Zo[b], n_b, x_a.cpu().double() @ W_a.t())
+        self.n[a], self.n[b] = n_a + len(x_a), n_b + len(x_b)
         for m, c, x_c in ((a, b, x_b), (b, a, x_a)):  # each side's partner features, raw
             self.Zp[m][c], self.n_pair[m][c] = update_covariance(
                 self.Zp[m].get(c, self._zeros()), self.n_pair[m].get(c, 0), x_c)
-        # deviation 13 (the code): the partner's features mapped with this step's end weights
-        self.Zo[a], _ = update_covariance(self.Zo[a], n_a, x_b.cpu().double() @ W_b.t())
-        self.Zo[b], _ = update_covariance(self.Zo[b], n_b, x_a.cpu().double() @ W_a.t())
-        if cfg.covariance == "code":
-            self.Z, self.Zo = self.code_Z, self.code_Zo
         self.history.append(model.snapshot())
         summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
             "pair": [a, b], "final_loss": sum(summary["final_losses"].values()),

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 import common
+from lab.stats import take_flag
 
 # =============================================================================
 # Independent runs: in processes of one torch thread each
@@ -62,17 +63,12 @@ def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, do
 def take_processes_flag(argv: Sequence[str]) -> tuple[list[str], int]:
     """Takes `--processes N` (or --processes=N) off a demo's command line: how many jobs run at once
     (run_jobs; default PROCESSES). Returns (the other arguments, N)."""
-    argv, rest, n = list(argv), [], PROCESSES
-    while argv:
-        a = argv.pop(0)
-        if a == "--processes" or a.startswith("--processes="):
-            value = a.partition("=")[2] if "=" in a else (argv.pop(0) if argv else "")
-            if not value.isdigit() or int(value) < 1:
-                raise common.UsageError(f"--processes {value!r}: give a whole number >= 1 (1: one run at a time)")
-            n = int(value)
-        else:
-            rest.append(a)
-    return rest, n
+    rest, value = take_flag(argv, "--processes")
+    if value is None:
+        return rest, PROCESSES
+    if not value.isdigit() or int(value) < 1:
+        raise common.UsageError(f"--processes {value!r}: give a whole number >= 1 (1: one run at a time)")
+    return rest, int(value)
 
 # =============================================================================
 # 7. Sweeps: one folder per run, resume by skipping finished runs, curves

@@ -42,17 +42,24 @@ def seeds() -> tuple[int, ...]:
     return tuple(_current)
 
 
+def take_flag(argv: Sequence[str], flag: str) -> tuple[list[str], str | None]:
+    """(argv without `flag VALUE` / `flag=VALUE`, the value or None): a demo's
+    own flags, taken off before the method's Config parses the rest."""
+    argv, rest, value = list(argv), [], None
+    while argv:
+        a = argv.pop(0)
+        if a == flag or a.startswith(flag + "="):
+            value = a.partition("=")[2] if "=" in a else (argv.pop(0) if argv else "")
+        else:
+            rest.append(a)
+    return rest, value
+
+
 def take_seeds_flag(argv: Sequence[str]) -> list[str]:
     """Takes `--seeds 10,11,12` (or --seeds=...) off a demo's command line and
     makes seeds() return them, so anyone can rerun the claims on seeds nobody
     has seen; the verdict rule stays. Returns the other arguments."""
-    argv, rest, value = list(argv), [], None
-    while argv:
-        a = argv.pop(0)
-        if a == "--seeds" or a.startswith("--seeds="):
-            value = a.partition("=")[2] if "=" in a else (argv.pop(0) if argv else "")
-        else:
-            rest.append(a)
+    rest, value = take_flag(argv, "--seeds")
     if value is not None:
         try:
             picked = [int(x) for x in value.split(",") if x.strip()]
