@@ -15,10 +15,9 @@ PROJECT = {"common", "eval", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
-# cclip.py's is 460 since issue 25 added the research code's three switches (--merge-schedule, --schedule,
-# --projector-lr) with their deviation; dns.py's 690 since it added the code's covariance bookkeeping
-# (--covariance code) and recall protocol
-TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (460, 90, 160),
+# dns.py's is 690 since issue 25 added the code's covariance bookkeeping (--covariance code) and recall protocol
+# (the target, 650, is missed by 36 lines)
+TARGETS = {"erclip": (450, 90, 160), "longclip": (450, 90, 160), "m2mix": (450, 90, 160), "cclip": (450, 90, 160),
            "dns": (690, 90, 160)}
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
 # used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,880 in issues
