@@ -71,13 +71,8 @@ import math
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.utils import parametrize
+import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
-import common
-import eval as evaluation
 
 # =============================================================================
 # Config
@@ -93,52 +88,64 @@ METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 
 
 @dataclasses.dataclass(frozen=True)
-class CClipConfig(common.Config):
-    backbone: str = common.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
-    method: str = common.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
-    tasks: str = common.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), 'synthetic' "
-                                    "(the lab's 4 domains; 'synthetic-long': long captions), name=train[:test],... "
-                                    "in order; 'auto': vlcl under --data-root, else synthetic with --backbone tiny")
-    unseen: str = common.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / the "
-                                     "lab's; '' = none)")
-    zero_shot: str = common.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,cifar100 for "
-                                        "vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
+class CClipConfig(flags.Config):
+    backbone: str = flags.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
+    method: str = flags.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
+    tasks: str = flags.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), 'synthetic' "
+                                   "(the lab's 4 domains; 'synthetic-long': long captions), name=train[:test],... "
+                                   "in order; 'auto': vlcl under --data-root, else synthetic with --backbone tiny")
+    unseen: str = flags.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / the "
+                                    "lab's; '' = none)")
+    zero_shot: str = flags.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,cifar100 for "
+                                       "vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     # LoRA integration (Sec. 4.1)
-    lora_rank: int = common.arg(16, "LoRA rank r (Sec. 5)")
-    lora_alpha: float = common.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
-    lora_dropout: float = common.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
-    lora_targets: str = common.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
-    merge_alpha: float = common.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    merge_schedule: str = common.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: a_mix.sh "
-                                              "(deviation 1)", choices=("alpha", "research"))
-    train_rest: bool = common.arg(False, "also train non-adapted weights, like the research code (deviation 4)")
+    lora_rank: int = flags.arg(16, "LoRA rank r (Sec. 5)")
+    lora_alpha: float = flags.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
+    lora_dropout: float = flags.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
+    lora_targets: str = flags.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
+    merge_alpha: float = flags.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
+    merge_schedule: str = flags.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: a_mix.sh "
+                                             "(deviation 1)", choices=("alpha", "research"))
+    train_rest: bool = flags.arg(False, "also train non-adapted weights, like the research code (deviation 4)")
     # CKC (Sec. 4.2)
-    proj_hidden: int = common.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
-    ckc_weight: float = common.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
-    ckc_directions: str = common.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. 4.2) | mean: "
-                                            "their mean, the research code (deviation 10)", choices=("sum", "mean"))
+    proj_hidden: int = flags.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
+    ckc_weight: float = flags.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
+    ckc_directions: str = flags.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. 4.2) | mean: "
+                                           "their mean, the research code (deviation 10)", choices=("sum", "mean"))
     # optimisation (Sec. 5)
-    epochs: int = common.arg(40, "epochs per task (Sec. 5)")
-    batch_size: int = common.arg(1024, "global batch (Sec. 5)")
-    lr: float = common.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
-    lr_image: float = common.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
-    lr_text: float = common.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = common.arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets (Sec. 5.2.3)",
-                                choices=("paper", "none"))
-    wd: float = common.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
-    beta2: float = common.arg(0.99, "AdamW beta2 (Sec. 5)")
-    warmup: int = common.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
-    schedule: str = common.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, from and to 1 "
-                                        "% (deviation 13)", choices=("paper", "research"))
-    projector_lr: str = common.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research code)",
-                                   choices=("lr", "image"))
-    out: str = common.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
-    resume: str = common.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
+    epochs: int = flags.arg(40, "epochs per task (Sec. 5)")
+    batch_size: int = flags.arg(1024, "global batch (Sec. 5)")
+    lr: float = flags.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
+    lr_image: float = flags.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
+    lr_text: float = flags.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
+    lr_preset: str = flags.arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets (Sec. 5.2.3)",
+                               choices=("paper", "none"))
+    wd: float = flags.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
+    beta2: float = flags.arg(0.99, "AdamW beta2 (Sec. 5)")
+    warmup: int = flags.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
+    schedule: str = flags.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, from and to 1 "
+                                       "% (deviation 13)", choices=("paper", "research"))
+    projector_lr: str = flags.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research code)",
+                                  choices=("lr", "image"))
+    out: str = flags.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
+    resume: str = flags.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
-    eval_n: int = common.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n scenes (0: all)")
-    threads: int = common.arg(0, "ours: CPU threads for torch (0: torch's default)")
-    stop_after_tasks: int = common.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
-    demo: bool = common.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
+    eval_n: int = flags.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n scenes (0: all)")
+    threads: int = flags.arg(0, "ours: CPU threads for torch (0: torch's default)")
+    stop_after_tasks: int = flags.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
+    demo: bool = flags.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+    flags.answer_early(CClipConfig)
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+import common
+import eval as evaluation
 
 
 # =============================================================================
@@ -411,7 +418,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         common.write_config(cfg, out)
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state,
-        lambda path: model.load_state_dict(torch.load(path, map_location=device, weights_only=True)),
+        lambda path: model.load_state_dict(common.load_weights_only(path, map_location=device)),
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr), first_row=first_row)
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")

@@ -1,10 +1,11 @@
 """Shared plumbing for the method files: models, data, the AMP/DDP training loop, checkpoints, the
 continual-task driver and the shared metrics. Nothing here is specific to one paper; each method file holds
 only what differs from plain CLIP fine-tuning. The lab package plugs the synthetic world and the tiny backbone
-in through LAB_HOOKS; this module imports no project module. Not run directly; see README.md.
+in through LAB_HOOKS; this module imports no project module but flags.py (section 1, torch-free, so that --help
+answers before torch loads; re-exported here: common.Config, common.arg, common.parse_config). Not run directly.
 
 Sections, in order:
-  1. config            a dataclass + argparse builder every method extends
+  1. config            (flags.py) a dataclass + argparse builder every method extends
   2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
                        continual_metrics
   3. models            load_model (OpenAI names, open_clip tags, local files, the lab's tiny backbone), export
@@ -18,8 +19,6 @@ Sections, in order:
 """
 from __future__ import annotations
 
-import argparse
-import copy
 import csv
 import dataclasses
 import errno
@@ -40,7 +39,7 @@ import time
 import warnings
 import zipfile
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Sequence
@@ -53,102 +52,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
+from flags import CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config  # section 1: flags.py
+
+_REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config)  # common.Config, common.arg, ...
+
 log = logging.getLogger("clipft")
 
-CACHE_DIR = Path(os.environ.get("CLIPFT_CACHE", Path.home() / ".cache" / "clipft"))
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
-
-
-# =============================================================================
-# 1. Config
-# =============================================================================
-def arg(default, help: str, **kw):
-    """A dataclass field that carries its argparse help text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
-
-
-@dataclass(frozen=True)
-class Config:
-    """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
-    # model
-    backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
-    pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, or a checkpoint path")
-    cache_dir: str = arg("", "where open_clip looks for / stores downloaded weights")
-    # data
-    data_root: str = arg("data", "root of every benchmark folder (see README)")
-    train_data: str = arg("auto", "auto: the paper's training data under --data-root (the synthetic world with "
-                          "--backbone tiny when it is absent) | a manifest (JSONL/CSV) | synthetic")
-    skip_bad: bool = arg(False, "skip and count bad rows/images instead of stopping")
-    workers: int = arg(2, "DataLoader workers")
-    # optimisation
-    epochs: int = arg(1, "epochs over the training set")
-    steps: int = arg(0, "stop after this many steps (0: epochs decide)")
-    batch_size: int = arg(64, "global batch size (split across ranks)")
-    lr: float = arg(1e-5, "peak learning rate")
-    wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
-    decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
-    beta1: float = arg(0.9, "AdamW beta1")
-    beta2: float = arg(0.98, "AdamW beta2")
-    eps: float = arg(1e-6, "AdamW eps")
-    warmup: int = arg(0, "linear warm-up steps; negative = that percentage of all steps")
-    grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)")
-    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32",
-                         choices=("auto", "fp16", "bf16", "fp32"))
-    grad_checkpointing: bool = arg(False, "trade compute for memory in both towers")
-    label_smoothing: float = arg(0.0, "label smoothing of the contrastive cross-entropies")
-    # bookkeeping
-    out: str = arg("runs/default", "output folder (config, metrics.jsonl, checkpoints, results)")
-    seed: int = arg(0, "seed of everything random")
-    device: str = arg("auto", "auto | cpu | cuda | cuda:N")
-    log_every: int = arg(10, "steps between metrics.jsonl lines")
-    save_every: int = arg(200, "steps between checkpoints (always one at the end)")
-    resume: str = arg("", "'latest' or a checkpoint path to continue from")
-    stop_at: int = arg(0, "ours: leave after this many steps as if interrupted (tests resume)")
-    find_unused: bool = arg(False, "DDP find_unused_parameters")
-    overwrite: bool = arg(False, "ours: start afresh in an --out that holds a run (its run files are deleted)")
-    override_resume: bool = arg(False, "ours: let --resume continue with changed settings (recorded in config.json)")
-    debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
-
-
-# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
-# rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
-# stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
-POSITIVE = ("epochs", "batch_size", "lr", "log_every")
-COUNTS = ("steps", "save_every", "stop_at", "workers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
-          "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
-UNIT = ("beta1", "beta2", "label_smoothing")
-
-
-def _checked(typ, name: str):
-    def check(text):
-        v = typ(text)
-        bad = v <= 0 if name in POSITIVE else (v < 0 or v >= 1) if name in UNIT else v < 0
-        if not math.isfinite(v) or bad:
-            rule = "> 0" if name in POSITIVE else "in [0, 1)" if name in UNIT else ">= 0"
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-        return v
-    check.__name__ = typ.__name__
-    return check
-
-
-def parse_config(cls, argv=None, **overrides):
-    """argparse built from the dataclass fields; returns a frozen cfg."""
-    p = argparse.ArgumentParser(description=(sys.modules[cls.__module__].__doc__ or "").split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    for f in dataclasses.fields(cls):
-        default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        name = "--" + f.name.replace("_", "-")
-        help_ = f.metadata.get("help", "")
-        if f.type in ("bool", bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
-        else:
-            typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
-            if f.name in POSITIVE + COUNTS + UNIT:
-                typ = _checked(typ, f.name)
-            p.add_argument(name, type=typ, default=default, help=help_, choices=f.metadata.get("choices"))
-    return cls(**vars(p.parse_args(argv)))
 
 
 # =============================================================================
@@ -355,7 +265,11 @@ def register_tiny(config: dict | None = None):
     config = config or lab_hook("tiny_config")()
     path = CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
-        if not path.exists() or json.loads(path.read_text()) != config:  # atomic_write makes the folder
+        try:
+            current = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or cut short: written again
+            current = None
+        if current != config:  # atomic_write makes the folder
             atomic_write(path, json.dumps(config))
         open_clip.add_model_config(path)
 
@@ -505,16 +419,22 @@ def foreign_checkpoint(path, cache_dir) -> tuple[str, int | None]:
                                                   "prompts_weights", "input_resolution", "context_length", "vocab_size")]
     sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items() if k not in extra}
     out = Path(cache_dir) / "converted" / f"{Path(path).stem}-{os.stat(path).st_size}-{int(os.stat(path).st_mtime)}.pt"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
+    if not zipfile.is_zipfile(out):  # none yet, or cut short: (re)written whole
+        if out.exists():
+            print(f"[clipft] {out}: the converted copy is truncated: converting again", file=sys.stderr)
         atomic_write(out, lambda tmp: torch.save(sd, tmp))
     print(f"[clipft] {path}: read as {' and '.join(what)}" + (f"; dropped {extra}" if extra else ""), file=sys.stderr)
     return str(out), sd["positional_embedding"].shape[0]
 
 
 def read_sidecar(path):
+    """The `path.json` save_model wrote beside a model file ({} when there is none)."""
     p = Path(str(path) + ".json")
-    return json.loads(p.read_text()) if p.exists() else {}
+    try:
+        return json.loads(p.read_text()) if p.exists() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RunError(f"{p}, the sidecar of {path} (its backbone, QuickGELU and text window), is not readable "
+                       f"JSON ({e}); restore it, or delete it to read {path} as a plain state_dict") from None
 
 
 def source_stamp(sources: dict) -> dict:
@@ -768,7 +688,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         if self.skipped and not skip_bad:
             raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))
         if self.skipped:
-            log.warning("%s", bad_rows_message(f"{self.path}: skipped", self.skipped))
+            _warn_once(bad_rows_message(f"warning: {self.path}: skipped", self.skipped))  # preflight's and train's
         if not self.rows:
             raise DataError(f"{self.path}: every row is bad")
 
@@ -778,15 +698,17 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def _check(self, r):
         cap = self._caption(r)
-        if not isinstance(cap, str) or not cap.strip():
-            return "empty caption"
-        if self.need_long and not str(r.get("long_caption") or "").strip():
-            return "empty long_caption"
+        for name, value in ((self.caption_key, cap), ("long_caption", r.get("long_caption") if self.need_long else "x")):
+            if not isinstance(value, str):
+                return f"no {name}" if value is None else f"{name} is not text ({type(value).__name__} {value!r:.40})"
+            if not value.strip():
+                return f"empty {name}"
         if r.get(self.image_key) is None:
             return "no image path"
         p = self.image_file(r)
         if not p.is_file():
-            return f"image not found: {p}"
+            return (f"not a regular file (a folder, a pipe or a broken link): {p}" if os.path.lexists(p)
+                    else f"image not found: {p}")
         return None
 
     def image_file(self, r) -> Path:
@@ -999,7 +921,9 @@ def resolve_precision(precision: str, device) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _warn_once(message: str):
-    print(message, file=sys.stderr)
+    """Prints a message once per process (the preflight and train both check a run's data and settings), with
+    control characters from manifests escaped."""
+    print(printable(message), file=sys.stderr)
 
 
 def autocast(device, precision: str = "auto"):
@@ -1105,7 +1029,7 @@ def load_checkpoint_state(net, sd):
 
 
 class UnsafeFileError(RuntimeError):
-    pass
+    """A file refused by load_weights_only (cli prints its one message)."""
 
 
 def load_weights_only(path, map_location="cpu"):
@@ -1139,6 +1063,48 @@ def _truncate_metrics(path: Path, step: int):
 def latest_checkpoint(out) -> Path | None:
     p = Path(out) / "checkpoints" / "last.pt"
     return p if p.exists() else None
+
+
+def data_fingerprint(train_set) -> dict:
+    """What a run trains on, stored in its checkpoints: the row count and, for a manifest, the file and its
+    content's sha256 (a resume on changed data is refused: the schedule and the shuffle depend on it)."""
+    import hashlib
+    fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
+    if path is not None and Path(path).is_file():
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        fp.update(manifest=str(path), sha256=h.hexdigest())
+    return fp
+
+
+def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
+    """Refuses a resume whose training data differ from the checkpoint's (rows or manifest content) unless
+    --override-resume; returns {was, now} when the override accepts a change (train's summary records it)."""
+    old = state.get("data")
+    if not old or {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
+        return None
+    def shown(d):
+        return f"{d['rows']} rows" + (f", sha256 {d['sha256'][:12]}" if d.get("sha256") else "")
+    if not cfg.override_resume:
+        raise RunError(f"--resume: the training data changed since {ck} was saved ({old.get('manifest', 'the set')}: "
+                       f"{shown(old)} then, {shown(data)} now); the step count, the schedule and the shuffle depend "
+                       f"on them. Restore the data to continue the run, start afresh with --overwrite, or pass "
+                       f"--override-resume to go on with the new data (recorded in results.json)")
+    _warn_once(f"[out] --override-resume: continuing on changed training data ({shown(old)} -> {shown(data)})")
+    return {"was": old, "now": data}
+
+
+def checkpoint_config(ck: Path) -> tuple[dict | None, list[dict]]:
+    """(settings, --override-resume changes so far) stored in a training checkpoint; (None, []) for one saved
+    before checkpoints carried them. Read through mmap: the tensors are not loaded."""
+    try:
+        state = torch.load(ck, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        load_weights_only(ck)  # raises UnsafeFileError, naming the file
+        raise
+    return state.get("config"), state.get("resume_overrides", [])
 
 
 def step_generator(seed: int, step: int, device="cpu"):
@@ -1176,12 +1142,13 @@ class NonFiniteGuard:
             v = v.detach().float()
             self.terms[k] = torch.where(first, v, self.terms.get(k, torch.full_like(v, float("nan"))))
 
-    def check(self, hint: str = ""):
-        """Raises FloatingPointError naming the first non-finite step (one host sync)."""
+    def check(self, hint: Callable[[], str] = str):
+        """Raises FloatingPointError naming the first non-finite step as metrics.jsonl numbers it (the step
+        after which it was logged: 1-based), plus hint() (one host sync)."""
         step = int(self.step)
         if step >= 0:
             terms = {k: float(v) for k, v in self.terms.items()}
-            raise FloatingPointError(f"non-finite loss at step {step}: {terms}{hint}")
+            raise FloatingPointError(f"non-finite loss at step {step + 1}: {terms}{hint()}")
 
 
 def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
@@ -1216,7 +1183,7 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
         guard.update(ctx.step, losses, loss)
     elif not torch.isfinite(loss):
         terms = {k: float(v.detach()) for k, v in losses.items()}
-        raise FloatingPointError(f"non-finite loss at step {ctx.step}: {terms}")
+        raise FloatingPointError(f"non-finite loss at step {ctx.step + 1}: {terms}")
     opt.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     if grad_clip > 0 or hooks is not None:
@@ -1279,12 +1246,19 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                                               find_unused_parameters=cfg.find_unused) if world > 1 else net
 
     new_settings = optimizer_settings(opt)
+    data, data_change = data_fingerprint(train_set), None
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
         ck = _resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
         state = load_weights_only(ck)
-        load_checkpoint_state(net, state["net"])
+        data_change = resumed_data_check(cfg, ck, state, data)  # the config is checked in start_run
+        try:
+            load_checkpoint_state(net, state["net"])
+        except RuntimeError as e:  # another backbone's checkpoint, let through by --override-resume
+            raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
+                           f"--override-resume can change settings, never the model: resume with the run's "
+                           f"--backbone, or start afresh with --overwrite") from None
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
@@ -1302,7 +1276,11 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if rank == 0:
         write_config(cfg, out, overrides)
     guard = NonFiniteGuard(device)
-    kept = f"; last good checkpoint kept in {out / 'checkpoints'}"
+
+    def kept() -> str:  # what the non-finite message says of the checkpoints: only what is on disk
+        ck = out / "checkpoints" / "last.pt"
+        return (f"; the last good checkpoint, {ck}, is kept (--resume latest continues from it)" if ck.exists()
+                else "; no checkpoint was written before it")
 
     def save(tag="last"):
         guard.check(kept)  # before anything is written: no checkpoint after a non-finite loss
@@ -1313,7 +1291,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             raise FloatingPointError(f"non-finite weights at step {step} ({bad[:3]}); checkpoint not written")
         _atomic_save({"net": checkpoint_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                       "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step, "skipped_steps": int(n_skipped),
-                      "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg)},
+                      "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg),
+                      "resume_overrides": overrides, "data": data},
                      out / "checkpoints" / f"{tag}.pt")
 
     from tqdm.auto import tqdm
@@ -1375,7 +1354,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
                "device": str(device), "skipped_steps": int(n_skipped),
                "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
-               "bad_rows": list(getattr(train_set, "skipped", []))}  # every row the data check skipped
+               "bad_rows": list(getattr(train_set, "skipped", [])),  # every row the data check skipped
+               "data": data, **({"data_changed_on_resume": data_change} if data_change else {})}
     if rank == 0:
         save()
         if export:
@@ -1533,6 +1513,22 @@ class RunError(RuntimeError):
 
 
 _COMMAND: list[str] | None = None  # the script and its arguments, set by cli(), for the resume hint
+_RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM outside training (cli's handler), told apart from Ctrl-C by its signal number."""
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame):
+    if os.getpid() == _MAIN_PID:  # DataLoader workers (forked with this handler) leave it to the main process
+        raise Interrupted(signum)
+
+
+_MAIN_PID = os.getpid()
 
 
 def cli(main: Callable, argv=None):
@@ -1540,9 +1536,13 @@ def cli(main: Callable, argv=None):
     or flags, missing data or weights, a corrupt checkpoint, a full disk, an unwritable --out, an interrupt) into
     one paragraph on stderr and a non-zero exit code. --debug re-raises it with its traceback; anything else is
     a bug and keeps its traceback."""
-    global _COMMAND
+    global _COMMAND, _MAIN_PID
     argv = list(sys.argv[1:] if argv is None else argv)
-    _COMMAND = [sys.argv[0], *argv]
+    _COMMAND, _MAIN_PID = [sys.argv[0], *argv], os.getpid()
+    import threading
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM outside training: as Ctrl-C, with a message
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         main(argv)
     except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit are sorted below
@@ -1553,6 +1553,9 @@ def cli(main: Callable, argv=None):
             raise
         print(f"error: {printable(message)}", file=sys.stderr)
         sys.exit(code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
@@ -1567,12 +1570,12 @@ def printable(text: str) -> str:
 def expected_error(e: BaseException) -> tuple[str | None, int]:
     """(one-paragraph message, exit code) of an expected failure; (None, 1) for a bug."""
     if isinstance(e, KeyboardInterrupt):
-        return "interrupted outside training, nothing saved (during training a signal saves a checkpoint first)", 130
+        return interrupted_message(getattr(e, "signum", signal.SIGINT))
     if isinstance(e, RunError):
         return str(e), e.code
     if isinstance(e, UsageError):
         return str(e), 2
-    if isinstance(e, (DataError, FloatingPointError)):
+    if isinstance(e, (DataError, FloatingPointError, UnsafeFileError)):
         return str(e), 1
     if isinstance(e, OSError):
         where = f" ({e.filename})" if e.filename else ""
@@ -1581,12 +1584,49 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
                     f"leftover temporary files are removed at the next start, and --resume latest continues "
                     f"from the last checkpoint"), 1
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return f"{e.strerror}{where}: choose a writable --out (or fix the permissions)", 1
+            inside_cache = e.filename and str(Path(e.filename).absolute()).startswith(str(CACHE_DIR.absolute()))
+            advice = (f"the cache folder {CACHE_DIR} must be writable: set CLIPFT_CACHE to a writable folder"
+                      if inside_cache else "choose a writable location (--out for runs, --data-root for generated "
+                      "data) or fix the permissions")
+            return f"{e.strerror}{where}: {advice}", 1
         return f"{e.strerror or e}{where}", 1
     if isinstance(e, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)) or (
             isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
-        return f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {e})", 1
+        why = next((l for l in str(e).splitlines() if l.strip() and "weights_only" not in l), "")[:200]
+        return (f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {why}); "
+                f"run with --debug to see which"), 1
     return None, 1
+
+
+def interrupted_message(signum: int) -> tuple[str, int]:
+    """What an interrupt outside the training loop (the evaluations before or after it, a second Ctrl-C) leaves:
+    the files of the run on disk, named, and the command that finishes it; exit code 128 + signal."""
+    out = _RUN_OUT
+    kept = [n for n in ("checkpoints/last.pt", "model.pt", "base.json", "continual.json")
+            if out is not None and (out / n).exists()] + (
+        [p.relative_to(out).as_posix() for p in sorted(out.glob("task[0-9]*-*/checkpoints/last.pt"))] if out else [])
+    if not kept or not holds_run(out):
+        return f"interrupted (signal {signum}) before training saved anything in {out or '--out'}; nothing to resume", \
+            128 + signum
+    return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
+            f"run with (finished training is not repeated, the evaluation is):\n  {resume_command()}"), 128 + signum
+
+
+def kept_result(cfg, name: str, compute: Callable[[], object]):
+    """compute()'s JSON result kept in <out>/<name>.json with the settings it was computed under (execution flags
+    aside), e.g. the evaluation before training: a resumed run, or one interrupted during its final evaluation,
+    reads it back instead of recomputing it; any other setting recomputes it."""
+    path = Path(cfg.out) / f"{name}.json"
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE or k.startswith("eval")}
+    try:
+        saved = json.loads(path.read_text())
+        if saved["settings"] == key:
+            return saved["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    value = compute()
+    atomic_write(path, json.dumps({"settings": key, "value": value}, default=float))
+    return value
 
 
 def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
@@ -1622,13 +1662,10 @@ def check_device(cfg) -> str:
         index = torch.device(dev).index
         if index is not None and index >= torch.cuda.device_count():
             raise UsageError(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif dev not in ("auto", "cpu"):
-        try:
-            torch.device(dev)
-        except RuntimeError:
-            raise UsageError(f"--device {dev}: expected auto, cpu, cuda or cuda:N") from None
+    elif dev not in ("auto", "cpu"):  # meta, mps, xpu, ...: torch knows them, this repository does not run there
+        raise UsageError(f"--device {dev}: expected auto, cpu, cuda or cuda:N")
     device = "cuda" if dev == "auto" and torch.cuda.is_available() else ("cpu" if dev == "auto" else dev)
-    return resolve_precision(cfg.precision, device)
+    return resolve_precision(getattr(cfg, "precision", "auto"), device)
 
 
 def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_kw):
@@ -1654,7 +1691,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
 LOCK = ".lock"
 # Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
-             "continual.json", "boundary.pt", "boundary.pt.json")
+             "continual.json", "boundary.pt", "boundary.pt.json", "base.json")
 # Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
 # eval-only flags, cclip.py's thread count and stop switch.
@@ -1706,6 +1743,19 @@ def lock_out(out: Path):
     raise RunError(f"could not take the lock {path}")
 
 
+def live_holder(folder: Path) -> dict | None:
+    """{pid, host} of the live process other than this one whose lock is on `folder` (another host's counts as
+    live); None when the folder is free, its lock stale or this process's own."""
+    try:
+        held = json.loads((Path(folder) / LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    if held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
+        return None
+    alive = held.get("host") != socket.gethostname() or (isinstance(held.get("pid"), int) and _pid_alive(held["pid"]))
+    return held if alive and held else None
+
+
 def _unlock(path: Path, me: dict):
     try:
         if json.loads(path.read_text()) == me:
@@ -1744,9 +1794,16 @@ def clear_run(out: Path):
 
 def _resume_checkpoint(cfg, out: Path) -> Path:
     ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
-    if ck is None or not ck.exists():
-        raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint in {out / 'checkpoints'}; start without "
-                                f"--resume")
+    if ck is None:
+        raise RunError(f"--resume latest: no checkpoint in {out / 'checkpoints'}; start without --resume (or "
+                       f"point --out at the run to continue)")
+    if ck.is_dir():
+        inside = latest_checkpoint(ck)
+        raise RunError(f"--resume {ck}: a folder, not a checkpoint; " + (
+            f"pass --resume latest --out {ck} (or --resume {inside})" if inside else
+            "it holds no checkpoints/last.pt"))
+    if not ck.exists():
+        raise RunError(f"--resume {ck}: no such file; pass a checkpoint (<run>/checkpoints/last.pt) or latest")
     if not zipfile.is_zipfile(ck):  # torch.save writes a zip; a cut or empty file has no central directory
         raise RunError(f"{ck} is not a readable checkpoint (truncated, empty or not written by torch.save); "
                        f"delete it and resume from an older copy, or start afresh with --overwrite")
@@ -1764,6 +1821,7 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
     (which clears it), and --resume compares the settings with the run's config.json and refuses differences
     unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
+    global _RUN_OUT
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
     out.mkdir(parents=True, exist_ok=True)
@@ -1771,6 +1829,8 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     probe.write_bytes(b"")
     probe.unlink()
     lock_out(out)
+    if _RUN_OUT is None or not out.absolute().is_relative_to(_RUN_OUT.absolute()):  # a sequence's task: inside
+        _RUN_OUT = out
     clean_temporary(out)
     if not cfg.resume:
         if holds_run(out):
@@ -1781,15 +1841,26 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
             print(f"[out] --overwrite: deleting the old run's files in {out}", file=sys.stderr)
             clear_run(out)
         return []
-    run_dir = out if continual else _resume_checkpoint(cfg, out).parent.parent
-    if continual and not (out / "config.json").exists():
-        raise RunError(f"--resume {cfg.resume}: {out} holds no run to continue (no config.json); start without "
-                       f"--resume")
-    saved = run_dir / "config.json"
-    if not saved.exists():
-        print(f"[out] {saved} not found: the settings of the resumed run cannot be compared", file=sys.stderr)
-        return []
-    old = json.loads(saved.read_text())
+    old, before, saved = None, None, out / "config.json"
+    if not continual:  # the checkpoint's own record of its settings; config.json is a copy for people
+        ck = _resume_checkpoint(cfg, out)
+        run_dir, saved = ck.parent.parent, ck.parent.parent / "config.json"
+        old, before = checkpoint_config(ck)
+    else:
+        run_dir = out
+        if not saved.exists():
+            raise RunError(f"--resume {cfg.resume}: {out} holds no run to continue (no config.json); start "
+                           f"without --resume")
+    if old is None:  # a task sequence (its in-flight task's checkpoint is checked by train), or an old checkpoint
+        if not saved.exists():
+            print(f"[out] {saved} not found: the settings of the resumed run cannot be compared", file=sys.stderr)
+            return []
+        try:
+            old = json.loads(saved.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RunError(f"{saved} is not readable JSON ({e}); it records the run's settings: restore it, or "
+                           f"start afresh with --overwrite") from None
+        before = old.get("resume_overrides", [])
     diffs = resume_differences(old, dataclasses.asdict(cfg))
     if diffs and not cfg.override_resume:
         lines = "; ".join(f"--{k.replace('_', '-')} {a!r} (run) -> {b!r} (now)" for k, a, b in diffs)
@@ -1799,8 +1870,8 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     now = [{"field": k, "was": a, "now": b} for k, a, b in diffs]
     if now:
         changed = ", ".join(f"{d['field']}={d['now']!r}" for d in now)
-        print(f"[out] --override-resume: continuing with {changed}", file=sys.stderr)
-    return old.get("resume_overrides", []) + now
+        _warn_once(f"[out] --override-resume: continuing with {changed}")  # preflight's and train's start_run
+    return list(before or []) + now
 
 
 def write_config(cfg, out: Path, overrides: list[dict] = ()):
@@ -1874,5 +1945,5 @@ class StopSignals:
 
 def progress_line(out: Path, rec: dict, total: int) -> str:
     """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
-    return (f"[{out.name}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
+    return (f"[{printable(out.name)}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")

@@ -75,59 +75,65 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-import common
-import eval as evaluation
+import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 
 # =============================================================================
 # Config
 # =============================================================================
 @dataclass(frozen=True)
-class DNSConfig(common.Config):
-    mode: str = common.arg("gradient", "gradient: project the gradient (paper, the code) | update: project the "
-                           "optimizer's actual step (ours, deviation 2) | vanilla: no projection",
-                           choices=("gradient", "update", "vanilla"))
-    lambda_min: float = common.arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
-                                   "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, deviation 15)")
-    lambda_min_out: float = common.arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, deviation 6)")
-    lambda_relative: bool = common.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
-    output_cov: str = common.arg("current", "output-side covariance: current: the history re-mapped with the current "
-                                 "maps (ours) | per-task: each task with its end weights (the code, deviation 13)",
-                                 choices=("current", "per-task"))
-    covariance: str = common.arg("ours", "ours: per-modality counts, the step's pair | code: one count over all steps, "
-                                 "the stored columns 0, 1 (CMCL setting; deviations 16, 17)", choices=("ours", "code"))
-    loss: str = common.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
-                           "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
-    bias: bool = common.arg(False, "biases on both maps, never projected (the code, deviation 4)")
-    tasks: str = common.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
-                            "(synthetic with --backbone tiny; the paper's data has no layout here)")
-    zeroshot: str = common.arg("auto", "eval.py classification sets after every task, class prompts through W_txt "
-                               "('' = none; auto: synthetic-shape,synthetic-color in the lab, else none)")
-    task_classes: str = common.arg("auto", "ours: the lab's label set for per-task classification of each task's "
-                                   "test set ('' = off; auto: shape in the lab, else off)")
-    feature_cache: str = common.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
-    demo: bool = common.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
-    features: str = common.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 files, "
-                               "or ours); --tasks: 'cmcl' (the code's 11 steps, default here) or 'dataset[:i,j]~...'")
-    perceptor: str = common.arg("imagebind", "CMCL setting: the encoder in the h5 names "
-                                "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
-    demo_cmcl: bool = common.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
-    recall_protocol: str = common.arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)", choices=("full", "cmcl"))
-    lr: float = common.arg(1e-4, "AdamW learning rate (paper, implementation details)")
-    wd: float = common.arg(1e-3, "AdamW weight decay (paper)")
-    batch_size: int = common.arg(64, "batch size (paper)")
-    epochs: int = common.arg(5, "epochs per task (released code)")
-    beta2: float = common.arg(0.999, "AdamW beta2 (PyTorch default; not in the paper)")
-    eps: float = common.arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
-    workers: int = common.arg(0, "ours: features live in memory, no loader workers")
-    save_every: int = common.arg(0, "steps between checkpoints (0: one at the end of each task)")
-    projection_form: str = common.arg("auto", "ours (speed, deviation 12): auto: per map the form of fewest "
-                                      "operations | dense | factored; all compute the same projection",
-                                      choices=("auto", "dense", "factored"))
+class DNSConfig(flags.Config):
+    mode: str = flags.arg("gradient", "gradient: project the gradient (paper, the code) | update: project the "
+                          "optimizer's actual step (ours, deviation 2) | vanilla: no projection",
+                          choices=("gradient", "update", "vanilla"))
+    lambda_min: float = flags.arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
+                                  "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, deviation 15)")
+    lambda_min_out: float = flags.arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, deviation 6)")
+    lambda_relative: bool = flags.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
+    output_cov: str = flags.arg("current", "output-side covariance: current: the history re-mapped with the current "
+                                "maps (ours) | per-task: each task with its end weights (the code, deviation 13)",
+                                choices=("current", "per-task"))
+    covariance: str = flags.arg("ours", "ours: per-modality counts, the step's pair | code: one count over all steps, "
+                                "the stored columns 0, 1 (CMCL setting; deviations 16, 17)", choices=("ours", "code"))
+    loss: str = flags.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
+                          "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
+    bias: bool = flags.arg(False, "biases on both maps, never projected (the code, deviation 4)")
+    tasks: str = flags.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
+                           "(synthetic with --backbone tiny; the paper's data has no layout here)")
+    zeroshot: str = flags.arg("auto", "eval.py classification sets after every task, class prompts through W_txt "
+                              "('' = none; auto: synthetic-shape,synthetic-color in the lab, else none)")
+    task_classes: str = flags.arg("auto", "ours: the lab's label set for per-task classification of each task's "
+                                  "test set ('' = off; auto: shape in the lab, else off)")
+    feature_cache: str = flags.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
+    demo: bool = flags.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
+    features: str = flags.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 files, "
+                              "or ours); --tasks: 'cmcl' (the code's 11 steps, default here) or 'dataset[:i,j]~...'")
+    perceptor: str = flags.arg("imagebind", "CMCL setting: the encoder in the h5 names "
+                               "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
+    demo_cmcl: bool = flags.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
+    recall_protocol: str = flags.arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)", choices=("full", "cmcl"))
+    lr: float = flags.arg(1e-4, "AdamW learning rate (paper, implementation details)")
+    wd: float = flags.arg(1e-3, "AdamW weight decay (paper)")
+    batch_size: int = flags.arg(64, "batch size (paper)")
+    epochs: int = flags.arg(5, "epochs per task (released code)")
+    beta2: float = flags.arg(0.999, "AdamW beta2 (PyTorch default; not in the paper)")
+    eps: float = flags.arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
+    workers: int = flags.arg(0, "ours: features live in memory, no loader workers")
+    save_every: int = flags.arg(0, "steps between checkpoints (0: one at the end of each task)")
+    projection_form: str = flags.arg("auto", "ours (speed, deviation 12): auto: per map the form of fewest "
+                                     "operations | dense | factored; all compute the same projection",
+                                     choices=("auto", "dense", "factored"))
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+    flags.answer_early(DNSConfig)
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import eval as evaluation
 
 
 # =============================================================================

@@ -89,43 +89,49 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-import common
-import eval as evaluation
+import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 
 # =============================================================================
 # Config
 # =============================================================================
 @dataclasses.dataclass(frozen=True)
-class ERCLIPConfig(common.Config):
-    lr: float = common.arg(5e-6, "peak learning rate")                          # Sec. 4
-    wd: float = common.arg(0.05, "AdamW weight decay")                           # Sec. 4
-    warmup: int = common.arg(200, "linear warm-up steps, then cosine")           # Sec. 4
-    batch_size: int = common.arg(64, "global batch size")                        # Sec. 4
-    epochs: int = common.arg(1, "epochs (the paper's fixed budget)")             # Sec. 4, 4.3
-    label_smoothing: float = common.arg(0.1, "eps of CE_eps (not printed; ours)")  # Sec. 3.2, deviation 1
-    alpha: float = common.arg(1.0, "weight of L_long")                           # Sec. 4
-    lambda_p: float = common.arg(1.0, "weight of L_pres (0: variant M)")         # Sec. 4
-    fusion: str = common.arg("mean", "mean (M) | rt (residual Transformer) | lstm / transformer (v1 ablations)",
-                             choices=("mean", "rt", "lstm", "transformer"))      # Sec. 3.1, Tab. 2
-    max_sentences: int = common.arg(0, "keep at most K sentences per caption, count the rest (0: all; ours)")
-    fusion_lr: float = common.arg(0.0, "lr of the fusion module (0: the encoders' lr; ours)")
-    learn_temperature: bool = common.arg(False, "train logit_scale (the paper keeps it fixed, Sec. 4.3)")
-    train_pairs: int = common.arg(0, "training pairs (0: 20000 for coco-sharegpt4v [Sec. 4], whole split for synthetic)")
-    coco_captions: str = common.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
-    sharegpt4v: str = common.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
-    eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: the paper's (or synthetic) set; none")
-    eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning")
-    demo: bool = common.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny backbone)")
-    sweep: str = common.arg("", "run one of the paper's sweeps (Sec. 4.3-4.4; with --demo: on the lab)",
-                            choices=("", "epochs", "lambda-p", "data-size", "ablations"))
+class ERCLIPConfig(flags.Config):
+    lr: float = flags.arg(5e-6, "peak learning rate")                          # Sec. 4
+    wd: float = flags.arg(0.05, "AdamW weight decay")                           # Sec. 4
+    warmup: int = flags.arg(200, "linear warm-up steps, then cosine")           # Sec. 4
+    batch_size: int = flags.arg(64, "global batch size")                        # Sec. 4
+    epochs: int = flags.arg(1, "epochs (the paper's fixed budget)")             # Sec. 4, 4.3
+    label_smoothing: float = flags.arg(0.1, "eps of CE_eps (not printed; ours)")  # Sec. 3.2, deviation 1
+    alpha: float = flags.arg(1.0, "weight of L_long")                           # Sec. 4
+    lambda_p: float = flags.arg(1.0, "weight of L_pres (0: variant M)")         # Sec. 4
+    fusion: str = flags.arg("mean", "mean (M) | rt (residual Transformer) | lstm / transformer (v1 ablations)",
+                            choices=("mean", "rt", "lstm", "transformer"))      # Sec. 3.1, Tab. 2
+    max_sentences: int = flags.arg(0, "keep at most K sentences per caption, count the rest (0: all; ours)")
+    fusion_lr: float = flags.arg(0.0, "lr of the fusion module (0: the encoders' lr; ours)")
+    learn_temperature: bool = flags.arg(False, "train logit_scale (the paper keeps it fixed, Sec. 4.3)")
+    train_pairs: int = flags.arg(0, "training pairs (0: 20000 for coco-sharegpt4v [Sec. 4], whole split for synthetic)")
+    coco_captions: str = flags.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
+    sharegpt4v: str = flags.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
+    eval_tasks: str = flags.arg("auto", "comma list for eval.evaluate; auto: the paper's (or synthetic) set; none")
+    eval_base: bool = flags.arg(True, "also evaluate the model before fine-tuning")
+    demo: bool = flags.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny backbone)")
+    sweep: str = flags.arg("", "run one of the paper's sweeps (Sec. 4.3-4.4; with --demo: on the lab)",
+                           choices=("", "epochs", "lambda-p", "data-size", "ablations"))
 
 
 TRAIN_POOL = "coco-sharegpt4v"
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+    flags.answer_early(ERCLIPConfig)
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import eval as evaluation
 
 
 # =============================================================================
@@ -421,9 +427,10 @@ def main(argv=None):
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)
     base = []
-    if tasks and cfg.eval_base and rank == 0:
-        base = evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks, cfg.data_root,
-                                   model_name=cfg.backbone, weights="before fine-tuning")
+    if tasks and cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
+        base = common.kept_result(cfg, "base", lambda: evaluation.evaluate(
+            model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
+            weights="before fine-tuning"))
     model, summary = train_erclip(cfg, model, train_tf, tokenizer)
     if rank != 0:
         return summary

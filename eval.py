@@ -42,6 +42,115 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import flags
+
+
+# =============================================================================
+# 0. The command line (torch-free, so that --help and flag errors answer before torch loads)
+# =============================================================================
+# name -> (what must exist under the data root, where it is published)
+BENCHMARKS = {
+    "coco": ("coco/val2017/*.jpg + coco/annotations/captions_val2017.json",
+             "https://cocodataset.org/#download (2017 Val images, 2017 Train/Val annotations)"),
+    "coco-karpathy": ("coco/dataset_coco.json (Karpathy splits) + coco/val2014/*.jpg",
+                      "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip); "
+                      "images: https://cocodataset.org/#download (2014 Val images)"),
+    "flickr30k": ("flickr30k/dataset_flickr30k.json (Karpathy splits) + flickr30k/images/*.jpg",
+                  "https://shannon.cs.illinois.edu/DenotationGraph/ (images); Karpathy json in "
+                  "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip)"),
+    "flickr30k-full": ("flickr30k/results_20130124.token (the Flickr30k release's captions) + flickr30k/images/*.jpg",
+                       "https://shannon.cs.illinois.edu/DenotationGraph/ (images and the .token file)"),
+    "urban1k": ("Urban1k/image/<k>.jpg + Urban1k/caption/<k>.txt, k = 1..1000",
+                "https://huggingface.co/datasets/BeichenZhang/Urban1k"),
+    "sharegpt4v-1k": ("sharegpt4v/share-captioner_coco_lcs_sam_1246k_1107.json + the images its records name, "
+                      "relative to the data root (coco/train2017/..., sam/images/...)",
+                      "https://huggingface.co/datasets/Lin-Chen/ShareGPT4V (json); images: COCO train2017, SAM"),
+    "docci": ("docci/docci_descriptions.jsonlines + docci/images/*.jpg", "https://google.github.io/docci/"),
+    "dci": ("dci/densely_captioned_images/annotations/*.json + dci/densely_captioned_images/photos/",
+            "https://github.com/facebookresearch/DCI (densely_captioned_images)"),
+    "cifar10": ("cifar10/cifar-10-batches-py/test_batch + batches.meta (torchvision's folder)",
+                "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
+    "cifar100": ("cifar100/cifar-100-python/test + meta (torchvision's folder)",
+                 "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
+    "imagenet": ("imagenet/val/<wnid>/*.JPEG, the 1,000 ILSVRC2012 class folders",
+                 "https://image-net.org/download (ILSVRC2012 validation images, sorted into wnid folders)"),
+    "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
+              "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
+}
+BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco"],
+                   "flickr30k-1cap": BENCHMARKS["flickr30k"], "long-dci": BENCHMARKS["dci"]})
+TASK_GROUPS = {  # shorthands for --tasks
+    "erclip": "urban1k,sharegpt4v-1k,docci,long-dci,coco,cifar10,cifar100,imagenet",
+    "long": "urban1k,sharegpt4v-1k,docci,long-dci",
+    "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
+    "zero-shot": "cifar10,cifar100,imagenet",
+    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
+}
+CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip"]
+# the loaders' names (REAL_RETRIEVAL_TASKS, PUBLISHED, SIMAT_PROTOCOLS below; tests/test_eval.py checks they agree)
+RETRIEVAL_NAMES = ("coco", "coco-all", "coco-1cap", "coco-karpathy", "flickr30k", "flickr30k-1cap", "flickr30k-full",
+                   "urban1k", "sharegpt4v-1k", "docci", "long-dci", "dci")
+PAPERS = ("erclip", "m2mix", "cclip", "clip")
+SIMAT_PROTOCOL_NAMES = ("ours", "code")
+
+
+def _task_help() -> str:
+    lines = [f"retrieval tasks: {', '.join(RETRIEVAL_NAMES)}",
+             "  synthetic world (the lab's, loaded when --tasks names one): synthetic-*, e.g. the group 'synthetic'",
+             "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
+             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>", "other: simat",
+             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()), "",
+             "data root layout (--data-root):", *(f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items())]
+    return "\n".join(lines)
+
+
+def _numbers(text: str) -> list[float]:
+    """--alphas: comma-separated finite numbers."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0.5,1, got {text!r}")
+    return values
+
+
+def command_line() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(), allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
+    p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")
+    p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
+                   help="comma-separated task names or groups (see below)")
+    p.add_argument("--data-root", default="data")
+    p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
+    p.add_argument("--context-length", type=flags.checked(int, ">= 0"), default=0,
+                   help="tokenise with this text window, e.g. 77 on a stretched Long-CLIP model (0: the model's)")
+    p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
+    p.add_argument("--simat-protocol", default="ours", choices=SIMAT_PROTOCOL_NAMES,
+                   help="ours: SIMAT test split, lambda 0.5..7 | code: the m2-Mix code's dev split and 13 lambdas")
+    p.add_argument("--paper", default="", choices=("", *PAPERS), help="print that paper's CLIP numbers beside ours")
+    p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
+    p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
+    p.add_argument("--wise-ft", default="", help="fine-tuned checkpoint: evaluate the WiSE-FT curve to it")
+    p.add_argument("--wise-base", default="", help="its starting weights (default: --pretrained)")
+    p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=_numbers, help="WiSE-FT mixing coefficients")
+    p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
+    p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
+    p.add_argument("--synthetic-n", type=flags.checked(int, "> 0"), default=None,
+                   help="first n scenes of each synthetic split")
+    p.add_argument("--batch-size", type=flags.checked(int, "> 0"), default=256)
+    p.add_argument("--workers", type=flags.checked(int, ">= 0"), default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--cache-dir", default=str(flags.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
+    p.add_argument("--out", default="runs/eval", help="folder for results.json")
+    return p
+
+
+if __name__ == "__main__":
+    command_line().parse_args()  # exits here on --help or a bad flag; main() parses again with torch loaded
+
+# The evaluation's imports: after the command line, which needs none of them.
 import numpy as np
 import torch
 from PIL import Image
@@ -76,39 +185,6 @@ class ClassificationSet:
 
 class MissingData(common.DataError):
     """A benchmark (or a file of it) is not where the data-root layout says."""
-
-
-# name -> (what must exist under the data root, where it is published)
-BENCHMARKS = {
-    "coco": ("coco/val2017/*.jpg + coco/annotations/captions_val2017.json",
-             "https://cocodataset.org/#download (2017 Val images, 2017 Train/Val annotations)"),
-    "coco-karpathy": ("coco/dataset_coco.json (Karpathy splits) + coco/val2014/*.jpg",
-                      "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip); "
-                      "images: https://cocodataset.org/#download (2014 Val images)"),
-    "flickr30k": ("flickr30k/dataset_flickr30k.json (Karpathy splits) + flickr30k/images/*.jpg",
-                  "https://shannon.cs.illinois.edu/DenotationGraph/ (images); Karpathy json in "
-                  "https://cs.stanford.edu/people/karpathy/deepimagesent/ (caption_datasets.zip)"),
-    "flickr30k-full": ("flickr30k/results_20130124.token (the Flickr30k release's captions) + flickr30k/images/*.jpg",
-                       "https://shannon.cs.illinois.edu/DenotationGraph/ (images and the .token file)"),
-    "urban1k": ("Urban1k/image/<k>.jpg + Urban1k/caption/<k>.txt, k = 1..1000",
-                "https://huggingface.co/datasets/BeichenZhang/Urban1k"),
-    "sharegpt4v-1k": ("sharegpt4v/share-captioner_coco_lcs_sam_1246k_1107.json + the images its records name, "
-                      "relative to the data root (coco/train2017/..., sam/images/...)",
-                      "https://huggingface.co/datasets/Lin-Chen/ShareGPT4V (json); images: COCO train2017, SAM"),
-    "docci": ("docci/docci_descriptions.jsonlines + docci/images/*.jpg", "https://google.github.io/docci/"),
-    "dci": ("dci/densely_captioned_images/annotations/*.json + dci/densely_captioned_images/photos/",
-            "https://github.com/facebookresearch/DCI (densely_captioned_images)"),
-    "cifar10": ("cifar10/cifar-10-batches-py/test_batch + batches.meta (torchvision's folder)",
-                "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
-    "cifar100": ("cifar100/cifar-100-python/test + meta (torchvision's folder)",
-                 "https://www.cs.toronto.edu/~kriz/cifar.html, or pass --download"),
-    "imagenet": ("imagenet/val/<wnid>/*.JPEG, the 1,000 ILSVRC2012 class folders",
-                 "https://image-net.org/download (ILSVRC2012 validation images, sorted into wnid folders)"),
-    "simat": ("simat/simat_db/{transfos.csv, triplets.csv, oscar_similarity_matrix.pt, images/}",
-              "https://github.com/facebookresearch/SIMAT (images: prepare_dataset.py on Visual Genome)"),
-}
-BENCHMARKS.update({"coco-1cap": BENCHMARKS["coco"], "coco-all": BENCHMARKS["coco"],
-                   "flickr30k-1cap": BENCHMARKS["flickr30k"], "long-dci": BENCHMARKS["dci"]})
 
 
 def _require(path: Path, task: str, root):
@@ -363,13 +439,7 @@ REAL_RETRIEVAL_TASKS = {
     "dci": lambda root, strict=False: _dci(root, "short_caption", strict),
 }
 RETRIEVAL_TASKS = dict(REAL_RETRIEVAL_TASKS)  # + the lab's, once registered
-TASK_GROUPS = {  # shorthands for --tasks
-    "erclip": "urban1k,sharegpt4v-1k,docci,long-dci,coco,cifar10,cifar100,imagenet",
-    "long": "urban1k,sharegpt4v-1k,docci,long-dci",
-    "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
-    "zero-shot": "cifar10,cifar100,imagenet",
-    "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
-}
+
 
 
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
@@ -401,7 +471,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     path, _, column = name.partition("#")
     if path.endswith((".jsonl", ".csv", ".tsv")):
         return manifest_retrieval(path, column or "caption", strict)
-    raise ValueError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
+    raise common.UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
 
 
 # ---- classification ---------------------------------------------------------
@@ -509,12 +579,12 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
         return _imagenet(root)
     if name.startswith("imagefolder:"):
         return _any_image_folder(name.partition(":")[2])
-    raise ValueError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
+    raise common.UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
                      f"imagefolder:<path>")
 
 
 # + the lab's synthetic-* sets, once registered
-CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip"]
+
 
 
 def is_classification(name: str) -> bool:
@@ -530,17 +600,20 @@ def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[
     return [t for t in spec.split(",") if t]
 
 
-def check_tasks(tasks, data_root):
-    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run."""
+def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
+    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run;
+    an unknown name is the caller's flag's error (UsageError)."""
     for t in tasks:
         try:
             if is_classification(t):
                 load_classification(t, data_root)
             elif t != "simat":
                 load_retrieval(t, data_root)
+        except common.UsageError as e:
+            raise common.UsageError(f"{flag}: {e}") from None
         except Exception as e:
             raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass --eval-tasks to choose others, or none)") from e
+                                   f"(pass {flag} to choose others, or none)") from e
 
 
 # =============================================================================
@@ -671,11 +744,52 @@ CMCL_DATASETS = {
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
 #        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
-    if (folder / f"{stem}.npy").exists():
-        return torch.from_numpy(np.load(folder / f"{stem}.npy")).float()
-    if (folder / f"{stem}.pt").exists():
-        return torch.as_tensor(torch.load(folder / f"{stem}.pt", map_location="cpu", weights_only=True)).float()
-    raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
+    """<folder>/<stem>.npy or .pt as a float32 (N, d) tensor; a DataError names the file when it cannot be read
+    (cut short, pickled objects: refused, never run), is not numeric, or is not two-dimensional."""
+    path = folder / f"{stem}.npy"
+    try:
+        if path.exists():
+            x = np.load(path, allow_pickle=False)
+        elif (path := folder / f"{stem}.pt").exists():
+            x = common.load_weights_only(path)
+        else:
+            raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
+        x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
+    except common.DataError:
+        raise
+    except (ValueError, TypeError, OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise common.DataError(f"{path}: not a readable feature array ({why}); write it with numpy.save or "
+                               f"torch.save of one (N, d) float tensor") from None
+    if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)) or x.ndim != 2:
+        raise common.DataError(f"{path}: a {x.dtype} array of shape {tuple(x.shape)}; expected (N, d) floats")
+    return x.float()
+
+
+def _h5_rows(path: Path, keys=None) -> tuple[list[str], torch.Tensor]:
+    """(sorted keys, stacked arrays) of an h5 file of one numeric array per key, e.g. the code's features; a
+    DataError names the file and the key for a file that h5py cannot open, an empty one, a group or strings
+    where an array belongs, and arrays of different shapes."""
+    import h5py
+    try:
+        with h5py.File(path, "r") as f:
+            keys = sorted(f.keys()) if keys is None else keys  # the code sorts the keys as strings
+            if not keys:
+                raise common.DataError(f"{path}: holds no arrays")
+            rows = []
+            for k in keys:
+                d = f[k]
+                if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiu":
+                    what = "a group" if not isinstance(d, h5py.Dataset) else f"{d.dtype} data"
+                    raise common.DataError(f"{path}: key {k!r} holds {what}, not a numeric array")
+                rows.append(torch.as_tensor(d[()]).float())
+    except OSError as e:
+        raise common.DataError(f"{path}: not a readable HDF5 file ({e})") from None
+    shapes = sorted({tuple(r.shape) for r in rows})
+    if len(shapes) > 1:
+        raise common.DataError(f"{path}: arrays of different shapes {shapes[:4]} (e.g. key "
+                               f"{keys[[tuple(r.shape) for r in rows].index(shapes[-1])]!r})")
+    return keys, torch.stack(rows)
 
 
 def sample_key(key: str) -> tuple[str, str | None]:
@@ -725,18 +839,13 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
     root, info = Path(root), dataset_info(root, dataset, perceptor)
     labels = classes = class_x = None
     if info["layout"] == "cmcl":
-        import h5py
         path = root / f"{dataset}_{split}_{perceptor}.h5"
         if not path.exists():
             raise common.DataError(f"missing {path} (the code's extractor writes it: features_storage/extract.py)")
-        with h5py.File(path, "r") as f:
-            ids = sorted(f.keys())  # the code sorts the keys as strings (feature_dataset.py)
-            x = torch.stack([torch.as_tensor(f[k][:]).float() for k in ids])
+        ids, x = _h5_rows(path)  # the code sorts the keys as strings (feature_dataset.py)
         class_path, label_path = root / f"{dataset}_class_{perceptor}.h5", root / f"{dataset}_{split}_labels.json"
         if "acc" in info["metrics"] and class_path.exists():
-            with h5py.File(class_path, "r") as f:
-                classes = sorted(f.keys())  # the code sorts the class names
-                class_x = torch.stack([torch.as_tensor(f[c][:]).float() for c in classes])
+            classes, class_x = _h5_rows(class_path)  # the code sorts the class names
             given = json.loads(label_path.read_text()) if label_path.exists() else None  # keyed by raw id
             by_id = {i: given.get(i, given.get(sample_key(i)[0])) if given is not None else sample_key(i)[1]
                      for i in ids}
@@ -751,13 +860,26 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             raise common.DataError(f"missing {folder}")
         meta = json.loads((folder / "samples.json").read_text())
         ids = [str(i) for i in meta["ids"]]
-        x = torch.stack([_read_array(folder, m) for m in info["modalities"]], 1)  # (N, M, d)
+        arrays = {m: _read_array(folder, m) for m in info["modalities"]}
+        if len({tuple(a.shape) for a in arrays.values()}) > 1 or next(iter(arrays.values())).shape[0] != len(ids):
+            shapes = ", ".join(f"{m} {tuple(a.shape)}" for m, a in arrays.items())
+            raise common.DataError(f"{folder}: the modalities' arrays must all be ({len(ids)} samples, d), as "
+                                   f"samples.json lists them: {shapes}")
+        x = torch.stack(list(arrays.values()), 1)  # (N, M, d)
         if "acc" in info["metrics"] and meta.get("labels") is not None:
             classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
             class_x, labels = _read_array(root / dataset, "classes"), torch.tensor(meta["labels"])
+    where = path if info["layout"] == "cmcl" else root / dataset / split
     if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
-        raise common.DataError(f"{dataset} {split}: features of shape {tuple(x.shape)}, expected "
+        raise common.DataError(f"{where}: features of shape {tuple(x.shape)}, expected "
                                f"({len(ids)}, {len(info['modalities'])}, d)")
+    if class_x is not None and class_x.shape[-1] != x.shape[-1]:
+        raise common.DataError(f"{dataset}: class features of width {class_x.shape[-1]}, sample features of width "
+                               f"{x.shape[-1]} ({where}); both must come from the same encoder")
+    bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
+    if bad:
+        raise common.DataError(f"{where}: {bad} of {len(ids)} samples hold NaN or inf features (the file, not "
+                               f"the training); re-extract them or drop those samples")
     return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
 
 
@@ -1111,7 +1233,9 @@ def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, 
     not the source; the query succeeds when OSCAR's similarity of that image and the target caption exceeds 0.5.
     Score = 100 * weighted mean of successes. Returns {lam: score}.
       img (N, D) normalised database; source (Q,) image index of each query; value_emb, target_emb (Q, D)
-      normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2)."""
+      normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2).
+    A non-finite embedding is an error (argmax over NaN picks an arbitrary image: never a score)."""
+    common.check_finite("simat", images=img, words=torch.cat([value_emb, target_emb]))
     img = img.float()
     delta = (target_emb - value_emb).float()
     w = torch.as_tensor(weights, dtype=torch.float64)
@@ -1577,7 +1701,8 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
     """Continual evaluation of checkpoints: [0] before any training ('pretrained': the backbone's default weights),
     [i] after task i; tasks[j]: task j+1's test set. Returns common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
-        raise ValueError(f"need {len(tasks) + 1} checkpoints (pretrained + one per task), got {len(checkpoints)}")
+        raise common.UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
+                                f"+ one per task), got {len(checkpoints)}")
     rows, records = [], []
     for i, ck in enumerate(checkpoints):
         model, _, preprocess, tok = common.load_model(backbone, "" if ck == "pretrained" else ck, device=device)
@@ -1591,14 +1716,7 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
 # =============================================================================
 # 7. Main
 # =============================================================================
-def _task_help() -> str:
-    lines = [f"retrieval tasks: {', '.join(REAL_RETRIEVAL_TASKS)}",
-             f"  synthetic world: {', '.join(SYNTHETIC_RETRIEVAL)}",
-             "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
-             f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>", "other: simat",
-             "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()), "",
-             "data root layout (--data-root):", *(f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items())]
-    return "\n".join(lines)
+
 
 
 def _expand(spec: str) -> list:
@@ -1609,39 +1727,15 @@ def _expand(spec: str) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(), allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
-    p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")
-    p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
-                   help="comma-separated task names or groups (see below)")
-    p.add_argument("--data-root", default="data")
-    p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
-    p.add_argument("--context-length", type=int, default=0,
-                   help="tokenise with this text window, e.g. 77 on a stretched Long-CLIP model (0: the model's)")
-    p.add_argument("--analyses", default="", help="geometry,ece: m2-Mix's analyses on retrieval tasks")
-    p.add_argument("--simat-protocol", default="ours", choices=tuple(SIMAT_PROTOCOLS),
-                   help="ours: SIMAT test split, lambda 0.5..7 | code: the m2-Mix code's dev split and 13 lambdas")
-    p.add_argument("--paper", default="", choices=("", *PUBLISHED), help="print that paper's CLIP numbers beside ours")
-    p.add_argument("--download", action="store_true", help="let torchvision download CIFAR if absent")
-    p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
-    p.add_argument("--wise-ft", default="", help="fine-tuned checkpoint: evaluate the WiSE-FT curve to it")
-    p.add_argument("--wise-base", default="", help="its starting weights (default: --pretrained)")
-    p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", help="WiSE-FT mixing coefficients")
-    p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
-    p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
-    p.add_argument("--synthetic-n", type=int, default=None, help="first n scenes of each synthetic split")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--cache-dir", default=str(common.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
-    p.add_argument("--out", default="runs/eval", help="folder for results.json")
-    a = p.parse_args(argv)
+    a = command_line().parse_args(argv)
     if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
         import lab
         _ = lab  # used for its registrations only (a plain unused import would fail pyflakes)
-    device = common.init_distributed(a.device)
+    common.check_device(a)
     tasks = _expand(a.tasks)
+    check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
+                a.data_root, "--tasks")  # names and indexes before any model (--download fetches CIFAR later)
+    device = common.init_distributed(a.device)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
               synthetic_n=a.synthetic_n, simat_protocol=a.simat_protocol, log=lambda s: print(s, file=sys.stderr))
@@ -1660,14 +1754,14 @@ def main(argv=None):
         model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
             if a.context_length > common.text_tower(model).context_length:
-                p.error(f"--context-length {a.context_length} is longer than the model's text window "
-                        f"({common.text_tower(model).context_length})")
+                raise common.UsageError(f"--context-length {a.context_length} is longer than the model's text "
+                                        f"window ({common.text_tower(model).context_length})")
             tok = common.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
         if a.wise_ft:
             theta0 = (load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
-            curve = wise_ft(model, theta0, load_state_dict(a.wise_ft), [float(x) for x in a.alphas.split(",")],
+            curve = wise_ft(model, theta0, load_state_dict(a.wise_ft), a.alphas,
                             lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
                                                model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
             print(wise_ft_table(curve))
@@ -1689,5 +1783,6 @@ def main(argv=None):
     return results.get("records", [])
 
 
-if __name__ == "__main__":
-    common.cli(main)
+if __name__ == "__main__":  # through the module `eval`, the one the lab registers its synthetic sets in
+    import eval as this_module
+    common.cli(this_module.main)

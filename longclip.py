@@ -71,12 +71,7 @@ import math
 import sys
 from pathlib import Path
 
-import open_clip
-import torch
-import torch.nn as nn
-
-import common
-import eval as evaluation
+import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 LN_100 = math.log(100.0)
 
@@ -85,40 +80,40 @@ LN_100 = math.log(100.0)
 # Config
 # =============================================================================
 @dataclasses.dataclass(frozen=True)
-class LongCLIPConfig(common.Config):
-    recipe: str = common.arg("longclip", "longclip: the paper's/code's settings | erclip-budget: ERCLIP's data "
-                             "and schedule (ours)", choices=("longclip", "erclip-budget"))
+class LongCLIPConfig(flags.Config):
+    recipe: str = flags.arg("longclip", "longclip: the paper's/code's settings | erclip-budget: ERCLIP's data "
+                            "and schedule (ours)", choices=("longclip", "erclip-budget"))
     # the defaults are the longclip recipe (train/train.md's table unless said)
-    lr: float = common.arg(1e-6, "peak learning rate")                               # train.md (deviation 7)
-    wd: float = common.arg(0.01, "AdamW weight decay")                               # train.md, train.py
-    beta2: float = common.arg(0.999, "AdamW beta2")                                  # train.md
-    eps: float = common.arg(1e-8, "AdamW eps")                                       # train.md
-    warmup: int = common.arg(200, "linear warm-up steps, then cosine")               # train.md, scheduler.py
-    batch_size: int = common.arg(2048, "global batch size")                          # train.md
-    epochs: int = common.arg(6, "epochs")                                            # train.md
-    label_smoothing: float = common.arg(0.1, "eps of both CLIP losses")              # model_longclip.py (deviation 4)
-    log_scale: float = common.arg(LN_100, "set logit_scale (log 1/tau) to this; < 0: keep the backbone's")  # train.py
-    learn_temperature: bool = common.arg(False, "train logit_scale (the code leaves it in AdamW; deviation 5)")
-    keep: int = common.arg(-1, "positions kept (-1: round(20 L / 77), L the backbone's window)")  # Sec. 3.2, dev. 1
-    factor: int = common.arg(4, "stretch ratio lambda_2 of the other positions")    # Sec. 3.2
-    stretch: bool = common.arg(True, "stretch the loaded model (off: --pretrained is a stretched model already)")
-    freeze_kept: bool = common.arg(True, "keep the first `keep` positions frozen, as the code (deviation 2)")
-    pca_dim: int = common.arg(32, "k: principal components kept for the coarse image embedding")  # Sec. 3.3
-    pca_scope: str = common.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch (ours)",
-                                choices=("rank", "global"))                                       # deviation 3
-    short_caption: str = common.arg("first-sentence", "first-sentence: the long caption's text before the first "
-                                    "'. ' (code), stripped, else the whole | code: exactly the code's split | "
-                                    "caption: the manifest's", choices=("first-sentence", "code", "caption"))  # dev. 8
-    train_data: str = common.arg("auto", "auto: sharegpt4v under --data-root (synthetic with --backbone tiny when "
-                                 "absent) | sharegpt4v (Long-CLIP's) | coco-sharegpt4v (ERCLIP's 20k pairs) | "
-                                 "synthetic | a manifest with caption + long_caption")
-    train_pairs: int = common.arg(0, "pairs of coco-sharegpt4v (0: ERCLIP's 20000) / scenes of synthetic (0: all)")
-    coco_captions: str = common.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
-    sharegpt4v: str = common.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
-    eval_tasks: str = common.arg("auto", "comma list for eval.evaluate; auto: ERCLIP's (or synthetic) set; none")
-    eval_base: bool = common.arg(True, "also evaluate the model before fine-tuning (original window)")
-    erclip_results: str = common.arg("", "an erclip.py results.json whose rows are printed beside ours")
-    demo: bool = common.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P, seeds lab.SEEDS")
+    lr: float = flags.arg(1e-6, "peak learning rate")                               # train.md (deviation 7)
+    wd: float = flags.arg(0.01, "AdamW weight decay")                               # train.md, train.py
+    beta2: float = flags.arg(0.999, "AdamW beta2")                                  # train.md
+    eps: float = flags.arg(1e-8, "AdamW eps")                                       # train.md
+    warmup: int = flags.arg(200, "linear warm-up steps, then cosine")               # train.md, scheduler.py
+    batch_size: int = flags.arg(2048, "global batch size")                          # train.md
+    epochs: int = flags.arg(6, "epochs")                                            # train.md
+    label_smoothing: float = flags.arg(0.1, "eps of both CLIP losses")              # model_longclip.py (deviation 4)
+    log_scale: float = flags.arg(LN_100, "set logit_scale (log 1/tau) to this; < 0: keep the backbone's")  # train.py
+    learn_temperature: bool = flags.arg(False, "train logit_scale (the code leaves it in AdamW; deviation 5)")
+    keep: int = flags.arg(-1, "positions kept (-1: round(20 L / 77), L the backbone's window)")  # Sec. 3.2, dev. 1
+    factor: int = flags.arg(4, "stretch ratio lambda_2 of the other positions")    # Sec. 3.2
+    stretch: bool = flags.arg(True, "stretch the loaded model (off: --pretrained is a stretched model already)")
+    freeze_kept: bool = flags.arg(True, "keep the first `keep` positions frozen, as the code (deviation 2)")
+    pca_dim: int = flags.arg(32, "k: principal components kept for the coarse image embedding")  # Sec. 3.3
+    pca_scope: str = flags.arg("rank", "rank: PCA of each rank's batch (code) | global: of the gathered batch (ours)",
+                               choices=("rank", "global"))                                       # deviation 3
+    short_caption: str = flags.arg("first-sentence", "first-sentence: the long caption's text before the first "
+                                   "'. ' (code), stripped, else the whole | code: exactly the code's split | "
+                                   "caption: the manifest's", choices=("first-sentence", "code", "caption"))  # dev. 8
+    train_data: str = flags.arg("auto", "auto: sharegpt4v under --data-root (synthetic with --backbone tiny when "
+                                "absent) | sharegpt4v (Long-CLIP's) | coco-sharegpt4v (ERCLIP's 20k pairs) | "
+                                "synthetic | a manifest with caption + long_caption")
+    train_pairs: int = flags.arg(0, "pairs of coco-sharegpt4v (0: ERCLIP's 20000) / scenes of synthetic (0: all)")
+    coco_captions: str = flags.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
+    sharegpt4v: str = flags.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
+    eval_tasks: str = flags.arg("auto", "comma list for eval.evaluate; auto: ERCLIP's (or synthetic) set; none")
+    eval_base: bool = flags.arg(True, "also evaluate the model before fine-tuning (original window)")
+    erclip_results: str = flags.arg("", "an erclip.py results.json whose rows are printed beside ours")
+    demo: bool = flags.arg(False, "run the lab demo: same-budget Long-CLIP against ERCLIP M+P, seeds lab.SEEDS")
 
 
 # ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs (deviation 12)
@@ -127,6 +122,23 @@ RECIPES = {
     "erclip-budget": dict(lr=5e-6, wd=0.05, beta2=0.98, eps=1e-6, warmup=200, batch_size=64, epochs=1,
                           label_smoothing=0.1, log_scale=-1.0, train_data="coco-sharegpt4v", short_caption="caption"),
 }
+
+
+def _recipe(argv) -> str:  # --recipe sets the other flags' defaults
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--recipe", default="longclip", choices=tuple(RECIPES))
+    return p.parse_known_args(argv)[0].recipe
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+    flags.answer_early(LongCLIPConfig, lambda argv: RECIPES[_recipe(argv)])
+
+import open_clip
+import torch
+import torch.nn as nn
+
+import common
+import eval as evaluation
 
 
 # =============================================================================
@@ -381,12 +393,6 @@ def paper_tables(ours, backbone: str) -> str:
 # =============================================================================
 # Main
 # =============================================================================
-def _recipe(argv) -> str:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--recipe", default="longclip", choices=tuple(RECIPES))
-    return p.parse_known_args(argv)[0].recipe
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv:  # the lab: same-budget Long-CLIP against ERCLIP M+P (lab/demos/longclip.py)
@@ -410,10 +416,11 @@ def main(argv=None):
     base_window = common.text_tower(model).context_length
     device = common.init_distributed(cfg.device)
     base = []
-    if tasks and cfg.eval_base and rank == 0:  # before stretching, through its own window
-        base = [dict(r, window=None if r["task"] == "simat" or evaluation.is_classification(r["task"]) else base_window)
-                for r in evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks, cfg.data_root,
-                                             model_name=cfg.backbone, weights="before fine-tuning")]
+    if tasks and cfg.eval_base and rank == 0:  # before stretching, through its own window (kept: base.json)
+        base = common.kept_result(cfg, "base", lambda: [
+            dict(r, window=None if r["task"] == "simat" or evaluation.is_classification(r["task"]) else base_window)
+            for r in evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks, cfg.data_root,
+                                         model_name=cfg.backbone, weights="before fine-tuning")])
     model, long_tokenizer, summary = train_longclip(cfg, model, train_tf, manifest)
     if rank != 0:
         return summary

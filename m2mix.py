@@ -68,21 +68,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-import common
-import eval as evaluation
-from common import arg
+import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from flags import arg
 
 
 # =============================================================================
 # Config
 # =============================================================================
 @dataclass(frozen=True)
-class M2MixConfig(common.Config):
+class M2MixConfig(flags.Config):
     # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone")  # Sec. 5.1
     train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone tiny when absent) | "
@@ -127,12 +121,25 @@ class M2MixConfig(common.Config):
     fp16_weights: bool = arg(False, "the code's fp16 storage: weights and lam rounded to fp16 (deviation 16)")
     # evaluation (ours)
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
-    eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test protocols")
+    eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test protocols ('none': "
+                       "no evaluation)")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, the code's 13 "
                                       "lambdas (deviation 15)", choices=("ours", "code"))
     collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json and exit")
     demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+    flags.answer_early(M2MixConfig)
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import eval as evaluation
 
 
 # =============================================================================
@@ -340,7 +347,7 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
     Table 1's), on the test set matching the training split (COCO 2017 train -> val2017; Karpathy train ->
     Karpathy test, never val2017, which overlaps Karpathy's train + restval images)."""
     if cfg.eval_on:
-        return {t: t for t in cfg.eval_on.split(",") if t}
+        return {t: t for t in cfg.eval_on.split(",") if t and cfg.eval_on != "none"}
     if cfg.train_data == "synthetic":
         return {"synthetic-short": "synthetic-short"}
     if cfg.train_data == "flickr30k":
@@ -348,7 +355,7 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
     if cfg.train_data == "coco" and cfg.coco_split == "2017":
         return {"coco": "coco", "coco-1cap": "coco-1cap"}
     if cfg.train_data == "coco":
-        one = karpathy_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
+        one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
     return {Path(cfg.train_data).stem: cfg.train_data}
 
@@ -376,8 +383,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)
     records = []
-    if cfg.eval_zs and rank == 0 and not cfg.resume:
-        records += evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")
+    if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
+        records += common.kept_result(cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
     dataset = common.ManifestDataset(manifest, train_tf, skip_bad=cfg.skip_bad)
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
@@ -424,6 +431,7 @@ def main(argv=None):
         return table
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy], "Flickr30K and Karpathy's split file, Sec. 5.1")
+    evaluation.check_tasks(list(eval_tasks(cfg).values()), cfg.data_root, "--eval-on")  # before training
     common.preflight(cfg, [train_manifest(cfg)])  # rows, --out, device: before any model is loaded
     return finetune(cfg)
 

@@ -31,8 +31,8 @@ file's main() imports the lab only when its command names the lab.
 import common
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
-from lab.runs import (PROCESSES, EpochSnapshots, drop_weights, prefix_manifest, run_jobs, scratch_run, sweep_run,
-                      take_processes_flag)
+from lab.runs import (PROCESSES, EpochSnapshots, drop_weights, hold_out, prefix_manifest, remove_run_folder, run_jobs,
+                      scratch_run, sweep_run, take_processes_flag)
 from lab.stats import (SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
                        take_seeds_flag, verdict)
 from lab.tiny import TINY_CFG, TINY_PRETRAIN, domain_report, pretrain_tiny, retrieval_report, zero_shot_report

@@ -73,6 +73,26 @@ def take_processes_flag(argv: Sequence[str]) -> tuple[list[str], int]:
 # =============================================================================
 # 7. Sweeps: one folder per run, resume by skipping finished runs, curves
 # =============================================================================
+def hold_out(out) -> Path:
+    """A demo's or a sweep's --out, locked for its whole length (common.lock_out: one writer per folder, a
+    stale lock taken over): a second demo or sweep into the same folder stops at once with one message instead
+    of deleting the first one's runs under it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    common.lock_out(out)
+    return out
+
+
+def remove_run_folder(folder) -> None:
+    """Deletes a run folder unless another live process holds its lock (a run it is training)."""
+    folder = Path(folder)
+    holder = common.live_holder(folder)
+    if holder:
+        raise common.RunError(f"{folder} is being written by another live process (PID {holder.get('pid')} on "
+                              f"{holder.get('host')}): not deleting it; wait for that run or choose another --out")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     """One run of a sweep, in its own folder out/name. A finished run (its
     run.json exists) is read back and skipped, so a sweep that stopped part
@@ -84,7 +104,7 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     if done.exists():
         print(f"[sweep] {name}: finished earlier, skipped ({done})", file=sys.stderr)
         return json.loads(done.read_text())
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_run_folder(folder)
     folder.mkdir(parents=True)
     record = {"run": name, **fn(folder)}
     common.atomic_write(done, json.dumps(record, indent=1, default=float))
@@ -107,7 +127,7 @@ def drop_weights(folder) -> None:
 def scratch_run(folder):
     """A demo run's own folder: emptied first (a rerun starts it afresh),
     its weight files dropped once the block (train, then measure) ends."""
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_run_folder(folder)
     yield Path(folder)
     drop_weights(folder)
 

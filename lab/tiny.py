@@ -3,10 +3,15 @@ short alt-text captions (cached in CLIPFT_CACHE), and the measurements every
 demo takes on the world (one image pass per model)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
+import shutil
+import socket
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +106,13 @@ def write_shipped(model, path: Path, recipe: dict, seconds: float) -> Path:
 
 def load_shipped(path: Path) -> dict:
     """The full state_dict from a shipped file (its sha256 checked against its card)."""
-    card = json.loads(Path(f"{path}.json").read_text())
+    try:
+        card = json.loads(Path(f"{path}.json").read_text())
+        card["sha256"], card["recipe"]["seed"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise common.RunError(f"{path}.json, the card of the shipped tiny weights, is missing or broken "
+                              f"({type(e).__name__}: {e}); restore it (git checkout lab/weights) or rewrite the "
+                              f"weights with {WRITE_COMMAND}") from None
     if hashlib.sha256(Path(path).read_bytes()).hexdigest() != card["sha256"]:
         raise common.UsageError(f"{path}: its sha256 is not the one its card records; rewrite it with "
                                 f"{WRITE_COMMAND}")
@@ -119,14 +130,23 @@ def pretrain_tiny(force: bool = False) -> Path:
     says how to ship the new weights."""
     key = recipe_key()
     path = common.CACHE_DIR / f"tiny-synthetic-{key}.pt"
-    if path.exists() and not force:
+    if _cached(path) and not force:
         return path
     common.register_tiny(TINY_CFG)
     common.CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    import fcntl  # one process writes; others (parallel tests, ranks) wait for its file
-    with open(common.CACHE_DIR / f"{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists() and not force:
+    import fcntl  # one process writes; others (parallel tests, ranks) wait for its file, saying for whom
+    with open(common.CACHE_DIR / f"{path.name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            print(f"[lab] waiting for {lock.read().strip() or 'another process'}, which is writing {path}",
+                  file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.truncate(0)
+        lock.write(f"PID {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        if _cached(path, say=True) and not force:
             return path
         shipped = shipped_path(key)
         if shipped.exists() and not force:
@@ -136,8 +156,30 @@ def pretrain_tiny(force: bool = False) -> Path:
             return common.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")
         print(f"[lab] no shipped weights for recipe key {key} (lab/weights/): pretraining into the cache; ship "
               f"them with {WRITE_COMMAND}", file=sys.stderr)
-        model, _ = _pretrain_tiny(TINY_PRETRAIN, common.CACHE_DIR / f"tiny-pretrain-{key}")
+        model, _ = _pretrain_tiny(TINY_PRETRAIN, _work_dir(key))
         return common.save_model(model, path, "tiny", source=f"synthetic world pretraining {TINY_PRETRAIN}")
+
+
+def _cached(path: Path, say: bool = False) -> bool:
+    """Whether the cached full weights are there whole: a zip with its central directory (a cut file has none)
+    and a sidecar that parses. A broken pair is removed, with one line naming it, and rebuilt by the caller."""
+    if not path.exists():
+        return False
+    try:
+        json.loads(Path(f"{path}.json").read_text())
+        whole = zipfile.is_zipfile(path)
+    except (OSError, ValueError):
+        whole = False
+    if not whole and say:
+        print(f"[lab] {path} (or its .json sidecar) is truncated or broken: rebuilding it", file=sys.stderr)
+        path.unlink(missing_ok=True)
+    return whole
+
+
+def _work_dir(key: str) -> Path:
+    """The pretraining's working folder, out of the user's view (a hidden folder of the cache); removed when
+    the pretraining finishes, resumed from its checkpoint after an interrupt."""
+    return common.CACHE_DIR / ".work" / f"tiny-pretrain-{key}"
 
 
 def _pretrain_tiny(p: dict, out: Path):
@@ -155,8 +197,22 @@ def _pretrain_tiny(p: dict, out: Path):
     scenes = _PretrainScenes(world_split(PRETRAIN, p["n"], seed=100), seed=100)
     cfg = common.Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
                         grad_clip=1.0, precision="fp32", workers=0, out=str(out), save_every=0, log_every=50,
-                        device="cpu", seed=p["seed"], overwrite=True)
-    common.train(cfg, common.ClipFineTune(model), scenes, common.Collate(tok), export=False)
+                        device="cpu", seed=p["seed"])
+    ck = out / "checkpoints" / "last.pt"
+    if zipfile.is_zipfile(ck):  # an interrupted pretraining (a signal saved its step): continue it
+        print(f"[lab] continuing the interrupted pretraining from {ck}", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, resume="latest")
+    else:  # none, or killed before its checkpoint: start it again
+        cfg = dataclasses.replace(cfg, overwrite=True)
+    try:
+        common.train(cfg, common.ClipFineTune(model), scenes, common.Collate(tok), export=False)
+    except common.RunError as e:
+        if e.code <= 128:
+            raise
+        raise common.RunError(f"the tiny backbone's pretraining was stopped by signal {e.code - 128}; its "
+                              f"checkpoint is kept in {out}, and the next command that needs the tiny weights "
+                              f"continues it", code=e.code) from None
+    shutil.rmtree(out, ignore_errors=True)  # its checkpoint (92 MB) is not the weights; the caller saves those
     model.quick_gelu = False
     print(f"[lab] tiny backbone pretrained in {time.time() - t0:.0f}s", file=sys.stderr)
     return model, time.time() - t0
@@ -167,7 +223,7 @@ def write_weights(recipe: dict | None = None, weights_dir: Path | None = None) -
     recipe, folder = recipe or TINY_PRETRAIN, Path(weights_dir or WEIGHTS_DIR)
     key = recipe_key(recipe)
     torch.set_num_threads(2)  # the recipe's machine: 2 CPU threads (the kernels' sums depend on the thread count)
-    model, seconds = _pretrain_tiny(recipe, common.CACHE_DIR / f"tiny-pretrain-{key}")
+    model, seconds = _pretrain_tiny(recipe, _work_dir(key))
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("tiny-*.pt*"):
         old.unlink()

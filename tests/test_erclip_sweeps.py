@@ -188,7 +188,7 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
     with pytest.raises(common.RunError, match="is writing to"):
         erclip.main(argv)
     (out / common.LOCK).unlink()
-    with pytest.raises(FileNotFoundError, match="start without --resume"):  # nothing to resume in --out
+    with pytest.raises(common.RunError, match="start without --resume"):  # nothing to resume in --out
         erclip.main(argv + ["--resume", "latest"])
     assert not (out / "sweep-ablations").exists()
 

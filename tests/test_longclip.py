@@ -412,7 +412,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
         want = next(r["value"] for r in result["tuned"] if r["task"] == small and r["metric"] == "t2i_R@1"
                     and r["window"] == window)
         assert next(r["value"] for r in cli if r["metric"] == "t2i_R@1") == pytest.approx(want)
-    with pytest.raises(SystemExit):
+    with pytest.raises(common.UsageError, match="--context-length 200 is longer than the model's text window"):
         evaluation.main(["--backbone", "tiny", "--pretrained", str(out / "model.pt"), "--tasks", small,
                          "--context-length", "200", "--out", ""])
 

@@ -379,6 +379,20 @@ def test_karpathy_manifest_first_and_all(tmp_path):
         evaluation.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
 
 
+def test_coco_karpathy_evaluates_the_test_split_with_one_caption_too(tmp_path):
+    """--train-data coco --coco-split karpathy: Karpathy test, all captions and the first one (a NameError before
+    issue 26: the builder had moved to eval.py under another name)."""
+    (tmp_path / "coco").mkdir()
+    images = [{"filepath": "val2014", "filename": f"{i}.jpg", "split": sp,
+               "sentences": [{"raw": f"cap {i}.{k}"} for k in range(5)]} for i, sp in enumerate(("test", "restval"))]
+    (tmp_path / "coco" / "dataset_coco.json").write_text(json.dumps({"images": images}))
+    cfg = m2mix.M2MixConfig(train_data="coco", coco_split="karpathy", data_root=str(tmp_path), out=str(tmp_path / "r"))
+    tasks = m2mix.eval_tasks(cfg)
+    assert tasks["coco-karpathy"] == "coco-karpathy"
+    rows = common.read_manifest(tasks["coco-karpathy-1cap"])
+    assert [r["caption"] for r in rows] == ["cap 0.0"] and rows[0]["image"].endswith("val2014/0.jpg")
+
+
 def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
     (tmp_path / "coco" / "annotations").mkdir(parents=True)
     ann = {"images": [{"id": 7, "file_name": "a.jpg"}, {"id": 9, "file_name": "b.jpg"}],

@@ -99,3 +99,8 @@ def test_long_clip_and_m2_mix_checkpoint_layouts_load(tiny_random, tmp_path, cap
     model, _, _, _ = common.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     assert "dropped ['text_projection_mix']" in capsys.readouterr().err
+    converted = next((tmp_path / "cache" / "converted").glob("m2-*.pt"))
+    converted.write_bytes(converted.read_bytes()[:500])  # the cached copy cut short (issue 26.6): converted again
+    model, _, _, _ = common.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
+    assert "the converted copy is truncated: converting again" in capsys.readouterr().err

@@ -116,7 +116,7 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
     claims from paired differences. Every sequence starts from the same
     weights, so row 0 is evaluated by each method on the first seed (checked
     equal: LoRA's B starts at 0) and passed in after: 4 evaluations, not 4 x seeds."""
-    t0, out = time.time(), Path(cfg.out)
+    t0, out = time.time(), lab.hold_out(cfg.out)
     unseen, _ = resolve_eval_sets(cfg)
     tasks = [t.name for t in resolve_tasks(cfg)]
     seeds, names = lab.seeds(), list(DEMO_NAMES)

@@ -117,7 +117,7 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
     modes; frozen features extracted once), plus the guarantee check on
     low-rank features."""
     t0 = time.time()
-    out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
+    out = lab.hold_out(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
     runs, base, _ = demo_seeds(dns.run, cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
@@ -164,7 +164,7 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
     synthetic multimodal world (CMCL's h5 layout), once per seed in lab.seeds()
     (same world, same data order across modes)."""
     t0 = time.time()
-    out = Path(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
+    out = lab.hold_out(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
     features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
     settings = dict(demo_cmcl=False, features=str(features), tasks="cmcl", lr=1e-3, device="cpu",
                     precision="fp32", log_every=10_000)

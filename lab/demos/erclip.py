@@ -168,7 +168,7 @@ def run_demo(cfg: erclip.ERCLIPConfig, processes: int = lab.PROCESSES):
     data order across variants), `processes` runs at a time (lab.run_jobs: one
     torch thread each, the same numbers for any count); claims from the paired differences."""
     t0 = time.time()
-    out = Path(cfg.out)
+    out = lab.hold_out(cfg.out)
     lab.synthetic_manifest("train", cfg.data_root)  # the world's splits written once, before the workers read them
     base = lab.run_jobs(measure_pretrained, [(cfg,)], 1)[0]
     jobs = [(name, dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed,

@@ -119,10 +119,13 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
     if cfg.demo:
         return run_demo_sweep(cfg, sizes)
     if common.dist_info()[1] > 1:
-        raise ValueError("--sweep runs its runs one after another in one process (the paper used one GPU); "
-                         "start it with python, not torchrun")
+        raise common.UsageError("--sweep runs its runs one after another in one process (the paper used one GPU); "
+                                "start it with python, not torchrun")
+    if cfg.sweep == "epochs" and cfg.steps:  # every run would stop at the same step, before its epochs' ends
+        raise common.UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; --steps "
+                                f"{cfg.steps} would cut every run short: drop --steps")
     t0, name = time.time(), cfg.sweep
-    root = Path(cfg.out) / f"sweep-{name}"
+    root = Path(cfg.out) / f"sweep-{name}"  # the preflight below locks --out for the sweep's whole length
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, evaluation.ERCLIP_EVAL_TASKS,
                                  evaluation.ERCLIP_SYNTHETIC_TASKS)
     evaluation.check_tasks(tasks, cfg.data_root)
@@ -349,7 +352,7 @@ def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PR
     `processes` runs at a time (lab.run_jobs; the same numbers for any count);
     claims from the paired differences, the figure, one results file."""
     t0, name = time.time(), cfg.sweep
-    root = Path(cfg.out) / f"sweep-{name}"
+    root = lab.hold_out(Path(cfg.out) / f"sweep-{name}")
     full = lab.synthetic_manifest("train", cfg.data_root)
     pool = {"epochs": lambda: lab.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
             "data-size": lambda: full}.get(name, lambda: None)()

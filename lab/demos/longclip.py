@@ -156,7 +156,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     windows) on the lab world, once per seed in lab.seeds() from the same
     pretrained weights; claims from the paired differences."""
     t0 = time.time()
-    out = Path(cfg.out)
+    out = lab.hold_out(cfg.out)
     model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
     short_window = longclip.original_context(cfg.backbone)
     base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]

@@ -147,7 +147,7 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     """CLIP, FT, m2-Mix and m3-Mix: each method fine-tuned from the same
     pretrained weights once per seed in lab.seeds() (same seed, same data order
     across methods); claims from the paired differences."""
-    t0, out = time.time(), Path(cfg.out)
+    t0, out = time.time(), lab.hold_out(cfg.out)
     manifest = demo_manifest(cfg.data_root, out / "data")
     model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
     base = demo_measure(model, preprocess, tokenizer, cfg.data_root)

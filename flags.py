@@ -1,0 +1,118 @@
+"""The command line every script shares, without torch: the settings dataclass (Config) each method extends,
+its argparse builder with the range checks, and answer_early(), which lets a script answer --help and flag errors
+before torch and open_clip are imported (they take 2-5 s; the parser needs neither). common.py re-exports all of
+it; this module imports nothing of the project and nothing outside the standard library."""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+CACHE_DIR = Path(os.environ.get("CLIPFT_CACHE", Path.home() / ".cache" / "clipft"))
+
+
+def arg(default, help: str, **kw):
+    """A dataclass field that carries its argparse help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
+    # model
+    backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
+    pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, or a checkpoint path")
+    cache_dir: str = arg("", "where open_clip looks for / stores downloaded weights")
+    # data
+    data_root: str = arg("data", "root of every benchmark folder (see README)")
+    train_data: str = arg("auto", "auto: the paper's training data under --data-root (the synthetic world with "
+                          "--backbone tiny when it is absent) | a manifest (JSONL/CSV) | synthetic")
+    skip_bad: bool = arg(False, "skip and count bad rows/images instead of stopping")
+    workers: int = arg(2, "DataLoader workers")
+    # optimisation
+    epochs: int = arg(1, "epochs over the training set")
+    steps: int = arg(0, "stop after this many steps (0: epochs decide)")
+    batch_size: int = arg(64, "global batch size (split across ranks)")
+    lr: float = arg(1e-5, "peak learning rate")
+    wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
+    decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
+    beta1: float = arg(0.9, "AdamW beta1")
+    beta2: float = arg(0.98, "AdamW beta2")
+    eps: float = arg(1e-6, "AdamW eps")
+    warmup: int = arg(0, "linear warm-up steps; negative = that percentage of all steps")
+    grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)")
+    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32",
+                         choices=("auto", "fp16", "bf16", "fp32"))
+    grad_checkpointing: bool = arg(False, "trade compute for memory in both towers")
+    label_smoothing: float = arg(0.0, "label smoothing of the contrastive cross-entropies")
+    # bookkeeping
+    out: str = arg("runs/default", "output folder (config, metrics.jsonl, checkpoints, results)")
+    seed: int = arg(0, "seed of everything random")
+    device: str = arg("auto", "auto | cpu | cuda | cuda:N")
+    log_every: int = arg(10, "steps between metrics.jsonl lines")
+    save_every: int = arg(200, "steps between checkpoints (always one at the end)")
+    resume: str = arg("", "'latest' or a checkpoint path to continue from")
+    stop_at: int = arg(0, "ours: leave after this many steps as if interrupted (tests resume)")
+    find_unused: bool = arg(False, "DDP find_unused_parameters")
+    overwrite: bool = arg(False, "ours: start afresh in an --out that holds a run (its run files are deleted)")
+    override_resume: bool = arg(False, "ours: let --resume continue with changed settings (recorded in config.json)")
+    debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
+
+
+# Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
+# rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
+# stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
+POSITIVE = ("epochs", "batch_size", "lr", "log_every")
+COUNTS = ("steps", "save_every", "stop_at", "workers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
+          "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
+UNIT = ("beta1", "beta2", "label_smoothing")
+
+
+def checked(typ, rule: str):
+    """An argparse type: typ(text), finite, and "> 0", ">= 0" or "in [0, 1)"; else argparse's one-line error."""
+    def check(text):
+        v = typ(text)
+        ok = v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else v >= 0
+        if not math.isfinite(v) or not ok:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return v
+    check.__name__ = typ.__name__
+    return check
+
+
+def parse_config(cls, argv=None, **overrides):
+    """argparse built from the dataclass fields; returns a frozen cfg."""
+    p = argparse.ArgumentParser(description=(sys.modules[cls.__module__].__doc__ or "").split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    for f in dataclasses.fields(cls):
+        default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        name = "--" + f.name.replace("_", "-")
+        help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help strings with %
+        if f.type in ("bool", bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            if f.name in POSITIVE + COUNTS + UNIT:
+                typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
+            p.add_argument(name, type=typ, default=default, help=help_, choices=f.metadata.get("choices"))
+    return cls(**vars(p.parse_args(argv)))
+
+
+LAB_FLAGS = ("--demo", "--demo-cmcl")  # a command the lab parses (its own flags: --seeds, --processes, ...)
+
+
+def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None):
+    """A script's `if __name__ == "__main__":` before its heavy imports: parse_config(cls, argv, **defaults(argv))
+    exits with the help text or argparse's one-line error, so both come in well under a second; a valid command
+    line returns, and main() parses it again with torch loaded. A lab command (--demo) is left to the lab."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not any(a.split("=")[0] in LAB_FLAGS for a in argv):
+        parse_config(cls, argv, **(defaults(argv) if defaults else {}))

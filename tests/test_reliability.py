@@ -1,0 +1,480 @@
+"""Issue 26 (reliability pass 2), the cases not held elsewhere: resume checks
+against the checkpoint's own record (settings and training data), sweeps and
+demos that hold their --out, the tiny weights' cache repairing itself, one
+message naming the file for each expected failure, signals during the final
+evaluation, and a fast --help. docs/reliability.md maps each case to its test."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import lab
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _cli(capsys, main, argv):
+    """common.cli as a script's __main__ runs it: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        common.cli(main, argv)
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return common.load_model("tiny", "random")
+
+
+def _cfg(out, **kw):
+    return common.Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32",
+                                   out=str(out), save_every=0, log_every=1, device="cpu", seed=0), **kw})
+
+
+def _train(tiny, data, out, **kw):
+    model = common.load_model("tiny", "random")[0]
+    return common.train(_cfg(out, **kw), common.ClipFineTune(model), common.ManifestDataset(data, tiny[1]),
+                        common.Collate(tiny[3]), export=False)
+
+
+# ----------------------------------------------------------------------------- 3-4. resume trusts the checkpoint
+@pytest.fixture
+def stopped(tmp_path, tiny):
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    out = tmp_path / "run"
+    _train(tiny, data, out, stop_at=2)
+    return data, out
+
+
+def test_resume_compares_with_the_checkpoint_not_the_editable_config_json(stopped, tiny):
+    data, out = stopped
+    saved = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**saved, "lr": 1e-2}))  # edited to match the new flag
+    with pytest.raises(common.RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
+        _train(tiny, data, out, lr=1e-2, resume="latest")
+    (out / "config.json").unlink()  # deleted: the checkpoint still knows
+    with pytest.raises(common.RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
+        _train(tiny, data, out, lr=1e-2, resume="latest")
+    assert _train(tiny, data, out, resume="latest")["steps"] == 4  # unchanged settings continue
+
+
+def test_a_changed_manifest_is_refused_on_resume_and_recorded_when_overridden(stopped, tiny, tmp_path):
+    data, out = stopped
+    grown = lab.synthetic_manifest("train", tmp_path / "data32", n=32)
+    rows = [json.loads(line) for line in Path(grown).read_text().splitlines()]
+    Path(data).write_text("".join(json.dumps({**r, "image": str(Path(grown).parent / r["image"])}) + "\n"
+                                  for r in rows))  # 16 rows grew to 32 between stop and resume
+    with pytest.raises(common.RunError, match="training data changed.*16 rows.*32 rows.*--override-resume"):
+        _train(tiny, data, out, resume="latest")
+    summary = _train(tiny, data, out, resume="latest", override_resume=True)
+    assert summary["data_changed_on_resume"]["was"]["rows"] == 16
+    assert summary["data_changed_on_resume"]["now"]["rows"] == 32 and summary["data"]["rows"] == 32
+
+
+# ----------------------------------------------------------------------------- 5. one writer per sweep / demo
+def _held_by_another_live_process(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+
+
+def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_path):
+    run = tmp_path / "sweep-epochs" / "M-seed0"
+    _held_by_another_live_process(run)
+    (run / "checkpoints").mkdir()
+    with pytest.raises(common.RunError, match="another live process .* not deleting it"):
+        lab.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
+    with pytest.raises(common.RunError, match="not deleting it"):
+        with lab.scratch_run(run):
+            pass
+    assert (run / "checkpoints").is_dir()  # the live run's files are untouched
+    (run / common.LOCK).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": common.socket.gethostname()}))
+    assert lab.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})["x"] == 1  # stale: cleared
+
+
+def test_a_second_sweep_or_demo_into_the_same_out_stops_at_once(tmp_path, capsys):
+    import erclip
+    out = tmp_path / "demo"
+    _held_by_another_live_process(out / "sweep-epochs")
+    code, err = _cli(capsys, erclip.main, ["--demo", "--sweep", "epochs", "--out", str(out)])
+    assert code == 1 and f"another run (PID {os.getppid()}) is writing to {out / 'sweep-epochs'}" in err
+    _held_by_another_live_process(out)
+    code, err = _cli(capsys, erclip.main, ["--demo", "--out", str(out)])
+    assert code == 1 and f"another run (PID {os.getppid()}) is writing to {out}" in err
+
+
+# ----------------------------------------------------------------------------- 2, 6. the tiny weights' cache
+def test_a_broken_tiny_weights_cache_is_rebuilt_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    path = lab.pretrain_tiny()  # expanded from the shipped file
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])  # cut short, as a full disk or a killed copy leaves it
+    assert lab.pretrain_tiny() == path and path.read_bytes() == good
+    assert f"{path} (or its .json sidecar) is truncated or broken: rebuilding it" in capsys.readouterr().err
+    Path(f"{path}.json").write_text('{"model": ')  # the sidecar cut short
+    assert lab.pretrain_tiny() == path and json.loads(Path(f"{path}.json").read_text())["model"]
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    (tmp_path / "configs" / f"{common.TINY_NAME}.json").write_text("{")  # open_clip's config cut short
+    monkeypatch.setattr(common.open_clip, "list_models", lambda: [])
+    common.register_tiny(lab.TINY_CFG)  # written again, no traceback
+    assert json.loads((tmp_path / "configs" / f"{common.TINY_NAME}.json").read_text()) == lab.TINY_CFG
+
+
+def test_a_broken_model_sidecar_is_one_message_naming_it(tmp_path, capsys):
+    model = common.load_model("tiny", "random")[0]
+    path = common.save_model(model, tmp_path / "model.pt", "tiny")
+    Path(f"{path}.json").write_text('{"model": "clip')
+    code, err = _cli(capsys, lambda argv: common.load_model("tiny", str(path)), [])
+    assert code == 1 and f"{path}.json, the sidecar of {path}" in err and "Traceback" not in err
+
+
+def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    from lab import tiny
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    recipe = dict(tiny.TINY_PRETRAIN, n=64, epochs=2, batch=16)
+    real_step = common.train_step
+
+    def interrupted_at_step_3(net, batch, ctx, *a, **k):
+        if ctx.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, honoured after the step in flight
+        return real_step(net, batch, ctx, *a, **k)
+    monkeypatch.setattr(common, "train_step", interrupted_at_step_3)
+    work = tiny._work_dir("test")
+    with pytest.raises(common.RunError, match="pretraining was stopped by signal 2; its checkpoint is kept"):
+        tiny._pretrain_tiny(recipe, work)
+    assert torch.load(work / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+    monkeypatch.setattr(common, "train_step", real_step)
+    tiny._pretrain_tiny(recipe, work)  # the next run: no "holds a run already", no hand-deleting
+    assert "continuing the interrupted pretraining" in capsys.readouterr().err
+    assert not work.exists() and work.parent.name == ".work"  # working state out of view, gone on success
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04cut")  # killed while writing: starts again
+    (work / "metrics.jsonl").write_text('{"step": 1}\n')
+    tiny._pretrain_tiny(recipe, work)
+    assert not work.exists()
+
+
+def test_a_process_waiting_for_the_tiny_weights_says_for_whom(tmp_path, monkeypatch, capsys):
+    import fcntl
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    path = tmp_path / f"tiny-synthetic-{lab.tiny.recipe_key()}.pt"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); "
+        "f.write('PID 4242 on elsewhere'); f.flush(); print('held', flush=True); time.sleep(3)"),
+        f"{path}.lock"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert lab.pretrain_tiny() == path  # waits about 3 s, then expands the shipped file itself
+    holder.wait()
+    assert f"[lab] waiting for PID 4242 on elsewhere, which is writing {path}" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 7, 11, 12. one message each
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the check")
+    monkeypatch.setattr(common, "load_model", refuse)
+
+
+def test_a_tampered_checkpoint_is_one_message_not_a_traceback(stopped, tiny, capsys):
+    data, out = stopped
+    ck = out / "checkpoints" / "last.pt"
+    torch.save({"step": 2, "payload": argparse_namespace()}, ck)  # a Python object: refused, never run
+    code, err = _cli(capsys, lambda argv: _train(tiny, data, out, resume="latest"), [])
+    assert code == 1 and f"{ck}: refused to load" in err and "Traceback" not in err
+
+
+def argparse_namespace():
+    import argparse
+    return argparse.Namespace(x=1)
+
+
+def test_a_broken_config_json_of_a_task_sequence_is_one_message(tmp_path):
+    out = tmp_path / "seq"
+    out.mkdir()
+    (out / "config.json").write_text('{"lr": ')
+    (out / "continual.json").write_text("{}")
+    with pytest.raises(common.RunError, match="config.json is not readable JSON"):
+        common.start_run(_cfg(out, resume="latest"), out, continual=True)
+
+
+def test_another_models_checkpoint_under_override_resume_is_one_message(stopped, tiny):
+    data, out = stopped
+    model = common.load_model("tiny", "random")[0]
+    model.text_projection = torch.nn.Parameter(torch.zeros(model.text_projection.shape[0], 3))  # another width
+    with pytest.raises(common.RunError, match="holds another model's weights .*never the model"):
+        common.train(_cfg(out, resume="latest", override_resume=True), common.ClipFineTune(model),
+                     common.ManifestDataset(data, tiny[1]), common.Collate(tiny[3]), export=False)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--device", "meta"], "--device meta: expected auto, cpu, cuda or cuda:N"),
+    (["--tasks", "nosuch"], "unknown retrieval task 'nosuch'"),
+    (["--batch-size", "0"], "argument --batch-size: must be > 0, got 0"),
+    (["--alphas", "a,b", "--wise-ft", "x.pt"], "argument --alphas: expected comma-separated numbers"),
+    (["--continual", "pretrained,a.pt,b.pt", "--tasks", "synthetic-shape"], "need 2 checkpoints for 1 task(s)"),
+])
+def test_eval_py_bad_input_is_one_message_before_any_model(argv, says, capsys, no_model, tmp_path):
+    import eval as evaluation
+    code, err = _cli(capsys, evaluation.main, [*argv, "--out", str(tmp_path / "e"), "--synthetic-n", "8"])
+    assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_python_eval_py_finds_the_labs_synthetic_sets(tmp_path):
+    """Run as a script, eval.py is __main__; the lab registers its sets in the module `eval`: the script must
+    run that one (it failed with "the lab's synthetic world is not loaded")."""
+    r = subprocess.run([sys.executable, str(REPO / "eval.py"), "--tasks", "synthetic-shape", "--synthetic-n", "8",
+                        "--pretrained", "random", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "e")],
+                       cwd=tmp_path, env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["records"]
+
+
+def test_m2mix_eval_on_none_trains_without_evaluating_and_a_bad_name_fails_first(tmp_path, capsys, monkeypatch):
+    import m2mix
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    argv = ["--data-root", str(root), "--train-data", "synthetic", "--batch-size", "8", "--steps", "1",
+            "--workers", "0", "--device", "cpu", "--pretrained", "random", "--no-eval-zs", "--out"]
+    assert m2mix.main(argv + [str(tmp_path / "a"), "--eval-on", "none"])["records"] == []
+    trained = []
+    monkeypatch.setattr(common, "train", lambda *a, **k: trained.append(1))
+    code, err = _cli(capsys, m2mix.main, argv + [str(tmp_path / "b"), "--eval-on", "nosuch"])
+    assert code == 2 and "--eval-on: unknown retrieval task 'nosuch'" in err and not trained
+
+
+def test_an_epochs_sweep_with_steps_is_refused_up_front(tmp_path, capsys, no_model):
+    import erclip
+    data = tmp_path / "data"
+    train = lab.synthetic_manifest("train", data, n=16)
+    code, err = _cli(capsys, erclip.main, ["--sweep", "epochs", "--backbone", "tiny", "--train-data", str(train),
+                                           "--steps", "1", "--out", str(tmp_path / "runs"), "--device", "cpu"])
+    assert code == 2 and "--steps 1 would cut every run short" in err and not (tmp_path / "runs").exists()
+
+
+def _features(tmp_path, **arrays):
+    """A dataset in our layout: toy/test/<modality>.npy, samples.json, meta.json."""
+    import numpy as np
+    folder = tmp_path / "toy" / "test"
+    folder.mkdir(parents=True)
+    arrays = {"vision": np.ones((4, 3), "float32"), "text": np.ones((4, 3), "float32"), **arrays}
+    for name, a in arrays.items():
+        if isinstance(a, bytes):
+            (folder / name).write_bytes(a)
+        else:
+            np.save(folder / f"{name}.npy", a, allow_pickle=True)
+    (folder / "samples.json").write_text(json.dumps({"ids": list(range(4))}))
+    (tmp_path / "toy" / "meta.json").write_text(json.dumps({"modalities": ["vision", "text"]}))
+    return folder
+
+
+@pytest.mark.parametrize("case, says", [
+    ("width", r"text \(4, 5\)"), ("rows", r"text \(3, 3\)"), ("pickled", "vision.npy: not a readable feature array"),
+    ("strings", "vision.npy: not a readable feature array"), ("nan", "1 of 4 samples hold NaN or inf features"),
+    ("cut", "vision.npy: not a readable feature array"), ("pt-pickled", "vision.pt: refused to load"),
+])
+def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says):
+    import numpy as np
+
+    import eval as evaluation
+    make = {"width": dict(text=np.ones((4, 5), "float32")), "rows": dict(text=np.ones((3, 3), "float32")),
+            "pickled": dict(vision=np.array([{"a": 1}] * 4, dtype=object)),
+            "strings": dict(vision=np.array([["a"] * 3] * 4)),
+            "nan": dict(vision=np.array([[np.nan, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]], "float32"))}.get(case, {})
+    folder = _features(tmp_path, **make)
+    if case == "cut":
+        (folder / "vision.npy").write_bytes((folder / "vision.npy").read_bytes()[:70])
+    if case == "pt-pickled":
+        (folder / "vision.npy").unlink()
+        torch.save({"x": argparse_namespace()}, folder / "vision.pt")
+    with pytest.raises((common.DataError, common.UnsafeFileError), match=says) as e:
+        evaluation.read_features(tmp_path, "toy", "test")
+    assert "weights_only=False" not in str(e.value)
+
+
+@pytest.mark.parametrize("case, says", [("empty-file", "not a readable HDF5 file"), ("no-keys", "holds no arrays"),
+                                        ("group", "key 'a' holds a group"), ("bytes", "key 'a' holds .* data"),
+                                        ("widths", "arrays of different shapes")])
+def test_bad_h5_feature_files_are_one_message_naming_the_file(tmp_path, case, says):
+    import h5py
+    import numpy as np
+
+    import eval as evaluation
+    path = tmp_path / "ucf101_test_imagebind.h5"
+    if case == "empty-file":
+        path.write_bytes(b"")
+    else:
+        with h5py.File(path, "w") as f:
+            if case == "group":
+                f.create_group("a")
+            elif case == "bytes":
+                f.create_dataset("a", data=np.array([b"xy", b"z"]))
+            elif case == "widths":
+                f.create_dataset("a", data=np.ones((2, 4)))
+                f.create_dataset("b", data=np.ones((2, 5)))
+    with pytest.raises(common.DataError, match=f"{path}: .*{says}"):
+        evaluation._h5_rows(path)
+
+
+def test_resume_advice_is_true(tmp_path, stopped, tiny):
+    data, out = stopped
+    with pytest.raises(common.RunError, match=f"--resume {out}: a folder, not a checkpoint; pass --resume latest "
+                                              f"--out {out}"):
+        _train(tiny, data, tmp_path / "other", resume=str(out))
+    with pytest.raises(common.RunError, match="nofile.pt: no such file") as e:
+        _train(tiny, data, tmp_path / "other2", resume=str(tmp_path / "nofile.pt"))
+    assert "other2/checkpoints" not in str(e.value)  # a folder the user never gave
+
+
+def test_an_unwritable_cache_is_blamed_on_the_cache_not_on_out(capsys):
+    import errno
+
+    def main(argv):
+        raise PermissionError(errno.EACCES, "Permission denied", str(common.CACHE_DIR / "configs" / "x.json"))
+    code, err = _cli(capsys, main, [])
+    assert code == 1 and "set CLIPFT_CACHE to a writable folder" in err and "--out" not in err
+
+
+def test_a_nan_before_any_checkpoint_names_no_checkpoint_folder(tmp_path, tiny):
+    class NanAtOnce(common.ClipFineTune):
+        def forward(self, batch, ctx=None):
+            return {"loss": torch.tensor(float("nan"), requires_grad=True)}
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 1: .*no checkpoint was written"):
+        common.train(_cfg(tmp_path / "run"), NanAtOnce(common.load_model("tiny", "random")[0]),
+                     common.ManifestDataset(data, tiny[1]), common.Collate(tiny[3]), export=False)
+
+
+@pytest.mark.parametrize("caption, says", [(5, "caption is not text (int 5)"), ({"a": 1}, "caption is not text (dict"),
+                                           (None, "no caption")])
+def test_a_caption_that_is_not_text_is_said_so(tmp_path, caption, says):
+    good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
+    rows = common.read_manifest(good)
+    bad = Path(good).parent / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"image": r["image"], "caption": caption if i == 1 else r["caption"]}) + "\n"
+                           for i, r in enumerate(rows)))
+    with pytest.raises(common.DataError, match=re.escape(f"bad.jsonl:2: {says}")):
+        common.ManifestDataset(bad)
+
+
+def test_a_folder_or_a_pipe_where_an_image_belongs_is_not_called_missing(tmp_path):
+    good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
+    rows = common.read_manifest(good)
+    (Path(good).parent / "dir.png").mkdir()
+    os.mkfifo(Path(good).parent / "fifo.png")
+    bad = Path(good).parent / "bad.jsonl"
+    bad.write_text("".join(json.dumps({**r, "image": ["dir.png", "fifo.png"][i] if i < 2 else r["image"]}) + "\n"
+                           for i, r in enumerate(rows)))
+    with pytest.raises(common.DataError, match=r"(?s)bad.jsonl:1: not a regular file.*bad.jsonl:2: not a regular"):
+        common.ManifestDataset(bad)
+
+
+def test_override_and_skip_messages_are_printed_once(stopped, tiny, capsys, tmp_path):
+    data, out = stopped
+    cfg = _cfg(out, resume="latest", override_resume=True, lr=2e-3)
+    common.start_run(cfg, out)  # the preflight's call, then train's
+    _train(tiny, data, out, resume="latest", override_resume=True, lr=2e-3)
+    assert capsys.readouterr().err.count("--override-resume: continuing with lr=0.002") == 1
+
+
+# ----------------------------------------------------------------------------- 13. signals outside the steps
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_finish(tmp_path, capsys, monkeypatch,
+                                                                                  signum):
+    import erclip
+    import eval as evaluation
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    test = lab.synthetic_manifest("test", root, n=12)
+    out = tmp_path / "run"
+    argv = ["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size", "8",
+            "--steps", "2", "--warmup", "1", "--lr", "1e-4", "--workers", "0", "--device", "cpu", "--eval-tasks",
+            str(test), "--pretrained", "random", "--out", str(out)]
+    real, calls = evaluation.evaluate, []
+
+    def evaluate(*a, **k):
+        calls.append(k.get("weights"))
+        if len(calls) == 2:  # the evaluation after training
+            os.kill(os.getpid(), signum)
+        return real(*a, **k)
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    code, err = _cli(capsys, erclip.main, argv)
+    assert code == 128 + signum and f"interrupted (signal {signum}) outside the training steps" in err
+    assert f"kept in {out}: checkpoints/last.pt, model.pt, base.json" in err and "--resume latest" in err
+    assert not (out / "results.json").exists()
+    calls.clear()
+    result = erclip.main(argv + ["--resume", "latest"])  # the command the message gives
+    assert calls == [str(out / "model.pt")]  # training not repeated, the base evaluation read back
+    assert result["base"] and json.loads((out / "results.json").read_text())["base"] == result["base"]
+
+
+def test_an_interrupt_before_anything_is_saved_says_so(tmp_path, capsys):
+    def main(argv):
+        common.start_run(_cfg(tmp_path / "fresh"), tmp_path / "fresh")
+        raise KeyboardInterrupt
+    code, err = _cli(capsys, main, [])
+    assert code == 130 and "before training saved anything" in err and "nothing to resume" in err
+
+
+# ----------------------------------------------------------------------------- 15. --help before torch loads
+SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "eval")
+_PROBE = """
+import runpy, sys, time
+sys.argv = [sys.argv[1] + ".py", *sys.argv[2:]]
+t0, code = time.time(), 0
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    code = e.code
+print("\\nPROBE", code, "torch" in sys.modules, "open_clip" in sys.modules, round(time.time() - t0, 3))
+"""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--lr", "x"], 2)])
+def test_help_and_flag_errors_answer_without_importing_torch(script, argv, code):
+    r = subprocess.run([sys.executable, "-c", _PROBE, script, *argv], cwd=REPO, env=RUN_ENV, capture_output=True,
+                       text=True, timeout=120)
+    probe = r.stdout.strip().splitlines()[-1].split()
+    assert probe[:4] == ["PROBE", str(code), "False", "False"], (r.stdout[-500:], r.stderr[-1500:])
+    assert ("usage:" in r.stdout) if code == 0 else ("error: unrecognized arguments: --lr" in r.stderr
+                                                     or "argument --lr: invalid" in r.stderr)
+
+
+def test_eval_py_command_line_names_match_its_loaders():
+    import eval as evaluation
+    assert evaluation.RETRIEVAL_NAMES == tuple(evaluation.REAL_RETRIEVAL_TASKS)
+    assert evaluation.PAPERS == tuple(evaluation.PUBLISHED)
+    assert evaluation.SIMAT_PROTOCOL_NAMES == tuple(evaluation.SIMAT_PROTOCOLS)
+    assert set(evaluation.BENCHMARKS) >= set(evaluation.RETRIEVAL_NAMES) | {"cifar10", "cifar100", "imagenet", "simat"}
+
+
+def test_simat_refuses_non_finite_embeddings():
+    import eval as evaluation
+    img = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
+    img[2, 0] = float("nan")
+    words = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
+    with pytest.raises(common.RunError, match="simat: 1 of 6 images rows are not finite"):
+        evaluation.simat_score(img, torch.tensor([0, 1]), words, words, [0, 1], torch.ones(6, 2), [1.0, 1.0])
+
+
+def test_warnings_and_progress_lines_escape_control_characters(tmp_path, capsys):
+    good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
+    rows = common.read_manifest(good)
+    bad = Path(good).parent / "bad.jsonl"
+    bad.write_text("".join(json.dumps({**r, "image": "gone\x1b[32m.png" if i == 0 else r["image"]}) + "\n"
+                           for i, r in enumerate(rows)))
+    common.ManifestDataset(bad, skip_bad=True)
+    err = capsys.readouterr().err
+    assert "gone\\x1b[32m.png" in err and "\x1b" not in err
+    line = common.progress_line(Path("runs/a\rb"), {"step": 1, "epoch": 0, "loss": 1.0, "lr": 1e-5,
+                                                   "sec_per_step": 0.1}, 2)
+    assert "\r" not in line and "a\\rb" in line
