@@ -6,10 +6,10 @@ evaluation, and a fast --help. docs/reliability.md maps each case to its test.""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,14 @@ import lab
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _lean(tmp_path):
+    """Each test's folder goes when it ends: checkpoints of the tiny model are ~90 MB each, and the suite must fit
+    a small temporary disk."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _cli(capsys, main, argv):
@@ -163,7 +171,6 @@ def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_p
 
 
 def test_a_process_waiting_for_the_tiny_weights_says_for_whom(tmp_path, monkeypatch, capsys):
-    import fcntl
     monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
     path = tmp_path / f"tiny-synthetic-{lab.tiny.recipe_key()}.pt"
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -242,8 +249,8 @@ def test_m2mix_eval_on_none_trains_without_evaluating_and_a_bad_name_fails_first
     import m2mix
     root = tmp_path / "data"
     lab.synthetic_manifest("train", root, n=16)
-    argv = ["--data-root", str(root), "--train-data", "synthetic", "--batch-size", "8", "--steps", "1",
-            "--workers", "0", "--device", "cpu", "--pretrained", "random", "--no-eval-zs", "--out"]
+    argv = ["--backbone", "tiny", "--data-root", str(root), "--train-data", "synthetic", "--batch-size", "8",
+            "--steps", "1", "--workers", "0", "--device", "cpu", "--pretrained", "random", "--no-eval-zs", "--out"]
     assert m2mix.main(argv + [str(tmp_path / "a"), "--eval-on", "none"])["records"] == []
     trained = []
     monkeypatch.setattr(common, "train", lambda *a, **k: trained.append(1))
