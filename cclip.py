@@ -422,6 +422,8 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr), first_row=first_row)
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
+        if cfg.export:  # the merged model, in open_clip's hub layout
+            common.export_open_clip(model, cfg.export, cfg.backbone)
         common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks], **summary}, cfg)
     return summary
 

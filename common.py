@@ -19,6 +19,7 @@ Sections, in order:
 """
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import errno
@@ -526,7 +527,42 @@ def save_model(model, path, backbone: str, source: str = ""):
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
     atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
+    if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
+        safe = path.with_suffix(".safetensors")
+        atomic_write(safe, lambda tmp: safetensors_save(sd, tmp))
+        atomic_write(Path(str(safe) + ".json"), json.dumps(meta, indent=1))
     return path
+
+
+def safetensors_save(sd: dict, path):
+    from safetensors.torch import save_file  # installed with open_clip
+    save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, str(path))
+
+
+def open_clip_config(model, backbone: str) -> dict:
+    """open_clip_config.json for `model` (open_clip's hub layout): the backbone's model_cfg with the weights'
+    QuickGELU and text window, which plain open_clip would otherwise get wrong (GELU for OpenAI weights; a
+    stretched window interpolated back), and the preprocessing open_clip's push_to_hub records."""
+    cfg = copy.deepcopy(open_clip.get_model_config(resolve_backbone(backbone)))
+    cfg["quick_gelu"] = bool(getattr(model, "quick_gelu", False))
+    cfg.setdefault("text_cfg", {})["context_length"] = int(text_tower(model).context_length)
+    pp = getattr(model.visual, "preprocess_cfg", {})
+    keep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()
+            if k in ("mean", "std", "interpolation", "resize_mode")}
+    return {"model_cfg": cfg, "preprocess_cfg": keep}
+
+
+def export_open_clip(model, folder, backbone: str) -> Path:
+    """open_clip's hub layout in `folder`: open_clip_model.safetensors and open_clip_config.json, so that
+    open_clip.create_model_from_pretrained('local-dir:<folder>') (or 'hf-hub:<repo>' after an upload) builds the
+    same model with the same features. Models with an HF tokenizer name it in model_cfg; OpenAI's BPE ships with
+    open_clip."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k.removeprefix("module."): v for k, v in model.state_dict().items()}
+    atomic_write(folder / "open_clip_model.safetensors", lambda tmp: safetensors_save(sd, tmp))
+    atomic_write(folder / "open_clip_config.json", json.dumps(open_clip_config(model, backbone), indent=2))
+    return folder
 
 
 # =============================================================================
@@ -1210,12 +1246,15 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
 
 
 def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export: bool = True,
-          hooks=None, method_state: Callable[[], dict] | None = None, schedule: Callable | None = None):
+          hooks=None, method_state: Callable[[], dict] | None = None, schedule: Callable | None = None,
+          validate: Callable[[nn.Module], dict] | None = None):
     """Trains `net` (a wrapper with .model = the open_clip model, whose forward(batch, ctx) returns the loss
     terms) and returns a summary dict. hooks: optional object with before_optimizer_step(net) (after unscaling
     and clipping) and after_optimizer_step(net); DNS projects there. Each step is train_step (its docstring gives
     the order and what an fp16 skipped step does); metrics.jsonl logs grad_scale and skipped_steps under fp16.
-    schedule(opt, steps_per_epoch, total): LambdaLR's lr_lambda(s) (default: warm-up, then cosine to 0)."""
+    schedule(opt, steps_per_epoch, total): LambdaLR's lr_lambda(s) (default: warm-up, then cosine to 0).
+    validate(model) -> {name: value}: --val-every's evaluation (rank 0; the training's random state and the
+    modules' train/eval modes are put back after it, so the run is the one it would be without it)."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     precision = resolve_precision(cfg.precision, device)
@@ -1228,6 +1267,12 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if cfg.batch_size % world:
         raise UsageError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
     local_batch = cfg.batch_size // world
+    if world > 1 and rank == 0:  # the global batch is the flag's; open_clip users think per GPU
+        print(f"[train] batch: {cfg.batch_size} global = {world} processes x {local_batch}", file=sys.stderr)
+    if cfg.val_every and validate is None:
+        raise UsageError("--val-every: this run has no validation set during training (a task sequence evaluates "
+                         "every task's test set after each task)")
+    lock_towers(cfg, net.model)
     if len(train_set) < cfg.batch_size:
         raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
     sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
@@ -1298,6 +1343,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     from tqdm.auto import tqdm
     bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
+    board = tensorboard_writer(out) if rank == 0 and cfg.report_to == "tensorboard" else None
     net.train()
     stop = StopSignals().install()
     t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
@@ -1330,9 +1376,19 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                         rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
                     metrics_f.write(json.dumps(rec) + "\n")
                     metrics_f.flush()
+                    for k, v in rec.items() if board else ():
+                        if isinstance(v, (int, float)) and k not in ("step", "epoch"):
+                            board.add_scalar(f"train/{k}", v, step)
                     if bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
                         print(progress_line(out, rec, total), file=sys.stderr)
                     bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+                if rank == 0 and cfg.val_every and (step % cfg.val_every == 0 or step == total):
+                    val = {"step": step, **{f"val/{k}": v for k, v in validation(net, validate).items()}}
+                    metrics_f.write(json.dumps(val) + "\n")
+                    metrics_f.flush()
+                    for k, v in val.items() if board else ():
+                        if k != "step":
+                            board.add_scalar(k, v, step)
                 if cfg.save_every and step % cfg.save_every == 0 and step < total:
                     save()
                 if stop.requested(step, cfg.log_every, device):  # SIGINT / SIGTERM, honoured between steps
@@ -1349,6 +1405,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         stop.restore()
         if metrics_f:
             metrics_f.close()
+        if board:
+            board.close()
     bar.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
@@ -1356,11 +1414,57 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
                "bad_rows": list(getattr(train_set, "skipped", [])),  # every row the data check skipped
                "data": data, **({"data_changed_on_resume": data_change} if data_change else {})}
+    if rank == 0 and cfg.val_every:  # every validation of the run, resumed parts included (metrics.jsonl's)
+        summary["validation"] = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                                 if any(k.startswith("val/") for k in r)]
     if rank == 0:
         save()
         if export:
             save_model(net.model, out / "model.pt", cfg.backbone, source=cfg.pretrained or "default")
+        if export and cfg.export:
+            export_open_clip(net.model, cfg.export, cfg.backbone)
+            summary["export"] = cfg.export
     return summary
+
+
+def lock_towers(cfg, model):
+    """--lock-image / --lock-text: open_clip's own lock_image_tower / lock_text_tower (requires_grad off, but the
+    last --lock-image-unlocked-groups / --lock-text-unlocked-layers); frozen parameters never reach AdamW."""
+    if not (cfg.lock_image or cfg.lock_text):
+        return
+    if not hasattr(model, "lock_image_tower"):
+        raise UsageError("--lock-image / --lock-text: this run trains no CLIP tower (DNS learns maps over frozen "
+                         "features), so there is nothing to lock")
+    if cfg.lock_image:
+        model.lock_image_tower(unlocked_groups=cfg.lock_image_unlocked_groups)
+    if cfg.lock_text:
+        model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked_layers)
+
+
+def _needs_tensorboard():  # torch.utils.tensorboard needs the package; checked before any model is loaded
+    import importlib.util
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
+
+
+def tensorboard_writer(out: Path):
+    """--report-to tensorboard: a SummaryWriter in <out>/tensorboard (the tensorboard package is imported only then)."""
+    _needs_tensorboard()
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
+    """validate(net.model) without touching the run: no gradient, and the random generators' states and every
+    module's train/eval mode as they were (evaluate() switches to eval mode; a DataLoader draws a seed)."""
+    modes, rng = [(m, m.training) for m in net.modules()], _rng_state()
+    try:
+        with torch.no_grad():
+            return validate(net.model)
+    finally:
+        _set_rng_state(rng)
+        for m, mode in modes:
+            m.training = mode
 
 
 def optimizer_settings(opt) -> list[dict]:
@@ -1674,6 +1778,11 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     the --out folder (writable, lock, an old run there, --resume's settings). continual=True: --out holds a task
     sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
+    if cfg.report_to == "tensorboard":
+        _needs_tensorboard()
+    if cfg.val_every and continual:
+        raise UsageError("--val-every: a task sequence has no validation set during training; it evaluates every "
+                         "task's test set after each task")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.batch_size % world:
         raise UsageError(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
@@ -1697,7 +1806,8 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "mod
 # eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
-               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect"}
+               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect",
+               "report_to", "val_every", "val_data", "export", "batch_size_per_gpu"}
 
 
 def _pid_alive(pid: int) -> bool:

@@ -680,6 +680,9 @@ def main(argv=None):
     cfg = common.parse_config(DNSConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
+    if cfg.export or cfg.lock_image or cfg.lock_text:
+        raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it trains and "
+                                "writes no CLIP model")
     if cfg.features:
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)

@@ -357,7 +357,7 @@ def variant_name(cfg: ERCLIPConfig) -> str:
     return name + ("+P" if cfg.lambda_p > 0 else "")
 
 
-def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None):
+def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, validate=None):
     """Fine-tunes one variant of freshly loaded initial weights (so on resume
     the teacher is rebuilt from them too); returns (model, summary). hooks:
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
@@ -365,7 +365,7 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None):
     net = ERCLIP(model, cfg)
     lr_of = (lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr) if cfg.fusion_lr else None
     summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences), lr_of=lr_of,
-                           hooks=hooks)
+                           hooks=hooks, validate=validate)
     summary.update(variant=variant_name(cfg), train_pairs=len(dataset), skipped_rows=len(dataset.skipped),
                    sentences_seen=net.sentences_seen, sentences_dropped=net.sentences_dropped)
     if net.fusion is not None and getattr(net.fusion, "gamma", None) is not None:
@@ -431,7 +431,8 @@ def main(argv=None):
         base = common.kept_result(cfg, "base", lambda: evaluation.evaluate(
             model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
             weights="before fine-tuning"))
-    model, summary = train_erclip(cfg, model, train_tf, tokenizer)
+    model, summary = train_erclip(cfg, model, train_tf, tokenizer,
+                                  validate=evaluation.validator(cfg, preprocess, tasks))
     if rank != 0:
         return summary
     if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated

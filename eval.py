@@ -41,6 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import flags
 
@@ -144,6 +145,8 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--cache-dir", default=str(flags.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
     p.add_argument("--out", default="runs/eval", help="folder for results.json")
+    p.add_argument("--format", default="ours", choices=("ours", "clip_benchmark"),
+                   help="clip_benchmark: also one CLIP_benchmark result file per (dataset, task) in --out")
     return p
 
 
@@ -1319,6 +1322,7 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
             img = image_features(model, preprocess, cs.image_paths, batch_size, workers, device=device)
             clf = zero_shot_head(model, tokenizer, cs.classnames, cs.templates, device=device, cache_dir=cache_dir)
             res = common.zero_shot_accuracy(img, clf, cs.labels, name=name)
+            res["mean_per_class_recall"] = mean_per_class_recall(img, clf, cs.labels)
             records += [{"task": name, "metric": m, "value": v, "protocol": cs.protocol,
                          "text_mode": "prompt-ensemble", "missing": cs.missing, "n": len(cs.labels), **base}
                         for m, v in res.items()]
@@ -1713,6 +1717,67 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
     return {**continual_summary(rows), "records": records}
 
 
+def mean_per_class_recall(img, classifier, labels) -> float:
+    """Balanced accuracy (percent): the mean over the classes present of each one's top-1 recall, CLIP_benchmark's
+    mean_per_class_recall (sklearn's balanced_accuracy_score of the argmax); a tie goes against the gold class."""
+    logits = img.float() @ classifier.float().to(img.device)
+    labels = labels.to(img.device)
+    hit = ((logits >= logits.gather(1, labels.view(-1, 1))).sum(1) == 1).float()
+    count = torch.bincount(labels, minlength=logits.shape[1]).float()
+    recall = torch.zeros_like(count).index_add_(0, labels, hit) / count.clamp(min=1)
+    return 100.0 * recall[count > 0].mean().item()
+
+
+# CLIP_benchmark's (LAION-AI/CLIP_benchmark, cli.py) result files: one JSON per (dataset, task), fractions, its names
+CLIP_BENCHMARK_DATASETS = {"coco-karpathy": "mscoco_captions", "flickr30k": "flickr30k", "cifar10": "cifar10",
+                           "cifar100": "cifar100", "imagenet": "imagenet1k"}  # the same splits under its names
+
+
+def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
+    """{file name: content} of CLIP_benchmark's schema {dataset, model, pretrained, task, metrics, language} and
+    file names ({dataset}_{pretrained}_{model}_{language}_{task}.json), so `clip_benchmark build *.json` tabulates
+    our runs beside theirs. Its image_retrieval_recall@K is our t2i_R@K, text_retrieval_recall@K our i2t_R@K;
+    acc1 / acc5 / mean_per_class_recall our top1 / top5 / mean_per_class_recall; every value a fraction. Tasks
+    without a CLIP_benchmark name keep ours (a manifest: its file name); SIMAT and the analyses are left out."""
+    out, slug = {}, os.path.basename(pretrained) if os.path.isfile(pretrained) else (pretrained or "default")
+    for task in dict.fromkeys(r["task"] for r in records):
+        if task == "simat":
+            continue
+        value = {r["metric"]: r["value"] / 100.0 for r in records
+                 if r["task"] == task and r.get("text_mode") in ("truncate", "prompt-ensemble")}
+        if is_classification(task):
+            kind, metrics = "zeroshot_classification", {"acc1": value.get("top1"), "acc5": value.get("top5"),
+                                                        "mean_per_class_recall": value.get("mean_per_class_recall")}
+        else:
+            ks = sorted(int(m.split("@")[1]) for m in value if m.startswith("t2i_R@"))
+            kind, metrics = "zeroshot_retrieval", {
+                **{f"image_retrieval_recall@{k}": value[f"t2i_R@{k}"] for k in ks},
+                **{f"text_retrieval_recall@{k}": value[f"i2t_R@{k}"] for k in ks}}
+        dataset = CLIP_BENCHMARK_DATASETS.get(task, Path(task).stem if Path(task).suffix else task)
+        out[f"{dataset}_{slug}_{model}_en_{kind}.json".replace("/", "_")] = {
+            "dataset": dataset, "model": model, "pretrained": pretrained or "default", "task": kind,
+            "metrics": metrics, "language": "en"}
+    return out
+
+
+def validator(cfg, preprocess, tasks=()) -> Callable | None:
+    """common.train's validate= for --val-every (None when it is off): the model evaluated on --val-data, or the
+    run's first evaluation task, through the model's own text window (Long-CLIP's stretched one)."""
+    if not cfg.val_every:
+        return None
+    task = cfg.val_data or next(iter(tasks), None)
+    if task is None:
+        raise common.UsageError("--val-every needs a validation set: pass --val-data (an eval.py task or a manifest)")
+    check_tasks([task], cfg.data_root, "--val-data")
+    short = Path(task).stem if Path(task).is_file() else task
+
+    def validate(model):
+        tokenizer = common.get_tokenizer(cfg.backbone, common.text_tower(model).context_length)
+        return {f"{short}/{r['metric']}": r["value"] for r in evaluate(
+            model, preprocess, tokenizer, [task], cfg.data_root, model_name=cfg.backbone, weights="during training")}
+    return validate
+
+
 # =============================================================================
 # 7. Main
 # =============================================================================
@@ -1728,6 +1793,9 @@ def _expand(spec: str) -> list:
 
 def main(argv=None):
     a = command_line().parse_args(argv)
+    if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
+        raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
+                                "--continual")
     if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
         import lab
         _ = lab  # used for its registrations only (a plain unused import would fail pyflakes)
@@ -1777,6 +1845,10 @@ def main(argv=None):
     results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
+    if a.out and a.format == "clip_benchmark" and results.get("records") and not (a.wise_ft or a.continual):
+        for name, content in clip_benchmark_files(results["records"], common.resolve_backbone(a.backbone),
+                                                  a.pretrained).items():
+            common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:
         common.write_results(a.out, results)
         print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)

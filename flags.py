@@ -24,6 +24,22 @@ def arg(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
 
+# open_clip's --precision names: the same autocast as ours, or weight casts this repository does not do
+PRECISION_ALIASES = {"amp": "fp16", "amp_bf16": "bf16", "amp_bfloat16": "bf16"}
+PRECISION_REFUSED = ("pure_fp16", "pure_bf16")
+
+
+def precision_name(text: str) -> str:
+    """--precision: ours, or open_clip's name for the same thing; open_clip's pure_* (weights cast, no fp32 master
+    copy) are refused with what we call the nearest setting."""
+    if text in PRECISION_REFUSED:
+        raise argparse.ArgumentTypeError(
+            f"{text} (open_clip: the weights themselves in {text[5:]}) is not done here; --precision {text[5:]} is "
+            f"autocast over fp32 weights{' with grad scaling' if text == 'pure_fp16' else ''} (open_clip's "
+            f"amp{'_bf16' if text == 'pure_bf16' else ''}); m2mix.py --fp16-weights stores fp16 weights as its code")
+    return PRECISION_ALIASES.get(text, text)
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
@@ -40,7 +56,10 @@ class Config:
     # optimisation
     epochs: int = arg(1, "epochs over the training set")
     steps: int = arg(0, "stop after this many steps (0: epochs decide)")
-    batch_size: int = arg(64, "global batch size (split across ranks)")
+    batch_size: int = arg(64, "GLOBAL batch size, split across the processes (open_clip's --batch-size is per GPU: "
+                          "see --batch-size-per-gpu)")
+    batch_size_per_gpu: int = arg(0, "per-process batch, as open_clip's --batch-size: --batch-size becomes it x the "
+                                  "number of processes (0: off)")
     lr: float = arg(1e-5, "peak learning rate")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
     decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
@@ -48,9 +67,17 @@ class Config:
     beta2: float = arg(0.98, "AdamW beta2")
     eps: float = arg(1e-6, "AdamW eps")
     warmup: int = arg(0, "linear warm-up steps; negative = that percentage of all steps")
-    grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)")
-    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32",
-                         choices=("auto", "fp16", "bf16", "fp32"))
+    grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)", aliases=("--grad-clip-norm",))
+    precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32; fp16 and bf16 are autocast "
+                         "over fp32 weights (fp16 with grad scaling): open_clip's amp and amp_bf16, accepted as such "
+                         "(open_clip's fp16 / bf16 cast the weights; ours do not)", choices=("auto", "fp16", "bf16",
+                         "fp32"), type=precision_name)
+    lock_image: bool = arg(False, "freeze the image tower (open_clip's lock_image_tower), but its last groups")
+    lock_image_unlocked_groups: int = arg(0, "with --lock-image: groups left trainable from the top, as open_clip "
+                                          "counts them (1: the projection; 2: + the last block and ln_post; ...)")
+    lock_text: bool = arg(False, "freeze the text tower (open_clip's lock_text_tower), but its last groups")
+    lock_text_unlocked_layers: int = arg(0, "with --lock-text: groups left trainable from the top, as open_clip "
+                                         "counts them (1: the projection; 2: + the last block and ln_final; ...)")
     grad_checkpointing: bool = arg(False, "trade compute for memory in both towers")
     label_smoothing: float = arg(0.0, "label smoothing of the contrastive cross-entropies")
     # bookkeeping
@@ -58,6 +85,13 @@ class Config:
     seed: int = arg(0, "seed of everything random")
     device: str = arg("auto", "auto | cpu | cuda | cuda:N")
     log_every: int = arg(10, "steps between metrics.jsonl lines")
+    report_to: str = arg("", "tensorboard: also write metrics.jsonl's scalars to <out>/tensorboard (pip install "
+                         "tensorboard)", choices=("", "tensorboard"))
+    val_every: int = arg(0, "evaluate the validation set every N steps (rank 0; metrics.jsonl and results.json "
+                         "record it; 0: off)")
+    val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
+    export: str = arg("", "also write the trained model to this folder in open_clip's hub layout (safetensors; "
+                      "python export.py --format transformers converts it further)")
     save_every: int = arg(200, "steps between checkpoints (always one at the end)")
     resume: str = arg("", "'latest' or a checkpoint path to continue from")
     stop_at: int = arg(0, "ours: leave after this many steps as if interrupted (tests resume)")
@@ -71,7 +105,8 @@ class Config:
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
 # stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every")
-COUNTS = ("steps", "save_every", "stop_at", "workers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
+COUNTS = ("steps", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every", "lock_image_unlocked_groups",
+          "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
           "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
 
@@ -88,8 +123,14 @@ def checked(typ, rule: str):
     return check
 
 
+def world_size() -> int:
+    """The number of processes torchrun started (1 without it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def parse_config(cls, argv=None, **overrides):
-    """argparse built from the dataclass fields; returns a frozen cfg."""
+    """argparse built from the dataclass fields; returns a frozen cfg. --batch-size-per-gpu sets --batch-size."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=(sys.modules[cls.__module__].__doc__ or "").split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     for f in dataclasses.fields(cls):
@@ -102,8 +143,14 @@ def parse_config(cls, argv=None, **overrides):
             typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
             if f.name in POSITIVE + COUNTS + UNIT:
                 typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
-            p.add_argument(name, type=typ, default=default, help=help_, choices=f.metadata.get("choices"))
-    return cls(**vars(p.parse_args(argv)))
+            p.add_argument(name, *f.metadata.get("aliases", ()), type=f.metadata.get("type", typ), default=default,
+                           help=help_, choices=f.metadata.get("choices"))
+    values = vars(p.parse_args(argv))
+    if values.get("batch_size_per_gpu"):  # open_clip's meaning of a batch size, made global here
+        if any(a.split("=")[0] == "--batch-size" for a in argv):
+            p.error("pass --batch-size (global) or --batch-size-per-gpu, not both")
+        values["batch_size"] = values["batch_size_per_gpu"] * world_size()
+    return cls(**values)
 
 
 LAB_FLAGS = ("--demo", "--demo-cmcl")  # a command the lab parses (its own flags: --seeds, --processes, ...)

@@ -340,13 +340,13 @@ def read_erclip_results(path) -> tuple[str, list, float]:
         raise common.DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")
 
 
-def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest):
+def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest, validate=None):
     """Stretches and fine-tunes freshly loaded weights (so a resumed run
     rebuilds the same model); returns (model, tokenizer of its window, summary)."""
     dataset = common.ManifestDataset(manifest, train_tf, need_long=True, skip_bad=cfg.skip_bad)
     net = LongCLIP(model, cfg)
     tokenizer = common.get_tokenizer(cfg.backbone, net.context_length)
-    summary = common.train(cfg, net, dataset, LongCaptionCollate(tokenizer, cfg.short_caption))
+    summary = common.train(cfg, net, dataset, LongCaptionCollate(tokenizer, cfg.short_caption), validate=validate)
     summary.update(train_pairs=len(dataset), skipped_rows=len(dataset.skipped), context_length=net.context_length,
                    keep=net.keep, factor=cfg.factor, logit_scale=float(model.logit_scale.detach().exp()))
     return model, tokenizer, summary
@@ -421,7 +421,8 @@ def main(argv=None):
             dict(r, window=None if r["task"] == "simat" or evaluation.is_classification(r["task"]) else base_window)
             for r in evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks, cfg.data_root,
                                          model_name=cfg.backbone, weights="before fine-tuning")])
-    model, long_tokenizer, summary = train_longclip(cfg, model, train_tf, manifest)
+    model, long_tokenizer, summary = train_longclip(cfg, model, train_tf, manifest,
+                                                    validate=evaluation.validator(cfg, preprocess, tasks))
     if rank != 0:
         return summary
     if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated

@@ -388,7 +388,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     dataset = common.ManifestDataset(manifest, train_tf, skip_bad=cfg.skip_bad)
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
-    summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks)
+    summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks,
+                           validate=evaluation.validator(cfg, eval_tf, list(eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, METHOD_NAMES[cfg.method])

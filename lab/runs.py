@@ -119,8 +119,9 @@ def drop_weights(folder) -> None:
     folder = Path(folder)
     for ck in list(folder.rglob("checkpoints")):
         shutil.rmtree(ck, ignore_errors=True)
-    for p in list(folder.rglob("*.pt")) + list(folder.rglob("*.pt.json")):
-        p.unlink(missing_ok=True)
+    for pattern in ("*.pt", "*.pt.json", "*.safetensors", "*.safetensors.json"):
+        for p in list(folder.rglob(pattern)):
+            p.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns")
-PROJECT = {"common", "eval", "flags", "lab", "benchmarks", *METHODS}
+PROJECT = {"common", "eval", "export", "flags", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
@@ -31,7 +31,12 @@ TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (460, 
 # grew by resume's checks against the checkpoint (settings, data fingerprint), live_holder, kept_result, the
 # interrupt messages and the tiny cache's repair; eval.py by its torch-free command line (section 0) and the
 # feature files' checks (_h5_rows, _read_array)
-SHARED_LINES = {"common": 1950, "eval": 1790, "flags": 130}
+# Issue 27 (the way in and out): common.py +110 (model.safetensors beside model.pt, open_clip's hub layout,
+# --lock-image / --lock-text through open_clip's own lock functions, tensorboard, --val-every that leaves the run
+# unchanged), eval.py +70 (validator, CLIP_benchmark's files, mean_per_class_recall), flags.py +35 (open_clip's
+# flag spellings, --batch-size-per-gpu). common.py is past 2,000 lines: its section 8 (the run folder) is the
+# next thing to move into a module of its own
+SHARED_LINES = {"common": 2070, "eval": 1870, "flags": 170, "export": 200}
 
 
 def _imports(path: Path):
@@ -54,6 +59,10 @@ def _imports(path: Path):
 
 def test_common_imports_no_project_module_but_flags():
     assert [m for m, _, _ in _imports(ROOT / "common.py")] == ["flags"]
+
+
+def test_export_imports_only_common():
+    assert {m for m, _, func in _imports(ROOT / "export.py") if func is None} == {"common"}
 
 
 def test_flags_imports_the_standard_library_only():
@@ -97,7 +106,7 @@ def test_method_files_meet_the_size_targets(method):
     assert first <= first_max, first
 
 
-@pytest.mark.parametrize("name", ["common", "eval", "flags"])
+@pytest.mark.parametrize("name", ["common", "eval", "flags", "export"])
 def test_shared_modules_do_not_grow(name):
     assert len((ROOT / f"{name}.py").read_text().splitlines()) <= SHARED_LINES[name]
 
