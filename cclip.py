@@ -384,7 +384,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
         lr_image, lr_text = task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
-        dataset = common.ManifestDataset(task.train, train_tf, skip_bad=cfg.skip_bad)
+        dataset = common.training_set(cfg, task.train, train_tf)
         schedule = (common.epoch_warmup_cosine(len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs,
                     0.01 * lr_image, 0.01 * lr_image) if cfg.schedule == "research" else None)  # deviation 13
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),

@@ -53,7 +53,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from flags import CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config  # section 1: flags.py
+from flags import (CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, UsageError, arg, checked, parse_config,  # section 1
+                   world_size)
 
 _REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config)  # common.Config, common.arg, ...
 
@@ -669,16 +670,41 @@ def image_problem(path) -> str | None:
 _DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_problem, for this process
 
 
-def image_problems(paths, threads: int = 8) -> list[str | None]:
-    """image_problem of each path, decoded in threads (PIL releases the GIL). A file this process decoded and
-    unchanged since (same mtime and size) is not decoded again: the preflight's row check is training's."""
+def image_problems(paths, threads: int = 8, cache_file: Path | None = None, across_ranks: bool = False):
+    """image_problem of each path, decoded in threads (PIL releases the GIL). A file decoded before and unchanged
+    since (same mtime and size) is not decoded again: in this process (the preflight's row check is training's)
+    and, with cache_file, in any earlier run (a JSON of [mtime_ns, size, problem] per path, written by rank 0).
+    across_ranks (every rank calls it, with the same paths): each rank decodes its share and all share the
+    results (all_gather_object), so N processes check the images once, not N times."""
     from concurrent.futures import ThreadPoolExecutor
-    stats = [(str(p), os.stat(p)) for p in paths]
-    keys = [(p, st.st_mtime_ns, st.st_size) for p, st in stats]
+    keys = [(str(p), st.st_mtime_ns, st.st_size) for p, st in ((p, os.stat(p)) for p in paths)]
+    if cache_file is not None:
+        try:
+            _DECODED.update({(p, m, n): why for p, (m, n, why) in json.loads(Path(cache_file).read_text()).items()})
+        except (OSError, ValueError, TypeError):  # none yet, or broken: checked again
+            pass
     todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
+    rank, world, _ = dist_info() if across_ranks else (0, 1, 0)
+    mine = todo[rank::world]
     with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
-        _DECODED.update(zip(todo, pool.map(image_problem, [k[0] for k in todo], chunksize=64)))
+        found = list(zip(mine, pool.map(image_problem, [k[0] for k in mine], chunksize=64)))
+    if world > 1 and todo:
+        shares = [None] * world
+        dist.all_gather_object(shares, found)
+        found = [kp for share in shares for kp in share]
+    _DECODED.update(found)
+    if cache_file is not None and todo and rank == 0:
+        atomic_write(cache_file, json.dumps({p: [m, n, _DECODED[(p, m, n)]] for p, m, n in dict.fromkeys(keys)}))
     return [_DECODED[k] for k in keys]
+
+
+def image_check_cache(manifest) -> Path:
+    """Where the row check remembers a manifest's decoded images (CLIPFT_CACHE/image-checks/)."""
+    import hashlib
+    return CACHE_DIR / "image-checks" / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json"
+
+
+IMAGE_SAMPLE = 1000  # --check-images sample: rows decoded before training (a fixed seeded choice)
 
 
 def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
@@ -693,10 +719,14 @@ class ManifestDataset(torch.utils.data.Dataset):
     not JSON), required columns, empty captions, missing images and (check_images) images that do not decode in
     full. One DataError names file and line of every bad row (the first MAX_LISTED, then a count); skip_bad=True
     drops them into `self.skipped` (train's summary, hence results.json, records them all). An image failing
-    later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line."""
+    later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line.
+    check_images: True / 'full' (every image; across_ranks: split across the processes, remembered on disk) |
+    'sample' (IMAGE_SAMPLE of them) | False / 'none'. replace_undecodable: an image failing during training
+    is replaced by the next decodable row and reported in the item's '_failed' (train counts them)."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
-                 check_images: bool = True, extra: Sequence[str] = ()):
+                 check_images: bool | str = True, extra: Sequence[str] = (), across_ranks: bool = False,
+                 replace_undecodable: bool = False):
         self.path, self.transform = Path(path), transform
         rows = read_manifest(self.path, keep_bad=True)
         good = [r for r in rows if "_error" not in r]
@@ -715,10 +745,15 @@ class ManifestDataset(torch.utils.data.Dataset):
             raise DataError(f"{self.path}: missing column(s) {missing}; available: {sorted(cols)}")
         self.need_long, self.extra = need_long, tuple(extra)
         problems = [r.get("_error") or self._check(r) for r in rows]
-        if check_images:  # full decode, in threads, of the rows that passed the cheap checks
+        mode = {True: "full", False: "none"}.get(check_images, check_images)
+        if mode != "none":  # full decode, in threads, of the rows that passed the cheap checks
             todo = [i for i, p in enumerate(problems) if p is None]
-            for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo])):
+            if mode == "sample":
+                todo = sorted(random.Random(0).sample(todo, min(IMAGE_SAMPLE, len(todo))))
+            for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo], across_ranks=across_ranks,
+                                                 cache_file=image_check_cache(self.path) if across_ranks else None)):
                 problems[i] = p
+        self.replace_undecodable = replace_undecodable
         self.rows = [r for r, p in zip(rows, problems) if p is None]
         self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
         if self.skipped and not skip_bad:
@@ -753,22 +788,53 @@ class ManifestDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.rows)
 
-    def __getitem__(self, i):
-        r = self.rows[i]
+    def _image(self, r):
         try:
             with Image.open(self.image_file(r)) as im:
-                image = to_rgb(im)
+                return to_rgb(im)
         except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
             raise DataError(f"{self.path}:{r['_line']}: undecodable image {self.image_file(r)} "
                             f"({type(e).__name__}: {e}); run again with --skip-bad (the row check decodes "
                             f"every image) or fix the file") from None
+
+    def __getitem__(self, i):
+        failed = []
+        for j in range(len(self.rows) if self.replace_undecodable else 1):  # the next rows stand in for a bad one
+            try:
+                image, r = self._image(self.rows[(i + j) % len(self.rows)]), self.rows[(i + j) % len(self.rows)]
+                break
+            except DataError as e:
+                if not self.replace_undecodable:
+                    raise
+                failed.append(str(e).split("; run again")[0])
+        else:
+            raise DataError(f"{self.path}: no row's image decodes")
         item = {"image": self.transform(image) if self.transform else image,
-                "caption": self._caption(r), "index": i}
+                "caption": self._caption(r), "index": i, **({"_failed": failed} if failed else {})}
         if self.need_long:
             item["long_caption"] = r["long_caption"]
         for k in self.extra:
             item[k] = r[k]
         return item
+
+
+class CountFailures:
+    """train's collate_fn around the method's: takes the '_failed' reports off the items (ManifestDataset's
+    replaced images) before the method's collate sees them, and hands them on as the batch's '_failed'."""
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, items):
+        failed = [f for item in items if isinstance(item, dict) for f in item.pop("_failed", ())]
+        return {**self.collate(items), "_failed": failed}
+
+
+def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
+    """A training manifest as every method reads it: --skip-bad, and the row check's --check-images (full:
+    every image, split across the processes and remembered on disk; sample / none: an image failing during
+    training is replaced by the next good row and counted in results.json)."""
+    return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
+                           replace_undecodable=cfg.check_images != "full", **kw)
 
 
 class Collate:
@@ -906,8 +972,8 @@ def dist_info():
 
 
 def init_distributed(device: str = "auto"):
-    """Initialises the process group under torchrun; picks the device."""
-    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
+    """Initialises the process group under torchrun (or srun: flags.adopt_slurm); picks the device."""
+    if world_size() > 1 and not dist.is_initialized():
         local = int(os.environ.get("LOCAL_RANK", 0))
         use_cuda = torch.cuda.is_available() and device != "cpu"
         if use_cuda:
@@ -1278,7 +1344,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
     loader = torch.utils.data.DataLoader(
         SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
-        collate_fn=collate, pin_memory=device.type == "cuda", drop_last=True,
+        collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=True,
         generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     steps_per_epoch = len(train_set) // cfg.batch_size
     total = cfg.steps or cfg.epochs * steps_per_epoch
@@ -1291,7 +1357,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                                               find_unused_parameters=cfg.find_unused) if world > 1 else net
 
     new_settings = optimizer_settings(opt)
-    data, data_change = data_fingerprint(train_set), None
+    data, data_change, failed = data_fingerprint(train_set), None, []
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
@@ -1353,6 +1419,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             epoch = step // steps_per_epoch
             sampler.set_epoch(epoch, step % steps_per_epoch)
             for batch in loader:
+                failed += batch.pop("_failed")  # images replaced by the next row (--check-images sample / none)
                 batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
                 ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
                                       generator=step_generator(cfg.seed, step), precision=precision)
@@ -1414,6 +1481,14 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
                "bad_rows": list(getattr(train_set, "skipped", [])),  # every row the data check skipped
                "data": data, **({"data_changed_on_resume": data_change} if data_change else {})}
+    if world > 1:  # every rank's replaced images, counted together
+        shares = [None] * world
+        dist.all_gather_object(shares, failed)
+        failed = [f for share in shares for f in share]
+    summary["undecodable_images"] = {"count": len(failed), "first": failed[:MAX_LISTED]}
+    if failed:
+        print(f"[data] {len(failed)} undecodable image(s) replaced by the next row during training, e.g. "
+              f"{printable(failed[0])}", file=sys.stderr)
     if rank == 0 and cfg.val_every:  # every validation of the run, resumed parts included (metrics.jsonl's)
         summary["validation"] = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                                  if any(k.startswith("val/") for k in r)]
@@ -1604,10 +1679,6 @@ def summarize_continual(rec) -> dict:
 # =============================================================================
 # 8. Errors, the command line and the run folder
 # =============================================================================
-class UsageError(ValueError):
-    """A bad flag or combination of flags (exit code 2, as argparse's)."""
-
-
 class RunError(RuntimeError):
     """An expected failure around the run: missing weights or training data, an --out that holds or is writing
     another run, a changed setting on --resume, an interrupted run (exit code 1, or 128 + signal)."""
@@ -1783,11 +1854,13 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     if cfg.val_every and continual:
         raise UsageError("--val-every: a task sequence has no validation set during training; it evaluates every "
                          "task's test set after each task")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if cfg.batch_size % world:
         raise UsageError(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
+    if world_size() > 1:  # the processes split the row check's decoding between them (image_problems)
+        init_distributed(cfg.device)
     for m in manifests:
-        ds = ManifestDataset(m, skip_bad=cfg.skip_bad, **dataset_kw)
+        ds = training_set(cfg, m, **dataset_kw)
         if len(ds) < cfg.batch_size:
             raise UsageError(f"{m}: {len(ds)} usable rows, fewer than one batch (--batch-size {cfg.batch_size})")
     if int(os.environ.get("RANK", "0")) == 0:  # before init_distributed: torchrun's environment
@@ -2004,7 +2077,8 @@ def resume_command() -> str:
         if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
             args.append(a)
         skip = not skip and a in drop_with_value
-    launcher = "torchrun --nproc_per_node N" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
+    launcher = ("python" if world_size() == 1 else "srun python" if "SLURM_PROCID" in os.environ
+                else "torchrun --nproc_per_node N")
     return shlex.join([*launcher.split(), _COMMAND[0], *args, "--resume", "latest"])
 
 

@@ -361,7 +361,7 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
     """Fine-tunes one variant of freshly loaded initial weights (so on resume
     the teacher is rebuilt from them too); returns (model, summary). hooks:
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
-    dataset = common.ManifestDataset(train_manifest(cfg), train_tf, need_long=True, skip_bad=cfg.skip_bad)
+    dataset = common.training_set(cfg, train_manifest(cfg), train_tf, need_long=True)
     net = ERCLIP(model, cfg)
     lr_of = (lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr) if cfg.fusion_lr else None
     summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences), lr_of=lr_of,

@@ -52,6 +52,10 @@ class Config:
     train_data: str = arg("auto", "auto: the paper's training data under --data-root (the synthetic world with "
                           "--backbone tiny when it is absent) | a manifest (JSONL/CSV) | synthetic")
     skip_bad: bool = arg(False, "skip and count bad rows/images instead of stopping")
+    check_images: str = arg("full", "the row check's decoding before training: full (every image; split across the "
+                            "processes, remembered on disk) | sample (1,000 of them) | none; with sample / none an "
+                            "image failing during training is replaced by the next row and counted",
+                            choices=("full", "sample", "none"))
     workers: int = arg(2, "DataLoader workers")
     # optimisation
     epochs: int = arg(1, "epochs over the training set")
@@ -123,8 +127,32 @@ def checked(typ, rule: str):
     return check
 
 
+class UsageError(ValueError):
+    """A bad flag or combination of flags (exit code 2, as argparse's)."""
+
+
+SLURM_TO_TORCH = {"SLURM_PROCID": "RANK", "SLURM_NTASKS": "WORLD_SIZE", "SLURM_LOCALID": "LOCAL_RANK"}
+
+
+def adopt_slurm(env=os.environ) -> bool:
+    """srun without torchrun: Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID become torch's RANK /
+    WORLD_SIZE / LOCAL_RANK, as open_clip's distributed.py reads them; the job script sets MASTER_ADDR and
+    MASTER_PORT (README, "Scale"). torchrun's variables, when present, win. True when Slurm's were adopted."""
+    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise UsageError(f"srun started {env['SLURM_NTASKS']} tasks but {' and '.join(missing)} is not set: export "
+                         f"MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) and MASTER_PORT "
+                         f"(a free port, e.g. 29500) in the job script")
+    for slurm, torch_name in SLURM_TO_TORCH.items():
+        env[torch_name] = env[slurm]
+    return True
+
+
 def world_size() -> int:
-    """The number of processes torchrun started (1 without it)."""
+    """The number of processes torchrun (or srun) started; 1 without either."""
+    adopt_slurm()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 

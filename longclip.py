@@ -343,7 +343,7 @@ def read_erclip_results(path) -> tuple[str, list, float]:
 def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest, validate=None):
     """Stretches and fine-tunes freshly loaded weights (so a resumed run
     rebuilds the same model); returns (model, tokenizer of its window, summary)."""
-    dataset = common.ManifestDataset(manifest, train_tf, need_long=True, skip_bad=cfg.skip_bad)
+    dataset = common.training_set(cfg, manifest, train_tf, need_long=True)
     net = LongCLIP(model, cfg)
     tokenizer = common.get_tokenizer(cfg.backbone, net.context_length)
     summary = common.train(cfg, net, dataset, LongCaptionCollate(tokenizer, cfg.short_caption), validate=validate)

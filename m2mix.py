@@ -385,7 +385,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += common.kept_result(cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
-    dataset = common.ManifestDataset(manifest, train_tf, skip_bad=cfg.skip_bad)
+    dataset = common.training_set(cfg, manifest, train_tf)
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks,

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -661,10 +662,66 @@ def bench_retrieval(quick):
            out["dense"]["peak"] / 2 ** 20, kind="cost", goal=0.5, unit="MiB")
 
 
+def _rowcheck_worker(rank, world, port, manifest, cache, out):
+    """One process of the split row check: its time from the process group to every rank's result."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    common.CACHE_DIR = Path(cache)
+    common.init_distributed("cpu")
+    torch.distributed.barrier()
+    t0 = time.perf_counter()
+    common.training_set(common.Config(), manifest)
+    if rank == 0:
+        Path(out).write_text(str(time.perf_counter() - t0))
+    torch.distributed.destroy_process_group()
+
+
+def bench_rowcheck(quick, tmp: Path):
+    """The row check's decoding of every image before training (--check-images full): one process, two
+    processes splitting it (gloo), and a rerun that finds the results on disk."""
+    import socket
+
+    from PIL import Image
+    n = 2000 if quick else 10000
+    print(f"7. row check: {n} JPEGs of 384 x 288, 1 process, 2 processes, rerun", flush=True)
+    rng = np.random.default_rng(0)
+    (tmp / "rc").mkdir()
+    base = rng.integers(0, 255, (288, 384, 3), dtype=np.uint8)
+    for i in range(n):
+        Image.fromarray(np.roll(base, i, axis=1)).save(tmp / "rc" / f"{i}.jpg", quality=90)
+    manifest = tmp / "rc.jsonl"
+    manifest.write_text("".join(json.dumps({"image": f"rc/{i}.jpg", "caption": f"picture {i}"}) + "\n"
+                                for i in range(n)))
+
+    def one(cache):
+        common._DECODED.clear()
+        common.CACHE_DIR = cache
+        t0 = time.perf_counter()
+        common.training_set(common.Config(), manifest)
+        return time.perf_counter() - t0
+    saved = common.CACHE_DIR
+    try:
+        first, rerun = one(tmp / "cache1"), one(tmp / "cache1")
+    finally:
+        common.CACHE_DIR = saved
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_rowcheck_worker, args=(2, port, str(manifest), str(tmp / "cache2"),
+                                                        str(tmp / "t2")), nprocs=2, join=True)
+    two = float((tmp / "t2").read_text())
+    record(f"row check, {n} images: 2 processes vs 1", two, first, kind="cost", goal=0.75,
+           note="each process decodes half; every one gets all results (all_gather_object)")
+    record(f"row check, {n} images: rerun vs first run", rerun, first, kind="cost", goal=0.1,
+           note="results kept in CLIPFT_CACHE/image-checks (path, size, mtime)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
-    p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory")
+    p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory,"
+                                                "rowcheck")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
@@ -675,7 +732,7 @@ def main(argv=None):
         return _step_memory_child(a.child_memory[0], a.child_memory[1], int(a.child_memory[2]))
     import tempfile
     sections = set(a.only.split(",")) if a.only else {"text", "zeroshot", "steps", "dns", "loop",
-                                                                 "retrieval", "memory"}
+                                                                 "retrieval", "memory", "rowcheck"}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         if "text" in sections:
@@ -694,6 +751,8 @@ def main(argv=None):
             bench_retrieval(a.quick)
         if "memory" in sections:
             bench_memory(a.quick, "ViT-B-32")
+        if "rowcheck" in sections:
+            bench_rowcheck(a.quick, Path(tmp))
     rows = [{"measurement": r["name"], "ours": f"{r['value']:.4g}{r['unit']}",
              "baseline": "" if r["baseline"] is None else f"{r['baseline']:.4g}{r['unit']}",
              "ratio": "" if r["ratio"] is None else f"{r['ratio']:.2f}x",

@@ -1,0 +1,194 @@
+"""Issue 28 (past one machine), the parts done so far: Slurm's environment
+read as open_clip reads it, and two "nodes" on one machine (torchrun
+--nnodes 2, gloo) reaching the weights of one process."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import common
+import flags
+import lab
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_slurm_variables_become_torchs_and_torchrun_wins():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    assert flags.adopt_slurm(env) and (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
+    torchrun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "WORLD_SIZE": "2", "RANK": "0"}
+    assert not flags.adopt_slurm(torchrun) and torchrun["WORLD_SIZE"] == "2"
+    assert not flags.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})  # one task: no process group
+    with pytest.raises(flags.UsageError, match="MASTER_ADDR and MASTER_PORT is not set: export MASTER_ADDR"):
+        flags.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"})
+
+
+def _cfg(out, steps=4):
+    return common.Config(steps=steps, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
+                         save_every=0, log_every=1, device="cpu", seed=0)
+
+
+def _run(out, data):
+    """(model, processes the run had): the tiny backbone, 4 steps of global batch 8."""
+    torch.manual_seed(0)
+    model, train_tf, _, tok = common.load_model("tiny", "random")
+    summary = common.train(_cfg(out), common.ClipFineTune(model), common.ManifestDataset(data, train_tf),
+                           common.Collate(tok), export=False)
+    return model, summary["world_size"]
+
+
+def _slurm_worker(rank, world, port, tmp):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        os.environ.pop(k, None)
+    os.environ.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world), SLURM_LOCALID=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    tmp = Path(tmp)
+    model, world = _run(tmp / "slurm", lab.synthetic_manifest("train", tmp / "data", n=16))
+    if rank == 0:
+        torch.save({**model.state_dict(), "world": torch.tensor(world)}, tmp / "slurm_weights.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _close(one, two, start):
+    moved = sum((v - start[k]).square().sum() for k, v in one.items()).sqrt()
+    diff = sum((two[k] - v).square().sum() for k, v in one.items()).sqrt()
+    return diff < 0.01 * moved  # float reduction order only (as tests/test_resume.py's two-process test)
+
+
+@pytest.fixture
+def one_process(tmp_path):
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)  # written once, before the processes read it
+    torch.manual_seed(0)
+    start = {k: v.clone() for k, v in common.load_model("tiny", "random")[0].state_dict().items()}
+    return _run(tmp_path / "one", data)[0].state_dict(), start
+
+
+def test_two_srun_tasks_train_like_one_process(tmp_path, one_process):
+    mp.spawn(_slurm_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    two = torch.load(tmp_path / "slurm_weights.pt", weights_only=True)
+    assert int(two.pop("world")) == 2 and _close(one_process[0], two, one_process[1])
+
+
+NODE = """
+import sys; sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+import torch, lab, common
+from pathlib import Path
+from test_scale import _run
+torch.set_num_threads(1)
+tmp = Path({tmp!r})
+model, world = _run(tmp / "nodes", tmp / {manifest!r})
+if common.dist_info()[0] == 0:
+    torch.save({{**model.state_dict(), "world": torch.tensor(world)}}, tmp / "nodes_weights.pt")
+"""
+
+
+def test_two_nodes_of_one_process_each_train_like_one_process(tmp_path, one_process):
+    """torchrun --nnodes 2 --nproc_per_node 1 with a local rendezvous (gloo): node ranks 0 and 1 on this
+    machine, as two machines would run it; the weights equal one process's."""
+    manifest = Path(lab.synthetic_manifest("train", tmp_path / "data", n=16)).relative_to(tmp_path)
+    script = tmp_path / "node.py"
+    script.write_text(NODE.format(repo=str(REPO), tests=str(REPO / "tests"), tmp=str(tmp_path), manifest=str(manifest)))
+    port = _port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                               "--node_rank", str(r), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), "\n".join(log[-2000:] for log in logs)
+    two = torch.load(tmp_path / "nodes_weights.pt", weights_only=True)
+    assert int(two.pop("world")) == 2 and _close(one_process[0], two, one_process[1])
+
+
+# ----------------------------------------------------------------------------- 1. a row check that scales
+def _broken_manifest(root, n=16, broken=(3, 11)):
+    """A synthetic manifest of n rows whose images `broken` are cut short (they open, and fail to decode)."""
+    path = Path(lab.synthetic_manifest("train", root, n=n))
+    rows = common.read_manifest(path)
+    for i in broken:
+        image = path.parent / rows[i]["image"]
+        image.write_bytes(image.read_bytes()[:60])
+    return path
+
+
+def _check_worker(rank, world, port, tmp, manifest):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank), CLIPFT_CACHE=str(Path(tmp) / f"cache{rank}"))
+    torch.set_num_threads(1)
+    common.CACHE_DIR = Path(tmp) / f"cache{rank}"
+    common.init_distributed("cpu")
+    decoded, real = [], common.image_problem
+    common.image_problem = lambda p: decoded.append(str(p)) or real(p)
+    ds = common.training_set(common.Config(skip_bad=True), manifest)
+    (Path(tmp) / f"rank{rank}.txt").write_text("\n".join(decoded) + "\n--\n" + "\n".join(ds.skipped))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_split_the_row_check_and_both_see_every_result(tmp_path):
+    path = _broken_manifest(tmp_path / "data")
+    mp.spawn(_check_worker, args=(2, _port(), str(tmp_path), str(path)), nprocs=2, join=True)
+    parts = [(tmp_path / f"rank{r}.txt").read_text().split("\n--\n") for r in (0, 1)]
+    decoded = [set(filter(None, d.splitlines())) for d, _ in parts]
+    assert not decoded[0] & decoded[1] and len(decoded[0] | decoded[1]) == 16  # each image once, in all
+    assert parts[0][1] == parts[1][1] and parts[0][1].count("undecodable image") == 2  # the same list on both
+
+
+def test_the_row_check_is_remembered_on_disk_and_redone_for_changed_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    path = _broken_manifest(tmp_path / "data")
+    cfg = common.Config(skip_bad=True)
+    decoded, real = [], common.image_problem
+    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    first = common.training_set(cfg, path).skipped
+    assert len(decoded) == 16 and common.image_check_cache(path).is_file()
+    monkeypatch.setattr(common, "_DECODED", {})  # a new process: only the disk remembers
+    decoded.clear()
+    assert common.training_set(cfg, path).skipped == first and decoded == []
+    image = path.parent / common.read_manifest(path)[5]["image"]
+    image.write_bytes(image.read_bytes()[:60])  # changed since: checked again, alone
+    monkeypatch.setattr(common, "_DECODED", {})
+    decoded.clear()
+    assert len(common.training_set(cfg, path).skipped) == 3 and decoded == [str(image)]
+
+
+def test_check_images_sample_decodes_a_sample_and_none_decodes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(common, "IMAGE_SAMPLE", 5)
+    path = Path(lab.synthetic_manifest("train", tmp_path / "data", n=16))
+    decoded, real = [], common.image_problem
+    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    common.training_set(common.Config(check_images="sample"), path)
+    assert len(decoded) == 5
+    decoded.clear()
+    common.training_set(common.Config(check_images="none"), path)
+    assert decoded == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_image_failing_in_training_is_replaced_and_counted(tmp_path, workers):
+    path = _broken_manifest(tmp_path / "data", broken=(3,))
+    torch.manual_seed(0)
+    model, train_tf, _, tok = common.load_model("tiny", "random")
+    cfg = common.Config(steps=4, batch_size=8, workers=workers, precision="fp32", out=str(tmp_path / "r"),
+                        log_every=1, device="cpu", check_images="none")
+    summary = common.train(cfg, common.ClipFineTune(model), common.training_set(cfg, path, train_tf),
+                           common.Collate(tok), export=False)
+    bad = str(path.parent / common.read_manifest(path)[3]["image"])
+    assert summary["steps"] == 4 and summary["undecodable_images"]["count"] == 2  # 2 epochs of 16 rows
+    assert all(bad in f for f in summary["undecodable_images"]["first"])
+    with pytest.raises(common.DataError, match="1 bad row"):  # --check-images full: refused before step 1
+        common.training_set(common.Config(), path)
