@@ -713,6 +713,38 @@ def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str =
     return f"{where}: {len(problems)} {what}{hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
 
 
+class CompactRows(Sequence):
+    """A manifest's rows as packed columns: per column, every row's value as JSON in one uint8 buffer with int64
+    offsets. A few arrays instead of millions of dicts, whose reference counts, touched by every read, make each
+    forked DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access."""
+
+    def __init__(self, rows: Sequence[dict]):
+        self.columns = list(dict.fromkeys(k for r in rows[:1000] for k in r))
+        self.columns += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in self.columns]
+        self.packed = {}
+        for c in self.columns:
+            values = [json.dumps(r[c], ensure_ascii=False).encode() if c in r else b"" for r in rows]  # b"": absent
+            offsets = np.zeros(len(values) + 1, np.int64)
+            np.cumsum([len(v) for v in values], out=offsets[1:])
+            self.packed[c] = (np.frombuffer(b"".join(values), np.uint8), offsets)
+        self.n = len(rows)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i %= self.n
+        row = {}
+        for c, (data, offsets) in self.packed.items():
+            if offsets[i + 1] > offsets[i]:
+                row[c] = json.loads(data[offsets[i]:offsets[i + 1]].tobytes())
+        return row
+
+
 class ManifestDataset(torch.utils.data.Dataset):
     """Image-caption pairs from a manifest (image path relative to it, a caption, an optional long caption,
     optional extra columns). A pre-pass before any training step checks every row: unreadable lines (not UTF-8,
@@ -754,7 +786,7 @@ class ManifestDataset(torch.utils.data.Dataset):
                                                  cache_file=image_check_cache(self.path) if across_ranks else None)):
                 problems[i] = p
         self.replace_undecodable = replace_undecodable
-        self.rows = [r for r, p in zip(rows, problems) if p is None]
+        self.rows = CompactRows([r for r, p in zip(rows, problems) if p is None])
         self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
         if self.skipped and not skip_bad:
             raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))

@@ -724,11 +724,65 @@ def bench_rowcheck(quick, tmp: Path):
            note="results kept in CLIPFT_CACHE/image-checks (path, size, mtime)")
 
 
+def _private_mib() -> float:
+    """This process's private dirty memory (copy-on-write copies included), from /proc/self/smaps_rollup."""
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class _TouchRows(torch.utils.data.Dataset):
+    """Reads rows as ManifestDataset.__getitem__ does."""
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return len(self.rows[i]["caption"])
+
+
+def _batch_memory(items):  # the collate, in the worker: its private memory after the batch's reads
+    return _private_mib()
+
+
+def bench_manifest(quick, tmp: Path):
+    """Worker memory of a large manifest: rows as packed columns (common.CompactRows) vs a list of dicts (before
+    issue 28): two forked DataLoader workers read random rows; each one's private memory grows by the pages the
+    parent's row objects share with it that it writes (reference counts, the garbage collector's headers)."""
+    import gc
+
+    from PIL import Image
+    n = 200_000 if quick else 1_200_000
+    print(f"8. a {n}-row manifest, 2 DataLoader workers: private memory, packed rows vs dicts", flush=True)
+    (tmp / "mf").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp / "mf" / "a.png")
+    manifest = tmp / "mf" / "rows.jsonl"
+    manifest.write_text("".join(json.dumps({"image": "a.png", "caption": f"a photo of scene {i}: a red circle left "
+                                            f"of a blue square", "long_caption": f"scene {i}. " * 8}) + "\n"
+                                for i in range(n)))
+    t0 = time.perf_counter()
+    ds = common.ManifestDataset(manifest, check_images="none", need_long=True)
+    build = time.perf_counter() - t0
+    out = {}
+    for kind, rows in (("packed", ds.rows), ("dicts", list(ds.rows))):
+        gc.collect()
+        loader = torch.utils.data.DataLoader(_TouchRows(rows), batch_size=2000, num_workers=2, collate_fn=_batch_memory,
+                                             sampler=torch.utils.data.RandomSampler(rows, num_samples=100_000,
+                                                                                    generator=torch.Generator().manual_seed(0)))
+        out[kind] = max(loader)
+        del loader, rows
+    record(f"DataLoader worker private memory, {n}-row manifest: packed rows vs dicts", out["packed"], out["dicts"],
+           kind="cost", goal=0.25, unit="MiB", note=f"50,000 random rows read per worker; manifest read in {build:.1f}s")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
     p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory,"
-                                                "rowcheck")
+                                                "rowcheck,manifest")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
@@ -739,7 +793,7 @@ def main(argv=None):
         return _step_memory_child(a.child_memory[0], a.child_memory[1], int(a.child_memory[2]))
     import tempfile
     sections = set(a.only.split(",")) if a.only else {"text", "zeroshot", "steps", "dns", "loop",
-                                                                 "retrieval", "memory", "rowcheck"}
+                                                                 "retrieval", "memory", "rowcheck", "manifest"}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         if "text" in sections:
@@ -760,6 +814,8 @@ def main(argv=None):
             bench_memory(a.quick, "ViT-B-32")
         if "rowcheck" in sections:
             bench_rowcheck(a.quick, Path(tmp))
+        if "manifest" in sections:
+            bench_manifest(a.quick, Path(tmp))
     rows = [{"measurement": r["name"], "ours": f"{r['value']:.4g}{r['unit']}",
              "baseline": "" if r["baseline"] is None else f"{r['baseline']:.4g}{r['unit']}",
              "ratio": "" if r["ratio"] is None else f"{r['ratio']:.2f}x",

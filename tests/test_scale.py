@@ -192,3 +192,20 @@ def test_an_image_failing_in_training_is_replaced_and_counted(tmp_path, workers)
     assert all(bad in f for f in summary["undecodable_images"]["first"])
     with pytest.raises(common.DataError, match="1 bad row"):  # --check-images full: refused before step 1
         common.training_set(common.Config(), path)
+
+
+# ----------------------------------------------------------------------------- 3. compact manifests
+def test_compact_rows_give_back_each_row_as_it_was():
+    rows = [{"image": "a.png", "caption": "x é", "_line": 2, "extra": None},
+            {"image": "b.png", "caption": ["one", "two"], "_line": 3, "score": 0.5}]
+    packed = common.CompactRows(rows)
+    assert [packed[i] for i in range(2)] == rows and list(packed) == rows and packed[-1] == rows[1]
+    assert packed[0:2] == rows and len(packed) == 2 and "score" not in packed[0]  # absent stays absent
+    with pytest.raises(IndexError):
+        packed[2]
+
+
+def test_a_manifest_dataset_keeps_its_rows_packed(tmp_path):
+    ds = common.ManifestDataset(lab.synthetic_manifest("train", tmp_path / "data", n=8), need_long=True)
+    assert isinstance(ds.rows, common.CompactRows) and len(ds.rows) == 8
+    assert ds[3]["caption"] == ds.rows[3]["caption"] and ds[3]["long_caption"] == ds.rows[3]["long_caption"]
