@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import errno
 import functools
+import hashlib
 import io
 import json
 import logging
@@ -700,7 +701,6 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
 
 def image_check_cache(manifest) -> Path:
     """Where the row check remembers a manifest's decoded images (CLIPFT_CACHE/image-checks/)."""
-    import hashlib
     return CACHE_DIR / "image-checks" / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json"
 
 
@@ -719,8 +719,7 @@ class CompactRows(Sequence):
     forked DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access."""
 
     def __init__(self, rows: Sequence[dict]):
-        self.columns = list(dict.fromkeys(k for r in rows[:1000] for k in r))
-        self.columns += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in self.columns]
+        self.columns = list(dict.fromkeys(k for r in rows for k in r))
         self.packed = {}
         for c in self.columns:
             values = [json.dumps(r[c], ensure_ascii=False).encode() if c in r else b"" for r in rows]  # b"": absent
@@ -833,7 +832,8 @@ class ManifestDataset(torch.utils.data.Dataset):
         failed = []
         for j in range(len(self.rows) if self.replace_undecodable else 1):  # the next rows stand in for a bad one
             try:
-                image, r = self._image(self.rows[(i + j) % len(self.rows)]), self.rows[(i + j) % len(self.rows)]
+                r = self.rows[(i + j) % len(self.rows)]
+                image = self._image(r)
                 break
             except DataError as e:
                 if not self.replace_undecodable:
@@ -1202,7 +1202,6 @@ def latest_checkpoint(out) -> Path | None:
 def data_fingerprint(train_set) -> dict:
     """What a run trains on, stored in its checkpoints: the row count and, for a manifest, the file and its
     content's sha256 (a resume on changed data is refused: the schedule and the shuffle depend on it)."""
-    import hashlib
     fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
     if path is not None and Path(path).is_file():
         h = hashlib.sha256()
@@ -1934,20 +1933,18 @@ def lock_out(out: Path):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            try:
-                held = json.loads(path.read_text() or "{}")
-            except (OSError, ValueError):
-                held = {}
-            if held == me:
+            state, held = lock_state(out)
+            if state == "mine":
                 return
             pid = held.get("pid")
-            if held.get("host") not in (None, me["host"]):
+            if state == "live" and held.get("host") not in (None, me["host"]):
                 raise RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
                                f"delete {path}")
-            if isinstance(pid, int) and _pid_alive(pid):
+            if state == "live":
                 raise RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose "
                                f"another --out")
-            print(f"[out] taking over the stale lock of PID {pid} (no longer running) in {out}", file=sys.stderr)
+            if state == "stale":
+                print(f"[out] taking over the stale lock of PID {pid} (no longer running) in {out}", file=sys.stderr)
             path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
@@ -1958,17 +1955,28 @@ def lock_out(out: Path):
     raise RunError(f"could not take the lock {path}")
 
 
-def live_holder(folder: Path) -> dict | None:
-    """{pid, host} of the live process other than this one whose lock is on `folder` (another host's counts as
-    live); None when the folder is free, its lock stale or this process's own."""
+def lock_state(folder: Path) -> tuple[str, dict]:
+    """(state, the lock's content) of `folder`'s lock: 'free' (none), 'mine' (this process's), 'live' (a live
+    process on this host, or any on another host: it cannot be checked from here) or 'stale' (its process is gone,
+    or the file is unreadable)."""
     try:
         held = json.loads((Path(folder) / LOCK).read_text() or "{}")
+    except FileNotFoundError:
+        return "free", {}
     except (OSError, ValueError):
-        return None
-    if held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
-        return None
-    alive = held.get("host") != socket.gethostname() or (isinstance(held.get("pid"), int) and _pid_alive(held["pid"]))
-    return held if alive and held else None
+        held = {}
+    if held == {"pid": os.getpid(), "host": socket.gethostname()}:
+        return "mine", held
+    pid = held.get("pid")
+    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and _pid_alive(pid)
+    return ("live" if alive else "stale"), held
+
+
+def live_holder(folder: Path) -> dict | None:
+    """{pid, host} of the live process other than this one whose lock is on `folder`; None when the folder is
+    free, its lock stale or this process's own."""
+    state, held = lock_state(folder)
+    return held if state == "live" else None
 
 
 def _unlock(path: Path, me: dict):
