@@ -262,9 +262,9 @@ def projector(dim: int, hidden: int = 2048):
                          nn.Linear(hidden, dim))
 
 
-class CClip(nn.Module):
+class CClip(common.Method):
     """One task's training step: L_CLIP on the (adapted) model, plus L_CKC when a projector and the old model
-    are given. forward(batch, ctx) returns the named, already-weighted loss terms."""
+    are given; features / losses as common.Method (forward: the named, already-weighted loss terms)."""
 
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
@@ -276,24 +276,22 @@ class CClip(nn.Module):
         if teacher is not None:
             teacher.requires_grad_(False).eval()
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if self.teacher is not None:
-            self.teacher.eval()  # the old model is a fixed function
-        return self
+    def features(self, batch, ctx=None):
+        f = {"img": self.model.encode_image(batch["image"]),  # (b, D) f_theta(v), unnormalised
+             "txt": common.encode_text(self.model, batch["text"], normalize=False)}  # (b, D) g_phi(c)
+        if self.projector is not None and not getattr(ctx, "replay", False):
+            with torch.no_grad():
+                f["z_img"] = self.teacher.encode_image(batch["image"])  # (b, D) f_{theta^{t-1}}(v)
+                f["z_txt"] = common.encode_text(self.teacher, batch["text"], normalize=False)  # (b, D)
+        return f
 
-    def forward(self, batch, ctx=None):
-        img_raw = self.model.encode_image(batch["image"])  # (B, D) f_theta(v), unnormalised
-        txt_raw = common.encode_text(self.model, batch["text"], normalize=False)  # (B, D) g_phi(c)
-        img, txt = common.gather(F.normalize(img_raw, dim=-1), F.normalize(txt_raw, dim=-1))
+    def losses(self, f, ctx=None):
+        img, txt = common.gather(F.normalize(f["img"], dim=-1), F.normalize(f["txt"], dim=-1))
         scale = self.model.logit_scale.exp()
         losses = {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
         if self.projector is not None:
-            with torch.no_grad():
-                z_img = self.teacher.encode_image(batch["image"])  # (B, D) f_{theta^{t-1}}(v)
-                z_txt = common.encode_text(self.teacher, batch["text"], normalize=False)  # (B, D)
-            p_img, p_txt = self.projector(img_raw), self.projector(txt_raw)  # (B, D) each, deviation 5
-            p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, z_img, z_txt)
+            p_img, p_txt = self.projector(f["img"]), self.projector(f["txt"])  # (b, D) each, deviation 5
+            p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, f["z_img"], f["z_txt"])
             # Sec. 4.2: L = L_CLIP + L_CKC
             losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale, self.ckc_directions)
         return losses

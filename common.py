@@ -864,7 +864,12 @@ class CountFailures:
 def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
     """A training manifest as every method reads it: --skip-bad, and the row check's --check-images (full:
     every image, split across the processes and remembered on disk; sample / none: an image failing during
-    training is replaced by the next good row and counted in results.json)."""
+    training is replaced by the next good row and counted in results.json). Tar shards ('DIR/{00000..00099}.tar'):
+    shards.ShardSet, --train-num-samples samples an epoch."""
+    import shards
+    if shards.is_shards(path):
+        return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
+                               readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
                            replace_undecodable=cfg.check_images != "full", **kw)
 
@@ -935,17 +940,22 @@ class SeededSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         epoch, i = key
-        s = ((self.seed * 1_000_003 + epoch) * 1_000_003 + i) % 2 ** 63
-        py, npy = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng(devices=[]):  # CPU generator only: CUDA's is untouched
-            torch.default_generator.manual_seed(s)
-            random.seed(s)
-            np.random.seed(s % 2 ** 32)
-            try:
-                return self.dataset[i]
-            finally:
-                random.setstate(py)
-                np.random.set_state(npy)
+        return seeded(((self.seed * 1_000_003 + epoch) * 1_000_003 + i) % 2 ** 63, self.dataset.__getitem__, i)
+
+
+def seeded(s: int, fn: Callable, *args):
+    """fn(*args) with torch's CPU generator, Python's and NumPy's seeded from s, and put back afterwards (CUDA's
+    is untouched): a sample's augmentation as a function of s alone."""
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(s)
+        random.seed(s)
+        np.random.seed(s % 2 ** 32)
+        try:
+            return fn(*args)
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
 
 
 def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
@@ -1116,17 +1126,36 @@ def epoch_warmup_cosine(steps_per_epoch: int, warmup_epochs: int, epochs: int, s
     return lambda opt, *_: [for_group(g["lr"]) for g in opt.param_groups]
 
 
-class ClipFineTune(nn.Module):
+class Method(nn.Module):
+    """A method's training wrapper, in two parts that exact gradient accumulation (accumulated_backward) runs
+    apart: features(batch, ctx) -> {name: (b, ...) rows of this process's batch} (the towers' output; what
+    depends on nothing but the row), and losses(features, ctx) -> the named, already-weighted loss terms over the
+    whole batch (gathered across ranks there). forward is the one after the other. ctx.replay is True when
+    accumulation runs a micro-batch a second time for its gradient: skip what carries none (a frozen teacher)."""
+
+    def forward(self, batch, ctx=None):
+        return self.losses(self.features(batch, ctx), ctx)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if getattr(self, "teacher", None) is not None:
+            self.teacher.eval()  # a frozen teacher (ERCLIP's initial model, C-CLIP's old one) never leaves eval()
+        return self
+
+
+class ClipFineTune(Method):
     """Plain CLIP fine-tuning: the baseline every method is compared with, and the template of a method's model
-    wrapper. forward(batch, ctx) returns a dict of named, already-weighted loss terms."""
+    wrapper."""
     def __init__(self, model, label_smoothing: float = 0.0):
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
 
-    def forward(self, batch, ctx=None):
-        img = self.model.encode_image(batch["image"], normalize=True)
-        txt = encode_text(self.model, batch["text"])
-        img, txt = gather(img, txt)
+    def features(self, batch, ctx=None):
+        return {"img": self.model.encode_image(batch["image"], normalize=True),
+                "txt": encode_text(self.model, batch["text"])}
+
+    def losses(self, f, ctx=None):
+        img, txt = gather(f["img"], f["txt"])
         return {"loss_clip": clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
 
 
@@ -1202,6 +1231,8 @@ def latest_checkpoint(out) -> Path | None:
 def data_fingerprint(train_set) -> dict:
     """What a run trains on, stored in its checkpoints: the row count and, for a manifest, the file and its
     content's sha256 (a resume on changed data is refused: the schedule and the shuffle depend on it)."""
+    if hasattr(train_set, "fingerprint"):  # shards.ShardSet
+        return train_set.fingerprint()
     fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
     if path is not None and Path(path).is_file():
         h = hashlib.sha256()
@@ -1284,12 +1315,108 @@ class NonFiniteGuard:
             raise FloatingPointError(f"non-finite loss at step {step + 1}: {terms}{hint()}")
 
 
+def split_batch(batch: dict, k: int, groups: dict[str, str] | None = None) -> list[dict]:
+    """A collated batch of n rows (its images) as k micro-batches of n / k: every tensor and list of n rows is cut
+    into k runs in order; anything else (a tuple of statistics, ...) is kept whole. groups {key: counts key}:
+    batch[key] holds batch[counts key][i] rows for row i, back to back (ERCLIP's sentences); each micro-batch
+    gets its rows' ones."""
+    n = len(next(batch[key] for key in ("image", "img") if key in batch))  # the rows: the images'
+    if n % k:
+        raise UsageError(f"--accum-freq {k} does not divide this process's batch of {n}")
+    parts = [{key: v[i * n // k:(i + 1) * n // k] if isinstance(v, (list, torch.Tensor)) and len(v) == n else v
+              for key, v in batch.items()} for i in range(k)]
+    for key, counts in (groups or {}).items():
+        ends = [sum(batch[counts][:i * n // k]) for i in range(k + 1)]
+        for i, part in enumerate(parts):
+            part[key] = batch[key][ends[i]:ends[i + 1]]
+    return parts
+
+
+def _torch_rng(device):
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _put_torch_rng(state, device):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def summed_loss(losses: dict, ctx, guard: "NonFiniteGuard | None"):
+    """The loss terms summed in float32, with the non-finite check on the UNSCALED loss: recorded on the device
+    by a guard, else raised here (one host sync)."""
+    loss = sum(v.float() for v in losses.values())
+    if guard is not None:
+        guard.update(ctx.step, losses, loss)
+    elif not torch.isfinite(loss):
+        terms = {k: float(v.detach()) for k, v in losses.items()}
+        raise FloatingPointError(f"non-finite loss at step {ctx.step + 1}: {terms}")
+    return loss
+
+
+def accumulated_backward(net: Method, batch, ctx, scaler, k: int, guard=None):
+    """--accum-freq k: the gradient of the whole batch's loss from k micro-batches, exactly (up to float
+    rounding), whatever the loss does across the batch (m2-Mix's mixes, CKC over 2N rows, Long-CLIP's PCA,
+    ERCLIP's teacher). The feature cache of GradCache (Gao et al., "Scaling Deep Contrastive Learning Batch Size
+    under Memory Limited Setup", RepL4NLP 2021, arXiv 2101.06983, Sec. 3), which open_clip's --accum-freq (PR
+    #267) also uses; open_clip recomputes the loss once per micro-batch (so its temperature's gradient is counted
+    K times: docs/scale.md), this computes it once:
+      1. each micro-batch's features without a graph (the torch RNG state before each one kept)
+      2. the loss over all of them (the method's losses, the batch's randomness from ctx.generator as with k = 1),
+         backward: the gradients of the features and of the loss's own parameters (temperature, projector)
+      3. each micro-batch again with a graph (its RNG state put back, so dropout draws the same), backward with
+         its rows of the features' gradient: the towers' gradients add up to the whole batch's
+    Peak activation memory is one micro-batch's; the cost is a second forward of the towers. Returns (losses,
+    loss) as train_step's forward would; the gradients are in .grad (scaled by the scaler, as backward leaves
+    them)."""
+    split = getattr(net, "split_batch", split_batch)
+    micro, states, parts = split(batch, k), [], []
+    with torch.no_grad():
+        for mb in micro:
+            states.append(_torch_rng(ctx.device))
+            with autocast(ctx.device, ctx.precision):
+                parts.append(net.features(mb, ctx))
+    after = _torch_rng(ctx.device)
+    whole = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    for v in whole.values():
+        v.requires_grad_(v.is_floating_point())
+    with autocast(ctx.device, ctx.precision):
+        losses = net.losses(whole, ctx)
+    loss = summed_loss(losses, ctx, guard)
+    scaler.scale(loss).backward()
+    replay, start = SimpleNamespace(**{**vars(ctx), "replay": True}), 0
+    for mb, state in zip(micro, states):
+        _put_torch_rng(state, ctx.device)
+        with autocast(ctx.device, ctx.precision):
+            f = net.features(mb, replay)
+        rows = slice(start, start + len(next(iter(f.values()))))
+        start = rows.stop
+        pairs = [(v, whole[key].grad[rows]) for key, v in f.items() if v.requires_grad and whole[key].grad is not None]
+        if pairs:
+            torch.autograd.backward(*zip(*pairs))
+    _put_torch_rng(after, ctx.device)
+    return losses, loss
+
+
+def average_gradients(net: nn.Module):
+    """DDP's gradient average, done once after accumulated_backward's passes (DDP's reducer expects one backward
+    per forward through it: its hooks stay idle when the forward bypasses the wrapper): one all_reduce of every
+    gradient flattened together, divided by the number of processes."""
+    world = dist_info()[1]
+    grads = [p.grad for p in net.parameters() if p.grad is not None]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat.div_(world), grads)):
+        g.copy_(mean)
+
+
 def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
-               guard: NonFiniteGuard | None = None):
+               guard: NonFiniteGuard | None = None, accum: int = 1):
     """One optimisation step: the body of train's loop, called as is by tests/test_fp16.py and
     benchmarks/gpu_check.py. ctx needs .device and .precision (and whatever net.forward reads); forward defaults
     to net (train passes the DDP wrapper).
-      1. forward under autocast; the loss terms are summed in float32
+      1. forward under autocast; the loss terms are summed in float32 (accum > 1: accumulated_backward's
+         passes over accum micro-batches, then, under DDP, one average of the gradients)
       2. non-finite guard on the UNSCALED loss: a NaN/inf loss stops the run (raised here, one host sync,
          without a guard; a NonFiniteGuard records it on the device for train's next check); a scaled overflow
          (inf gradients from a too-large loss scale) is left to the scaler
@@ -1309,16 +1436,16 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
     tensor on the scaler's device (None when the scaler is off); reading it syncs on CUDA, so train reads it at
     log steps only."""
     forward = forward or net
-    with autocast(ctx.device, ctx.precision):
-        losses = forward(batch, ctx)
-    loss = sum(v.float() for v in losses.values())
-    if guard is not None:
-        guard.update(ctx.step, losses, loss)
-    elif not torch.isfinite(loss):
-        terms = {k: float(v.detach()) for k, v in losses.items()}
-        raise FloatingPointError(f"non-finite loss at step {ctx.step + 1}: {terms}")
     opt.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
+    if accum > 1:  # k micro-batches, the whole batch's gradient
+        losses, loss = accumulated_backward(net, batch, ctx, scaler, accum, guard)
+        if isinstance(forward, nn.parallel.DistributedDataParallel):  # its reducer bypassed: its average, once
+            average_gradients(net)
+    else:
+        with autocast(ctx.device, ctx.precision):
+            losses = forward(batch, ctx)
+        loss = summed_loss(losses, ctx, guard)
+        scaler.scale(loss).backward()
     if grad_clip > 0 or hooks is not None:
         scaler.unscale_(opt)  # clip and project the true gradients, not the scaled ones
     if grad_clip > 0:
@@ -1357,13 +1484,17 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     precision = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
-    overrides = start_run(cfg, out) if rank == 0 else []  # lock, leftovers, an old run, --resume's settings
+    overrides = runfolder.start_run(cfg, out) if rank == 0 else []  # lock, leftovers, an old run, --resume's settings
     net.to(device)
     if cfg.grad_checkpointing:
         net.model.set_grad_checkpointing(True)
     if cfg.batch_size % world:
         raise UsageError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
     local_batch = cfg.batch_size // world
+    if local_batch % cfg.accum_freq:
+        raise UsageError(f"--accum-freq {cfg.accum_freq} does not divide the batch of {local_batch} per process")
+    if cfg.accum_freq > 1 and not isinstance(net, Method):
+        raise UsageError(f"--accum-freq: {type(net).__name__} has no features / losses parts (common.Method)")
     if world > 1 and rank == 0:  # the global batch is the flag's; open_clip users think per GPU
         print(f"[train] batch: {cfg.batch_size} global = {world} processes x {local_batch}", file=sys.stderr)
     if cfg.val_every and validate is None:
@@ -1372,12 +1503,17 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     lock_towers(cfg, net.model)
     if len(train_set) < cfg.batch_size:
         raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
-    sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
-    loader = torch.utils.data.DataLoader(
-        SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
-        collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     steps_per_epoch = len(train_set) // cfg.batch_size
+    if hasattr(train_set, "loader"):  # webdataset shards: each process reads its own (shards.ShardStream)
+        loader = train_set.loader(local_batch, CountFailures(collate), cfg.seed, rank, world, cfg.workers,
+                                  steps_per_epoch, pin_memory=device.type == "cuda")
+        sampler = loader.dataset  # set_epoch(epoch, batch) as the sampler's
+    else:
+        sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
+        loader = torch.utils.data.DataLoader(
+            SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
+            collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=True,
+            generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
     opt = make_optimizer(cfg, net, device, lr_of)
@@ -1392,7 +1528,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:
-        ck = _resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
+        ck = runfolder._resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
         state = load_weights_only(ck)
         data_change = resumed_data_check(cfg, ck, state, data)  # the config is checked in start_run
         try:
@@ -1416,7 +1552,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if overrides:
         apply_optimizer_settings(opt, sched, new_settings)
     if rank == 0:
-        write_config(cfg, out, overrides)
+        runfolder.write_config(cfg, out, overrides)
     guard = NonFiniteGuard(device)
 
     def kept() -> str:  # what the non-finite message says of the checkpoints: only what is on disk
@@ -1455,7 +1591,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
                                       generator=step_generator(cfg.seed, step), precision=precision)
                 losses, loss, skipped = train_step(net, batch, ctx, opt, scaler, sched, grad_clip=cfg.grad_clip,
-                                                   hooks=hooks, forward=ddp, guard=guard)
+                                                   hooks=hooks, forward=ddp, guard=guard, accum=cfg.accum_freq)
                 if skipped is not None:
                     n_skipped += skipped  # stays on the device; read at log steps
                 step += 1
@@ -1683,7 +1819,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         task_out = out / f"task{i + 1}-{task.name}"
         task_resume = resume and latest_checkpoint(task_out) is not None
         if not task_resume and task_out.exists():  # the task starts again from its beginning: no leftovers
-            clear_run(task_out)
+            runfolder.clear_run(task_out)
         summary = learn_task(i, task, task_out, task_resume) or {}
         seconds = time.time() - t0
         if "stopped_at" in summary:  # --stop-at inside this task: nothing recorded, --resume latest goes on
@@ -1811,11 +1947,11 @@ def interrupted_message(signum: int) -> tuple[str, int]:
     kept = [n for n in ("checkpoints/last.pt", "model.pt", "base.json", "continual.json")
             if out is not None and (out / n).exists()] + (
         [p.relative_to(out).as_posix() for p in sorted(out.glob("task[0-9]*-*/checkpoints/last.pt"))] if out else [])
-    if not kept or not holds_run(out):
+    if not kept or not runfolder.holds_run(out):
         return f"interrupted (signal {signum}) before training saved anything in {out or '--out'}; nothing to resume", \
             128 + signum
     return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
-            f"run with (finished training is not repeated, the evaluation is):\n  {resume_command()}"), 128 + signum
+            f"run with (finished training is not repeated, the evaluation is):\n  {runfolder.resume_command()}"), 128 + signum
 
 
 def kept_result(cfg, name: str, compute: Callable[[], object]):
@@ -1823,7 +1959,7 @@ def kept_result(cfg, name: str, compute: Callable[[], object]):
     aside), e.g. the evaluation before training: a resumed run, or one interrupted during its final evaluation,
     reads it back instead of recomputing it; any other setting recomputes it."""
     path = Path(cfg.out) / f"{name}.json"
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE or k.startswith("eval")}
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in runfolder.RESUME_FREE or k.startswith("eval")}
     try:
         saved = json.loads(path.read_text())
         if saved["settings"] == key:
@@ -1895,231 +2031,9 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
         if len(ds) < cfg.batch_size:
             raise UsageError(f"{m}: {len(ds)} usable rows, fewer than one batch (--batch-size {cfg.batch_size})")
     if int(os.environ.get("RANK", "0")) == 0:  # before init_distributed: torchrun's environment
-        overrides = start_run(cfg, Path(cfg.out), continual=continual)
+        overrides = runfolder.start_run(cfg, Path(cfg.out), continual=continual)
         if continual:
-            write_config(cfg, Path(cfg.out), overrides)
-
-
-# --- the run folder: lock, leftovers, an old run, the settings on resume ------
-LOCK = ".lock"
-# Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
-RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
-             "continual.json", "boundary.pt", "boundary.pt.json", "base.json")
-# Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
-# never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
-# eval-only flags, cclip.py's thread count and stop switch.
-RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
-               "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
-               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect",
-               "report_to", "val_every", "val_data", "export", "batch_size_per_gpu"}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def lock_out(out: Path):
-    """One run per --out: <out>/.lock holds the writer's PID and host. A lock of this process is kept
-    (re-entrant); one of a live process refuses; one of a dead process on this host is taken over with a
-    message. Released when the process exits."""
-    path, me = out / LOCK, {"pid": os.getpid(), "host": socket.gethostname()}
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            state, held = lock_state(out)
-            if state == "mine":
-                return
-            pid = held.get("pid")
-            if state == "live" and held.get("host") not in (None, me["host"]):
-                raise RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
-                               f"delete {path}")
-            if state == "live":
-                raise RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose "
-                               f"another --out")
-            if state == "stale":
-                print(f"[out] taking over the stale lock of PID {pid} (no longer running) in {out}", file=sys.stderr)
-            path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-        import atexit
-        atexit.register(lambda: _unlock(path, me))
-        return
-    raise RunError(f"could not take the lock {path}")
-
-
-def lock_state(folder: Path) -> tuple[str, dict]:
-    """(state, the lock's content) of `folder`'s lock: 'free' (none), 'mine' (this process's), 'live' (a live
-    process on this host, or any on another host: it cannot be checked from here) or 'stale' (its process is gone,
-    or the file is unreadable)."""
-    try:
-        held = json.loads((Path(folder) / LOCK).read_text() or "{}")
-    except FileNotFoundError:
-        return "free", {}
-    except (OSError, ValueError):
-        held = {}
-    if held == {"pid": os.getpid(), "host": socket.gethostname()}:
-        return "mine", held
-    pid = held.get("pid")
-    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and _pid_alive(pid)
-    return ("live" if alive else "stale"), held
-
-
-def live_holder(folder: Path) -> dict | None:
-    """{pid, host} of the live process other than this one whose lock is on `folder`; None when the folder is
-    free, its lock stale or this process's own."""
-    state, held = lock_state(folder)
-    return held if state == "live" else None
-
-
-def _unlock(path: Path, me: dict):
-    try:
-        if json.loads(path.read_text()) == me:
-            path.unlink()
-    except (OSError, ValueError):
-        pass
-
-
-def clean_temporary(out: Path) -> list[Path]:
-    """Deletes the `*.tmp<PID>` files under --out that atomic_write left when its process was killed (or the
-    disk filled), of processes no longer alive."""
-    gone = []
-    for p in out.rglob("*.tmp*"):
-        m = re.fullmatch(r".+\.tmp(\d+)", p.name)
-        if m and p.is_file() and not _pid_alive(int(m.group(1))):
-            p.unlink(missing_ok=True)
-            gone.append(p)
-    if gone:
-        print(f"[out] removed {len(gone)} temporary file(s) left by an interrupted run in {out}", file=sys.stderr)
-    return gone
-
-
-def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in ("checkpoints/last.pt", "continual.json")) or (
-        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
-
-
-def clear_run(out: Path):
-    """Deletes a run's files in `out` (RUN_FILES, a task sequence's per-task folders), keeping caches and lock."""
-    for p in [out / n for n in RUN_FILES] + [p for p in out.glob("task[0-9]*-*") if p.is_dir()]:
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-
-def _resume_checkpoint(cfg, out: Path) -> Path:
-    ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
-    if ck is None:
-        raise RunError(f"--resume latest: no checkpoint in {out / 'checkpoints'}; start without --resume (or "
-                       f"point --out at the run to continue)")
-    if ck.is_dir():
-        inside = latest_checkpoint(ck)
-        raise RunError(f"--resume {ck}: a folder, not a checkpoint; " + (
-            f"pass --resume latest --out {ck} (or --resume {inside})" if inside else
-            "it holds no checkpoints/last.pt"))
-    if not ck.exists():
-        raise RunError(f"--resume {ck}: no such file; pass a checkpoint (<run>/checkpoints/last.pt) or latest")
-    if not zipfile.is_zipfile(ck):  # torch.save writes a zip; a cut or empty file has no central directory
-        raise RunError(f"{ck} is not a readable checkpoint (truncated, empty or not written by torch.save); "
-                       f"delete it and resume from an older copy, or start afresh with --overwrite")
-    return ck
-
-
-def resume_differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """(field, old value, new value) of every setting outside RESUME_FREE that differs; fields unknown to the
-    old run are not compared."""
-    return [(k, old[k], v) for k, v in new.items() if k not in RESUME_FREE and k in old and old[k] != v]
-
-
-def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
-    """Claims --out for this run (rank 0): creates it (a clear error if it cannot be written), takes the lock,
-    removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
-    (which clears it), and --resume compares the settings with the run's config.json and refuses differences
-    unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
-    global _RUN_OUT
-    if cfg.resume and cfg.overwrite:
-        raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
-    out.mkdir(parents=True, exist_ok=True)
-    probe = out / f".write-test{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
-    lock_out(out)
-    if _RUN_OUT is None or not out.absolute().is_relative_to(_RUN_OUT.absolute()):  # a sequence's task: inside
-        _RUN_OUT = out
-    clean_temporary(out)
-    if not cfg.resume:
-        if holds_run(out):
-            if not cfg.overwrite:
-                raise RunError(f"{out} holds a run already (checkpoints / metrics.jsonl); continue it with "
-                               f"--resume latest, start it afresh with --overwrite (deletes its run files), or "
-                               f"choose another --out")
-            print(f"[out] --overwrite: deleting the old run's files in {out}", file=sys.stderr)
-            clear_run(out)
-        return []
-    old, before, saved = None, None, out / "config.json"
-    if not continual:  # the checkpoint's own record of its settings; config.json is a copy for people
-        ck = _resume_checkpoint(cfg, out)
-        run_dir, saved = ck.parent.parent, ck.parent.parent / "config.json"
-        old, before = checkpoint_config(ck)
-    else:
-        run_dir = out
-        if not saved.exists():
-            raise RunError(f"--resume {cfg.resume}: {out} holds no run to continue (no config.json); start "
-                           f"without --resume")
-    if old is None:  # a task sequence (its in-flight task's checkpoint is checked by train), or an old checkpoint
-        if not saved.exists():
-            print(f"[out] {saved} not found: the settings of the resumed run cannot be compared", file=sys.stderr)
-            return []
-        try:
-            old = json.loads(saved.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RunError(f"{saved} is not readable JSON ({e}); it records the run's settings: restore it, or "
-                           f"start afresh with --overwrite") from None
-        before = old.get("resume_overrides", [])
-    diffs = resume_differences(old, dataclasses.asdict(cfg))
-    if diffs and not cfg.override_resume:
-        lines = "; ".join(f"--{k.replace('_', '-')} {a!r} (run) -> {b!r} (now)" for k, a, b in diffs)
-        raise RunError(f"--resume would continue {run_dir} with changed settings: {lines}. Drop the changed flags "
-                       f"to continue the run as it was, or pass --override-resume to continue with the new values "
-                       f"(recorded in config.json under resume_overrides)")
-    now = [{"field": k, "was": a, "now": b} for k, a, b in diffs]
-    if now:
-        changed = ", ".join(f"{d['field']}={d['now']!r}" for d in now)
-        _warn_once(f"[out] --override-resume: continuing with {changed}")  # preflight's and train's start_run
-    return list(before or []) + now
-
-
-def write_config(cfg, out: Path, overrides: list[dict] = ()):
-    """<out>/config.json: the resolved settings, plus every --override-resume change so far."""
-    rec = dataclasses.asdict(cfg)
-    if overrides:
-        rec["resume_overrides"] = list(overrides)
-    atomic_write(out / "config.json", json.dumps(rec, indent=1))
-
-
-def resume_command() -> str:
-    """The command that continues this run: the script's own arguments without --resume / --overwrite /
-    --stop-at, plus --resume latest."""
-    import shlex
-    if _COMMAND is None:
-        return "the same command with --resume latest"
-    drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
-    args, skip = [], False  # skip: a is the value of the flag before it
-    for a in _COMMAND[1:]:
-        if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
-            args.append(a)
-        skip = not skip and a in drop_with_value
-    launcher = ("python" if world_size() == 1 else "srun python" if "SLURM_PROCID" in os.environ
-                else "torchrun --nproc_per_node N")
-    return shlex.join([*launcher.split(), _COMMAND[0], *args, "--resume", "latest"])
+            runfolder.write_config(cfg, Path(cfg.out), overrides)
 
 
 class StopSignals:
@@ -2164,10 +2078,19 @@ class StopSignals:
     def stop(self, out: Path, step: int):  # train's finally restores the handlers
         ck = out / "checkpoints" / "last.pt"
         raise RunError(f"stopped by signal {self.signum} at step {step}; checkpoint {ck} saved. Continue with:\n  "
-                       f"{resume_command()}", code=128 + self.signum)
+                       f"{runfolder.resume_command()}", code=128 + self.signum)
 
 
 def progress_line(out: Path, rec: dict, total: int) -> str:
     """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
     return (f"[{printable(out.name)}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")
+
+
+import runfolder  # noqa: E402  the run folder; it imports this module, so last, when every name above exists
+
+
+def __getattr__(name):  # common.start_run, common.LOCK, ...: the run folder's names, from runfolder.py
+    if name in runfolder.__all__:
+        return getattr(runfolder, name)
+    raise AttributeError(f"module 'common' has no attribute {name!r}")

@@ -343,8 +343,8 @@ class ModalityMaps(nn.Module):
 DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias) has W_img, W_txt
 
 
-class DNSNet(nn.Module):
-    """common.train's wrapper: forward(batch, ctx) -> {"loss_clip"} ({"loss_code"} with loss="code"), batch (B, D)."""
+class DNSNet(common.Method):
+    """common.train's wrapper (common.Method): losses -> {"loss_clip"} ({"loss_code"} with loss="code"), batch (B, D)."""
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
                  bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
@@ -354,10 +354,12 @@ class DNSNet(nn.Module):
         self.label_smoothing, self.loss = label_smoothing, loss
         self.hooks = None  # the current task's NullSpaceProjection (DNSLearner.learn sets it)
 
-    def forward(self, batch, ctx=None):
-        img = self.model.map_image(batch["img"], self.hooks)  # (B, D), not renormalised
-        txt = self.model.map_text(batch["txt"], self.hooks)
-        img, txt = common.gather(img, txt)
+    def features(self, batch, ctx=None):
+        return {"img": self.model.map_image(batch["img"], self.hooks),  # (b, D), not renormalised
+                "txt": self.model.map_text(batch["txt"], self.hooks)}
+
+    def losses(self, f, ctx=None):
+        img, txt = common.gather(f["img"], f["txt"])
         if self.loss == "code":  # deviation 14: one direction, temperature 1
             return {"loss_code": code_loss(img, txt)}
         return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}

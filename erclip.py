@@ -30,14 +30,12 @@ Code name -> paper symbol
   img, txt             v_b, t_b   image / short-caption embeddings (L2-normalised)
   img0, txt0           v0_b, t0_b the frozen initial model's embeddings
   sentence_emb, E      e_i, E     sentence embeddings, (B, N, d) padded + mask
-  z_mean, z_attn       z_mean, z_attn
   gamma                gamma      gate of the residual fusion, initialised 0
   pos_embedding        P          learned sentence positions
   scorer               g          sentence scorer
   long_emb             l          fused long-caption embedding (normalised)
   logit_scale          1/tau      the multiplier (exp of the model's parameter)
   label_smoothing      eps        of CE_eps
-  alpha, lambda_p      alpha, lambda_p
   teacher              the frozen copy of the initial CLIP
 
 Deviations and choices (paper location in brackets; at length in docs/erclip.md)
@@ -66,10 +64,8 @@ Deviations and choices (paper location in brackets; at length in docs/erclip.md)
     gradient, so every loss is over the global batch.
 13. Evaluation protocols [Sec. 4]: COCO 5k = first 5 captions per image
     (Long-CLIP's; coco-all keeps all); Urban1K = first line (eval.py E1, E2).
-14. Sweeps [Sec. 4.3, 4.4] (--sweep; lab/demos/erclip_sweeps.py): schedules,
-    prefixes and the two ablations the paper names as not run are ours.
-15. Demo sweeps (--demo --sweep): the demo's settings for every run, the lab's
-    stand-ins for epochs and data sizes.
+14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): their schedules,
+    prefixes and stand-ins are ours (docs/erclip.md, "Sweeps").
 
 Commands
 --------
@@ -267,6 +263,7 @@ class SentenceCollate(common.Collate):
         out["sentence_counts"] = torch.tensor(counts)
         out["sentences_dropped"] = torch.tensor(dropped)
         out["sentence_stats"] = (sum(counts), sum(dropped), max(counts))  # seen, dropped, max per caption
+        out["sentence_count_list"], out["sentence_dropped_list"] = counts, dropped  # per caption (split_batch)
         return out
 
 
@@ -282,10 +279,10 @@ def make_fusion(kind: str, dim: int):
     raise ValueError(f"unknown fusion {kind!r}")
 
 
-class ERCLIP(nn.Module):
+class ERCLIP(common.Method):
     """The training wrapper: the open_clip model, the fusion module and the
-    frozen teacher (only when lambda_p > 0). forward(batch, ctx) returns the
-    weighted loss terms; the teacher is excluded from checkpoints."""
+    frozen teacher (only when lambda_p > 0). features / losses as common.Method
+    (forward: the weighted loss terms); the teacher is excluded from checkpoints."""
     no_checkpoint = ("teacher.",)
 
     def __init__(self, model, cfg: ERCLIPConfig):
@@ -299,12 +296,6 @@ class ERCLIP(nn.Module):
             model.logit_scale.requires_grad_(False)
         self.sentences_seen = self.sentences_dropped = 0
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if self.teacher is not None:
-            self.teacher.eval()  # the teacher never leaves eval mode
-        return self
-
     def encode_long(self, sentence_tokens, sentence_counts, n_max: int | None = None):
         """All sentences of the batch in ONE padded batch through the shared
         text encoder (trimmed padding), then fused per caption. -> l (B, d)."""
@@ -313,23 +304,30 @@ class ERCLIP(nn.Module):
         z_long = mean_fusion(E.float(), mask) if self.fusion is None else self.fusion(E, mask)
         return F.normalize(z_long.float(), dim=-1)
 
-    def forward(self, batch, ctx=None):
+    def features(self, batch, ctx=None):
+        replay = getattr(ctx, "replay", False)  # --accum-freq's second pass: nothing counted, no teacher
         seen, dropped, n_max = batch["sentence_stats"]  # Python ints from SentenceCollate: no host sync
-        self.sentences_seen += seen
-        self.sentences_dropped += dropped
-        img = self.model.encode_image(batch["image"], normalize=True)  # (B, d)
-        txt = common.encode_text(self.model, batch["text"])  # (B, d)
-        long_emb = self.encode_long(batch["sentence_tokens"], batch["sentence_counts"], n_max)  # (B, d)
-        if self.teacher is not None:
+        self.sentences_seen += 0 if replay else seen
+        self.sentences_dropped += 0 if replay else dropped
+        f = {"img": self.model.encode_image(batch["image"], normalize=True),  # (b, d)
+             "txt": common.encode_text(self.model, batch["text"]),  # (b, d)
+             "long": self.encode_long(batch["sentence_tokens"], batch["sentence_counts"], n_max)}  # (b, d)
+        if self.teacher is not None and not replay:
             with torch.no_grad():
-                img0 = self.teacher.encode_image(batch["image"], normalize=True)
-                txt0 = common.encode_text(self.teacher, batch["text"])
-            img, txt, long_emb, img0, txt0 = common.gather(img, txt, long_emb, img0, txt0)
-        else:
-            img, txt, long_emb = common.gather(img, txt, long_emb)
-            img0 = txt0 = None
-        return erclip_losses(img, txt, long_emb, img0, txt0, self.model.logit_scale.exp(),
+                f["img0"] = self.teacher.encode_image(batch["image"], normalize=True)
+                f["txt0"] = common.encode_text(self.teacher, batch["text"])
+        return f
+
+    def losses(self, f, ctx=None):
+        g = dict(zip(f, common.gather(*f.values())))  # img, txt, long (, img0, txt0): every rank's rows
+        return erclip_losses(g["img"], g["txt"], g["long"], g.get("img0"), g.get("txt0"), self.model.logit_scale.exp(),
                              self.cfg.alpha, self.cfg.lambda_p, self.cfg.label_smoothing)
+
+    @staticmethod
+    def split_batch(batch, k):  # --accum-freq: each micro-batch with its captions' sentences, the batch's padding
+        return [dict(p, sentence_stats=(len(p["sentence_tokens"]), sum(p["sentence_dropped_list"]),
+                                        batch["sentence_stats"][2]))
+                for p in common.split_batch(batch, k, groups={"sentence_tokens": "sentence_count_list"})]
 
 
 # =============================================================================

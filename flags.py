@@ -56,14 +56,18 @@ class Config:
                             "processes, remembered on disk) | sample (1,000 of them) | none; with sample / none an "
                             "image failing during training is replaced by the next row and counted",
                             choices=("full", "sample", "none"))
+    train_num_samples: int = arg(0, "tar shards as --train-data: samples per epoch (open_clip's; 0: every sample "
+                                 "once, from the shards' sizes.json or counted)")
     workers: int = arg(2, "DataLoader workers")
     # optimisation
     epochs: int = arg(1, "epochs over the training set")
     steps: int = arg(0, "stop after this many steps (0: epochs decide)")
     batch_size: int = arg(64, "GLOBAL batch size, split across the processes (open_clip's --batch-size is per GPU: "
                           "see --batch-size-per-gpu)")
-    batch_size_per_gpu: int = arg(0, "per-process batch, as open_clip's --batch-size: --batch-size becomes it x the "
-                                  "number of processes (0: off)")
+    batch_size_per_gpu: int = arg(0, "per-process micro-batch, as open_clip's --batch-size: --batch-size becomes it x "
+                                  "the number of processes x --accum-freq (0: off)")
+    accum_freq: int = arg(1, "split each process's batch into this many micro-batches: the same gradient "
+                          "(exact, every method's in-batch terms included) in less memory, as open_clip's")
     lr: float = arg(1e-5, "peak learning rate")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
     decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
@@ -108,8 +112,8 @@ class Config:
 # Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
 # stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
-POSITIVE = ("epochs", "batch_size", "lr", "log_every")
-COUNTS = ("steps", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every", "lock_image_unlocked_groups",
+POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
+COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every", "lock_image_unlocked_groups",
           "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
           "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
@@ -177,7 +181,7 @@ def parse_config(cls, argv=None, **overrides):
     if values.get("batch_size_per_gpu"):  # open_clip's meaning of a batch size, made global here
         if any(a.split("=")[0] == "--batch-size" for a in argv):
             p.error("pass --batch-size (global) or --batch-size-per-gpu, not both")
-        values["batch_size"] = values["batch_size_per_gpu"] * world_size()
+        values["batch_size"] = values["batch_size_per_gpu"] * world_size() * values.get("accum_freq", 1)
     return cls(**values)
 
 

@@ -244,9 +244,9 @@ class LongCaptionCollate(common.Collate):
         return out
 
 
-class LongCLIP(nn.Module):
+class LongCLIP(common.Method):
     """Stretches the text window of `model` (unless cfg.stretch is off), sets and fixes the temperature, freezes the
-    kept positions; forward(batch, ctx) returns the loss terms of Eq. (4)."""
+    kept positions; features / losses as common.Method, the loss terms of Eq. (4)."""
 
     def __init__(self, model, cfg: LongCLIPConfig):
         super().__init__()
@@ -270,15 +270,17 @@ class LongCLIP(nn.Module):
     def _freeze_kept(self, grad):  # deviation 2: rows < keep get no gradient
         return torch.cat([torch.zeros_like(grad[:self.keep]), grad[self.keep:]])
 
-    def forward(self, batch, ctx=None):
-        img = self.model.encode_image(batch["image"], normalize=True)  # (b, d) I_fine
-        txt_long = common.encode_text(self.model, batch["long_text"])  # (b, d) T_long
-        txt_short = common.encode_text(self.model, batch["text"])  # (b, d) T_short
+    def features(self, batch, ctx=None):
+        return {"img": self.model.encode_image(batch["image"], normalize=True),  # (b, d) I_fine
+                "long": common.encode_text(self.model, batch["long_text"]),  # (b, d) T_long
+                "short": common.encode_text(self.model, batch["text"])}  # (b, d) T_short
+
+    def losses(self, f, ctx=None):
         if self.cfg.pca_scope == "rank":  # the code: PCA of the local batch, then gather (deviation 3)
-            img_coarse = pca_reconstruct(img, self.cfg.pca_dim)
-            img, img_coarse, txt_long, txt_short = common.gather(img, img_coarse, txt_long, txt_short)
+            img_coarse = pca_reconstruct(f["img"], self.cfg.pca_dim)
+            img, img_coarse, txt_long, txt_short = common.gather(f["img"], img_coarse, f["long"], f["short"])
         else:
-            img, txt_long, txt_short = common.gather(img, txt_long, txt_short)
+            img, txt_long, txt_short = common.gather(f["img"], f["long"], f["short"])
             img_coarse = pca_reconstruct(img, self.cfg.pca_dim)
         return longclip_losses(img, img_coarse, txt_long, txt_short, self.model.logit_scale.exp(),
                                self.cfg.label_smoothing)

@@ -275,9 +275,9 @@ class Fp16Storage:
                 p.copy_(p.half())
 
 
-class M2Mix(nn.Module):
-    """CLIP fine-tuning with the m2-Mix / m3-Mix terms. forward(batch, ctx)
-    returns the named, already-weighted loss terms."""
+class M2Mix(common.Method):
+    """CLIP fine-tuning with the m2-Mix / m3-Mix terms; features / losses as
+    common.Method (forward: the named, already-weighted loss terms)."""
     def __init__(self, model, cfg: M2MixConfig):
         super().__init__()
         self.model, self.cfg = model, cfg
@@ -294,10 +294,12 @@ class M2Mix(nn.Module):
             self.model.eval()
         return self
 
-    def forward(self, batch, ctx):
-        img = self.model.encode_image(batch["image"], normalize=True)  # (B, D)
-        txt = common.encode_text(self.model, batch["text"])  # (B, D)
-        return self.loss_terms(*common.gather(img, txt), ctx)  # every loss in float32 (common.float32)
+    def features(self, batch, ctx=None):
+        return {"img": self.model.encode_image(batch["image"], normalize=True),  # (b, D)
+                "txt": common.encode_text(self.model, batch["text"])}  # (b, D)
+
+    def losses(self, f, ctx):
+        return self.loss_terms(*common.gather(f["img"], f["txt"]), ctx)  # every loss in float32 (common.float32)
 
     def loss_terms(self, img, txt, ctx):
         """The named, weighted terms from the (global) batch's embeddings, (B, D) each."""
@@ -357,6 +359,9 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
     if cfg.train_data == "coco":
         one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
+    if cfg.train_data.endswith(".tar"):  # webdataset shards: no test set to go with them
+        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or manifests; 'none': "
+                                "train without evaluating)")
     return {Path(cfg.train_data).stem: cfg.train_data}
 
 

@@ -778,22 +778,73 @@ def bench_manifest(quick, tmp: Path):
            kind="cost", goal=0.25, unit="MiB", note=f"50,000 random rows read per worker; manifest read in {build:.1f}s")
 
 
+def _accum_child(method, backbone, b, k):
+    """One method's training step (common.train_step, --accum-freq k) in a fresh process: its peak memory after
+    a warm-up step, then the median step time."""
+    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+    model, tok = random_model(backbone)
+    batch = fake_batch(model, tok, b)
+    net, batch = (common.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
+    net.to(DEVICE).train()
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-6)
+    scaler = torch.amp.GradScaler(DEVICE.type, enabled=precision == "fp16")
+    ctx = SimpleNamespace(step=0, epoch=0, total_steps=10, device=DEVICE, precision=precision, generator=None)
+
+    def step():
+        ctx.generator = common.step_generator(0, 0)
+        common.train_step(net, batch, ctx, opt, scaler, accum=k)
+    step()  # warm-up: optimizer state allocated
+    base = reset_peak_memory()
+    step()
+    peak = peak_memory()
+    median, spread = timeit(step, warmup=0, repeat=3)
+    print(json.dumps({"peak": peak, "base": base, "seconds": median, "spread": spread}))
+
+
+ACCUM_METHODS = ("plain", "ERCLIP M+P (6 sentences/caption)", "m3-Mix", "C-CLIP (LoRA + CKC, old model)")
+
+
+def bench_accum(quick, backbone):
+    """Exact gradient accumulation (common.accumulated_backward) against one pass over the whole batch, each in
+    a fresh process: the peak memory of a step (activations of one micro-batch instead of the batch's) and its
+    time (a second forward of the towers: up to ~1.3x for the same batch)."""
+    b = 16 if quick else (32 if DEVICE.type == "cpu" else 256)
+    k = 4
+    print(f"9. --accum-freq {k} vs 1 ({backbone}, batch {b})", flush=True)
+    for method in ACCUM_METHODS[:2] if quick else ACCUM_METHODS:
+        res = {}
+        for kk in (1, k):
+            r = subprocess.run([sys.executable, __file__, "--child-accum", method, backbone, str(b), str(kk)],
+                               capture_output=True, text=True, check=True)
+            res[kk] = json.loads(r.stdout.strip().splitlines()[-1])
+        record(f"--accum-freq {k}: a step's own peak memory, {method} ({backbone}, batch {b})",
+               (res[k]["peak"] - res[k]["base"]) / 2 ** 20, (res[1]["peak"] - res[1]["base"]) / 2 ** 20, kind="cost",
+               goal=None, unit="MiB", note=f"peak above the memory held between steps (weights, gradients, AdamW "
+                                           f"state: {res[1]['base'] / 2 ** 20:.0f} MiB)")
+        record(f"--accum-freq {k}: step time, {method} ({backbone}, batch {b})", res[k]["seconds"], res[1]["seconds"],
+               kind="cost", goal=1.5, spread=res[k]["spread"], baseline_spread=res[1]["spread"],
+               note="the towers' forward runs twice")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
     p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory,"
-                                                "rowcheck,manifest")
+                                                "rowcheck,manifest,accum")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--child-accum", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child_retrieval:
         return _retrieval_child(a.child_retrieval[0], *map(int, a.child_retrieval[1:]))
     if a.child_memory:
         return _step_memory_child(a.child_memory[0], a.child_memory[1], int(a.child_memory[2]))
+    if a.child_accum:
+        return _accum_child(a.child_accum[0], a.child_accum[1], *map(int, a.child_accum[2:]))
     import tempfile
     sections = set(a.only.split(",")) if a.only else {"text", "zeroshot", "steps", "dns", "loop",
-                                                                 "retrieval", "memory", "rowcheck", "manifest"}
+                                                                 "retrieval", "memory", "rowcheck", "manifest", "accum"}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         if "text" in sections:
@@ -816,6 +867,8 @@ def main(argv=None):
             bench_rowcheck(a.quick, Path(tmp))
         if "manifest" in sections:
             bench_manifest(a.quick, Path(tmp))
+        if "accum" in sections:
+            bench_accum(a.quick, "ViT-B-32")
     rows = [{"measurement": r["name"], "ours": f"{r['value']:.4g}{r['unit']}",
              "baseline": "" if r["baseline"] is None else f"{r['baseline']:.4g}{r['unit']}",
              "ratio": "" if r["ratio"] is None else f"{r['ratio']:.2f}x",

@@ -183,8 +183,8 @@ class Stepper:
     on CUDA unless `fused` says otherwise), a GradScaler (on for fp16),
     a scheduler, and common.train_step."""
     def __init__(self, case: Case, device, precision: str, *, lr: float = 1e-5, grad_clip: float = 0.0,
-                 init_scale: float = 2.0 ** 16, fused: bool | None = None, seed: int = 0):
-        self.case, self.device, self.seed = case, torch.device(device), seed
+                 init_scale: float = 2.0 ** 16, fused: bool | None = None, seed: int = 0, accum: int = 1):
+        self.case, self.device, self.seed, self.accum = case, torch.device(device), seed, accum
         self.precision = common.resolve_precision(precision, self.device)
         self.grad_clip = grad_clip
         self.opt = common.make_optimizer(common.Config(lr=lr), case.net, self.device, fused=fused)
@@ -203,7 +203,8 @@ class Stepper:
                               precision=self.precision, generator=common.step_generator(self.seed, self.step_index))
         forward = with_overflow(net, self.trained()[0][1], {self.step_index}) if overflow else None
         losses, loss, skipped = common.train_step(net, self.case.batch, ctx, self.opt, self.scaler, self.sched,
-                                                  grad_clip=self.grad_clip, hooks=self.case.hooks, forward=forward)
+                                                  grad_clip=self.grad_clip, hooks=self.case.hooks, forward=forward,
+                                                  accum=self.accum)
         self.step_index += 1
         return {"loss": float(loss.detach()), "terms": {k: float(v.detach()) for k, v in losses.items()},
                 "skipped": bool(skipped) if skipped is not None else False,
@@ -256,8 +257,8 @@ def overflow_check(case: Case, device, precision: str = "fp16", grad_clip: float
 
 def check_method(method: str, base_model, tokenizer, device, *, batch_size: int = 64, steps: int = 3,
                  precision: str = "fp16", reference: str = "fp32", tol: float = 2e-2, lr: float = 1e-5,
-                 sentences: int = 6, backbone: str = "tiny") -> dict:
-    """`steps` steps of `method` in `precision` and in `reference` from the
+                 sentences: int = 6, backbone: str = "tiny", accum: int = 1) -> dict:
+    """`steps` steps of `method` in `precision` (over `accum` micro-batches) and in `reference` from the
     same weights and batch: losses finite, and each within tol (relative) of
     the reference's loss after as many applied updates (a step the scaler
     skipped applies none: fp16 often skips its first steps while the scale
@@ -269,7 +270,7 @@ def check_method(method: str, base_model, tokenizer, device, *, batch_size: int 
         torch.manual_seed(0)
         case = build(method, copy.deepcopy(base_model), tokenizer, batch_size, device, sentences=sentences,
                      backbone=backbone)
-        s = Stepper(case, device, prec, lr=lr, grad_clip=1.0)
+        s = Stepper(case, device, prec, lr=lr, grad_clip=1.0, accum=accum if prec == precision else 1)
         recs, times, peak = [], [], None
         for i in range(steps):
             if i == 1 and device.type == "cuda":
@@ -296,7 +297,8 @@ def check_method(method: str, base_model, tokenizer, device, *, batch_size: int 
         problems.append("non-finite loss")
     elif max(rel) > tol:
         problems.append(f"{precision} losses differ from {reference} by {max(rel):.2g} (> {tol})")
-    return {"check": f"{method} step ({precision} vs {reference})", "method": method, "ok": not problems,
+    return {"check": f"{method} step ({precision}{f', --accum-freq {accum}' if accum > 1 else ''} vs {reference})",
+            "method": method, "ok": not problems,
             "problems": problems, "losses": ours["losses"], "reference_losses": ref["losses"],
             "max_rel_diff": max(rel), "skipped": ours["skipped"], "scale": ours["scale"],
             "sec_per_step": ours["sec_per_step"], "reference_sec_per_step": ref["sec_per_step"],
@@ -513,6 +515,9 @@ def main(argv=None) -> int:
     for m in methods:
         run(f"{m} step", 30, lambda m=m: check_method(m, base, tok, device, batch_size=a.batch_size, steps=a.steps,
                                                       backbone=a.backbone))
+    for m in methods:  # exact accumulation under fp16's grad scaler: the same losses as one fp32 batch
+        run(f"{m} step, --accum-freq 4", 30, lambda m=m: check_method(
+            m, base, tok, device, batch_size=a.batch_size, steps=a.steps, backbone=a.backbone, accum=4))
     for clip in (0.0, 1.0):  # without clipping the scaler unscales inside step(); with it, before clipping
         run("overflow skip", 20, lambda clip=clip: overflow_check(
             build(methods[0], copy.deepcopy(base), tok, min(a.batch_size, 16), device, backbone=a.backbone),

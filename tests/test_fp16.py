@@ -50,6 +50,17 @@ def test_fp16_steps_of_each_method_are_finite_and_close_to_fp32(tiny_random, met
     assert all(math.isfinite(v) for v in r["losses"]) and r["max_rel_diff"] < 2e-2
 
 
+@pytest.mark.parametrize("method", gpu_check.METHODS)
+def test_fp16_accumulated_steps_follow_one_fp32_batch(tiny_random, method):
+    """--accum-freq 2 under fp16 autocast and grad scaling (the scaled feature gradients of the loss pass carry
+    the scale into the towers' backward): the losses of one fp32 batch, step after step."""
+    model, _, _, tok = tiny_random
+    r = gpu_check.check_method(method, model, tok, "cpu", batch_size=4, steps=2, precision="fp16", tol=2e-2,
+                               sentences=2, accum=2)
+    assert r["ok"], r["problems"]
+    assert "--accum-freq 2" in r["check"]
+
+
 def test_bf16_steps_close_to_fp32_without_a_scaler(tiny_random):
     model, _, _, tok = tiny_random
     r = gpu_check.check_method("plain", model, tok, "cpu", batch_size=4, steps=2, precision="bf16", tol=5e-2)

@@ -1,0 +1,249 @@
+"""webdataset shards: training on them (each process reads its own shards; a resumed run continues exactly where
+it stopped, by shard and offset) and writing them from a manifest.
+
+    python shards.py MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., and OUT_DIR/sizes.json
+    python erclip.py --train-data 'OUT_DIR/{00000..00011}.tar' ...
+
+A shard holds, per sample, `<key>.jpg` (or .png / .webp: the image file's bytes as they are), `<key>.txt` (the
+caption) and `<key>.json` ({"caption", "long_caption", any other column}), as open_clip's and FLAIR's shards do;
+sizes.json ({shard file name: samples}) is open_clip's. Reading (common.train through common.training_set):
+  - an epoch is --train-num-samples samples (open_clip's meaning; 0: every sample of the shards once), i.e.
+    steps_per_epoch = num_samples // batch size steps on every process;
+  - epoch e orders the shards by a permutation seeded by (seed, e); process r of R takes shards r, r + R, ...;
+    its DataLoader worker w of W takes every W-th of those, and yields the process's batches w, w + W, ... (the
+    DataLoader returns them in that order). A worker whose shards run out before the epoch ends reads them again;
+  - within a shard, samples pass through a shuffle buffer (SHUFFLE samples, seeded by (seed, e, shard, pass))
+    that empties at the shard's end, so a shard's order depends on nothing read before it. Resuming at step s
+    therefore skips whole shards by their sizes and, in the current shard, the samples already used (read, not
+    decoded): the batches after a resume are the ones the uninterrupted run would have drawn (tested). open_clip
+    resumes shards statistically (a fresh shuffle of the remaining epoch); this is exact;
+  - the augmentation of a sample is seeded by (seed, e, shard, position), as common.SeededSamples seeds a row's;
+  - there is no row check before training (a stream cannot be checked without reading it all): a sample whose
+    image does not decode or that lacks its caption is replaced by the next one and counted in results.json
+    (summary.undecodable_images), as with --check-images none.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import random
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+import common
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
+
+
+def is_shards(path) -> bool:
+    """A --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file."""
+    return str(path).endswith(".tar")
+
+
+def expand(pattern) -> list[Path]:
+    """The shards of a brace pattern, each one checked to exist (one message naming the missing ones)."""
+    from braceexpand import braceexpand
+    paths = [Path(p) for p in braceexpand(str(pattern))]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise common.DataError(f"{pattern}: {len(missing)} of {len(paths)} shard(s) not found, e.g. {missing[0]}")
+    return paths
+
+
+def shard_sizes(paths: list[Path]) -> list[int]:
+    """Samples per shard: from sizes.json beside them (open_clip's file) when it names every shard, else counted
+    from the tar headers (keys, no member read)."""
+    known = {}
+    for folder in {p.parent for p in paths}:
+        f = folder / "sizes.json"
+        if f.is_file():
+            known.update({str(folder / k): int(v) for k, v in json.loads(f.read_text()).items()})
+    if all(str(p) in known for p in paths):
+        return [known[str(p)] for p in paths]
+    print(f"[data] counting the samples of {len(paths)} shard(s) (no sizes.json beside them)", file=sys.stderr)
+    counts = []
+    for p in paths:
+        with tarfile.open(p) as tar:
+            counts.append(len({m.name.split(".", 1)[0] for m in tar if m.isfile()}))
+    return counts
+
+
+def samples_of(path: Path):
+    """A shard's samples in file order: {"__key__", "jpg" | "png" | ..., "txt", "json"} (bytes), through
+    webdataset's tar reader (no splitting by node or worker: ShardStream splits)."""
+    import webdataset as wds
+    return iter(wds.WebDataset(str(path), shardshuffle=False, nodesplitter=None, workersplitter=None,
+                               empty_check=False))
+
+
+def shuffled(samples, rng: random.Random, size: int = SHUFFLE):
+    """A shuffle buffer that empties at the end of its input: the output order is a function of the input and rng."""
+    buf = []
+    for s in samples:
+        buf.append(s)
+        if len(buf) >= size:
+            i = rng.randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
+    rng.shuffle(buf)
+    yield from buf
+
+
+class ShardSet:
+    """common.train's training set when --train-data names shards: len() is the epoch's samples; loader() the
+    process's DataLoader of collated batches (ShardStream)."""
+
+    def __init__(self, pattern, transform=None, need_long: bool = False, num_samples: int = 0, readers: int = 1):
+        """readers: processes x DataLoader workers (each one reads whole shards, so at least that many)."""
+        self.pattern, self.transform, self.need_long = str(pattern), transform, need_long
+        self.shards = expand(pattern)
+        if len(self.shards) < readers:
+            raise common.UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
+                                    f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
+                                    f"more, smaller shards (python shards.py --per-shard)")
+        self.sizes = shard_sizes(self.shards)
+        self.num_samples = num_samples or sum(self.sizes)
+        self.skipped = []  # no row check: see the module's docstring
+        if not sum(self.sizes):
+            raise common.DataError(f"{pattern}: the shards hold no samples")
+        common._warn_once(f"[data] {len(self.shards)} shard(s), {sum(self.sizes)} samples, {self.num_samples} an "
+                          f"epoch; no row check before training (a sample that fails is replaced and counted)")
+
+    def __len__(self):
+        return self.num_samples
+
+    def fingerprint(self) -> dict:
+        """What common.data_fingerprint stores for a resume check: the epoch's samples, and a sha256 of the
+        shards' names, byte sizes and sample counts (a resume on other shards is refused)."""
+        h = hashlib.sha256(json.dumps([(str(p), p.stat().st_size, n) for p, n in zip(self.shards, self.sizes)]).encode())
+        return {"rows": self.num_samples, "manifest": self.pattern, "sha256": h.hexdigest()}
+
+    def loader(self, batch: int, collate, seed: int, rank: int, world: int, workers: int, steps_per_epoch: int,
+               pin_memory: bool = False):
+        stream = ShardStream(self, batch, collate, seed, rank, world, steps_per_epoch)
+        return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=pin_memory,
+                                           persistent_workers=False)
+
+
+class ShardStream(torch.utils.data.IterableDataset):
+    """One process's batches of an epoch, from `set_epoch(epoch, start)`'s batch on (see the module docstring)."""
+
+    def __init__(self, data: ShardSet, batch: int, collate, seed: int, rank: int, world: int, steps_per_epoch: int):
+        self.data, self.batch, self.collate, self.seed = data, batch, collate, seed
+        self.rank, self.world, self.steps_per_epoch = rank, world, steps_per_epoch
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0):  # as common.ResumableSampler's
+        self.epoch, self.start = epoch, start
+
+    def my_shards(self, worker: int, workers: int) -> list[int]:
+        """This process's and this worker's shards (indices) in epoch self.epoch."""
+        order = list(range(len(self.data.shards)))
+        random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        return order[self.rank::self.world][worker::workers]
+
+    def samples(self, shards: list[int], skip: int):
+        """(shard, position, pass, raw sample) of the worker's shards, over and over, the first `skip` passed over
+        (whole shards by their sizes, then within the shard: read, not decoded)."""
+        cycle = 0
+        while True:
+            for s in shards:
+                n = self.data.sizes[s]
+                if skip >= n:
+                    skip -= n
+                    continue
+                rng = random.Random(f"{self.seed}:{self.epoch}:{s}:{cycle}")
+                for pos, sample in enumerate(shuffled(samples_of(self.data.shards[s]), rng)):
+                    if pos >= skip:
+                        yield s, pos, cycle, sample
+                skip = 0
+            cycle += 1
+
+    def item(self, s: int, pos: int, cycle: int, sample: dict) -> dict:
+        """A decoded, transformed sample: {"image", "caption" (, "long_caption")}; raises ValueError naming it."""
+        where = f"{self.data.shards[s]}:{sample.get('__key__')}"
+        meta = json.loads(sample["json"]) if "json" in sample else {}
+        caption = sample["txt"].decode("utf-8") if "txt" in sample else meta.get("caption")
+        if not isinstance(caption, str) or not caption.strip():
+            raise ValueError(f"{where}: no caption (a .txt member or the .json's 'caption')")
+        item = {"caption": caption}
+        if self.data.need_long:
+            if not isinstance(meta.get("long_caption"), str) or not meta["long_caption"].strip():
+                raise ValueError(f"{where}: no long_caption in its .json")
+            item["long_caption"] = meta["long_caption"]
+        ext = next((e for e in IMAGE_EXTS if e in sample), None)
+        if ext is None:
+            raise ValueError(f"{where}: no image member ({', '.join(IMAGE_EXTS)})")
+        try:
+            with Image.open(io.BytesIO(sample[ext])) as im:
+                image = common.to_rgb(im)
+        except Exception as e:  # PIL raises many types
+            raise ValueError(f"{where}: undecodable image ({type(e).__name__}: {e})") from None
+        key = f"{self.seed}:{self.epoch}:{s}:{cycle}:{pos}"
+        transform = self.data.transform or (lambda im: im)
+        item["image"] = common.seeded(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16), transform, image)
+        return item
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, workers = (info.id, info.num_workers) if info else (0, 1)
+        mine = range(w, self.steps_per_epoch, workers)  # the process's batches this worker makes
+        done = sum(1 for j in mine if j < self.start)
+        stream = self.samples(self.my_shards(w, workers), done * self.batch)
+        for _ in range(len(mine) - done):
+            items, failed = [], []
+            while len(items) < self.batch:
+                try:
+                    items.append(self.item(*next(stream)))
+                except ValueError as e:  # replaced by the next sample, counted (common.CountFailures)
+                    failed.append(str(e))
+            if failed:
+                items[0]["_failed"] = failed
+            yield self.collate(items)
+
+
+# ----------------------------------------------------------------------------- writing shards
+def write_shards(manifest, out_dir, per_shard: int = 1000) -> str:
+    """Every good row of a manifest as shards in out_dir (webdataset.ShardWriter), plus sizes.json; returns the
+    brace pattern to pass as --train-data."""
+    import webdataset as wds
+    ds = common.ManifestDataset(manifest, check_images="none")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    with wds.ShardWriter(str(out / "%05d.tar"), maxcount=per_shard, verbose=0) as sink:  # a new shard after
+        for i, row in enumerate(ds.rows):  # per_shard samples (or 3 GB)
+            path = ds.image_file(row)
+            ext = path.suffix.lower().lstrip(".")
+            meta = {k: v for k, v in row.items() if not k.startswith("_") and k != ds.image_key}
+            meta["caption"] = ds._caption(row)
+            sink.write({"__key__": f"{i:09d}", "jpg" if ext == "jpeg" else ext: path.read_bytes(),
+                        "txt": meta["caption"], "json": json.dumps(meta)})
+            name = Path(sink.fname).name
+            sizes[name] = sizes.get(name, 0) + 1
+    common.atomic_write(out / "sizes.json", json.dumps(sizes, indent=1))
+    last = len(sizes) - 1
+    return str(out / f"{{00000..{last:05d}}}.tar") if last else str(out / "00000.tar")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
+                                allow_abbrev=False)
+    p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")
+    p.add_argument("out_dir", help="folder for 00000.tar, 00001.tar, ... and sizes.json")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard")
+    a = p.parse_args(argv)
+    if a.per_shard < 1:
+        p.error("--per-shard must be >= 1")
+    print(f"--train-data '{write_shards(a.manifest, a.out_dir, a.per_shard)}'")
+
+
+if __name__ == "__main__":
+    common.cli(main)

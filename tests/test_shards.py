@@ -1,0 +1,123 @@
+"""webdataset shards (issue 28.2, shards.py): the converter, each process reading its own shards, training on
+them, and exact resume by shard and offset."""
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import lab
+import shards
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The lab's 24 training pairs (with long captions) as shards of 5 samples: 00000..00004.tar."""
+    tmp = tmp_path_factory.mktemp("shards")
+    manifest = lab.synthetic_manifest("train", tmp / "data", n=24)
+    return manifest, shards.write_shards(manifest, tmp / "shards", per_shard=5)
+
+
+def _cfg(out, **kw):
+    return common.Config(**{"steps": 6, "batch_size": 4, "lr": 1e-3, "warmup": 1, "workers": 0, "precision": "fp32",
+                            "out": str(out), "save_every": 0, "log_every": 1, "device": "cpu", "seed": 0, **kw})
+
+
+def _train(cfg, pattern):
+    torch.manual_seed(0)
+    model, train_tf, _, tok = common.load_model("tiny", "random")
+    summary = common.train(cfg, common.ClipFineTune(model), common.training_set(cfg, pattern, train_tf),
+                           common.Collate(tok), export=False)
+    return model, summary
+
+
+def test_the_converter_writes_every_row_with_its_captions_and_sizes(sharded):
+    manifest, pattern = sharded
+    assert pattern.endswith("{00000..00004}.tar")
+    paths = shards.expand(pattern)
+    assert json.loads((paths[0].parent / "sizes.json").read_text()) == {p.name: n for p, n in
+                                                                      zip(paths, [5, 5, 5, 5, 4])}
+    rows = common.read_manifest(manifest)
+    got = [s for p in paths for s in shards.samples_of(p)]
+    assert [json.loads(s["json"])["long_caption"] for s in got] == [r["long_caption"] for r in rows]
+    assert [s["txt"].decode() for s in got] == [r["caption"] for r in rows]
+    first = Path(manifest).parent / rows[0]["image"]
+    assert got[0][first.suffix.lstrip(".")] == first.read_bytes()  # the image file's bytes, as they are
+
+
+def test_sizes_are_counted_when_there_is_no_sizes_json(sharded, tmp_path):
+    paths = shards.expand(sharded[1])
+    for p in paths:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    assert shards.shard_sizes([tmp_path / p.name for p in paths]) == [5, 5, 5, 5, 4]
+
+
+def test_each_process_reads_its_own_shards_and_together_all(sharded):
+    data = shards.ShardSet(sharded[1])
+    for epoch in (0, 1):
+        parts = []
+        for rank in (0, 1):
+            st = shards.ShardStream(data, 2, None, seed=3, rank=rank, world=2, steps_per_epoch=5)
+            st.set_epoch(epoch)
+            parts.append(st.my_shards(0, 1))
+        assert not set(parts[0]) & set(parts[1]) and sorted(parts[0] + parts[1]) == list(range(5))
+    with pytest.raises(common.UsageError, match="5 shard"):
+        shards.ShardSet(sharded[1], readers=6)  # 3 processes x 2 workers
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_run_on_shards_resumes_exactly(sharded, tmp_path, workers):
+    """6 steps of batch 4, an epoch of 12 samples (--train-num-samples; 3 steps), stopped after step 5 (epoch 1,
+    its 8 first samples used: one whole shard skipped by its size, then 3 samples of the next) and resumed: the
+    weights equal the uninterrupted run's bit for bit."""
+    pattern = sharded[1]
+    kw = {"workers": workers, "train_num_samples": 12}
+    one, summary = _train(_cfg(tmp_path / "one", **kw), pattern)
+    assert summary["steps"] == 6 and summary["data"]["rows"] == 12
+    _train(_cfg(tmp_path / "two", stop_at=5, **kw), pattern)
+    two, _ = _train(_cfg(tmp_path / "two", resume="latest", **kw), pattern)
+    for (n, a), b in zip(one.state_dict().items(), two.state_dict().values()):
+        assert torch.equal(a, b), n
+
+
+def test_an_epoch_reads_every_sample_once_when_the_workers_shards_are_even(sharded):
+    """4 shards of 5 read by 0 or 2 workers (2 shards each): 4 batches of 5, every sample once. Uneven shards
+    per worker: see shards.py's docstring."""
+    data = shards.ShardSet(sharded[1].replace("00004", "00003"), need_long=True)
+    captions = {}
+    for workers in (0, 2):
+        loader = data.loader(5, lambda items: [it["long_caption"] for it in items], 0, 0, 1, workers, 4)
+        captions[workers] = [c for batch in loader for c in batch]
+    assert len(captions[0]) == 20 and len(set(captions[0])) == 20
+    assert sorted(captions[0]) == sorted(captions[2])
+
+
+def test_a_bad_sample_is_replaced_and_counted(sharded, tmp_path):
+    paths = shards.expand(sharded[1])
+    bad = tmp_path / "00000.tar"
+    with tarfile.open(paths[0]) as src, tarfile.open(bad, "w") as dst:
+        for m in src:
+            data = src.extractfile(m).read()
+            if m.name.startswith("000000002.") and not m.name.endswith((".txt", ".json")):
+                data = data[:40]  # cut short: opens, does not decode
+            m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    _, summary = _train(_cfg(tmp_path / "run", steps=2, batch_size=4), str(bad))
+    assert summary["undecodable_images"]["count"] == 1
+    assert "000000002" in summary["undecodable_images"]["first"][0]
+
+
+def test_a_resume_on_other_shards_is_refused(sharded, tmp_path):
+    pattern = sharded[1]
+    _train(_cfg(tmp_path / "run", stop_at=2), pattern)
+    fewer = pattern.replace("00004", "00003")
+    with pytest.raises(common.RunError, match="training data changed"):
+        _train(_cfg(tmp_path / "run", resume="latest"), fewer)
+
+
+def test_missing_shards_are_one_message(tmp_path):
+    with pytest.raises(common.DataError, match="2 of 2 shard"):
+        shards.expand(str(tmp_path / "{0..1}.tar"))
