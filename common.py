@@ -571,7 +571,7 @@ def export_open_clip(model, folder, backbone: str) -> Path:
 # 4. Data
 # =============================================================================
 IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")
-CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list, the first one is used
+CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list: training draws one, evaluation the first
 
 
 class DataError(ValueError):
@@ -753,11 +753,12 @@ class ManifestDataset(torch.utils.data.Dataset):
     later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line.
     check_images: True / 'full' (every image; across_ranks: split across the processes, remembered on disk) |
     'sample' (IMAGE_SAMPLE of them) | False / 'none'. replace_undecodable: an image failing during training
-    is replaced by the next decodable row and reported in the item's '_failed' (train counts them)."""
+    is replaced by the next decodable row and reported in the item's '_failed' (train counts them). draw_caption:
+    a row whose caption is a list ('captions') gives one of them at random per item (training_set's)."""
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool | str = True, extra: Sequence[str] = (), across_ranks: bool = False,
-                 replace_undecodable: bool = False):
+                 replace_undecodable: bool = False, draw_caption: bool = False):
         self.path, self.transform = Path(path), transform
         rows = read_manifest(self.path, keep_bad=True)
         good = [r for r in rows if "_error" not in r]
@@ -784,7 +785,7 @@ class ManifestDataset(torch.utils.data.Dataset):
             for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo], across_ranks=across_ranks,
                                                  cache_file=image_check_cache(self.path) if across_ranks else None)):
                 problems[i] = p
-        self.replace_undecodable = replace_undecodable
+        self.replace_undecodable, self.draw_caption = replace_undecodable, draw_caption
         self.rows = CompactRows([r for r, p in zip(rows, problems) if p is None])
         self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
         if self.skipped and not skip_bad:
@@ -794,9 +795,11 @@ class ManifestDataset(torch.utils.data.Dataset):
         if not self.rows:
             raise DataError(f"{self.path}: every row is bad")
 
-    def _caption(self, r):
+    def _caption(self, r, draw: bool = False):
+        """The row's caption; of a list, the first, or with draw one at random (training: seeded per sample by
+        SeededSamples, so the same on resume; as C-CLIP's research loader's random.choice)."""
         c = r.get(self.caption_key)
-        return c[0] if isinstance(c, list) and c else c
+        return (random.choice(c) if draw else c[0]) if isinstance(c, list) and c else c
 
     def _check(self, r):
         cap = self._caption(r)
@@ -842,7 +845,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         else:
             raise DataError(f"{self.path}: no row's image decodes")
         item = {"image": self.transform(image) if self.transform else image,
-                "caption": self._caption(r), "index": i, **({"_failed": failed} if failed else {})}
+                "caption": self._caption(r, self.draw_caption), "index": i, **({"_failed": failed} if failed else {})}
         if self.need_long:
             item["long_caption"] = r["long_caption"]
         for k in self.extra:
@@ -871,7 +874,7 @@ def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
         return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
                                readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
-                           replace_undecodable=cfg.check_images != "full", **kw)
+                           replace_undecodable=cfg.check_images != "full", draw_caption=True, **kw)
 
 
 class Collate:

@@ -33,10 +33,28 @@ import sys
 import tarfile
 from pathlib import Path
 
-import torch
-from PIL import Image
 
-import common
+
+def command_line(argv=None) -> argparse.Namespace:
+    """python shards.py's settings (standard library only: --help and flag errors answer before torch loads)."""
+    p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
+                                allow_abbrev=False)
+    p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")
+    p.add_argument("out_dir", help="folder for 00000.tar, 00001.tar, ... and sizes.json")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard")
+    a = p.parse_args(argv)
+    if a.per_shard < 1:
+        p.error("--per-shard must be >= 1")
+    return a
+
+
+if __name__ == "__main__":
+    command_line(sys.argv[1:])
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import common  # noqa: E402
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
@@ -234,14 +252,7 @@ def write_shards(manifest, out_dir, per_shard: int = 1000) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
-                                allow_abbrev=False)
-    p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")
-    p.add_argument("out_dir", help="folder for 00000.tar, 00001.tar, ... and sizes.json")
-    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard")
-    a = p.parse_args(argv)
-    if a.per_shard < 1:
-        p.error("--per-shard must be >= 1")
+    a = command_line(argv)
     print(f"--train-data '{write_shards(a.manifest, a.out_dir, a.per_shard)}'")
 
 
