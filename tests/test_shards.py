@@ -121,3 +121,26 @@ def test_a_resume_on_other_shards_is_refused(sharded, tmp_path):
 def test_missing_shards_are_one_message(tmp_path):
     with pytest.raises(common.DataError, match="2 of 2 shard"):
         shards.expand(str(tmp_path / "{0..1}.tar"))
+
+
+def _ddp_worker(rank, world, port, tmp, pattern):
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    model, summary = _train(_cfg(Path(tmp) / "ddp", steps=4, batch_size=4), pattern)
+    if rank == 0:
+        torch.save({"steps": summary["steps"], "world": summary["world_size"]}, Path(tmp) / "ddp.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_train_on_their_own_shards_in_step(sharded, tmp_path):
+    """2 gloo processes, each on its own shards (2 or 3 of 5), make the same number of steps: no rank waits for
+    a batch the other never makes (DDP would hang)."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path), sharded[1]), nprocs=2, join=True)
+    assert torch.load(tmp_path / "ddp.pt") == {"steps": 4, "world": 2}
