@@ -60,8 +60,7 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
 
 
-def is_shards(path) -> bool:
-    """A --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file."""
+def is_shards(path) -> bool:  # a --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file
     return str(path).endswith(".tar")
 
 
@@ -94,8 +93,8 @@ def shard_sizes(paths: list[Path]) -> list[int]:
 
 
 def samples_of(path: Path):
-    """A shard's samples in file order: {"__key__", "jpg" | "png" | ..., "txt", "json"} (bytes), through
-    webdataset's tar reader (no splitting by node or worker: ShardStream splits)."""
+    """A shard's samples in file order: {"__key__", "jpg" | "png" | ..., "txt", "json"} (bytes), through webdataset's
+    tar reader (no splitting by node or worker: ShardStream splits)."""
     import webdataset as wds
     return iter(wds.WebDataset(str(path), shardshuffle=False, nodesplitter=None, workersplitter=None,
                                empty_check=False))
@@ -145,9 +144,8 @@ class ShardSet:
 
     def loader(self, batch: int, collate, seed: int, rank: int, world: int, workers: int, steps_per_epoch: int,
                pin_memory: bool = False):
-        stream = ShardStream(self, batch, collate, seed, rank, world, steps_per_epoch)
-        return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers, pin_memory=pin_memory,
-                                           persistent_workers=False)
+        return torch.utils.data.DataLoader(ShardStream(self, batch, collate, seed, rank, world, steps_per_epoch),
+                                           batch_size=None, num_workers=workers, pin_memory=pin_memory)
 
 
 class ShardStream(torch.utils.data.IterableDataset):
@@ -170,6 +168,8 @@ class ShardStream(torch.utils.data.IterableDataset):
     def samples(self, shards: list[int], skip: int):
         """(shard, position, pass, raw sample) of the worker's shards, over and over, the first `skip` passed over
         (whole shards by their sizes, then within the shard: read, not decoded)."""
+        if not sum(self.data.sizes[s] for s in shards):  # one worker's share of empty shards: no batch to make
+            raise common.DataError(f"{self.data.pattern}: shards {shards}, one worker's share, hold no samples")
         cycle = 0
         while True:
             for s in shards:
