@@ -439,7 +439,8 @@ def main(argv=None):
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
     needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
-    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs, "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python vlcl.py builds them)")
+    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
+                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python vlcl.py builds them)")
     common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
     try:
         summary = run(cfg)

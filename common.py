@@ -864,13 +864,17 @@ class CountFailures:
         return {**self.collate(items), "_failed": failed}
 
 
+def is_shards(path) -> bool:  # a --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file
+    return str(path).endswith(".tar")
+
+
 def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
     """A training manifest as every method reads it: --skip-bad, and the row check's --check-images (full:
     every image, split across the processes and remembered on disk; sample / none: an image failing during
     training is replaced by the next good row and counted in results.json). Tar shards ('DIR/{00000..00099}.tar'):
     shards.ShardSet, --train-num-samples samples an epoch."""
-    import shards
-    if shards.is_shards(path):
+    if is_shards(path):
+        import shards
         return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
                                readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
@@ -1238,12 +1242,17 @@ def data_fingerprint(train_set) -> dict:
         return train_set.fingerprint()
     fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
     if path is not None and Path(path).is_file():
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        fp.update(manifest=str(path), sha256=h.hexdigest())
+        fp.update(manifest=str(path), sha256=file_sha256(path))
     return fp
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a file's content, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
@@ -2027,7 +2036,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     world = world_size()
     if cfg.batch_size % world:
         raise UsageError(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
-    if world_size() > 1:  # the processes split the row check's decoding between them (image_problems)
+    if world > 1:  # the processes split the row check's decoding between them (image_problems)
         init_distributed(cfg.device)
     for m in manifests:
         ds = training_set(cfg, m, **dataset_kw)

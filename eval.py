@@ -283,24 +283,27 @@ def _karpathy(root, dataset, first_only=False, strict=False):
 KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
 
 
-def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
-    """A JSONL manifest (absolute image paths) of a Karpathy split from data_root/<dataset>/dataset_<dataset>.json
-    (images[].filename, filepath, split, sentences[].raw). Images: flickr30k/images/<filename>,
-    coco/<filepath>/<filename> (train2014/, val2014/). captions: 'first' or 'all'."""
+def karpathy_images(dataset: str, data_root) -> list[dict]:
+    """Karpathy's split file data_root/<dataset>/dataset_<dataset>.json (images[].filename, filepath, split,
+    sentences[].raw), an image each: {split, path, imgid, sentences (stripped, empty ones dropped)}. Images:
+    flickr30k/images/<filename>, coco/<filepath>/<filename> (train2014/, val2014/)."""
     root = Path(data_root) / dataset
     ann = root / f"dataset_{dataset}.json"
     if not ann.exists():
         raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
-    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
     image_dir = root / "images" if dataset == "flickr30k" else root
-    rows = []
-    for im in json.loads(ann.read_text())["images"]:
-        if im["split"] in splits:
-            sentences = [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]
-            path = str((image_dir / im.get("filepath", "") / im["filename"]).resolve())
-            rows += [{"image": path, "caption": c} for c in (sentences[:1] if captions == "first" else sentences)]
+    return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"], "imgid": im.get("imgid"),
+             "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
+            for im in json.loads(ann.read_text())["images"]]
+
+
+def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
+    """A JSONL manifest (absolute image paths) of a Karpathy split (karpathy_images); captions: 'first' or 'all'."""
+    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
+    rows = [{"image": str(im["path"].resolve()), "caption": c} for im in karpathy_images(dataset, data_root)
+            if im["split"] in splits for c in (im["sentences"][:1] if captions == "first" else im["sentences"])]
     if not rows:
-        raise common.DataError(f"{ann}: no images in split(s) {splits}")
+        raise common.DataError(f"{Path(data_root) / dataset}/dataset_{dataset}.json: no images in split(s) {splits}")
     return _write_rows(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
 
 
@@ -1845,7 +1848,7 @@ def main(argv=None):
     results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
-    if a.out and a.format == "clip_benchmark" and results.get("records") and not (a.wise_ft or a.continual):
+    if a.out and a.format == "clip_benchmark" and results.get("records"):  # not with --wise-ft / --continual (above)
         for name, content in clip_benchmark_files(results["records"], common.resolve_backbone(a.backbone),
                                                   a.pretrained).items():
             common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))

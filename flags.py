@@ -113,8 +113,8 @@ class Config:
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
 # stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
-COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every", "lock_image_unlocked_groups",
-          "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
+COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every",
+          "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
           "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
 

@@ -359,7 +359,7 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
     if cfg.train_data == "coco":
         one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
-    if cfg.train_data.endswith(".tar"):  # webdataset shards: no test set to go with them
+    if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
         raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or manifests; 'none': "
                                 "train without evaluating)")
     return {Path(cfg.train_data).stem: cfg.train_data}

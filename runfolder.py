@@ -14,7 +14,8 @@ from pathlib import Path
 import common
 from common import RunError, UsageError, atomic_write, checkpoint_config, latest_checkpoint, world_size
 
-__all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary", "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command"]
+__all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
+           "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command"]
 
 LOCK = ".lock"
 # Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.

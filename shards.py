@@ -60,10 +60,6 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
 
 
-def is_shards(path) -> bool:  # a --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file
-    return str(path).endswith(".tar")
-
-
 def expand(pattern) -> list[Path]:
     """The shards of a brace pattern, each one checked to exist (one message naming the missing ones)."""
     from braceexpand import braceexpand

@@ -8,9 +8,10 @@ writes data/vlcl/<task>/{train,test}.jsonl (image paths relative to them), the i
 carry (data/vlcl/<task>/images/<source split>/<row>.<ext>: written once, named by their source row), the unseen set
 data/vlcl/havg/test.jsonl, and data/vlcl/prepare.json: per task the source (dataset id, its files' fingerprint),
 the split rule and seed, the row counts and the manifests' sha256. Run again, it rewrites the manifests (images
-already written are kept) and names each task whose source changed since prepare.json. Offline first: Hugging Face datasets come from the
-local cache (--hf-cache, else HF_HOME's) or from a folder per task (--task-path pets=DIR: a save_to_disk folder,
-parquet files, or a downloaded dataset repository); nothing is fetched unless --online. Missing sources stop the
+already written are kept) and names each task whose source changed since prepare.json. Offline first: Hugging
+Face datasets come from the local cache (--hf-cache, else HF_HOME's) or from a folder per task (--task-path
+pets=DIR: a save_to_disk folder, parquet files, or a downloaded dataset repository); nothing is fetched unless
+--online. Missing sources stop the
 run before anything is written, with one message listing per task what is missing and how to fetch it.
 
 Sources, read from the two public codes (no official code exists):
@@ -45,7 +46,6 @@ Deviations and choices (numbered; V1-V7):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
@@ -109,6 +109,36 @@ SEEDS = {"research": 6, "koyoimai": 42}  # V1: Lightning's seed_everything 6 / K
 TEST_CAPTIONS = 5  # V4
 
 
+def command_line(argv=None) -> argparse.Namespace:
+    """The settings (standard library only: --help and flag errors answer before torch loads)."""
+    p = argparse.ArgumentParser(description="Build C-CLIP's 8 tasks and the unseen set under <data-root>/vlcl.",
+                                allow_abbrev=False)
+    p.add_argument("--source", choices=tuple(SOURCES), default="research", help="whose sources and splits (V1, V2)")
+    p.add_argument("--data-root", default="data", help="root of the benchmark folders (flickr30k/, coco/, vlcl/)")
+    p.add_argument("--hf-cache", default="", help="Hugging Face datasets cache ('': HF_HOME's)")
+    p.add_argument("--task-path", action="append", default=[], metavar="TASK=DIR",
+                   help="a folder (save_to_disk, parquet files, a dataset repository) for a task; "
+                        "wikiart-captions=FILE: KoyoImai's BLIP-2 WikiArt captions")
+    p.add_argument("--seed", type=int, default=None, help="seed of the fractional splits (default: the source's, V1)")
+    p.add_argument("--train-captions", choices=("draw", "rows"), default="draw",
+                   help="several captions per image in training: draw one per sample | one row per caption (V3)")
+    p.add_argument("--online", action="store_true", help="let datasets download what the cache lacks")
+    a = p.parse_args(argv)
+    bad = [t for t in a.task_path if "=" not in t or t.split("=")[0] not in (*TASKS, UNSEEN, "wikiart-captions")]
+    if bad:
+        p.error(f"--task-path TASK=DIR with TASK one of {', '.join((*TASKS, UNSEEN, 'wikiart-captions'))}: {bad[0]!r}")
+    a.paths = dict(t.split("=", 1) for t in a.task_path)
+    a.seed = SEEDS[a.source] if a.seed is None else a.seed
+    return a
+
+
+if __name__ == "__main__":
+    command_line(sys.argv[1:])  # --help and flag errors before torch loads
+
+import common  # noqa: E402
+import eval as evaluation  # noqa: E402
+
+
 def fetch_hint(repo: str) -> str:
     return f"huggingface-cli download --repo-type dataset {repo}  (or --task-path with a folder holding it)"
 
@@ -118,7 +148,6 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        import common
         raise common.UsageError("vlcl.py reads Hugging Face datasets: pip install datasets") from None
     return datasets
 
@@ -189,15 +218,16 @@ class Written:
     dropped: int = 0
 
 
-def hf_task(task: str, src: HF, out: Path, cfg, source: str) -> tuple[Written, dict]:
-    """A Hugging Face task's rows (images written under out/images/<split>/) and its source record."""
-    get = lambda split: load_hf(src, split, cfg.hf_cache, cfg.paths.get(task, ""), cfg.online)  # noqa: E731
+def hf_task(task: str, src: HF, out: Path, cfg, source: str, splits: dict) -> tuple[Written, dict]:
+    """A Hugging Face task's rows (images written under out/images/<split>/) and its source record; splits: the
+    datasets check_source loaded, by split name."""
+    get = splits.__getitem__
     parts, rule = {}, ""
     if src.test_only:
         parts["test"] = [(src.test_only, get(src.test_only), None)]
         rule = f"{src.test_only} split, testing only"
     elif src.splits:
-        parts = {"train": [(src.splits[0], get(src.splits[0]), None)], "test": [(src.splits[1], get(src.splits[1]), None)]}
+        parts = {part: [(split, get(split), None)] for part, split in zip(("train", "test"), src.splits)}
         rule = f"{src.splits[0]} / {src.splits[1]} as distributed"
     else:
         ds = get(src.split)
@@ -247,8 +277,9 @@ def _rows(image: str, caps: list[str], part: str, train_captions: str, source_ro
     return [{"image": image, "captions": caps, "source_row": source_row}]  # every row a list: one column
 
 
-def check_source(task: str, src, cfg):
-    """Raises FileNotFoundError naming what `task` lacks (its files, or the splits it reads)."""
+def check_source(task: str, src, cfg) -> dict:
+    """Raises FileNotFoundError naming what `task` lacks (its files, or the splits it reads); returns the Hugging
+    Face splits it loaded ({} for the other sources), which hf_task reads."""
     if isinstance(src, Karpathy):
         ann = Path(cfg.data_root) / src.name / f"dataset_{src.name}.json"
         if not ann.is_file():
@@ -259,28 +290,28 @@ def check_source(task: str, src, cfg):
             if not ann.is_file():
                 raise FileNotFoundError(f"{ann} (cocodataset.org, annotations_trainval2017.zip)")
     else:
-        for split in (src.test_only,) if src.test_only else src.splits or (src.split,):
-            load_hf(src, split, cfg.hf_cache, cfg.paths.get(task, ""), cfg.online)
+        splits = {split: load_hf(src, split, cfg.hf_cache, cfg.paths.get(task, ""), cfg.online)
+                  for split in ((src.test_only,) if src.test_only else src.splits or (src.split,))}
         if src.captions_from and not Path(cfg.paths.get(src.captions_from, "")).is_file():
             raise FileNotFoundError(f"--task-path {src.captions_from}=FILE (KoyoImai's wikiart_blip_captions.parquet)")
+        return splits
+    return {}
 
 
 def karpathy_task(task: str, src: Karpathy, out: Path, cfg) -> tuple[Written, dict]:
-    root = Path(cfg.data_root) / src.name
-    ann = root / f"dataset_{src.name}.json"
-    image_dir = root / "images" if src.name == "flickr30k" else root
+    ann = Path(cfg.data_root) / src.name / f"dataset_{src.name}.json"
     w = Written()
-    for im in json.loads(ann.read_text())["images"]:
+    for im in evaluation.karpathy_images(src.name, cfg.data_root):
         part = "train" if im["split"] in src.train else "test" if im["split"] == src.test else None
-        caps = _caption_list([s.get("raw", "") for s in im["sentences"]])
         if part is None:
             continue
+        caps = _caption_list(im["sentences"])
         if not caps:
             w.dropped += 1
             continue
-        rel = os.path.relpath(image_dir / im.get("filepath", "") / im["filename"], out)
-        getattr(w, part).extend(_rows(rel, caps, part, cfg.train_captions, im.get("imgid")))
-    return w, {"file": str(ann), "sha256": _sha256(ann), "split": f"{'+'.join(src.train)} / {src.test} (Karpathy)"}
+        getattr(w, part).extend(_rows(os.path.relpath(im["path"], out), caps, part, cfg.train_captions, im["imgid"]))
+    return w, {"file": str(ann), "sha256": common.file_sha256(ann),
+               "split": f"{'+'.join(src.train)} / {src.test} (Karpathy)"}
 
 
 def coco2017_task(out: Path, cfg) -> tuple[Written, dict]:
@@ -298,30 +329,21 @@ def coco2017_task(out: Path, cfg) -> tuple[Written, dict]:
                 continue
             rel = os.path.relpath(root / split / im["file_name"], out)
             getattr(w, part).extend(_rows(rel, c, part, cfg.train_captions, im["id"]))
-        record[f"{split}_sha256"] = _sha256(ann)
+        record[f"{split}_sha256"] = common.file_sha256(ann)
     return w, record
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- the command
 def prepare(cfg) -> dict:
     """Every task of --source into data/vlcl; returns prepare.json's content."""
-    import common
     sources, root = SOURCES[cfg.source], Path(cfg.data_root) / "vlcl"
     names = [*TASKS, UNSEEN]
     record_file = root / "prepare.json"
     old = json.loads(record_file.read_text()) if record_file.is_file() else {}
-    missing = []
+    missing, found = [], {}
     for task in names:  # every source looked for first: a missing one stops the run before anything is written
         try:
-            check_source(task, sources[task], cfg)
+            found[task] = check_source(task, sources[task], cfg)
         except FileNotFoundError as e:
             src = sources[task]
             missing.append(f"  {task}: {e}" + (f"; fetch: {fetch_hint(src.repo)}" if isinstance(src, HF) else ""))
@@ -338,7 +360,7 @@ def prepare(cfg) -> dict:
         elif isinstance(src, Coco2017):
             built[task] = coco2017_task(out, cfg)
         else:
-            built[task] = hf_task(task, src, out, cfg, cfg.source)
+            built[task] = hf_task(task, src, out, cfg, cfg.source, found[task])
     settings = {"source": cfg.source, "seed": cfg.seed, "train_captions": cfg.train_captions}
     rec = {"settings": settings, "tasks": {}}
     for task, (w, source) in built.items():
@@ -350,7 +372,7 @@ def prepare(cfg) -> dict:
                 continue
             path = common.atomic_write(out / f"{part}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
             images = len({r["image"] for r in rows})
-            entry[part] = {"rows": len(rows), "images": images, "sha256": _sha256(path)}
+            entry[part] = {"rows": len(rows), "images": images, "sha256": common.file_sha256(path)}
         was = old.get("tasks", {}).get(task)
         if was and old.get("settings") == settings and was["source"] != source:
             print(f"[vlcl] {task}: its source changed since {record_file} was written; rebuilt", file=sys.stderr)
@@ -362,37 +384,6 @@ def prepare(cfg) -> dict:
     return rec
 
 
-def changed_sources(data_root) -> list[str]:
-    """Tasks whose manifests no longer match prepare.json's sha256 (edited or rewritten by hand)."""
-    root = Path(data_root) / "vlcl"
-    rec = json.loads((root / "prepare.json").read_text())
-    return [f"{task} {part}" for task, entry in rec["tasks"].items() for part in ("train", "test")
-            if part in entry and _sha256(root / task / f"{part}.jsonl") != entry[part]["sha256"]]
-
-
-def command_line(argv=None) -> argparse.Namespace:
-    """The settings (standard library only: --help and flag errors answer before torch loads)."""
-    p = argparse.ArgumentParser(description="Build C-CLIP's 8 tasks and the unseen set under <data-root>/vlcl.",
-                                allow_abbrev=False)
-    p.add_argument("--source", choices=tuple(SOURCES), default="research", help="whose sources and splits (V1, V2)")
-    p.add_argument("--data-root", default="data", help="root of the benchmark folders (flickr30k/, coco/, vlcl/)")
-    p.add_argument("--hf-cache", default="", help="Hugging Face datasets cache ('': HF_HOME's)")
-    p.add_argument("--task-path", action="append", default=[], metavar="TASK=DIR",
-                   help="a folder (save_to_disk, parquet files, a dataset repository) for a task; "
-                        "wikiart-captions=FILE: KoyoImai's BLIP-2 WikiArt captions")
-    p.add_argument("--seed", type=int, default=None, help="seed of the fractional splits (default: the source's, V1)")
-    p.add_argument("--train-captions", choices=("draw", "rows"), default="draw",
-                   help="several captions per image in training: draw one per sample | one row per caption (V3)")
-    p.add_argument("--online", action="store_true", help="let datasets download what the cache lacks")
-    a = p.parse_args(argv)
-    bad = [t for t in a.task_path if "=" not in t or t.split("=")[0] not in (*TASKS, UNSEEN, "wikiart-captions")]
-    if bad:
-        p.error(f"--task-path TASK=DIR with TASK one of {', '.join((*TASKS, UNSEEN, 'wikiart-captions'))}: {bad[0]!r}")
-    a.paths = dict(t.split("=", 1) for t in a.task_path)
-    a.seed = SEEDS[a.source] if a.seed is None else a.seed
-    return a
-
-
 def main(argv=None):
     a = command_line(argv)
     prepare(a)
@@ -400,6 +391,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    command_line(sys.argv[1:])  # --help and flag errors first
-    import common
     common.cli(main)

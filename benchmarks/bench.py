@@ -517,13 +517,19 @@ def bench_dns(quick):
         print(f"  DNS projector rebuild (d={dim}): {t:.3f}s", flush=True)
 
 
-def _step_memory_child(method, backbone, b):
-    """Peak memory of one training step (after one warm-up step) in a fresh process."""
-    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+def _child_case(method, backbone, b):
+    """(net on DEVICE, batch, precision) of a memory child: `method` ('plain' or a METHOD_STEPS name) on a random
+    `backbone`, batch b."""
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
     net, batch = (common.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
-    step = make_step(net.to(DEVICE), batch, precision)
+    return net.to(DEVICE), batch, "fp16" if DEVICE.type == "cuda" else "fp32"
+
+
+def _step_memory_child(method, backbone, b):
+    """Peak memory of one training step (after one warm-up step) in a fresh process."""
+    net, batch, precision = _child_case(method, backbone, b)
+    step = make_step(net, batch, precision)
     step()  # warm-up: optimizer state allocated
     base = reset_peak_memory()
     step()
@@ -781,11 +787,8 @@ def bench_manifest(quick, tmp: Path):
 def _accum_child(method, backbone, b, k):
     """One method's training step (common.train_step, --accum-freq k) in a fresh process: its peak memory after
     a warm-up step, then the median step time."""
-    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
-    model, tok = random_model(backbone)
-    batch = fake_batch(model, tok, b)
-    net, batch = (common.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
-    net.to(DEVICE).train()
+    net, batch, precision = _child_case(method, backbone, b)
+    net.train()
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-6)
     scaler = torch.amp.GradScaler(DEVICE.type, enabled=precision == "fp16")
     ctx = SimpleNamespace(step=0, epoch=0, total_steps=10, device=DEVICE, precision=precision, generator=None)

@@ -42,15 +42,16 @@ def _coco2017(root):
             ims.append({"id": i, "file_name": f"{i:012d}.png"})
             anns += [{"image_id": i, "id": 10 * i + k, "caption": f"coco 2017 image {i} caption {k}"} for k in range(6)]
         (root / "coco" / "annotations").mkdir(parents=True, exist_ok=True)
-        (root / "coco" / "annotations" / f"captions_{split}.json").write_text(json.dumps({"images": ims, "annotations": anns}))
+        ann = {"images": ims, "annotations": anns}
+        (root / "coco" / "annotations" / f"captions_{split}.json").write_text(json.dumps(ann))
 
 
 def _hf(folder, splits: dict, image_col="image", caption_col="text", captions=None, extra=None):
     """A DatasetDict saved to disk: splits {name: n}; captions(i) -> a caption (or a list)."""
     parts = {}
     for split, n in splits.items():
-        cols = {image_col: _images(n, hash(split) % 50), caption_col: [captions(i) if captions else f"{folder.name} {split} {i}"
-                                                                       for i in range(n)]}
+        cols = {image_col: _images(n, len(split)),
+                caption_col: [captions(i) if captions else f"{folder.name} {split} {i}" for i in range(n)]}
         feats = {image_col: datasets.Image(),
                  caption_col: datasets.Sequence(datasets.Value("string")) if captions and isinstance(captions(0), list)
                  else datasets.Value("string")}
