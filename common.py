@@ -103,6 +103,9 @@ def encode_text(model, tokens, normalize: bool = True):
     cost falls from O(context) to O(longest caption). No causal mask or non-argmax pooling: the untrimmed path."""
     t = text_tower(model)
     causal = getattr(t, "attn_mask", None) is not None
+    if hasattr(t, "config") and hasattr(t, "pooler"):  # a Hugging Face tower: padding is masked, so cut it off
+        n = int((tokens != t.config.pad_token_id).sum(1).max().clamp(min=1))
+        return model.encode_text(tokens[:, :n], normalize=normalize)
     if not causal or getattr(t, "text_pool_type", getattr(t, "pool_type", "")) != "argmax" \
             or not hasattr(t, "token_embedding") or getattr(t, "cls_emb", None) is not None:
         return model.encode_text(tokens, normalize=normalize)
@@ -140,7 +143,7 @@ def embed_dim(model):
         return p.out_features
     if p is not None:
         return p.shape[1]
-    return t.transformer.width
+    return getattr(t, "output_dim", None) or t.transformer.width  # a Hugging Face tower: its projection's size
 
 
 @torch.no_grad()
@@ -281,7 +284,7 @@ def wants_lab(cfg) -> bool:
     """Whether a command names the lab (--demo, the tiny backbone, a setting naming the synthetic world);
     method files' main() import the lab (lazily) exactly then."""
     settings = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else vars(cfg)
-    return (settings.get("backbone") == "tiny"
+    return (settings.get("backbone") in ("tiny", "lab-towers")
             or any(v is True for k, v in settings.items() if k.startswith("demo"))
             or any(isinstance(v, str) and "synthetic" in v for v in settings.values()))
 
@@ -323,7 +326,7 @@ def _weights_cached(name, tag, cache_dir) -> bool:
 
 
 def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache_dir: str = "",
-               quick_gelu: bool | None = None):
+               quick_gelu: bool | None = None, **towers_kw):
     """Returns (model, train_transform, eval_transform, tokenizer).
 
     backbone: OpenAI spelling ('ViT-B/16'), open_clip name ('ViT-B-16') or 'tiny'.
@@ -331,7 +334,12 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
       'laion2b_s34b_b88k', ...), a checkpoint path, or 'random' (explicitly untrained).
     QuickGELU is matched to the weights (OpenAI's were trained with it; open_clip's plain configs silently give
     wrong features with them): from the tag's config, our checkpoint sidecar, or forced for OpenAI-spelled
-    backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once."""
+    backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once.
+    A dual encoder of uni-modal towers (towers.SPECS, or a file saved from one) is built by towers.load, with
+    towers_kw (text_weights, image_weights, seed)."""
+    import towers  # it imports this module
+    if towers.known(backbone) or os.path.isfile(pretrained) and "towers" in read_sidecar(pretrained):
+        return towers.load(backbone, pretrained, device=device, cache_dir=cache_dir, **towers_kw)
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_hook("pretrain_tiny")())
@@ -528,6 +536,9 @@ def save_model(model, path, backbone: str, source: str = ""):
             "context_length": int(text_tower(model).context_length),
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
+    if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
+        import towers
+        meta["towers"] = towers.sidecar(model, path)
     atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
     if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
         safe = path.with_suffix(".safetensors")

@@ -1408,28 +1408,40 @@ M2MIX_TABLE1 = {
 }
 M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
 M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
+# m2-Mix Table 3 (BERT + ResNet-50 fine-tuned on Flickr30k; i2t / t2i R@1, R@5, R@10) and Table 5's BERT + ResNet-50
+# column (SIMAT); rows FT(tau=...) are FT at a fixed temperature, i-Mix and Un-Mix baselines we do not implement
+M2MIX_TABLE3_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "simat")
+M2MIX_TABLE3 = {"flickr30k-1cap": {name: dict(zip(M2MIX_TABLE3_METRICS, row)) for name, row in {
+    "ZS": (0.1, 0.4, 0.9, 0.1, 0.2, 0.9, 6.1), "FT": (17.8, 46.0, 59.1, 17.3, 46.0, 59.2, 15.4),
+    "FT(tau=0.05)": (17.8, 43.2, 59.8, 18.8, 45.7, 58.8, 15.9), "FT(tau=0.1)": (14.1, 36.2, 51.6, 13.8, 38.3, 50.9, 15.2),
+    "i-Mix": (14.2, 40.4, 56.4, 17.9, 42.9, 56.6, 12.9), "Un-Mix": (18.7, 46.6, 60.2, 19.3, 47.8, 62.2, 15.8),
+    "m3-Mix": (19.5, 49.0, 63.8, 21.6, 49.7, 63.6, 16.2)}.items()}}
 
 
-def m2mix_table1(records) -> str:
+def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> str:
     """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
-    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run."""
-    by = {}
+    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
+    paper_tables=M2MIX_TABLE3, metrics=M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT (Table 5) as a column."""
+    by, simat = {}, {}
     for r in records:
-        by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
+        if r["task"] == "simat" and "simat" in metrics:
+            simat[r["model"]] = r["value"]
+        else:
+            by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
     out = []
     for task, models in by.items():
-        paper = M2MIX_TABLE1.get(task, {})
+        paper = (M2MIX_TABLE1 if paper_tables is None else paper_tables).get(task, {})
         rows = []
-        for name in (n for n in ("ZS", "FT", "m2-Mix", "m3-Mix") if n in models or n in paper):
-            row = {"method": name}
-            for m in M2MIX_TABLE1_METRICS:
-                ours, theirs = models.get(name, {}).get(m), paper.get(name, {}).get(m)
-                digits = 1 if "R@" in m else 2 if "ece" in m else 3
+        for name in dict.fromkeys([*(n for n in ("ZS", "FT") if n in models), *paper, *models]):
+            row, ours_row = {"method": name}, {**models.get(name, {}), **({"simat": simat[name]} if name in simat else {})}
+            for m in metrics:
+                ours, theirs = ours_row.get(m), paper.get(name, {}).get(m)
+                digits = 1 if "R@" in m or m == "simat" else 2 if "ece" in m else 3
                 row[m] = "-" if ours is None else f"{ours:.{digits}f}"
                 row[m] += "" if theirs is None else f" ({theirs})"
             rows.append(row)
         head = f"### {task}" + (" - ours (paper)" if paper else "")
-        out.append(head + "\n" + common.markdown_table(rows, ("method", *M2MIX_TABLE1_METRICS)))
+        out.append(head + "\n" + common.markdown_table(rows, ("method", *metrics)))
     return "\n\n".join(out)
 
 
@@ -1456,7 +1468,9 @@ PUBLISHED = {
     # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
     "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
                               for metric, v in models["ZS"].items()},
-                           ("simat", "simat"): M2MIX_SIMAT_ZS}},
+                           ("simat", "simat"): M2MIX_SIMAT_ZS},
+              "bert-resnet50": {("flickr30k-1cap", m): v for m, v in M2MIX_TABLE3["flickr30k-1cap"]["ZS"].items()
+                                if m != "simat"} | {("simat", "simat"): 6.1}},
     "cclip": {"ViT-B/16": {("imagenet", "top1"): 67.73}},  # C-CLIP (ICLR 2025) Sec. 5: pretrained, zero-shot ImageNet
     "clip": {  # OpenAI weights, standard protocols: the result tables of open_clip and CLIP_benchmark
         #        (github.com/mlfoundations/open_clip, github.com/LAION-AI/CLIP_benchmark)

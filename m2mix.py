@@ -47,6 +47,15 @@ Deviations (numbered; each discussed at length in docs/m2mix.md under its number
      steps at lr 1e-5 the gap to fp32 masters is 56 % of the update) and lam in fp16: --fp16-weights.
  17. No weight decay on gains, biases, embeddings, logit_scale; the code's AdamW decays all: --decay-all.
  18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (one caption per image, not released).
+Deviations of --backbone bert-resnet50 (Sec. 5.4, Table 3; towers.py builds it; the code's --noclip mode in main.py
+sets heads 2048/768 -> 256, CLS pooling, max_length 200, tau 0.01 fixed, one AdamW group at lr 1e-6, and does not
+run as released: wandb.config.shared is undefined)
+  T1. The text head is open_clip's linear projection, without the code's bias (files stay loadable by open_clip).
+  T2. The temperature is learned, from the code's 0.01; the code fixes it: --base-tau 0.01.
+  T3. ImageNet's mean / std, the ResNet's own; the code feeds CLIP's transform (clip.load runs; CLIP's mean / std).
+  T4. --lr for towers and heads alike (ours 1e-5), --head-lr for the heads; the code: --lr 1e-6.
+  T5. Captions padded to 200 tokens, cut to the batch's longest (masked, so the same as the code's dynamic padding).
+  T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics (deviation 7).
 
 Commands
   one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k  (or ft, m2)
@@ -56,6 +65,8 @@ Commands
             its m3.sh: --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
   table     python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (ZS comes with the first run)
   demo      python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
+  Sec. 5.4  python m2mix.py --backbone bert-resnet50 --train-data flickr30k --method m3 --out runs/br-m3
+            [--text-weights DIR --image-weights FILE]; Table 3: --collect; demo: --demo-unimodal (lab/demos/towers.py)
 """
 # =============================================================================
 # Imports
@@ -78,7 +89,15 @@ from flags import arg
 @dataclass(frozen=True)
 class M2MixConfig(flags.Config):
     # model and data
-    backbone: str = arg("ViT-B/32", "CLIP backbone")  # Sec. 5.1
+    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, towers.py)")  # Sec. 5.1
+    # bert-resnet50 (Sec. 5.4, deviations T1-T6): where the towers' weights are, and what the paper leaves open
+    text_weights: str = arg("", "the text tower's save_pretrained folder (default: bert-base-uncased in the HF cache)")
+    image_weights: str = arg("", "the image trunk's state_dict (default: torchvision's ResNet-50 file / timm's copy)")
+    random_init: bool = arg(False, "random weights (--pretrained random): smoke runs only")
+    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's (the code's 256)")
+    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) | mean",
+                         choices=("cls", "mean"))
+    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr (the code: one lr)")
     train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone tiny when absent) | "
                                   "flickr30k (Karpathy) | coco (see --coco-split) | a manifest | synthetic")
     coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy (train+restval -> test)",
@@ -128,6 +147,7 @@ class M2MixConfig(flags.Config):
                                       "lambdas (deviation 15)", choices=("ours", "code"))
     collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json and exit")
     demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
+    demo_unimodal: bool = arg(False, "Sec. 5.4's demo: towers pre-trained apart (lab/demos/towers.py) and exit")
 
 
 if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
@@ -140,6 +160,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
+import towers
 
 
 # =============================================================================
@@ -383,8 +404,9 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     """Loads the backbone, evaluates it (ZS), fine-tunes with cfg.method,
     evaluates again; writes results.json and returns it."""
     device = common.init_distributed(cfg.device)
-    model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, device=device,
-                                                            cache_dir=cfg.cache_dir)
+    model, train_tf, eval_tf, tokenizer = common.load_model(
+        cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device, cache_dir=cfg.cache_dir,
+        **tower_settings(cfg))
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)
     records = []
@@ -393,16 +415,30 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     dataset = common.training_set(cfg, manifest, train_tf)
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
-    summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks,
+    heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)
+    lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else cfg.lr) if cfg.head_lr else None
+    summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
                            validate=evaluation.validator(cfg, eval_tf, list(eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
-    records += evaluate_model(model, eval_tf, tokenizer, cfg, METHOD_NAMES[cfg.method])
+    records += evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
     results = {"config": vars(cfg), "summary": summary, "records": records}
     common.write_results(cfg.out, results, cfg)
     if show:
-        print(evaluation.m2mix_table1(records))
+        print(table(records, cfg.backbone))
     return results
+
+
+def tower_settings(cfg: M2MixConfig) -> dict:
+    """common.load_model's settings of a towers backbone (towers.load); none for CLIP."""
+    if not towers.known(cfg.backbone):
+        return {}
+    if cfg.tower_dim < 0:
+        raise common.UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 (0: the spec's)")
+    if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
+        raise common.UsageError("--export is not for towers: model.pt, its sidecar and model-text/ load as they are")
+    return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
+                embed_dim=cfg.tower_dim, pool=cfg.text_pool)
 
 
 # =============================================================================
@@ -411,23 +447,37 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
 METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}  # Table 1's rows
 
 
+def method_name(cfg) -> str:
+    """Table 1's / 3's row: FT, m2-Mix, m3-Mix; FT(tau=0.05) at a fixed temperature other than the paper's 0.01."""
+    return METHOD_NAMES[cfg.method] + (f"(tau={cfg.base_tau:g})" if cfg.base_tau not in (0, 0.01) else "")
+
+
+def table(records, backbone: str) -> str:
+    """Table 1 for CLIP; Table 3 with Table 5's SIMAT column for the uni-modal towers."""
+    if towers.known(backbone):
+        return evaluation.m2mix_table1(records, evaluation.M2MIX_TABLE3, evaluation.M2MIX_TABLE3_METRICS)
+    return evaluation.m2mix_table1(records)
+
+
 def collect(run_dirs) -> str:
     """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run that has it)."""
-    records, seen = [], set()
+    records, seen, backbone = [], set(), ""
     for d in run_dirs:
-        for r in json.loads((Path(d) / "results.json").read_text())["records"]:
+        results = json.loads((Path(d) / "results.json").read_text())
+        backbone = backbone or results.get("config", {}).get("backbone", "")
+        for r in results["records"]:
             key = (r["task"], r["model"], r["metric"])
             if key not in seen:
                 seen.add(key)
                 records.append(r)
-    return evaluation.m2mix_table1(records)
+    return table(records, backbone)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/m2mix.py)
-        from lab.demos import m2mix as demo
-        return demo.main(argv)
+    if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, seeds, claims
+        from lab.demos import m2mix as demo, towers as unimodal
+        return (demo if "--demo" in argv else unimodal).main(argv)
     cfg = common.parse_config(M2MixConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab registers its world
         import lab  # noqa: F401

@@ -148,11 +148,12 @@ def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model")
 
 
 def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,
-                figure: Callable[[Path], Path], **extra) -> dict:
+                figure: Callable[[Path], Path], base_name: str | None = "CLIP", **extra) -> dict:
     """Prints a demo's mean ± std table and claims table, draws its figure and
-    writes out/results.json with every seed's numbers; returns the record."""
+    writes out/results.json with every seed's numbers; returns the record.
+    base_name None: no row of its own for `base` (a demo whose start differs per seed keeps it in runs)."""
     out = Path(out)
-    table = mean_std_table({"CLIP": [base], **runs}, columns)
+    table = mean_std_table({**({base_name: [base]} if base_name else {}), **runs}, columns)
     fig = figure(out)
     wall = time.time() - t0
     print(f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n"

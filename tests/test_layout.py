@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns")
-PROJECT = {"common", "eval", "export", "flags", "runfolder", "shards", "vlcl", "lab", "benchmarks", *METHODS}
+PROJECT = {"common", "eval", "export", "flags", "runfolder", "shards", "towers", "vlcl", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
 # tightening pass (docs/dns.md, "File size"); the bound keeps it from growing
@@ -19,7 +19,9 @@ PROJECT = {"common", "eval", "export", "flags", "runfolder", "shards", "vlcl", "
 # (the target, 650, is missed by 36 lines)
 # Issue 26 raised each by 10: the settings now come before the method's imports, with the two lines that answer
 # --help and flag errors before torch loads (flags.answer_early), and base.json keeps the evaluation before training
-TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (460, 90, 160), "cclip": (460, 90, 160),
+# Issue 30 raised m2mix.py's by 40 (its first function by 10) for --backbone bert-resnet50 (Sec. 5.4): its six flags,
+# deviations T1-T6 and Table 3
+TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (500, 90, 170), "cclip": (460, 90, 160),
            "dns": (700, 90, 160)}
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
 # used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,880 in issues
@@ -42,8 +44,10 @@ TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (460, 
 # common.py into runfolder.py (-220); common.py +125 for exact gradient accumulation (common.Method's two parts,
 # accumulated_backward, average_gradients, split_batch) and the shard loader's hook; shards.py is new (webdataset)
 # Issue 29: vlcl.py (C-CLIP's benchmark from its public sources) is new
-SHARED_LINES = {"common": 2175, "eval": 1870, "flags": 200, "export": 200, "runfolder": 240, "shards": 260,
-                "vlcl": 420}
+# Issue 30: towers.py (uni-modal towers as open_clip models) is new; eval.py +10 for m2-Mix's Table 3 and Table 5's
+# BERT + ResNet-50 column
+SHARED_LINES = {"common": 2175, "eval": 1880, "flags": 200, "export": 200, "runfolder": 240, "shards": 260,
+                "towers": 245, "vlcl": 420}
 
 
 def _imports(path: Path):
@@ -65,9 +69,12 @@ def _imports(path: Path):
 
 
 def test_common_imports_no_project_module_but_flags():
-    """common.py imports the settings (flags) and its own two parts in modules of their own (the run folder;
-    shards, when --train-data names them), never a method file, eval.py or the lab."""
-    assert sorted({m for m, _, _ in _imports(ROOT / "common.py")}) == ["flags", "runfolder", "shards"]
+    """common.py imports the settings (flags) and its own parts in modules of their own (the run folder;
+    shards, when --train-data names them; towers, for a backbone of uni-modal towers), never a method file,
+    eval.py or the lab."""
+    assert sorted({m for m, _, _ in _imports(ROOT / "common.py")}) == ["flags", "runfolder", "shards", "towers"]
+    assert {m for m, _, func in _imports(ROOT / "common.py") if m == "towers" and func is None} == set()
+    assert {m for m, _, func in _imports(ROOT / "towers.py") if func is None} == {"common"}
     assert {m for m, _, func in _imports(ROOT / "shards.py") if func is None} == {"common"}
     assert {m for m, _, func in _imports(ROOT / "runfolder.py") if func is None} == {"common"}
 
@@ -98,7 +105,8 @@ def test_method_files_import_only_common_and_eval(method):
         top = module.split(".")[0]
         if func is None:
             # a method built on another method's function imports just that function
-            assert top in ("common", "eval", "flags") or (top in METHODS and names and "*" not in names), module
+            assert top in ("common", "eval", "flags", "towers") or (top in METHODS and names and "*" not in names), \
+                module
         else:  # main() dispatches to the lab (its demo, the synthetic world) with a lazy import
             assert func == "main" and top == "lab", (method, module, func)
 
@@ -117,7 +125,7 @@ def test_method_files_meet_the_size_targets(method):
     assert first <= first_max, first
 
 
-@pytest.mark.parametrize("name", ["common", "eval", "flags", "export", "runfolder", "shards", "vlcl"])
+@pytest.mark.parametrize("name", ["common", "eval", "flags", "export", "runfolder", "shards", "towers", "vlcl"])
 def test_shared_modules_do_not_grow(name):
     assert len((ROOT / f"{name}.py").read_text().splitlines()) <= SHARED_LINES[name]
 

@@ -143,6 +143,21 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     return lab.save_figure(fig, path)
 
 
+def fine_tune(cfg, method: str, seed: int, out: Path, manifest, load, measure, tag: str = "m2mix demo") -> dict:
+    """One method on one seed from load()'s fresh model: measure()'s numbers, the seed and the training time
+    (the run folder is scratch: no weights kept)."""
+    vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(out / f"{method}-seed{seed}"),
+                               train_data=str(manifest))
+    with lab.scratch_run(vcfg.out):
+        model, train_tf, preprocess, tokenizer = load()
+        summary = common.train(vcfg, m2mix.M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
+                               common.Collate(tokenizer), export=False)
+        found = {**measure(model, preprocess, tokenizer, cfg.data_root), "seed": seed,
+                 "train_seconds": summary["train_seconds"]}
+    print(f"[{tag}] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
+    return found
+
+
 def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     """CLIP, FT, m2-Mix and m3-Mix: each method fine-tuned from the same
     pretrained weights once per seed in lab.seeds() (same seed, same data order
@@ -154,15 +169,9 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     runs = {m2mix.METHOD_NAMES[m]: [] for m in DEMO_METHODS}
     for seed in lab.seeds():
         for method in DEMO_METHODS:
-            vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(out / f"{method}-seed{seed}"),
-                                       train_data=str(manifest))
-            with lab.scratch_run(vcfg.out):
-                model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
-                summary = common.train(vcfg, m2mix.M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
-                                       common.Collate(tokenizer), export=False)
-                runs[m2mix.METHOD_NAMES[method]].append({**demo_measure(model, preprocess, tokenizer, cfg.data_root),
-                                                         "seed": seed, "train_seconds": summary["train_seconds"]})
-            print(f"[m2mix demo] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
+            runs[m2mix.METHOD_NAMES[method]].append(fine_tune(
+                cfg, method, seed, out, manifest, lambda: common.load_model(cfg.backbone, cfg.pretrained),
+                demo_measure))
     head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights m2 / uni / VL {cfg.m2_weight:g} / {cfg.uni_weight:g} / "
             f"{cfg.vl_weight:g} (demo settings, not the paper's). Task: long captions (truncated at 24 tokens); "
