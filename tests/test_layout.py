@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns")
+METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc")
 PROJECT = {"common", "eval", "export", "flags", "runfolder", "shards", "towers", "vlcl", "lab", "benchmarks", *METHODS}
 # (lines, docstring lines, the first loss or module line) at most: the shape issue's targets, except dns.py's
 # length: its target is 650, and the learner with both settings' drivers comes to 665 after the move and a
@@ -22,7 +22,7 @@ PROJECT = {"common", "eval", "export", "flags", "runfolder", "shards", "towers",
 # Issue 30 raised m2mix.py's by 40 (its first function by 10) for --backbone bert-resnet50 (Sec. 5.4): its six flags,
 # deviations T1-T6 and Table 3
 TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (500, 90, 170), "cclip": (460, 90, 160),
-           "dns": (700, 90, 160)}
+           "dns": (700, 90, 160), "gmc": (460, 90, 160)}  # gmc.py: issue 31
 # common.py's target is 1,600 too; it is 1,747 lines after the move and a tightening pass, with every name in it
 # used by two or more files (docs/training.md, "Size"): the bound keeps it from growing. Raised to 1,880 in issues
 # 24-26 for CachedTokenizer, run_continual's first_row, float32 (every loss), --decay-all, train(schedule=),
@@ -45,8 +45,8 @@ TARGETS = {"erclip": (460, 90, 160), "longclip": (460, 90, 160), "m2mix": (500, 
 # accumulated_backward, average_gradients, split_batch) and the shard loader's hook; shards.py is new (webdataset)
 # Issue 29: vlcl.py (C-CLIP's benchmark from its public sources) is new
 # Issue 30: towers.py (uni-modal towers as open_clip models) is new; eval.py +10 for m2-Mix's Table 3 and Table 5's
-# BERT + ResNet-50 column
-SHARED_LINES = {"common": 2175, "eval": 1880, "flags": 200, "export": 200, "runfolder": 240, "shards": 260,
+# BERT + ResNet-50 column; issue 31: +10 for Table 4 (CMU-MOSEI)
+SHARED_LINES = {"common": 2175, "eval": 1890, "flags": 200, "export": 200, "runfolder": 240, "shards": 260,
                 "towers": 245, "vlcl": 420}
 
 

@@ -432,7 +432,7 @@ def test_an_interrupt_before_anything_is_saved_says_so(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- 15. --help before torch loads
-SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "eval", "export", "shards", "vlcl")
+SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "export", "shards", "vlcl")
 _PROBE = """
 import runpy, sys, time
 sys.argv = [sys.argv[1] + ".py", *sys.argv[2:]]

@@ -1,0 +1,168 @@
+"""Tests of gmc.py (m2-Mix Sec. 5.5): GMC's loss and the m2 term against per-sample loops written from their
+definitions, the restricted unpickler, the data checks, and a run on the lab's sentiment fixture that trains,
+resumes exactly and evaluates every subset of observed modalities (Table 4's layout)."""
+import dataclasses
+import json
+import math
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import gmc
+import m2mix
+from lab.sentiment import sentiment_world
+from test_resume import _Payload  # runs code when unpickled
+
+torch.set_num_threads(1)
+SMALL = {"train": 64, "valid": 16, "test": 48}
+
+
+def unit(*shape, seed=0):
+    return F.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed)), dim=-1)
+
+
+def nt_xent_loop(a, b, tau):
+    """Per anchor of x = [a; b]: -log exp(x_i . x_pos(i) / tau) / sum_{k != i} exp(x_i . x_k / tau)."""
+    x, n = torch.cat([a, b]).double(), len(a)
+    out = []
+    for i in range(2 * n):
+        pos = (i + n) % (2 * n)
+        den = sum(math.exp(float(x[i] @ x[k]) / tau) for k in range(2 * n) if k != i)
+        out.append(-math.log(math.exp(float(x[i] @ x[pos]) / tau) / den))
+    return out
+
+
+def test_gmc_loss_is_the_sum_over_modalities_of_nt_xent_with_the_joint():
+    z_j, zs, tau = unit(5, 4, seed=1), [unit(5, 4, seed=s) for s in (2, 3, 4)], 0.3
+    per_anchor = np.sum([nt_xent_loop(z_j, z, tau) for z in zs], 0)  # (2B,): summed over modalities
+    assert gmc.gmc_loss(z_j, zs, tau).item() == pytest.approx(per_anchor.mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("pairs", [[(0, 1), (0, 2), (1, 2)], [(2, 1)]])
+def test_m2_term_puts_the_mixture_against_the_joint_as_positive_and_negatives(pairs):
+    z_j, zs, tau, lam = unit(6, 4, seed=5), [unit(6, 4, seed=s) for s in (6, 7, 8)], 0.3, 0.3
+    want = np.mean([np.mean(nt_xent_loop(m2mix.geodesic_mix(lam, zs[a], zs[b]), z_j, tau)) for a, b in pairs])
+    assert gmc.m2_gmc_loss(z_j, zs, tau, lam, pairs).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_objective_weights_and_the_classification_loss():
+    model = gmc.GMC([5, 4, 3], 6, layers=1)
+    batch = {"text": torch.randn(8, 6, 5), "audio": torch.randn(8, 6, 4), "vision": torch.randn(8, 6, 3),
+             "label": torch.tensor([-2.0, -1, 0, 0.33, 1, 2, 3, -0.33])}
+    ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0), epoch=0, replay=False)
+    model.eval()
+    paper = gmc.GMCNet(model, gmc.GMCConfig(method="gmc"))(batch, ctx)
+    code = gmc.GMCNet(model, gmc.GMCConfig(method="gmc", weights="code", clf="l1"))(batch, ctx)
+    assert set(paper) == {"loss_clf", "loss_gmc"} and code["loss_gmc"].item() == pytest.approx(
+        2 * paper["loss_gmc"].item(), rel=1e-6)
+    pred = model.classify(model.latents([batch[k] for k in gmc.MODALITIES])[1]).squeeze(-1)
+    assert code["loss_clf"].item() == pytest.approx((pred - batch["label"]).abs().mean().item(), rel=1e-5)
+    ce = F.binary_cross_entropy_with_logits(pred, (batch["label"] > 0).float())  # the paper's cross-entropy (G1)
+    assert paper["loss_clf"].item() == pytest.approx(0.5 * ce.item(), rel=1e-5)
+    m2 = gmc.GMCNet(model, gmc.GMCConfig(method="gmc-m2", m2_weight=0.5))(batch, ctx)
+    assert m2["loss_m2"].item() > 0
+
+
+def test_partial_observation_is_the_mean_of_the_observed_latents():
+    model = gmc.GMC([5, 4, 3], 6, layers=1).eval()
+    xs = [torch.randn(4, 6, 5), torch.randn(4, 6, 4), torch.randn(4, 6, 3)]
+    with torch.no_grad():
+        zs, z_j = model.latents(xs)
+        assert torch.allclose(model.observe(xs, (0, 1, 2)), z_j)
+        assert torch.allclose(model.observe(xs, (0, 2)), (zs[0] + zs[2]) / 2)  # not renormalised (G7)
+        assert torch.allclose(model.observe([xs[0], None, None], (0,)), zs[0])
+
+
+# ----------------------------------------------------------------------------- the data
+def test_the_restricted_unpickler_refuses_a_pickle_that_would_run_code(tmp_path):
+    marker = tmp_path / "ran.txt"
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(pickle.dumps({"train": {"text": _Payload(marker)}}))
+    with pytest.raises(common.DataError, match="builtins.exec, which is not a numpy array: refused"):
+        gmc.load_splits(path)
+    assert not marker.exists()
+
+
+def test_the_fixture_loads_its_inf_is_counted_and_npz_reads_the_same(tmp_path):
+    path = sentiment_world(tmp_path, sizes=SMALL, neg_inf=0.01)
+    splits, fixed = gmc.load_splits(path)
+    assert splits["train"]["text"].shape == (64, 8, 16) and splits["test"]["label"].shape == (48,)
+    assert fixed["train/audio"] > 0 and all(torch.isfinite(v).all() for s in splits.values() for v in s.values())
+    with pytest.raises(common.DataError, match="non-finite values"):
+        gmc.load_splits(path, "refuse")
+    npz = gmc.convert(path)
+    again, _ = gmc.load_splits(npz)
+    assert all(torch.equal(again[s][k], splits[s][k]) for s in splits for k in splits[s])
+
+
+def test_a_file_in_another_layout_stops_with_one_message_naming_it(tmp_path):
+    path = tmp_path / "bad.pkl"
+    arrays = {s: {"text": np.zeros((4, 5, 3)), "audio": np.zeros((4, 5, 2)), "vision": np.zeros((4, 6, 2)),
+                  "labels": np.zeros((4, 1, 1))} for s in ("train", "valid", "test")}
+    path.write_bytes(pickle.dumps(arrays))
+    with pytest.raises(common.DataError, match="train's modalities have \\[5, 6\\] steps"):
+        gmc.load_splits(path)
+    path.write_bytes(pickle.dumps({"train": {}}))
+    with pytest.raises(common.DataError, match="train/text"):
+        gmc.load_splits(path)
+    with pytest.raises(common.UsageError, match="no such file"):
+        gmc.main(["--data", str(tmp_path / "missing.pkl")])
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_a_run_trains_resumes_exactly_and_evaluates_every_subset(tmp_path, capsys):
+    data = sentiment_world(tmp_path, sizes=SMALL)
+    base = ["--data", str(data), "--layers", "1", "--batch-size", "16", "--steps", "6", "--device", "cpu",
+            "--precision", "fp32", "--workers", "0", "--log-every", "1", "--method", "gmc-m2"]
+    straight = gmc.main(base + ["--out", str(tmp_path / "a"), "--save-every", "0"])
+    test = straight["results"][0]["test"]
+    assert set(test) == {f"{s} {m}" for s in gmc.SUBSETS for m in ("acc", "align", "unif")} - {"Full align"}
+    assert "| GMC+m2-Mix (ours, 1 seed) |" in straight["table"] and "| GMC (paper) | 80.1 |" in straight["table"]
+    log = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss_clf", "loss_gmc", "loss_m2"} <= set(log[-1])
+    cut = gmc.main(base + ["--out", str(tmp_path / "b"), "--save-every", "3", "--stop-at", "3"])
+    assert cut[0]["summary"]["stopped_at"] == 3
+    gmc.main(base + ["--out", str(tmp_path / "b"), "--save-every", "3", "--resume", "latest"])
+    a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in ("a", "b"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_seeds_give_mean_and_std_and_a_results_file(tmp_path):
+    data = sentiment_world(tmp_path, sizes=SMALL)
+    res = gmc.main(["--data", str(data), "--layers", "1", "--batch-size", "16", "--steps", "2", "--device", "cpu",
+                    "--workers", "0", "--method", "gmc", "--seeds", "3,4", "--out", str(tmp_path / "s")])
+    assert sorted(res["results"]) == [3, 4] and (tmp_path / "s" / "seed4" / "model.pt").exists()
+    saved = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert saved["seeds"] == [3, 4] and "±" in saved["table"]
+
+
+def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):
+    import lab.demos.gmc as demo
+    monkeypatch.setattr(demo, "sentiment_world", lambda out: sentiment_world(out, sizes=SMALL))
+    out = tmp_path / "demo"
+    gmc.main(["--demo", "--steps", "2", "--data-root", str(tmp_path / "data"), "--out", str(out)])
+    saved = check_demo_results(out, "gmc-demo.png", ("GMC", "GMC+m2-Mix"), min_claims=6)
+    assert "GMC+m2-Mix (paper)" in saved["table4"]
+
+
+def test_table4_published_numbers_are_the_papers():
+    t = gmc.evaluation.M2MIX_TABLE4
+    assert t["GMC"]["T acc"] == 78.5 and t["GMC+m2-Mix"]["V+A unif"] == 3.10 and t["MulT"]["T align"] is None
+    assert dataclasses.fields(gmc.GMCConfig)  # the settings parse without torch (flags.answer_early)
+
+
+def test_the_committed_demo_is_the_one_its_docs_print():
+    from pathlib import Path
+
+    import lab
+    from lab import report
+    root = Path(gmc.__file__).parent
+    saved = json.loads((root / "docs" / "gmc-demo-results.json").read_text())
+    assert saved["seeds"] == list(lab.SEEDS) and saved["config"]["steps"] == 200
+    assert lab.claims_table(saved["claims"]) in (root / "docs" / "gmc.md").read_text()
+    assert report.claims_lines(root / "docs" / "gmc-demo-results.json") in (root / "README.md").read_text()
