@@ -1480,8 +1480,8 @@ PUBLISHED = {
     "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
                               for metric, v in models["ZS"].items()},
                            ("simat", "simat"): M2MIX_SIMAT_ZS},
-              "bert-resnet50": {("flickr30k-1cap", m): v for m, v in M2MIX_TABLE3["flickr30k-1cap"]["ZS"].items()
-                                if m != "simat"} | {("simat", "simat"): 6.1}},
+              "bert-resnet50": {("simat" if m == "simat" else "flickr30k-1cap", m): v
+                                for m, v in M2MIX_TABLE3["flickr30k-1cap"]["ZS"].items()}},
     "cclip": {"ViT-B/16": {("imagenet", "top1"): 67.73}},  # C-CLIP (ICLR 2025) Sec. 5: pretrained, zero-shot ImageNet
     "clip": {  # OpenAI weights, standard protocols: the result tables of open_clip and CLIP_benchmark
         #        (github.com/mlfoundations/open_clip, github.com/LAION-AI/CLIP_benchmark)

@@ -116,6 +116,7 @@ def nt_xent(a, b, tau: float):
 def gmc_loss(z_joint, zs, tau: float):
     """GMC: L_gmc = mean over the 2B anchors of sum_m NT-Xent(z_J, z_m), m = text, audio, vision (GMC's code,
     super_gmc_loss; equation not numbered here: GMC's paper text is not in this repository's sources)."""
+    # GMC's contrastive loss: sum over m of NT-Xent(z_J, z_m), mean over the 2B anchors
     return torch.stack([nt_xent(z_joint, z, tau) for z in zs]).sum(0).mean()
 
 
@@ -123,6 +124,7 @@ def gmc_loss(z_joint, zs, tau: float):
 def m2_gmc_loss(z_joint, zs, tau: float, lam: float, pairs):
     """Sec. 5.5: L_m2 = mean over `pairs` (a, b) of mean_anchors NT-Xent(mix_lam(z_a, z_b), z_J) (Eq. 3's mix;
     the mixture as positive of its own joint and negatives of every other row, G3-G4)."""
+    # Sec. 5.5 with Eq. (3)'s geodesic mix: NT-Xent(mix_lam(z_a, z_b), z_J), averaged over the pairs
     return torch.stack([nt_xent(geodesic_mix(lam, zs[a], zs[b]), z_joint, tau).mean() for a, b in pairs]).mean()
 
 
@@ -363,7 +365,8 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     z_joint = torch.cat([model.observe([x[i:i + batch] for x in xs], (0, 1, 2)) for i in chunks]).float().cpu()
     out, keep = {}, y != 0
     for name, observed in SUBSETS.items():
-        z = torch.cat([model.observe([x[i:i + batch] for x in xs], observed) for i in chunks]).float().cpu()
+        z = z_joint if name == "Full" else torch.cat([model.observe([x[i:i + batch] for x in xs], observed)
+                                                      for i in chunks]).float().cpu()
         pred = model.classify(z.to(device)).squeeze(-1).float().cpu()
         out[f"{name} acc"] = 100 * ((pred[keep] > 0) == (y[keep] > 0)).float().mean().item()
         g = evaluation.geometry(F.normalize(z, dim=-1), z_joint)

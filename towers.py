@@ -70,10 +70,6 @@ def known(backbone: str) -> bool:
     return backbone in SPECS
 
 
-def _hf_cache(cache_dir: str = "") -> str | None:
-    return cache_dir or None  # None: huggingface_hub's own default (HF_HUB_CACHE / HF_HOME)
-
-
 def find_text(spec: Towers, text_weights: str = "", cache_dir: str = "") -> tuple[Path | None, list[str]]:
     """(the text tower's folder or None, the places looked at)."""
     from huggingface_hub import snapshot_download
@@ -88,7 +84,7 @@ def find_text(spec: Towers, text_weights: str = "", cache_dir: str = "") -> tupl
     for repo in spec.text_repos:
         looked.append(f"{repo} in the Hugging Face cache ({cache_dir or 'HF_HUB_CACHE / HF_HOME default'})")
         try:
-            d = Path(snapshot_download(repo, cache_dir=_hf_cache(cache_dir), local_files_only=True))
+            d = Path(snapshot_download(repo, cache_dir=cache_dir or None, local_files_only=True))
         except Exception:  # noqa: BLE001  not cached (huggingface_hub raises several kinds)
             continue
         if (d / "config.json").is_file():
@@ -111,7 +107,7 @@ def find_image(spec: Towers, image_weights: str = "", cache_dir: str = "") -> tu
     for repo in spec.image_repos:
         looked.append(f"{repo} in the Hugging Face cache")
         for name in ("model.safetensors", "pytorch_model.bin"):
-            p = try_to_load_from_cache(repo, name, cache_dir=_hf_cache(cache_dir))
+            p = try_to_load_from_cache(repo, name, cache_dir=cache_dir or None)
             if isinstance(p, str):
                 return Path(p), looked
     return None, looked

@@ -20,8 +20,8 @@ import torch
 
 import common
 import eval as evaluation
-from lab.world import (IMAGE_SIZE, PRETRAIN, SPLITS, TASK_DOMAINS, finetune_classes, label_sets, render,
-                       synthetic_manifest, world_fingerprint, world_split)
+from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, render, synthetic_manifest,
+                       world_fingerprint, world_split, world_texts)
 
 # =============================================================================
 # 3. The tiny backbone
@@ -71,10 +71,7 @@ def world_token_ids() -> list[int]:
     so a text's tokens are those of its words: the words of every template and
     of 300 scenes of every domain cover them (a test checks fresh captions)."""
     tok = open_clip.SimpleTokenizer()  # encode(): no context cut (Long-CLIP stretches the window)
-    texts = [t.format(c) for classes, templates, _ in label_sets().values() for t in templates for c in classes]
-    for domain, _, seed in [*SPLITS.values(), (PRETRAIN, 0, 100)]:
-        texts += [x for sc in world_split(domain, 300, seed) for x in (sc["caption"], sc["long_caption"])]
-    return sorted({i for t in texts for i in tok.encode(t)} | {tok.sot_token_id, tok.eot_token_id})
+    return sorted({i for t in world_texts() for i in tok.encode(t)} | {tok.sot_token_id, tok.eot_token_id})
 
 
 def _token_init(seed: int, shape) -> torch.Tensor:

@@ -26,8 +26,8 @@ from timm.models.resnet import BasicBlock, ResNet
 
 import common
 import towers
-from lab.world import (BACKGROUNDS, COLORS, IMAGE_SIZE, PRETRAIN, SHAPES, SPLITS, label_sets, render, world_fingerprint,
-                       world_split)
+from lab.world import (BACKGROUNDS, COLORS, IMAGE_SIZE, PRETRAIN, SHAPES, render, world_fingerprint, world_split,
+                       world_texts)
 
 # Sizes: the tiny CLIP's order (lab/tiny.py): 32 px images, a 128-wide text encoder; heads to 256 as the code's.
 TEXT_CFG = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
@@ -59,14 +59,6 @@ def shipped_dir() -> Path:
 SPEC = towers.Towers(image="lab_resnet", image_size=IMAGE_SIZE, context_length=32, embed_dim=256,  # the code's
                      text_dirs=(shipped_dir() / "text",), image_files=(shipped_dir() / "image.safetensors",))
 towers.SPECS["lab-towers"] = SPEC
-
-
-def world_texts() -> list[str]:
-    """Every kind of text the world writes: prompts, short and long captions of every split and of pretraining."""
-    texts = [t.format(c) for classes, templates, _ in label_sets().values() for t in templates for c in classes]
-    for domain, _, seed in [*SPLITS.values(), (PRETRAIN, 0, 100)]:
-        texts += [x for sc in world_split(domain, 300, seed) for x in (sc["caption"], sc["long_caption"])]
-    return texts
 
 
 def write_vocabulary(folder: Path) -> Path:

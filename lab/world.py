@@ -280,6 +280,15 @@ def world_split(domain: Domain, n: int, seed: int) -> list[dict]:
     return [scene(rng, domain) for _ in range(n)]
 
 
+def world_texts() -> list[str]:
+    """Every kind of text the world writes: the prompts of every label set, the short and long captions of 300
+    scenes of every split and of pretraining (the tiny CLIP's token rows, the towers' WordPiece vocabulary)."""
+    texts = [t.format(c) for classes, templates, _ in label_sets().values() for t in templates for c in classes]
+    for domain, _, seed in [*SPLITS.values(), (PRETRAIN, 0, 100)]:
+        texts += [x for sc in world_split(domain, 300, seed) for x in (sc["caption"], sc["long_caption"])]
+    return texts
+
+
 @functools.cache
 def world_fingerprint() -> str:
     """A digest of what the world draws: the texts and labels of the first scenes

@@ -118,8 +118,7 @@ def run_demo(cfg: gmc.GMCConfig) -> dict:
             "A acc"]
     lab.report_demo(out, head, {}, runs, found, cols, t0, lambda o: figure(
         runs, o / "gmc-demo.png", f"python gmc.py --demo; seeds {list(lab.seeds())}; error bars: std over seeds; "
-        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=gmc.table4(
-            {name: ms for name, ms in runs.items()}))
+        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=gmc.table4(runs))
     return {"per_seed": runs, "claims": found}
 
 

@@ -106,7 +106,8 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     manifest = lab.synthetic_manifest("train", cfg.data_root)  # the fine-tuning pool, one caption per image
     runs = {"ZS": [], **{m2mix.METHOD_NAMES[m]: [] for m in DEMO_METHODS}}
     for seed in lab.seeds():
-        runs["ZS"].append({**measure(*_unpack(load(cfg, seed)), cfg.data_root), "seed": seed})
+        model, _, preprocess, tokenizer = load(cfg, seed)
+        runs["ZS"].append({**measure(model, preprocess, tokenizer, cfg.data_root), "seed": seed})
         for method in DEMO_METHODS:
             runs[m2mix.METHOD_NAMES[method]].append(demo.fine_tune(
                 cfg, method, seed, out, manifest, lambda: load(cfg, seed), measure, "m2mix unimodal demo"))
@@ -118,11 +119,6 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
         runs, o / "m2mix-unimodal-demo.png", f"python m2mix.py --demo-unimodal; seeds {list(lab.seeds())}; error "
         f"bars: std over seeds; dots: seeds"), base_name=None, config=dataclasses.asdict(cfg))
     return {"per_seed": runs, "claims": found}
-
-
-def _unpack(loaded):
-    model, _, preprocess, tokenizer = loaded
-    return model, preprocess, tokenizer
 
 
 def main(argv=None):
