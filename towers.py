@@ -124,6 +124,32 @@ def model_config(spec: Towers, text_dir, pretrained_text: bool) -> dict:
                          "hf_pooler_type": spec.pooler, "context_length": spec.context_length}}
 
 
+def refuse_remote_code(folder) -> None:
+    """Stops, with one message, before transformers reads a folder that asks to run its own Python: an
+    `auto_map` in config.json or tokenizer_config.json, or a config.json without a `model_type` that
+    transformers ships. open_clip's HF text tower calls AutoConfig / AutoModel / AutoTokenizer without
+    trust_remote_code, so transformers would ask "run the custom code? [y/N]" on a terminal (and run it on
+    `y`), or trace back without one. Nothing in this repository ever runs a model folder's code."""
+    from transformers import CONFIG_MAPPING
+    folder = Path(folder)
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            meta = json.loads((folder / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise RunError(f"{folder / name}: not readable as JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise RunError(f"{folder / name}: holds a {type(meta).__name__}, not a JSON object")
+        if "auto_map" in meta:
+            raise RunError(f"{folder / name} asks to run Python code from its folder (auto_map: "
+                           f"{sorted(meta['auto_map']) if isinstance(meta['auto_map'], dict) else meta['auto_map']}"
+                           f"): refused; a text tower must be a model type transformers ships (bert, roberta, ...)")
+        if name == "config.json" and meta.get("model_type") not in CONFIG_MAPPING:
+            raise RunError(f"{folder / name}: model_type {meta.get('model_type')!r} is not one transformers "
+                           f"ships: refused (a folder of another kind would need its own code to run)")
+
+
 def _register(name: str, cfg: dict):
     path = common.CACHE_DIR / "configs" / f"{name}.json"
     common.atomic_write(path, json.dumps(cfg, indent=1))
@@ -210,6 +236,7 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
                            f"{'; '.join(looked)}. Pass --image-weights FILE (a torchvision or timm state_dict); "
                            f"--random-init trains random towers (smoke runs only)")
         cfg, norm = model_config(spec, text_dir, pretrained_text=pretrained != "random"), (spec.mean, spec.std)
+    refuse_remote_code(text_dir)  # before open_clip hands the folder to transformers (issue 41.0)
     _register(name, cfg)
     with _quiet_transformers(), _seeded(seed):
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(
@@ -233,7 +260,7 @@ def sidecar(model, path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     common.text_tower(model).config.save_pretrained(folder)
     with _quiet_transformers():
-        AutoTokenizer.from_pretrained(t["text_dir"]).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(t["text_dir"], trust_remote_code=False).save_pretrained(folder)
     cfg = json.loads(json.dumps(t["model_cfg"]))
     cfg["text_cfg"].update(hf_model_name=folder.name, hf_tokenizer_name=folder.name)
     return {"backbone": t["backbone"], "model_cfg": cfg, "text_dir": folder.name}

@@ -285,3 +285,43 @@ def test_the_committed_unimodal_demo_is_the_one_its_docs_print():
     assert lab.claims_table(saved["claims"]) in text
     readme = (Path(m2mix.__file__).parent / "README.md").read_text()
     assert report.claims_lines(path) in readme
+
+
+def _plant_remote_code(folder: Path, marker: Path, drop_model_type: bool):
+    """A model folder whose config.json asks transformers to run the folder's own Python (issue 41.0): the
+    payload would create `marker`."""
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                    "from transformers import BertConfig as EvilConfig, BertModel as EvilModel\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}
+    if drop_model_type:
+        cfg.pop("model_type")
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("drop_model_type", [True, False])
+def test_a_text_folder_that_asks_to_run_its_code_is_refused_through_text_weights(tmp_path, drop_model_type):
+    folder, marker = write_bert(tmp_path / "bert"), tmp_path / "marker"
+    _plant_remote_code(folder, marker, drop_model_type)
+    with pytest.raises(common.RunError, match=r"config\.json asks to run Python code from its folder.*refused"):
+        m2mix.main(run_args(tmp_path, "--text-weights", str(folder), "--random-init", "--method", "ft"))
+    assert not marker.exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_saved_run_whose_text_folder_asks_to_run_code_is_refused(small_towers, tmp_path):
+    model = common.load_model(small_towers)[0]
+    common.save_model(model, tmp_path / "run" / "model.pt", small_towers)
+    marker = tmp_path / "marker"
+    common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))  # the untouched folder loads
+    _plant_remote_code(tmp_path / "run" / "model-text", marker, drop_model_type=True)
+    with pytest.raises(common.RunError, match=r"model-text/config\.json asks to run Python code"):
+        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+    (tmp_path / "run" / "model-text" / "config.json").write_text('{"model_type": "evil-net"}')
+    with pytest.raises(common.RunError, match=r"model_type 'evil-net' is not one transformers ships"):
+        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+    tok = tmp_path / "run" / "model-text" / "tokenizer_config.json"
+    (tmp_path / "run" / "model-text" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    tok.write_text(json.dumps({**json.loads(tok.read_text()), "auto_map": {"AutoTokenizer": ["evil.T", None]}}))
+    with pytest.raises(common.RunError, match=r"tokenizer_config\.json asks to run Python code"):
+        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+    assert not marker.exists()
