@@ -53,7 +53,7 @@ clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each
      lr: --schedule research --projector-lr image. 14. Decay on every parameter (research code): --decay-all.
 
 Commands (the paper's 8 tasks as data/vlcl/<name>/{train,test}.jsonl, the unseen set data/vlcl/havg/test.jsonl)
-  python vlcl.py [--source research|koyoimai]                        # builds them from their public sources
+  python -m plumbing.vlcl [--source research|koyoimai]                        # builds them from their public sources
   python cclip.py --tasks vlcl --out runs/cclip                       # one GPU
   torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip  # global batch split, features gathered
   python cclip.py --tasks vlcl --out runs/cclip --resume latest       # continue (at a task boundary or mid-task)
@@ -72,7 +72,7 @@ import math
 import sys
 from pathlib import Path
 
-import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 
 # =============================================================================
@@ -440,7 +440,7 @@ def main(argv=None):
         import lab  # noqa: F401
     needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
     cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python vlcl.py builds them)")
+                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python -m plumbing.vlcl builds them)")
     common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
     try:
         summary = run(cfg)

@@ -54,7 +54,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from flags import (CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, UsageError, arg, checked, parse_config,  # section 1
+from plumbing.flags import (CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, UsageError, arg, checked, parse_config,  # section 1
                    world_size)
 
 _REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config)  # common.Config, common.arg, ...
@@ -337,7 +337,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once.
     A dual encoder of uni-modal towers (towers.SPECS, or a file saved from one) is built by towers.load, with
     towers_kw (text_weights, image_weights, seed)."""
-    import towers  # it imports this module
+    from plumbing import towers  # it imports this module
     if towers.known(backbone) or os.path.isfile(pretrained) and "towers" in read_sidecar(pretrained):
         return towers.load(backbone, pretrained, device=device, cache_dir=cache_dir, **towers_kw)
     name = resolve_backbone(backbone)
@@ -537,7 +537,7 @@ def save_model(model, path, backbone: str, source: str = ""):
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
     if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
-        import towers
+        from plumbing import towers
         meta["towers"] = towers.sidecar(model, path)
     atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
     if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
@@ -885,7 +885,7 @@ def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
     training is replaced by the next good row and counted in results.json). Tar shards ('DIR/{00000..00099}.tar'):
     shards.ShardSet, --train-num-samples samples an epoch."""
     if is_shards(path):
-        import shards
+        from plumbing import shards
         return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
                                readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
@@ -2110,7 +2110,7 @@ def progress_line(out: Path, rec: dict, total: int) -> str:
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")
 
 
-import runfolder  # noqa: E402  the run folder; it imports this module, so last, when every name above exists
+from plumbing import runfolder  # noqa: E402  the run folder; it imports this module, so last, when every name above exists
 
 
 def __getattr__(name):  # common.start_run, common.LOCK, ...: the run folder's names, from runfolder.py

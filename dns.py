@@ -75,7 +75,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 
 # =============================================================================

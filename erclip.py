@@ -85,7 +85,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 
 # =============================================================================

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import flags
+from plumbing import flags
 
 
 # =============================================================================

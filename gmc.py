@@ -56,8 +56,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import flags
-from flags import arg
+from plumbing import flags
+from plumbing.flags import arg
 
 MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
 SUBSETS = {"Full": (0, 1, 2), "T": (0,), "V": (2,), "A": (1,), "T+V": (0, 2), "T+A": (0, 1), "V+A": (2, 1)}

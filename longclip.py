@@ -71,7 +71,7 @@ import math
 import sys
 from pathlib import Path
 
-import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
 
 LN_100 = math.log(100.0)
 

@@ -79,8 +79,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import flags  # torch-free: the settings and their parser (--help answers before torch loads)
-from flags import arg
+from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing.flags import arg
 
 
 # =============================================================================
@@ -160,7 +160,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-import towers
+from plumbing import towers
 
 
 # =============================================================================

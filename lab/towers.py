@@ -25,7 +25,7 @@ from timm.models import register_model
 from timm.models.resnet import BasicBlock, ResNet
 
 import common
-import towers
+from plumbing import towers
 from lab.world import (BACKGROUNDS, COLORS, IMAGE_SIZE, PRETRAIN, SHAPES, render, world_fingerprint, world_split,
                        world_texts)
 

@@ -13,8 +13,8 @@ import torch
 
 import common
 import eval as evaluation
-import export
-import flags
+from plumbing import export
+from plumbing import flags
 import lab
 
 REPO = Path(__file__).resolve().parents[1]

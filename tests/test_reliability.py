@@ -432,13 +432,15 @@ def test_an_interrupt_before_anything_is_saved_says_so(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- 15. --help before torch loads
-SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "export", "shards", "vlcl")
+SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "plumbing.export", "plumbing.shards",
+           "plumbing.vlcl")
 _PROBE = """
 import runpy, sys, time
-sys.argv = [sys.argv[1] + ".py", *sys.argv[2:]]
+name, sys.argv = sys.argv[1], [sys.argv[1] + ".py", *sys.argv[2:]]
 t0, code = time.time(), 0
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
+try:  # python erclip.py ... / python -m plumbing.export ...
+    runpy.run_module(name, run_name="__main__", alter_sys=True) if "." in name else runpy.run_path(sys.argv[0],
+                                                                                                  run_name="__main__")
 except SystemExit as e:
     code = e.code
 print("\\nPROBE", code, "torch" in sys.modules, "open_clip" in sys.modules, round(time.time() - t0, 3))

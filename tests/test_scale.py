@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-import flags
+from plumbing import flags
 import lab
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 
 import common
 import lab
-import shards
+from plumbing import shards
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
-import towers
+from plumbing import towers
 
 torch.set_num_threads(1)
 WORDS = ("a an the of at on next to with picture photo large small circle square triangle diamond cross ring bar "

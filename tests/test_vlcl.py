@@ -10,7 +10,7 @@ from PIL import Image
 import cclip
 import common
 import datasets
-import vlcl
+from plumbing import vlcl
 
 
 def _png(path, i):

@@ -1,7 +1,7 @@
 """webdataset shards: training on them (each process reads its own shards; a resumed run continues exactly where
 it stopped, by shard and offset) and writing them from a manifest.
 
-    python shards.py MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., and OUT_DIR/sizes.json
+    python -m plumbing.shards MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., and OUT_DIR/sizes.json
     python erclip.py --train-data 'OUT_DIR/{00000..00011}.tar' ...
 
 A shard holds, per sample, `<key>.jpg` (or .png / .webp: the image file's bytes as they are), `<key>.txt` (the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 
 def command_line(argv=None) -> argparse.Namespace:
-    """python shards.py's settings (standard library only: --help and flag errors answer before torch loads)."""
+    """python -m plumbing.shards's settings (standard library only: --help and flag errors answer before torch loads)."""
     p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
                                 allow_abbrev=False)
     p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")
@@ -120,7 +120,7 @@ class ShardSet:
         if len(self.shards) < readers:
             raise common.UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
                                     f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
-                                    f"more, smaller shards (python shards.py --per-shard)")
+                                    f"more, smaller shards (python -m plumbing.shards --per-shard)")
         self.sizes = shard_sizes(self.shards)
         self.num_samples = num_samples or sum(self.sizes)
         self.skipped = []  # no row check: see the module's docstring
