@@ -1,45 +1,37 @@
-"""Shared plumbing for the method files: models, data, the AMP/DDP training loop, checkpoints, the
-continual-task driver and the shared metrics. Nothing here is specific to one paper; each method file holds
-only what differs from plain CLIP fine-tuning. The lab package plugs the synthetic world and the tiny backbone
-in through LAB_HOOKS; this module imports no project module but flags.py (section 1, torch-free, so that --help
-answers before torch loads; re-exported here: common.Config, common.arg, common.parse_config). Not run directly.
+"""What two or more method files share: the CLIP math (contrastive loss, trimmed text encoding, retrieval and
+zero-shot metrics), loading models (OpenAI names, open_clip tags, local files, uni-modal towers), the training
+data (manifests, samplers, seeded samples), DDP, the one AMP training loop (AdamW groups, warm-up + cosine,
+fp16 grad scaling, clipping, the logit-scale clamp, exact gradient accumulation, checkpoints, exact resume)
+and the continual-task driver. Nothing here is specific to one paper. Not run directly.
+
+It stands on the plumbing package (plumbing/: errors, settings, the run folder, file reading, manifests,
+towers, shards, the scripts' error handling) and imports nothing above it: no eval.py, method file or lab.
+The lab plugs its tiny backbone and synthetic world in through LAB_HOOKS when it is imported.
 
 Sections, in order:
-  1. config            (flags.py) a dataclass + argparse builder every method extends
-  2. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
+  1. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
                        continual_metrics
-  3. models            load_model (OpenAI names, open_clip tags, local files, the lab's tiny backbone), export
-  4. data              manifest dataset with a validating pre-pass, loaders
-  5. distributed       torchrun detection, feature gathering with gradient
-  6. training loop     AdamW groups, warm-up + cosine, one AMP path, clipping, logit-scale clamp, atomic
-                       checkpoints, exact resume
-  7. continual driver  task sequence, score matrices, resume at boundaries
-  8. runs              cli() (one message per expected failure), preflight, --train-data auto, the --out lock,
-                       --overwrite, --resume's settings check, SIGINT / SIGTERM
+  2. models            load_model, the tokenizer cache, save_model, open_clip's hub layout
+  3. data              the manifest dataset with its validating pre-pass, shards or manifests, loaders
+  4. distributed       torchrun detection, feature gathering with gradient
+  5. training loop     train_step, accumulated_backward, train
+  6. continual driver  task sequence, score matrices, resume at boundaries
+  7. before a run      --train-data auto, the device check, preflight
 """
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
-import errno
 import functools
-import hashlib
-import io
 import json
 import logging
 import math
 import os
-import pickle
 import random
-import re
 import shutil
-import signal
-import socket
 import sys
 import time
 import warnings
-import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +46,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from plumbing.flags import (CACHE_DIR, COUNTS, POSITIVE, UNIT, Config, UsageError, arg, checked, parse_config,  # section 1
-                   world_size)
+# The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
+# names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
+from plumbing import base, manifests, runfolder, shards, towers
+from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable,
+                           warn_once, world_size)
+from plumbing.cli import StopSignals, cli
+from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
+from plumbing.loading import (_atomic_save, _hub_reachable, _weights_cached, file_sha256, foreign_checkpoint,
+                              load_weights_only, read_sidecar, reusable_manifest, seeded, source_stamp, to_rgb)
+from plumbing.manifests import (MAX_LISTED, CompactRows, bad_rows_message, image_check_cache,
+                                image_problems, read_manifest)
+from plumbing.training_sets import coco_sharegpt4v_manifest
+from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
+                                checkpoint_state, data_fingerprint, kept_result, latest_checkpoint,
+                                optimizer_settings, write_config)
 
-_REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config)  # common.Config, common.arg, ...
+_REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
+               source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
+               coco_sharegpt4v_manifest, load_weights_only)  # the methods'
 
 log = logging.getLogger("clipft")
 
@@ -65,7 +72,7 @@ LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 
 
 # =============================================================================
-# 2. Shared math
+# 1. Shared math
 # =============================================================================
 def float32(loss_fn):
     """Every loss's numerics: autocast off inside it and its floating tensor arguments in float32, so logits and
@@ -245,7 +252,7 @@ def continual_metrics(R):
 
 
 # =============================================================================
-# 3. Models
+# 2. Models
 # =============================================================================
 OPENAI_NAMES = {  # the papers' spelling -> open_clip's
     "RN50": "RN50", "RN101": "RN101", "RN50x4": "RN50x4", "RN50x16": "RN50x16", "RN50x64": "RN50x64",
@@ -269,7 +276,7 @@ def lab_hook(name: str) -> Callable:
 def register_tiny(config: dict | None = None):
     """Makes the lab's tiny config known to open_clip under TINY_NAME."""
     config = config or lab_hook("tiny_config")()
-    path = CACHE_DIR / "configs" / f"{TINY_NAME}.json"
+    path = base.CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
         try:
             current = json.loads(path.read_text())
@@ -301,30 +308,6 @@ def resolve_backbone(name: str) -> str:
     return name
 
 
-def _hub_reachable(timeout=3.0) -> bool:
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _weights_cached(name, tag, cache_dir) -> bool:
-    cfg = open_clip.get_pretrained_cfg(name, tag)
-    hub = cfg.get("hf_hub", "")
-    if hub:
-        from huggingface_hub import try_to_load_from_cache
-        repo_id = "/".join(hub.strip("/").split("/")[:2])
-        for fname in ("open_clip_pytorch_model.bin", "open_clip_model.safetensors"):
-            if isinstance(try_to_load_from_cache(repo_id, fname, cache_dir=cache_dir or None), str):
-                return True
-    url = cfg.get("url", "")
-    if url:
-        root = Path(cache_dir or Path.home() / ".cache" / "clip")
-        return (root / os.path.basename(url)).exists()
-    return False
-
-
 def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache_dir: str = "",
                quick_gelu: bool | None = None, **towers_kw):
     """Returns (model, train_transform, eval_transform, tokenizer).
@@ -337,9 +320,10 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once.
     A dual encoder of uni-modal towers (towers.SPECS, or a file saved from one) is built by towers.load, with
     towers_kw (text_weights, image_weights, seed)."""
-    from plumbing import towers  # it imports this module
     if towers.known(backbone) or os.path.isfile(pretrained) and "towers" in read_sidecar(pretrained):
-        return towers.load(backbone, pretrained, device=device, cache_dir=cache_dir, **towers_kw)
+        model, train_tf, eval_tf, tokenizer = towers.load(backbone, pretrained, device=device, cache_dir=cache_dir,
+                                                          **towers_kw)
+        return model, train_tf, eval_tf, CachedTokenizer(tokenizer)
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_hook("pretrain_tiny")())
@@ -357,7 +341,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
             quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
         context = meta.get("context_length") if meta else None
         if not meta:  # another program's layout (Long-CLIP's release, m2-Mix's checkpoints): an open_clip copy
-            pretrained, context = foreign_checkpoint(pretrained, cache_dir or CACHE_DIR)
+            pretrained, context = foreign_checkpoint(pretrained, cache_dir or base.CACHE_DIR)
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
@@ -410,116 +394,6 @@ class CachedTokenizer:
         return getattr(self.tokenizer, name)
 
 
-def foreign_checkpoint(path, cache_dir) -> tuple[str, int | None]:
-    """(file open_clip loads, text window or None) for a checkpoint in another program's layout, else (path, None).
-    m2-Mix's main.py saves {'model_state_dict': ...}; Long-CLIP's release (model_longclip.py) keeps positions < 20
-    in positional_embedding, the rest in positional_embedding_res: cat(PE[:20], PE_res[20:]). Extra keys dropped."""
-    try:  # a TorchScript archive (OpenAI's own files), safetensors or anything else: open_clip's to read, as before
-        sd, what = (None if str(path).endswith(".safetensors") else load_weights_only(path)), []
-    except Exception:  # noqa: BLE001
-        return str(path), None
-    if isinstance(sd, dict) and isinstance(sd.get("model_state_dict"), dict):
-        sd, what = sd["model_state_dict"], ["m2-Mix's {'model_state_dict'} wrapper"]
-    if not isinstance(sd, dict) or "positional_embedding_res" not in sd and not what:
-        return str(path), None
-    if "positional_embedding_res" in sd:
-        sd = dict(sd)
-        sd["positional_embedding"] = torch.cat([sd["positional_embedding"][:20], sd.pop("positional_embedding_res")[20:]])
-        what.append("Long-CLIP's split positional embedding")
-    extra = [k for k in sd if k.split(".")[0] in ("text_projection_mix", "shared_projection1", "shared_projection2",
-                                                  "prompts_weights", "input_resolution", "context_length", "vocab_size")]
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items() if k not in extra}
-    out = Path(cache_dir) / "converted" / f"{Path(path).stem}-{os.stat(path).st_size}-{int(os.stat(path).st_mtime)}.pt"
-    if not zipfile.is_zipfile(out):  # none yet, or cut short: (re)written whole
-        if out.exists():
-            print(f"[clipft] {out}: the converted copy is truncated: converting again", file=sys.stderr)
-        atomic_write(out, lambda tmp: torch.save(sd, tmp))
-    print(f"[clipft] {path}: read as {' and '.join(what)}" + (f"; dropped {extra}" if extra else ""), file=sys.stderr)
-    return str(out), sd["positional_embedding"].shape[0]
-
-
-def read_sidecar(path):
-    """The `path.json` save_model wrote beside a model file ({} when there is none)."""
-    p = Path(str(path) + ".json")
-    try:
-        return json.loads(p.read_text()) if p.exists() else {}
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RunError(f"{p}, the sidecar of {path} (its backbone, QuickGELU and text window), is not readable "
-                       f"JSON ({e}); restore it, or delete it to read {path} as a plain state_dict") from None
-
-
-def source_stamp(sources: dict) -> dict:
-    """What a write-once manifest was built from: per source, its resolved
-    path, size and modification time (recorded in the manifest's sidecar)."""
-    def stamp(p):
-        p = Path(p).resolve()
-        return {"path": str(p), "bytes": p.stat().st_size, "mtime": p.stat().st_mtime} if p.is_file() \
-            else {"path": str(p), "missing": True}
-    return {k: stamp(v) for k, v in sources.items()}
-
-
-def reusable_manifest(path, sources: dict) -> bool:
-    """True when the write-once manifest `path` exists and its sidecar records these very sources (a source no
-    longer at its recorded path cannot be checked: the manifest stands). A manifest built from other files (another
-    --coco-captions, a changed ShareGPT4V json, an old sidecar without sources) is rebuilt, with a message."""
-    if not Path(path).exists():
-        return False
-    recorded, now = read_sidecar(path).get("sources") or {}, source_stamp(sources)
-    if all(v == recorded.get(k) or (v.get("missing") and v["path"] == recorded.get(k, {}).get("path"))
-           for k, v in now.items()) and recorded:
-        return True
-    print(f"[data] {path} was built from other source files than {', '.join(map(str, sources.values()))}: "
-          f"rebuilding it", file=sys.stderr)
-    return False
-
-
-def to_rgb(im: Image.Image) -> Image.Image:
-    """PIL's convert('RGB') clips a 16- or 32-bit integer image at 255 (a 16-bit PNG comes out 99.5 % white):
-    such images are scaled to 8 bits by their type's range first (16 bits: / 257), in training and evaluation."""
-    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        a = np.asarray(im, dtype=np.float64)
-        top = 65535.0 if im.mode.startswith("I;16") or a.max() <= 65535 else float(np.iinfo(np.int32).max)
-        im = Image.fromarray(np.clip(np.rint(a * 255.0 / top), 0, 255).astype(np.uint8), "L")
-    return im.convert("RGB")
-
-
-def atomic_write(path, content) -> Path:
-    """Writes `path` so that no reader (another rank, a crash half-way) sees a partial file: a temporary file
-    next to it, unique per process, then os.replace (atomic on one file system); creates the parent folder.
-    content: str (UTF-8), bytes, or a callable that writes the temporary path it is given, e.g.
-    atomic_write(p, lambda tmp: torch.save(obj, tmp)). Returns `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        if callable(content):
-            content(tmp)
-        elif isinstance(content, bytes):
-            tmp.write_bytes(content)
-        else:
-            tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException as e:
-        full = isinstance(e, (RuntimeError, OSError)) and _disk_full(path.parent)
-        tmp.unlink(missing_ok=True)  # no stray temporary file after a failure
-        if full and getattr(e, "errno", None) != errno.ENOSPC:  # torch.save says only "file write failed"
-            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
-        raise
-    return path
-
-
-def _disk_full(folder) -> bool:
-    try:
-        return shutil.disk_usage(folder).free < 2 ** 20
-    except OSError:
-        return False
-
-
-def _atomic_save(obj, path: Path):
-    """torch.save through atomic_write (training checkpoints, exported models)."""
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-
 def save_model(model, path, backbone: str, source: str = ""):
     """A plain open_clip state_dict (open_clip.create_model_and_transforms(name, pretrained=path) loads it) plus
     a JSON sidecar `path.json` with what is needed to rebuild it."""
@@ -537,7 +411,6 @@ def save_model(model, path, backbone: str, source: str = ""):
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
     if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
-        from plumbing import towers
         meta["towers"] = towers.sidecar(model, path)
     atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
     if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
@@ -579,180 +452,10 @@ def export_open_clip(model, folder, backbone: str) -> Path:
 
 
 # =============================================================================
-# 4. Data
+# 3. Data
 # =============================================================================
 IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")
 CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list: training draws one, evaluation the first
-
-
-class DataError(ValueError):
-    pass
-
-
-MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
-
-
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
-
-
-def _not_utf8(values) -> bool:
-    """The manifest is decoded with errors='surrogateescape': a non-UTF-8 byte becomes a lone surrogate, so a
-    bad row can be named and skipped instead of refusing the whole file."""
-    return any(isinstance(v, str) and _ESCAPED_BYTE.search(v) is not None for v in values)
-
-
-def _json_array_rows(path, text) -> list[dict]:
-    """A manifest that is one JSON array of row objects; each row's _line is where its object starts."""
-    try:
-        json.loads(text)  # strict parse first: a syntax error is named with its line
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: bad JSON ({e.msg})") from None
-    decoder, sep = json.JSONDecoder(), re.compile(r"[\s,]*")
-    rows, pos, line, counted = [], sep.match(text, text.index("[") + 1).end(), 1, 0
-    while text[pos] != "]":
-        line, counted = line + text.count("\n", counted, pos), pos
-        value, pos = decoder.raw_decode(text, pos)
-        if not isinstance(value, dict):
-            raise DataError(f"{path}:{line}: a JSON array manifest must hold one object per row, "
-                            f"found {type(value).__name__}")
-        rows.append({**value, "_line": line})
-        pos = sep.match(text, pos).end()
-    return rows
-
-
-def read_manifest(path, keep_bad: bool = False) -> list[dict]:
-    """Rows of a manifest: JSONL (lines end at "\\n" only, since U+2028 or \\x85 may sit inside a JSON string),
-    a JSON array of objects, or CSV/TSV (separator detected; a quoted caption may span lines). Each row carries
-    `_line`, the line where it starts. A line that is not UTF-8 or not JSON raises a DataError naming file and
-    line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"manifest not found: {path}")
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-
-    def bad(line, why):
-        if not keep_bad:
-            raise DataError(f"{path}:{line}: {why}")
-        return {"_line": line, "_error": why}
-
-    start = text.lstrip()
-    if start.startswith("["):
-        rows = _json_array_rows(path, text)
-    elif path.suffix in (".jsonl", ".json") or start.startswith("{"):
-        rows = []
-        for i, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            if _not_utf8([line]):
-                rows.append(bad(i, "not valid UTF-8"))
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                rows.append(bad(i, f"bad JSON ({e.msg})"))
-                continue
-            rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
-    else:
-        try:
-            sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
-        except csv.Error:
-            sep = ","
-        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)
-        reader.fieldnames  # reads the header
-        rows, end = [], reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
-        for r in reader:
-            rows.append(dict(r, _line=end + 1))
-            end = reader.line_num
-    return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
-
-
-def image_problem(path) -> str | None:
-    """None when the image decodes in full, else what is wrong with it. Not PIL's verify(), which reads headers
-    and checksums only (a truncated JPEG, or a PNG broken under valid checksums, passes it): load() decodes
-    everything; draft() lets a JPEG decode at reduced scale (up to 8x faster), still reading the whole stream."""
-    try:
-        with Image.open(path) as im:
-            im.draft("RGB", (64, 64))
-            im.load()
-    except Exception as e:  # PIL raises many types for corrupt files
-        return f"undecodable image {path} ({type(e).__name__}: {e})"
-    return None
-
-
-_DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_problem, for this process
-
-
-def image_problems(paths, threads: int = 8, cache_file: Path | None = None, across_ranks: bool = False):
-    """image_problem of each path, decoded in threads (PIL releases the GIL). A file decoded before and unchanged
-    since (same mtime and size) is not decoded again: in this process (the preflight's row check is training's)
-    and, with cache_file, in any earlier run (a JSON of [mtime_ns, size, problem] per path, written by rank 0).
-    across_ranks (every rank calls it, with the same paths): each rank decodes its share and all share the
-    results (all_gather_object), so N processes check the images once, not N times."""
-    from concurrent.futures import ThreadPoolExecutor
-    keys = [(str(p), st.st_mtime_ns, st.st_size) for p, st in ((p, os.stat(p)) for p in paths)]
-    if cache_file is not None:
-        try:
-            _DECODED.update({(p, m, n): why for p, (m, n, why) in json.loads(Path(cache_file).read_text()).items()})
-        except (OSError, ValueError, TypeError):  # none yet, or broken: checked again
-            pass
-    todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
-    rank, world, _ = dist_info() if across_ranks else (0, 1, 0)
-    mine = todo[rank::world]
-    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
-        found = list(zip(mine, pool.map(image_problem, [k[0] for k in mine], chunksize=64)))
-    if world > 1 and todo:
-        shares = [None] * world
-        dist.all_gather_object(shares, found)
-        found = [kp for share in shares for kp in share]
-    _DECODED.update(found)
-    if cache_file is not None and todo and rank == 0:
-        atomic_write(cache_file, json.dumps({p: [m, n, _DECODED[(p, m, n)]] for p, m, n in dict.fromkeys(keys)}))
-    return [_DECODED[k] for k in keys]
-
-
-def image_check_cache(manifest) -> Path:
-    """Where the row check remembers a manifest's decoded images (CLIPFT_CACHE/image-checks/)."""
-    return CACHE_DIR / "image-checks" / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json"
-
-
-IMAGE_SAMPLE = 1000  # --check-images sample: rows decoded before training (a fixed seeded choice)
-
-
-def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
-    """Every bad row up to MAX_LISTED, then how many more."""
-    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    return f"{where}: {len(problems)} {what}{hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
-
-
-class CompactRows(Sequence):
-    """A manifest's rows as packed columns: per column, every row's value as JSON in one uint8 buffer with int64
-    offsets. A few arrays instead of millions of dicts, whose reference counts, touched by every read, make each
-    forked DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access."""
-
-    def __init__(self, rows: Sequence[dict]):
-        self.columns = list(dict.fromkeys(k for r in rows for k in r))
-        self.packed = {}
-        for c in self.columns:
-            values = [json.dumps(r[c], ensure_ascii=False).encode() if c in r else b"" for r in rows]  # b"": absent
-            offsets = np.zeros(len(values) + 1, np.int64)
-            np.cumsum([len(v) for v in values], out=offsets[1:])
-            self.packed[c] = (np.frombuffer(b"".join(values), np.uint8), offsets)
-        self.n = len(rows)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(i)
-        i %= self.n
-        row = {}
-        for c, (data, offsets) in self.packed.items():
-            if offsets[i + 1] > offsets[i]:
-                row[c] = json.loads(data[offsets[i]:offsets[i + 1]].tobytes())
-        return row
 
 
 class ManifestDataset(torch.utils.data.Dataset):
@@ -763,7 +466,7 @@ class ManifestDataset(torch.utils.data.Dataset):
     drops them into `self.skipped` (train's summary, hence results.json, records them all). An image failing
     later (check_images=False, or changed on disk) raises a DataError naming the file and the manifest line.
     check_images: True / 'full' (every image; across_ranks: split across the processes, remembered on disk) |
-    'sample' (IMAGE_SAMPLE of them) | False / 'none'. replace_undecodable: an image failing during training
+    'sample' (manifests.IMAGE_SAMPLE of them) | False / 'none'. replace_undecodable: an image failing during training
     is replaced by the next decodable row and reported in the item's '_failed' (train counts them). draw_caption:
     a row whose caption is a list ('captions') gives one of them at random per item (training_set's)."""
 
@@ -792,7 +495,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         if mode != "none":  # full decode, in threads, of the rows that passed the cheap checks
             todo = [i for i, p in enumerate(problems) if p is None]
             if mode == "sample":
-                todo = sorted(random.Random(0).sample(todo, min(IMAGE_SAMPLE, len(todo))))
+                todo = sorted(random.Random(0).sample(todo, min(manifests.IMAGE_SAMPLE, len(todo))))
             for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo], across_ranks=across_ranks,
                                                  cache_file=image_check_cache(self.path) if across_ranks else None)):
                 problems[i] = p
@@ -802,7 +505,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         if self.skipped and not skip_bad:
             raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))
         if self.skipped:
-            _warn_once(bad_rows_message(f"warning: {self.path}: skipped", self.skipped))  # preflight's and train's
+            warn_once(bad_rows_message(f"warning: {self.path}: skipped", self.skipped))  # preflight's and train's
         if not self.rows:
             raise DataError(f"{self.path}: every row is bad")
 
@@ -885,7 +588,6 @@ def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
     training is replaced by the next good row and counted in results.json). Tar shards ('DIR/{00000..00099}.tar'):
     shards.ShardSet, --train-num-samples samples an epoch."""
     if is_shards(path):
-        from plumbing import shards
         return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
                                readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
@@ -961,68 +663,8 @@ class SeededSamples(torch.utils.data.Dataset):
         return seeded(((self.seed * 1_000_003 + epoch) * 1_000_003 + i) % 2 ** 63, self.dataset.__getitem__, i)
 
 
-def seeded(s: int, fn: Callable, *args):
-    """fn(*args) with torch's CPU generator, Python's and NumPy's seeded from s, and put back afterwards (CUDA's
-    is untouched): a sample's augmentation as a function of s alone."""
-    py, npy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(s)
-        random.seed(s)
-        np.random.seed(s % 2 ** 32)
-        try:
-            return fn(*args)
-        finally:
-            random.setstate(py)
-            np.random.set_state(npy)
-
-
-def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
-    """ERCLIP's training set (its paper's Sec. 4, erclip.py's deviation 9; longclip.py's --recipe erclip-budget
-    reuses it): the first n_pairs, in COCO image-id order, of the COCO train2017 images that ShareGPT4V
-    describes; short caption = the image's first COCO caption, long caption = the ShareGPT4V description.
-    Images of the first `holdout` ShareGPT4V records (the ShareGPT4V-1k test set) are excluded. Written once as
-    JSONL (image paths relative to it) and reused while its sources are unchanged."""
-    out_dir = Path(out_dir)
-    path = out_dir / f"erclip-train-coco-sharegpt4v-{n_pairs}.jsonl"
-    sources = {"coco_captions": coco_captions, "sharegpt4v": sharegpt4v}
-    if reusable_manifest(path, sources):
-        return path
-    for p, what in ((coco_captions, "COCO captions_train2017.json"), (sharegpt4v, "ShareGPT4V json")):
-        if not Path(p).is_file():
-            raise DataError(f"{what} not found: {p} (see the data layout in README.md)")
-    coco = json.loads(Path(coco_captions).read_text())
-    file_of = {im["id"]: im["file_name"] for im in coco["images"]}
-    first_caption = {}
-    for a in coco["annotations"]:  # file order: the first annotation of an image is its first caption
-        first_caption.setdefault(a["image_id"], a["caption"].strip())
-    records = json.loads(Path(sharegpt4v).read_text())
-    prefix = "coco/train2017/"
-    held_out = {r.get("image") for r in records[:holdout]}
-    long_of = {}
-    for r in records[holdout:]:
-        img = r.get("image", "")
-        if img.startswith(prefix) and img not in held_out and img not in long_of:
-            text = next((c["value"] for c in r.get("conversations", []) if c.get("from") == "gpt"), "")
-            if text.strip():
-                long_of[img] = text.strip()
-    pool = sorted(i for i, f in file_of.items() if prefix + f in long_of and i in first_caption)
-    if not pool:
-        raise DataError(f"no COCO train2017 image of {coco_captions} is described in {sharegpt4v}")
-    if len(pool) < n_pairs:
-        print(f"[data] only {len(pool)} shared images, fewer than the {n_pairs} asked for; using all",
-              file=sys.stderr)
-    rel = Path("..") if out_dir.name == "erclip" else Path(".")  # images are relative to the data root
-    rows = [{"image": str(rel / prefix / file_of[i]), "caption": first_caption[i],
-             "long_caption": long_of[prefix + file_of[i]], "coco_id": i} for i in pool[:n_pairs]]
-    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
-    atomic_write(out_dir / (path.name + ".json"), json.dumps(
-        {"coco_captions": str(coco_captions), "sharegpt4v": str(sharegpt4v), "pool": len(pool),
-         "pairs": len(rows), "holdout_records": holdout, "sources": source_stamp(sources)}, indent=1))
-    return path
-
-
 # =============================================================================
-# 5. Distributed
+# 4. Distributed
 # =============================================================================
 def dist_info():
     """(rank, world, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
@@ -1032,7 +674,7 @@ def dist_info():
 
 
 def init_distributed(device: str = "auto"):
-    """Initialises the process group under torchrun (or srun: flags.adopt_slurm); picks the device."""
+    """Initialises the process group under torchrun (or srun: plumbing.base.adopt_slurm); picks the device."""
     if world_size() > 1 and not dist.is_initialized():
         local = int(os.environ.get("LOCAL_RANK", 0))
         use_cuda = torch.cuda.is_available() and device != "cpu"
@@ -1065,7 +707,7 @@ def gather(*features):
 
 
 # =============================================================================
-# 6. Training loop
+# 5. Training loop
 # =============================================================================
 def resolve_precision(precision: str, device) -> str:
     """'auto' -> fp16 on CUDA, fp32 elsewhere. fp16 off CUDA is accepted for testing the grad-scaler path
@@ -1076,16 +718,9 @@ def resolve_precision(precision: str, device) -> str:
     if precision not in ("fp16", "bf16", "fp32"):
         raise UsageError(f"unknown precision {precision!r}")
     if precision == "fp16" and dev != "cuda":
-        _warn_once(f"warning: --precision fp16 on {dev} is meant for testing the grad-scaler path (slow); "
+        warn_once(f"warning: --precision fp16 on {dev} is meant for testing the grad-scaler path (slow); "
                    f"use bf16 or fp32 to train on {dev}")
     return precision
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_once(message: str):
-    """Prints a message once per process (the preflight and train both check a run's data and settings), with
-    control characters from manifests escaped."""
-    print(printable(message), file=sys.stderr)
 
 
 def autocast(device, precision: str = "auto"):
@@ -1175,123 +810,6 @@ class ClipFineTune(Method):
     def losses(self, f, ctx=None):
         img, txt = gather(f["img"], f["txt"])
         return {"loss_clip": clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
-
-
-def _rng_state():
-    """The generators' states as tensors, ints and tuples, which torch.load(weights_only=True) accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    s = {"torch": torch.get_rng_state(), "python": random.getstate(),
-         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s):
-    torch.set_rng_state(s["torch"])
-    kind, keys, pos, has_gauss, gauss = s["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    random.setstate(s["python"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def checkpoint_state(net):
-    skip = tuple(getattr(net, "no_checkpoint", ()))
-    return {k: v for k, v in net.state_dict().items() if not (skip and k.startswith(skip))}
-
-
-def load_checkpoint_state(net, sd):
-    skip = tuple(getattr(net, "no_checkpoint", ()))
-    missing, unexpected = net.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (skip and k.startswith(skip))]
-    if missing or unexpected:
-        raise RunError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
-class UnsafeFileError(RuntimeError):
-    """A file refused by load_weights_only (cli prints its one message)."""
-
-
-def load_weights_only(path, map_location="cpu"):
-    """torch.load(weights_only=True): tensors, numbers, strings and plain containers only, so a swapped or
-    tampered checkpoint or cache cannot run code when read. What this repository saves (checkpoints, feature and
-    classifier caches) is written in those forms; anything else is refused with the file named."""
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()[-1][:200]
-        raise UnsafeFileError(f"{path}: refused to load: it holds Python objects beyond tensors and plain "
-                              f"containers, which this repository never writes (another program's file, an "
-                              f"older version's, or tampered with); delete it if it is a cache ({reason})") from None
-
-
-def _truncate_metrics(path: Path, step: int):
-    """On resume: drops the metrics.jsonl records after the checkpoint's step (and a line cut short by a kill),
-    so that each step appears once when the resumed run logs them again."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().split("\n"):
-        try:
-            if json.loads(line)["step"] <= step:
-                keep.append(line + "\n")
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    atomic_write(path, "".join(keep))
-
-
-def latest_checkpoint(out) -> Path | None:
-    p = Path(out) / "checkpoints" / "last.pt"
-    return p if p.exists() else None
-
-
-def data_fingerprint(train_set) -> dict:
-    """What a run trains on, stored in its checkpoints: the row count and, for a manifest, the file and its
-    content's sha256 (a resume on changed data is refused: the schedule and the shuffle depend on it)."""
-    if hasattr(train_set, "fingerprint"):  # shards.ShardSet
-        return train_set.fingerprint()
-    fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
-    if path is not None and Path(path).is_file():
-        fp.update(manifest=str(path), sha256=file_sha256(path))
-    return fp
-
-
-def file_sha256(path) -> str:
-    """The sha256 of a file's content, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
-    """Refuses a resume whose training data differ from the checkpoint's (rows or manifest content) unless
-    --override-resume; returns {was, now} when the override accepts a change (train's summary records it)."""
-    old = state.get("data")
-    if not old or {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
-        return None
-    def shown(d):
-        return f"{d['rows']} rows" + (f", sha256 {d['sha256'][:12]}" if d.get("sha256") else "")
-    if not cfg.override_resume:
-        raise RunError(f"--resume: the training data changed since {ck} was saved ({old.get('manifest', 'the set')}: "
-                       f"{shown(old)} then, {shown(data)} now); the step count, the schedule and the shuffle depend "
-                       f"on them. Restore the data to continue the run, start afresh with --overwrite, or pass "
-                       f"--override-resume to go on with the new data (recorded in results.json)")
-    _warn_once(f"[out] --override-resume: continuing on changed training data ({shown(old)} -> {shown(data)})")
-    return {"was": old, "now": data}
-
-
-def checkpoint_config(ck: Path) -> tuple[dict | None, list[dict]]:
-    """(settings, --override-resume changes so far) stored in a training checkpoint; (None, []) for one saved
-    before checkpoints carried them. Read through mmap: the tensors are not loaded."""
-    try:
-        state = torch.load(ck, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        load_weights_only(ck)  # raises UnsafeFileError, naming the file
-        raise
-    return state.get("config"), state.get("resume_overrides", [])
 
 
 def step_generator(seed: int, step: int, device="cpu"):
@@ -1550,28 +1068,9 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     data, data_change, failed = data_fingerprint(train_set), None, []
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
-    if cfg.resume:
-        ck = runfolder._resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
-        state = load_weights_only(ck)
-        data_change = resumed_data_check(cfg, ck, state, data)  # the config is checked in start_run
-        try:
-            load_checkpoint_state(net, state["net"])
-        except RuntimeError as e:  # another backbone's checkpoint, let through by --override-resume
-            raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
-                           f"--override-resume can change settings, never the model: resume with the run's "
-                           f"--backbone, or start afresh with --overwrite") from None
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
-            print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)
-        else:
-            scaler.load_state_dict(state["scaler"])  # scale and growth tracker: a no-op without fp16
-        _set_rng_state(state["rng"])
-        step = state["step"]
-        n_skipped.fill_(state.get("skipped_steps", 0))
-        if rank == 0:
-            _truncate_metrics(out / "metrics.jsonl", step)
-            print(f"resumed from {ck} at step {step}", file=sys.stderr)
+    if cfg.resume:  # the checkpoint's weights, optimizer, schedule, scaler, RNG and step (plumbing/runfolder.py)
+        step, skipped, data_change = runfolder.resume_training(cfg, out, net, opt, sched, scaler, data, rank)
+        n_skipped.fill_(skipped)
     if overrides:
         apply_optimizer_settings(opt, sched, new_settings)
     if rank == 0:
@@ -1732,21 +1231,6 @@ def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
             m.training = mode
 
 
-def optimizer_settings(opt) -> list[dict]:
-    """Each AdamW group's peak lr, decay, betas and eps, as the current flags set them."""
-    return [{k: g[k] for k in ("initial_lr", "weight_decay", "betas", "eps")} for g in opt.param_groups]
-
-
-def apply_optimizer_settings(opt, sched, settings: list[dict]):
-    """--override-resume: a loaded optimizer / scheduler state carries the old run's rates and decay; put the new
-    flags' values back, at the schedule's current point."""
-    for g, s, f in zip(opt.param_groups, settings, sched.lr_lambdas):
-        g.update(s)
-        g["lr"] = s["initial_lr"] * f(sched.last_epoch)
-    sched.base_lrs = [s["initial_lr"] for s in settings]
-    sched._last_lr = [g["lr"] for g in opt.param_groups]
-
-
 def machine_info() -> dict:
     """What a result was measured on (results files record it)."""
     import platform
@@ -1776,7 +1260,7 @@ def markdown_table(rows: list[dict], columns: Sequence[str], floatfmt="{:.1f}") 
 
 
 # =============================================================================
-# 7. Continual driver (shared by cclip.py and dns.py)
+# 6. Continual driver (shared by cclip.py and dns.py)
 # =============================================================================
 @dataclass(frozen=True)
 class Task:
@@ -1867,131 +1351,8 @@ def summarize_continual(rec) -> dict:
 
 
 # =============================================================================
-# 8. Errors, the command line and the run folder
+# 7. Before a run: --train-data auto, the device, the preflight
 # =============================================================================
-class RunError(RuntimeError):
-    """An expected failure around the run: missing weights or training data, an --out that holds or is writing
-    another run, a changed setting on --resume, an interrupted run (exit code 1, or 128 + signal)."""
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
-_COMMAND: list[str] | None = None  # the script and its arguments, set by cli(), for the resume hint
-_RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM outside training (cli's handler), told apart from Ctrl-C by its signal number."""
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _terminate(signum, frame):
-    if os.getpid() == _MAIN_PID:  # DataLoader workers (forked with this handler) leave it to the main process
-        raise Interrupted(signum)
-
-
-_MAIN_PID = os.getpid()
-
-
-def cli(main: Callable, argv=None):
-    """The `if __name__ == "__main__":` of every script: runs main(argv) and turns an expected failure (bad input
-    or flags, missing data or weights, a corrupt checkpoint, a full disk, an unwritable --out, an interrupt) into
-    one paragraph on stderr and a non-zero exit code. --debug re-raises it with its traceback; anything else is
-    a bug and keeps its traceback."""
-    global _COMMAND, _MAIN_PID
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _COMMAND, _MAIN_PID = [sys.argv[0], *argv], os.getpid()
-    import threading
-    previous = None
-    if threading.current_thread() is threading.main_thread():  # SIGTERM outside training: as Ctrl-C, with a message
-        previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        main(argv)
-    except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit are sorted below
-        if isinstance(e, SystemExit) or "--debug" in argv:
-            raise
-        message, code = expected_error(e)
-        if message is None:
-            raise
-        print(f"error: {printable(message)}", file=sys.stderr)
-        sys.exit(code)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """A message as the terminal should show it: control characters from paths and captions (\\r, ANSI escapes,
-    NUL) written as escapes, so they cannot rewrite the line or colour the output; newlines stay."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
-
-
-def expected_error(e: BaseException) -> tuple[str | None, int]:
-    """(one-paragraph message, exit code) of an expected failure; (None, 1) for a bug."""
-    if isinstance(e, KeyboardInterrupt):
-        return interrupted_message(getattr(e, "signum", signal.SIGINT))
-    if isinstance(e, RunError):
-        return str(e), e.code
-    if isinstance(e, UsageError):
-        return str(e), 2
-    if isinstance(e, (DataError, FloatingPointError, UnsafeFileError)):
-        return str(e), 1
-    if isinstance(e, OSError):
-        where = f" ({e.filename})" if e.filename else ""
-        if e.errno == errno.ENOSPC:
-            return (f"no space left on device (ENOSPC){where}: free space on that disk or choose another --out; "
-                    f"leftover temporary files are removed at the next start, and --resume latest continues "
-                    f"from the last checkpoint"), 1
-        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            inside_cache = e.filename and str(Path(e.filename).absolute()).startswith(str(CACHE_DIR.absolute()))
-            advice = (f"the cache folder {CACHE_DIR} must be writable: set CLIPFT_CACHE to a writable folder"
-                      if inside_cache else "choose a writable location (--out for runs, --data-root for generated "
-                      "data) or fix the permissions")
-            return f"{e.strerror}{where}: {advice}", 1
-        return f"{e.strerror or e}{where}", 1
-    if isinstance(e, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)) or (
-            isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
-        why = next((l for l in str(e).splitlines() if l.strip() and "weights_only" not in l), "")[:200]
-        return (f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {why}); "
-                f"run with --debug to see which"), 1
-    return None, 1
-
-
-def interrupted_message(signum: int) -> tuple[str, int]:
-    """What an interrupt outside the training loop (the evaluations before or after it, a second Ctrl-C) leaves:
-    the files of the run on disk, named, and the command that finishes it; exit code 128 + signal."""
-    out = _RUN_OUT
-    kept = [n for n in ("checkpoints/last.pt", "model.pt", "base.json", "continual.json")
-            if out is not None and (out / n).exists()] + (
-        [p.relative_to(out).as_posix() for p in sorted(out.glob("task[0-9]*-*/checkpoints/last.pt"))] if out else [])
-    if not kept or not runfolder.holds_run(out):
-        return f"interrupted (signal {signum}) before training saved anything in {out or '--out'}; nothing to resume", \
-            128 + signum
-    return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
-            f"run with (finished training is not repeated, the evaluation is):\n  {runfolder.resume_command()}"), 128 + signum
-
-
-def kept_result(cfg, name: str, compute: Callable[[], object]):
-    """compute()'s JSON result kept in <out>/<name>.json with the settings it was computed under (execution flags
-    aside), e.g. the evaluation before training: a resumed run, or one interrupted during its final evaluation,
-    reads it back instead of recomputing it; any other setting recomputes it."""
-    path = Path(cfg.out) / f"{name}.json"
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in runfolder.RESUME_FREE or k.startswith("eval")}
-    try:
-        saved = json.loads(path.read_text())
-        if saved["settings"] == key:
-            return saved["value"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    value = compute()
-    atomic_write(path, json.dumps({"settings": key, "value": value}, default=float))
-    return value
 
 
 def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
@@ -2059,61 +1420,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
             runfolder.write_config(cfg, Path(cfg.out), overrides)
 
 
-class StopSignals:
-    """SIGINT / SIGTERM during training become a request that train honours after the step in flight (never
-    mid-step): a checkpoint at that step, the resume command, exit code 128 + signal. A second signal interrupts
-    at once. DataLoader workers (forked with the handler) ignore both. Every rank listens; with several
-    processes the ranks agree (one all-reduce) at log steps only, so all stop at the same step."""
-    def __init__(self):
-        self.signum, self.previous = None, {}
-
-    def install(self):
-        import threading
-        self.pid = os.getpid()
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self.previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if os.getpid() != self.pid:  # a DataLoader worker (forked with the handler): the main process decides
-            return
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(f"\n[train] signal {signum}: saving a checkpoint after the current step", file=sys.stderr)
-
-    def restore(self):
-        for s, h in self.previous.items():
-            signal.signal(s, h)
-        self.previous = {}
-
-    def requested(self, step: int, log_every: int, device) -> bool:
-        if dist_info()[1] == 1:
-            return self.signum is not None
-        if step % log_every:
-            return False
-        flag = torch.tensor([self.signum or 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.signum = int(flag) or None
-        return self.signum is not None
-
-    def stop(self, out: Path, step: int):  # train's finally restores the handlers
-        ck = out / "checkpoints" / "last.pt"
-        raise RunError(f"stopped by signal {self.signum} at step {step}; checkpoint {ck} saved. Continue with:\n  "
-                       f"{runfolder.resume_command()}", code=128 + self.signum)
-
-
 def progress_line(out: Path, rec: dict, total: int) -> str:
     """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
     return (f"[{printable(out.name)}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
             f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")
-
-
-from plumbing import runfolder  # noqa: E402  the run folder; it imports this module, so last, when every name above exists
-
-
-def __getattr__(name):  # common.start_run, common.LOCK, ...: the run folder's names, from runfolder.py
-    if name in runfolder.__all__:
-        return getattr(runfolder, name)
-    raise AttributeError(f"module 'common' has no attribute {name!r}")

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plumbing import flags
+from plumbing import base, flags
 
 
 # =============================================================================
@@ -143,7 +143,7 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=flags.checked(int, "> 0"), default=256)
     p.add_argument("--workers", type=flags.checked(int, ">= 0"), default=0)
     p.add_argument("--device", default="auto")
-    p.add_argument("--cache-dir", default=str(flags.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
+    p.add_argument("--cache-dir", default=str(base.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
     p.add_argument("--out", default="runs/eval", help="folder for results.json")
     p.add_argument("--format", default="ours", choices=("ours", "clip_benchmark"),
                    help="clip_benchmark: also one CLIP_benchmark result file per (dataset, task) in --out")
@@ -431,8 +431,8 @@ def register_synthetic(retrieval: dict, classification: dict):
 
 def _check_lab_loaded(name: str):  # after the lab's registered sets were looked up
     if name.startswith("synthetic-") and not SYNTHETIC_RETRIEVAL:  # loaded: an unknown name, said as such below
-        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: `import lab` "
-                                f"first (the command line does it when --tasks names a synthetic set)")
+        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: run "
+                                f"the command as python -m lab eval ARGS (or import lab first)")
 
 
 REAL_RETRIEVAL_TASKS = {
@@ -1824,9 +1824,9 @@ def main(argv=None):
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
-    if common.wants_lab(a):  # the tiny backbone or a synthetic-* set: the lab registers them on import
-        import lab
-        _ = lab  # used for its registrations only (a plain unused import would fail pyflakes)
+    if common.wants_lab(a) and not common.LAB_HOOKS:  # eval.py never imports the lab (it sits above)
+        raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
+                                "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
     tasks = _expand(a.tasks)
     check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
@@ -1883,6 +1883,5 @@ def main(argv=None):
     return results.get("records", [])
 
 
-if __name__ == "__main__":  # through the module `eval`, the one the lab registers its synthetic sets in
-    import eval as this_module
-    common.cli(this_module.main)
+if __name__ == "__main__":
+    common.cli(main)

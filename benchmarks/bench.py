@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from plumbing import base, manifests
 import common  # noqa: E402
 import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 import open_clip  # noqa: E402
@@ -674,7 +675,7 @@ def _rowcheck_worker(rank, world, port, manifest, cache, out, split=True):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    common.CACHE_DIR = Path(cache)
+    base.CACHE_DIR = Path(cache)
     common.init_distributed("cpu")
     torch.distributed.barrier()
     t0 = time.perf_counter()
@@ -703,16 +704,16 @@ def bench_rowcheck(quick, tmp: Path):
                                 for i in range(n)))
 
     def one(cache):
-        common._DECODED.clear()
-        common.CACHE_DIR = cache
+        manifests._DECODED.clear()
+        base.CACHE_DIR = cache
         t0 = time.perf_counter()
         common.training_set(common.Config(), manifest)
         return time.perf_counter() - t0
-    saved = common.CACHE_DIR
+    saved = base.CACHE_DIR
     try:
         first, rerun = one(tmp / "cache1"), one(tmp / "cache1")
     finally:
-        common.CACHE_DIR = saved
+        base.CACHE_DIR = saved
     times = {}
     for split in (True, False):
         with socket.socket() as s:

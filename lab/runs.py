@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from plumbing import runfolder
 import common
 from lab.stats import take_flag
 
@@ -74,19 +75,19 @@ def take_processes_flag(argv: Sequence[str]) -> tuple[list[str], int]:
 # 7. Sweeps: one folder per run, resume by skipping finished runs, curves
 # =============================================================================
 def hold_out(out) -> Path:
-    """A demo's or a sweep's --out, locked for its whole length (common.lock_out: one writer per folder, a
+    """A demo's or a sweep's --out, locked for its whole length (runfolder.lock_out: one writer per folder, a
     stale lock taken over): a second demo or sweep into the same folder stops at once with one message instead
     of deleting the first one's runs under it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    common.lock_out(out)
+    runfolder.lock_out(out)
     return out
 
 
 def remove_run_folder(folder) -> None:
     """Deletes a run folder unless another live process holds its lock (a run it is training)."""
     folder = Path(folder)
-    holder = common.live_holder(folder)
+    holder = runfolder.live_holder(folder)
     if holder:
         raise common.RunError(f"{folder} is being written by another live process (PID {holder.get('pid')} on "
                               f"{holder.get('host')}): not deleting it; wait for that run or choose another --out")

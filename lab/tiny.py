@@ -18,6 +18,7 @@ import numpy as np
 import open_clip
 import torch
 
+from plumbing import base
 import common
 import eval as evaluation
 from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, render, synthetic_manifest,
@@ -126,13 +127,13 @@ def pretrain_tiny(force: bool = False) -> Path:
     pretrains; without one (a changed recipe) it pretrains into the cache and
     says how to ship the new weights."""
     key = recipe_key()
-    path = common.CACHE_DIR / f"tiny-synthetic-{key}.pt"
+    path = base.CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if _cached(path) and not force:
         return path
     common.register_tiny(TINY_CFG)
-    common.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    base.CACHE_DIR.mkdir(parents=True, exist_ok=True)
     import fcntl  # one process writes; others (parallel tests, ranks) wait for its file, saying for whom
-    with open(common.CACHE_DIR / f"{path.name}.lock", "a+") as lock:
+    with open(base.CACHE_DIR / f"{path.name}.lock", "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -176,7 +177,7 @@ def _cached(path: Path, say: bool = False) -> bool:
 def _work_dir(key: str) -> Path:
     """The pretraining's working folder, out of the user's view (a hidden folder of the cache); removed when
     the pretraining finishes, resumed from its checkpoint after an interrupt."""
-    return common.CACHE_DIR / ".work" / f"tiny-pretrain-{key}"
+    return base.CACHE_DIR / ".work" / f"tiny-pretrain-{key}"
 
 
 def _pretrain_tiny(p: dict, out: Path):

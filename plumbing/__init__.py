@@ -5,6 +5,6 @@ The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) si
 this package is their plumbing. Its commands run from the repository's root:
 
     python -m plumbing.export --pretrained runs/x/model.pt --out DIR [--format transformers]
-    python -m plumbing.shards MANIFEST OUT_DIR [--per-shard 1000]
+    python -m plumbing.write_shards MANIFEST OUT_DIR [--per-shard 1000]
     python -m plumbing.vlcl [--source research|koyoimai]
 """

@@ -8,13 +8,13 @@ import argparse
 import copy
 import dataclasses
 import math
-import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-CACHE_DIR = Path(os.environ.get("CLIPFT_CACHE", Path.home() / ".cache" / "clipft"))
+from plumbing.base import world_size
+
+
 
 
 def arg(default, help: str, **kw):
@@ -129,35 +129,6 @@ def checked(typ, rule: str):
         return v
     check.__name__ = typ.__name__
     return check
-
-
-class UsageError(ValueError):
-    """A bad flag or combination of flags (exit code 2, as argparse's)."""
-
-
-SLURM_TO_TORCH = {"SLURM_PROCID": "RANK", "SLURM_NTASKS": "WORLD_SIZE", "SLURM_LOCALID": "LOCAL_RANK"}
-
-
-def adopt_slurm(env=os.environ) -> bool:
-    """srun without torchrun: Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID become torch's RANK /
-    WORLD_SIZE / LOCAL_RANK, as open_clip's distributed.py reads them; the job script sets MASTER_ADDR and
-    MASTER_PORT (README, "Scale"). torchrun's variables, when present, win. True when Slurm's were adopted."""
-    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
-        return False
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
-    if missing:
-        raise UsageError(f"srun started {env['SLURM_NTASKS']} tasks but {' and '.join(missing)} is not set: export "
-                         f"MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) and MASTER_PORT "
-                         f"(a free port, e.g. 29500) in the job script")
-    for slurm, torch_name in SLURM_TO_TORCH.items():
-        env[torch_name] = env[slurm]
-    return True
-
-
-def world_size() -> int:
-    """The number of processes torchrun (or srun) started; 1 without either."""
-    adopt_slurm()
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def parse_config(cls, argv=None, **overrides):

@@ -1,7 +1,9 @@
 """The run folder (--out) of every script: one run per folder (a lock naming its process and host), leftovers of
 a killed run removed, an old run refused or cleared (--overwrite), and --resume's settings compared with the
-run's (--override-resume). common re-exports these names (common.start_run, ...); train and preflight call them."""
+run's (--override-resume). common's train and preflight call them; it imports plumbing.base and plumbing.loading only."""
 import dataclasses
+import pickle
+import random
 import json
 import os
 import re
@@ -10,13 +12,19 @@ import socket
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
-import common
-from common import RunError, UsageError, atomic_write, checkpoint_config, latest_checkpoint, world_size
+import numpy as np
+import torch
+
+from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
+from plumbing.loading import file_sha256, load_weights_only
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
            "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command"]
 
+COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
+RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
 LOCK = ".lock"
 # Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
@@ -160,6 +168,7 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
     (which clears it), and --resume compares the settings with the run's config.json and refuses differences
     unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
+    global RUN_OUT
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
     out.mkdir(parents=True, exist_ok=True)
@@ -167,8 +176,8 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     probe.write_bytes(b"")
     probe.unlink()
     lock_out(out)
-    if common._RUN_OUT is None or not out.absolute().is_relative_to(common._RUN_OUT.absolute()):  # a task: inside
-        common._RUN_OUT = out
+    if RUN_OUT is None or not out.absolute().is_relative_to(RUN_OUT.absolute()):  # a task: inside
+        RUN_OUT = out
     clean_temporary(out)
     if not cfg.resume:
         if holds_run(out):
@@ -208,7 +217,7 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     now = [{"field": k, "was": a, "now": b} for k, a, b in diffs]
     if now:
         changed = ", ".join(f"{d['field']}={d['now']!r}" for d in now)
-        common._warn_once(f"[out] --override-resume: continuing with {changed}")  # preflight's and train's start_run
+        warn_once(f"[out] --override-resume: continuing with {changed}")  # preflight's and train's start_run
     return list(before or []) + now
 
 
@@ -224,14 +233,164 @@ def resume_command() -> str:
     """The command that continues this run: the script's own arguments without --resume / --overwrite /
     --stop-at, plus --resume latest."""
     import shlex
-    if common._COMMAND is None:
+    if COMMAND is None:
         return "the same command with --resume latest"
     drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
     args, skip = [], False  # skip: a is the value of the flag before it
-    for a in common._COMMAND[1:]:
+    for a in COMMAND[1:]:
         if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
             args.append(a)
         skip = not skip and a in drop_with_value
     launcher = ("python" if world_size() == 1 else "srun python" if "SLURM_PROCID" in os.environ
                 else "torchrun --nproc_per_node N")
-    return shlex.join([*launcher.split(), common._COMMAND[0], *args, "--resume", "latest"])
+    return shlex.join([*launcher.split(), COMMAND[0], *args, "--resume", "latest"])
+
+
+def _rng_state():
+    """The generators' states as tensors, ints and tuples, which torch.load(weights_only=True) accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(),
+         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def _set_rng_state(s):
+    torch.set_rng_state(s["torch"])
+    kind, keys, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(s["python"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def checkpoint_state(net):
+    skip = tuple(getattr(net, "no_checkpoint", ()))
+    return {k: v for k, v in net.state_dict().items() if not (skip and k.startswith(skip))}
+
+
+def load_checkpoint_state(net, sd):
+    skip = tuple(getattr(net, "no_checkpoint", ()))
+    missing, unexpected = net.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (skip and k.startswith(skip))]
+    if missing or unexpected:
+        raise RunError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _truncate_metrics(path: Path, step: int):
+    """On resume: drops the metrics.jsonl records after the checkpoint's step (and a line cut short by a kill),
+    so that each step appears once when the resumed run logs them again."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().split("\n"):
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    atomic_write(path, "".join(keep))
+
+
+def latest_checkpoint(out) -> Path | None:
+    p = Path(out) / "checkpoints" / "last.pt"
+    return p if p.exists() else None
+
+
+def data_fingerprint(train_set) -> dict:
+    """What a run trains on, stored in its checkpoints: the row count and, for a manifest, the file and its
+    content's sha256 (a resume on changed data is refused: the schedule and the shuffle depend on it)."""
+    if hasattr(train_set, "fingerprint"):  # shards.ShardSet
+        return train_set.fingerprint()
+    fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
+    if path is not None and Path(path).is_file():
+        fp.update(manifest=str(path), sha256=file_sha256(path))
+    return fp
+
+
+def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
+    """Refuses a resume whose training data differ from the checkpoint's (rows or manifest content) unless
+    --override-resume; returns {was, now} when the override accepts a change (train's summary records it)."""
+    old = state.get("data")
+    if not old or {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
+        return None
+    def shown(d):
+        return f"{d['rows']} rows" + (f", sha256 {d['sha256'][:12]}" if d.get("sha256") else "")
+    if not cfg.override_resume:
+        raise RunError(f"--resume: the training data changed since {ck} was saved ({old.get('manifest', 'the set')}: "
+                       f"{shown(old)} then, {shown(data)} now); the step count, the schedule and the shuffle depend "
+                       f"on them. Restore the data to continue the run, start afresh with --overwrite, or pass "
+                       f"--override-resume to go on with the new data (recorded in results.json)")
+    warn_once(f"[out] --override-resume: continuing on changed training data ({shown(old)} -> {shown(data)})")
+    return {"was": old, "now": data}
+
+
+def checkpoint_config(ck: Path) -> tuple[dict | None, list[dict]]:
+    """(settings, --override-resume changes so far) stored in a training checkpoint; (None, []) for one saved
+    before checkpoints carried them. Read through mmap: the tensors are not loaded."""
+    try:
+        state = torch.load(ck, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        load_weights_only(ck)  # raises UnsafeFileError, naming the file
+        raise
+    return state.get("config"), state.get("resume_overrides", [])
+
+
+def optimizer_settings(opt) -> list[dict]:
+    """Each AdamW group's peak lr, decay, betas and eps, as the current flags set them."""
+    return [{k: g[k] for k in ("initial_lr", "weight_decay", "betas", "eps")} for g in opt.param_groups]
+
+
+def apply_optimizer_settings(opt, sched, settings: list[dict]):
+    """--override-resume: a loaded optimizer / scheduler state carries the old run's rates and decay; put the new
+    flags' values back, at the schedule's current point."""
+    for g, s, f in zip(opt.param_groups, settings, sched.lr_lambdas):
+        g.update(s)
+        g["lr"] = s["initial_lr"] * f(sched.last_epoch)
+    sched.base_lrs = [s["initial_lr"] for s in settings]
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
+def kept_result(cfg, name: str, compute: Callable[[], object]):
+    """compute()'s JSON result kept in <out>/<name>.json with the settings it was computed under (execution flags
+    aside), e.g. the evaluation before training: a resumed run, or one interrupted during its final evaluation,
+    reads it back instead of recomputing it; any other setting recomputes it."""
+    path = Path(cfg.out) / f"{name}.json"
+    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE or k.startswith("eval")}
+    try:
+        saved = json.loads(path.read_text())
+        if saved["settings"] == key:
+            return saved["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    value = compute()
+    atomic_write(path, json.dumps({"settings": key, "value": value}, default=float))
+    return value
+
+
+def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: int):
+    """--resume in common.train: the checkpoint's weights, optimizer, schedule, grad scaler and RNG put back;
+    metrics.jsonl cut to its step (rank 0). Returns (step, fp16 steps skipped so far, the data change that
+    --override-resume accepted or None)."""
+    ck = _resume_checkpoint(cfg, out)  # on rank 0 start_run has checked it already
+    state = load_weights_only(ck)
+    data_change = resumed_data_check(cfg, ck, state, data)  # the config is checked in start_run
+    try:
+        load_checkpoint_state(net, state["net"])
+    except RuntimeError as e:  # another backbone's checkpoint, let through by --override-resume
+        raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
+                       f"--override-resume can change settings, never the model: resume with the run's "
+                       f"--backbone, or start afresh with --overwrite") from None
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
+        print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)
+    else:
+        scaler.load_state_dict(state["scaler"])  # scale and growth tracker: a no-op without fp16
+    _set_rng_state(state["rng"])
+    step = state["step"]
+    if rank == 0:
+        _truncate_metrics(out / "metrics.jsonl", step)
+        print(f"resumed from {ck} at step {step}", file=sys.stderr)
+    return step, state.get("skipped_steps", 0), data_change

@@ -1,7 +1,7 @@
 """webdataset shards: training on them (each process reads its own shards; a resumed run continues exactly where
-it stopped, by shard and offset) and writing them from a manifest.
+it stopped, by shard and offset); plumbing/write_shards.py writes them from a manifest.
 
-    python -m plumbing.shards MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., and OUT_DIR/sizes.json
+    python -m plumbing.write_shards MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., sizes.json
     python erclip.py --train-data 'OUT_DIR/{00000..00011}.tar' ...
 
 A shard holds, per sample, `<key>.jpg` (or .png / .webp: the image file's bytes as they are), `<key>.txt` (the
@@ -24,7 +24,6 @@ sizes.json ({shard file name: samples}) is open_clip's. Reading (common.train th
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -35,26 +34,11 @@ from pathlib import Path
 
 
 
-def command_line(argv=None) -> argparse.Namespace:
-    """python -m plumbing.shards's settings (standard library only: --help and flag errors answer before torch loads)."""
-    p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
-                                allow_abbrev=False)
-    p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")
-    p.add_argument("out_dir", help="folder for 00000.tar, 00001.tar, ... and sizes.json")
-    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard")
-    a = p.parse_args(argv)
-    if a.per_shard < 1:
-        p.error("--per-shard must be >= 1")
-    return a
+import torch
+from PIL import Image
 
-
-if __name__ == "__main__":
-    command_line(sys.argv[1:])
-
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-
-import common  # noqa: E402
+from plumbing.base import DataError, UsageError, warn_once
+from plumbing.loading import seeded, to_rgb
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
@@ -66,7 +50,7 @@ def expand(pattern) -> list[Path]:
     paths = [Path(p) for p in braceexpand(str(pattern))]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise common.DataError(f"{pattern}: {len(missing)} of {len(paths)} shard(s) not found, e.g. {missing[0]}")
+        raise DataError(f"{pattern}: {len(missing)} of {len(paths)} shard(s) not found, e.g. {missing[0]}")
     return paths
 
 
@@ -118,15 +102,15 @@ class ShardSet:
         self.pattern, self.transform, self.need_long = str(pattern), transform, need_long
         self.shards = expand(pattern)
         if len(self.shards) < readers:
-            raise common.UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
+            raise UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
                                     f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
-                                    f"more, smaller shards (python -m plumbing.shards --per-shard)")
+                                    f"more, smaller shards (python -m plumbing.write_shards --per-shard)")
         self.sizes = shard_sizes(self.shards)
         self.num_samples = num_samples or sum(self.sizes)
         self.skipped = []  # no row check: see the module's docstring
         if not sum(self.sizes):
-            raise common.DataError(f"{pattern}: the shards hold no samples")
-        common._warn_once(f"[data] {len(self.shards)} shard(s), {sum(self.sizes)} samples, {self.num_samples} an "
+            raise DataError(f"{pattern}: the shards hold no samples")
+        warn_once(f"[data] {len(self.shards)} shard(s), {sum(self.sizes)} samples, {self.num_samples} an "
                           f"epoch; no row check before training (a sample that fails is replaced and counted)")
 
     def __len__(self):
@@ -165,7 +149,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         """(shard, position, pass, raw sample) of the worker's shards, over and over, the first `skip` passed over
         (whole shards by their sizes, then within the shard: read, not decoded)."""
         if not sum(self.data.sizes[s] for s in shards):  # one worker's share of empty shards: no batch to make
-            raise common.DataError(f"{self.data.pattern}: shards {shards}, one worker's share, hold no samples")
+            raise DataError(f"{self.data.pattern}: shards {shards}, one worker's share, hold no samples")
         cycle = 0
         while True:
             for s in shards:
@@ -197,12 +181,12 @@ class ShardStream(torch.utils.data.IterableDataset):
             raise ValueError(f"{where}: no image member ({', '.join(IMAGE_EXTS)})")
         try:
             with Image.open(io.BytesIO(sample[ext])) as im:
-                image = common.to_rgb(im)
+                image = to_rgb(im)
         except Exception as e:  # PIL raises many types
             raise ValueError(f"{where}: undecodable image ({type(e).__name__}: {e})") from None
         key = f"{self.seed}:{self.epoch}:{s}:{cycle}:{pos}"
         transform = self.data.transform or (lambda im: im)
-        item["image"] = common.seeded(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16), transform, image)
+        item["image"] = seeded(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16), transform, image)
         return item
 
     def __iter__(self):
@@ -221,36 +205,3 @@ class ShardStream(torch.utils.data.IterableDataset):
             if failed:
                 items[0]["_failed"] = failed
             yield self.collate(items)
-
-
-# ----------------------------------------------------------------------------- writing shards
-def write_shards(manifest, out_dir, per_shard: int = 1000) -> str:
-    """Every good row of a manifest as shards in out_dir (webdataset.ShardWriter), plus sizes.json; returns the
-    brace pattern to pass as --train-data."""
-    import webdataset as wds
-    ds = common.ManifestDataset(manifest, check_images="none")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sizes = {}
-    with wds.ShardWriter(str(out / "%05d.tar"), maxcount=per_shard, verbose=0) as sink:  # a new shard after
-        for i, row in enumerate(ds.rows):  # per_shard samples (or 3 GB)
-            path = ds.image_file(row)
-            ext = path.suffix.lower().lstrip(".")
-            meta = {k: v for k, v in row.items() if not k.startswith("_") and k != ds.image_key}
-            meta["caption"] = ds._caption(row)
-            sink.write({"__key__": f"{i:09d}", "jpg" if ext == "jpeg" else ext: path.read_bytes(),
-                        "txt": meta["caption"], "json": json.dumps(meta)})
-            name = Path(sink.fname).name
-            sizes[name] = sizes.get(name, 0) + 1
-    common.atomic_write(out / "sizes.json", json.dumps(sizes, indent=1))
-    last = len(sizes) - 1
-    return str(out / f"{{00000..{last:05d}}}.tar") if last else str(out / "00000.tar")
-
-
-def main(argv=None):
-    a = command_line(argv)
-    print(f"--train-data '{write_shards(a.manifest, a.out_dir, a.per_shard)}'")
-
-
-if __name__ == "__main__":
-    common.cli(main)

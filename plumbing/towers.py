@@ -35,8 +35,9 @@ from pathlib import Path
 import open_clip
 import torch
 
-import common
-from common import RunError, UsageError
+from plumbing import base
+from plumbing.base import RunError, UsageError, atomic_write
+from plumbing.loading import load_weights_only, read_sidecar
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # what torchvision's ResNet-50 saw
 
@@ -151,8 +152,8 @@ def refuse_remote_code(folder) -> None:
 
 
 def _register(name: str, cfg: dict):
-    path = common.CACHE_DIR / "configs" / f"{name}.json"
-    common.atomic_write(path, json.dumps(cfg, indent=1))
+    path = base.CACHE_DIR / "configs" / f"{name}.json"
+    atomic_write(path, json.dumps(cfg, indent=1))
     open_clip.add_model_config(path)  # the latest registration of a name wins
 
 
@@ -176,7 +177,7 @@ def _read_state(path) -> dict:
     if str(path).endswith(".safetensors"):
         from safetensors.torch import load_file
         return load_file(str(path))
-    sd = common.load_weights_only(path)
+    sd = load_weights_only(path)
     for key in ("state_dict", "model", "model_state_dict"):  # training scripts' wrappers
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
@@ -212,7 +213,7 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
     """(model, train_transform, eval_transform, tokenizer) as common.load_model returns them.
     pretrained: '' (the towers' pre-trained weights, found offline), 'random', or a checkpoint file that
     common.save_model wrote for this backbone (its sidecar carries the config and the text tower's folder)."""
-    meta = common.read_sidecar(pretrained) if pretrained and os.path.isfile(pretrained) else {}
+    meta = read_sidecar(pretrained) if pretrained and os.path.isfile(pretrained) else {}
     if pretrained not in ("", "random") and not meta.get("towers"):
         raise UsageError(f"--pretrained {pretrained!r}: for {backbone} give '' (the towers' weights), 'random', or "
                          f"a model file this repository saved for it (with its .json sidecar)")
@@ -248,7 +249,7 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
         sd = _read_state(pretrained)
         model.load_state_dict(sd)
     model.towers = {"backbone": name, "model_cfg": cfg, "text_dir": str(text_dir)}  # for save_model's sidecar
-    return model, train_tf, eval_tf, common.CachedTokenizer(open_clip.get_tokenizer(name))
+    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)  # common.load_model caches it
 
 
 def sidecar(model, path) -> dict:
@@ -258,7 +259,7 @@ def sidecar(model, path) -> dict:
     t = model.towers
     folder = Path(path).parent / f"{Path(path).stem}-text"
     folder.mkdir(parents=True, exist_ok=True)
-    common.text_tower(model).config.save_pretrained(folder)
+    model.text.config.save_pretrained(folder)  # CustomTextCLIP's text tower
     with _quiet_transformers():
         AutoTokenizer.from_pretrained(t["text_dir"], trust_remote_code=False).save_pretrained(folder)
     cfg = json.loads(json.dumps(t["model_cfg"]))

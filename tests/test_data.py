@@ -6,6 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
+from plumbing import manifests
 import common
 import lab
 
@@ -147,9 +148,9 @@ def test_an_unchanged_image_is_decoded_once_per_process(tmp_path, monkeypatch):
     once; a file changed on disk since (new size or time) is decoded again
     and its new problem found."""
     decoded = []
-    real = common.image_problem
-    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
-    monkeypatch.setattr(common, "_DECODED", {})
+    real = manifests.image_problem
+    monkeypatch.setattr(manifests, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    monkeypatch.setattr(manifests, "_DECODED", {})
     good = _good_image(tmp_path)
     p = tmp_path / "m.jsonl"
     p.write_text(json.dumps({"image": good, "caption": "a"}) + "\n" + json.dumps({"image": good, "caption": "b"}) + "\n")

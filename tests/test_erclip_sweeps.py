@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from plumbing import runfolder
+import socket
 import common
 import erclip
 import eval as evaluation
@@ -184,10 +186,10 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
     assert e.value.code == 2 and "4 usable rows, fewer than one batch" in err and "Traceback" not in err
     out = tmp_path / "runs"  # another live process holds --out
     out.mkdir()
-    (out / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+    (out / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
     with pytest.raises(common.RunError, match="is writing to"):
         erclip.main(argv)
-    (out / common.LOCK).unlink()
+    (out / runfolder.LOCK).unlink()
     with pytest.raises(common.RunError, match="start without --resume"):  # nothing to resume in --out
         erclip.main(argv + ["--resume", "latest"])
     assert not (out / "sweep-ablations").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from plumbing import base
 import common
 import lab
 
@@ -100,7 +101,7 @@ def test_a_shortened_recipe_end_to_end(tmp_path, monkeypatch):
     a tampered file is refused; without shipped weights pretrain_tiny
     pretrains into the cache and says so."""
     from lab import tiny
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
     recipe = {**tiny.TINY_PRETRAIN, "n": 192, "epochs": 1, "batch": 64}
     assert tiny.recipe_key(recipe) != tiny.recipe_key()
     model, seconds = tiny._pretrain_tiny(recipe, tmp_path / "run")

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from plumbing import runfolder
+import socket
+from plumbing import base
 import common
 import lab
 
@@ -91,7 +94,7 @@ def test_a_changed_manifest_is_refused_on_resume_and_recorded_when_overridden(st
 # ----------------------------------------------------------------------------- 5. one writer per sweep / demo
 def _held_by_another_live_process(folder):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+    (folder / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
 
 
 def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_path):
@@ -104,7 +107,7 @@ def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_pa
         with lab.scratch_run(run):
             pass
     assert (run / "checkpoints").is_dir()  # the live run's files are untouched
-    (run / common.LOCK).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": common.socket.gethostname()}))
+    (run / runfolder.LOCK).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname()}))
     assert lab.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})["x"] == 1  # stale: cleared
 
 
@@ -121,7 +124,7 @@ def test_a_second_sweep_or_demo_into_the_same_out_stops_at_once(tmp_path, capsys
 
 # ----------------------------------------------------------------------------- 2, 6. the tiny weights' cache
 def test_a_broken_tiny_weights_cache_is_rebuilt_with_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path)
     path = lab.pretrain_tiny()  # expanded from the shipped file
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])  # cut short, as a full disk or a killed copy leaves it
@@ -146,7 +149,7 @@ def test_a_broken_model_sidecar_is_one_message_naming_it(tmp_path, capsys):
 
 def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     from lab import tiny
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path)
     recipe = dict(tiny.TINY_PRETRAIN, n=64, epochs=2, batch=16)
     real_step = common.train_step
 
@@ -171,7 +174,7 @@ def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_p
 
 
 def test_a_process_waiting_for_the_tiny_weights_says_for_whom(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path)
     path = tmp_path / f"tiny-synthetic-{lab.tiny.recipe_key()}.pt"
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.truncate(0); "
@@ -210,7 +213,7 @@ def test_a_broken_config_json_of_a_task_sequence_is_one_message(tmp_path):
     (out / "config.json").write_text('{"lr": ')
     (out / "continual.json").write_text("{}")
     with pytest.raises(common.RunError, match="config.json is not readable JSON"):
-        common.start_run(_cfg(out, resume="latest"), out, continual=True)
+        runfolder.start_run(_cfg(out, resume="latest"), out, continual=True)
 
 
 def test_another_models_checkpoint_under_override_resume_is_one_message(stopped, tiny):
@@ -235,14 +238,18 @@ def test_eval_py_bad_input_is_one_message_before_any_model(argv, says, capsys, n
     assert code == 2 and says in err and "Traceback" not in err
 
 
-def test_python_eval_py_finds_the_labs_synthetic_sets(tmp_path):
-    """Run as a script, eval.py is __main__; the lab registers its sets in the module `eval`: the script must
-    run that one (it failed with "the lab's synthetic world is not loaded")."""
-    r = subprocess.run([sys.executable, str(REPO / "eval.py"), "--tasks", "synthetic-shape", "--synthetic-n", "8",
-                        "--pretrained", "random", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "e")],
-                       cwd=tmp_path, env=RUN_ENV, capture_output=True, text=True, timeout=300)
+def test_python_m_lab_eval_finds_the_labs_synthetic_sets_and_eval_py_names_it(tmp_path):
+    """eval.py never imports the lab; `python -m lab eval` loads it (its sets register in the module `eval`)
+    and runs eval's main; plain `python eval.py` on a lab set says to use it, in one message."""
+    argv = ["--tasks", "synthetic-shape", "--synthetic-n", "8", "--pretrained", "random", "--data-root",
+            str(tmp_path / "data"), "--out", str(tmp_path / "e")]
+    r = subprocess.run([sys.executable, "-m", "lab", "eval", *argv], cwd=REPO, env=RUN_ENV, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "e" / "results.json").read_text())["records"]
+    r = subprocess.run([sys.executable, str(REPO / "eval.py"), *argv], cwd=tmp_path, env=RUN_ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "python -m lab eval" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_m2mix_eval_on_none_trains_without_evaluating_and_a_bad_name_fails_first(tmp_path, capsys, monkeypatch):
@@ -345,7 +352,7 @@ def test_an_unwritable_cache_is_blamed_on_the_cache_not_on_out(capsys):
     import errno
 
     def main(argv):
-        raise PermissionError(errno.EACCES, "Permission denied", str(common.CACHE_DIR / "configs" / "x.json"))
+        raise PermissionError(errno.EACCES, "Permission denied", str(base.CACHE_DIR / "configs" / "x.json"))
     code, err = _cli(capsys, main, [])
     assert code == 1 and "set CLIPFT_CACHE to a writable folder" in err and "--out" not in err
 
@@ -387,7 +394,7 @@ def test_a_folder_or_a_pipe_where_an_image_belongs_is_not_called_missing(tmp_pat
 def test_override_and_skip_messages_are_printed_once(stopped, tiny, capsys, tmp_path):
     data, out = stopped
     cfg = _cfg(out, resume="latest", override_resume=True, lr=2e-3)
-    common.start_run(cfg, out)  # the preflight's call, then train's
+    runfolder.start_run(cfg, out)  # the preflight's call, then train's
     _train(tiny, data, out, resume="latest", override_resume=True, lr=2e-3)
     assert capsys.readouterr().err.count("--override-resume: continuing with lr=0.002") == 1
 
@@ -425,14 +432,14 @@ def test_a_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_fini
 
 def test_an_interrupt_before_anything_is_saved_says_so(tmp_path, capsys):
     def main(argv):
-        common.start_run(_cfg(tmp_path / "fresh"), tmp_path / "fresh")
+        runfolder.start_run(_cfg(tmp_path / "fresh"), tmp_path / "fresh")
         raise KeyboardInterrupt
     code, err = _cli(capsys, main, [])
     assert code == 130 and "before training saved anything" in err and "nothing to resume" in err
 
 
 # ----------------------------------------------------------------------------- 15. --help before torch loads
-SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "plumbing.export", "plumbing.shards",
+SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "plumbing.export", "plumbing.write_shards",
            "plumbing.vlcl")
 _PROBE = """
 import runpy, sys, time

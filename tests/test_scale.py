@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from plumbing import base
+from plumbing import manifests
 import common
-from plumbing import flags
 import lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,12 +27,12 @@ def _port():
 
 def test_slurm_variables_become_torchs_and_torchrun_wins():
     env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
-    assert flags.adopt_slurm(env) and (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
+    assert base.adopt_slurm(env) and (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
     torchrun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "WORLD_SIZE": "2", "RANK": "0"}
-    assert not flags.adopt_slurm(torchrun) and torchrun["WORLD_SIZE"] == "2"
-    assert not flags.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})  # one task: no process group
-    with pytest.raises(flags.UsageError, match="MASTER_ADDR and MASTER_PORT is not set: export MASTER_ADDR"):
-        flags.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"})
+    assert not base.adopt_slurm(torchrun) and torchrun["WORLD_SIZE"] == "2"
+    assert not base.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})  # one task: no process group
+    with pytest.raises(base.UsageError, match="MASTER_ADDR and MASTER_PORT is not set: export MASTER_ADDR"):
+        base.adopt_slurm({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"})
 
 
 def _cfg(out, steps=4):
@@ -129,10 +130,10 @@ def _check_worker(rank, world, port, tmp, manifest):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                       LOCAL_RANK=str(rank), CLIPFT_CACHE=str(Path(tmp) / f"cache{rank}"))
     torch.set_num_threads(1)
-    common.CACHE_DIR = Path(tmp) / f"cache{rank}"
+    base.CACHE_DIR = Path(tmp) / f"cache{rank}"
     common.init_distributed("cpu")
-    decoded, real = [], common.image_problem
-    common.image_problem = lambda p: decoded.append(str(p)) or real(p)
+    decoded, real = [], manifests.image_problem
+    manifests.image_problem = lambda p: decoded.append(str(p)) or real(p)
     ds = common.training_set(common.Config(skip_bad=True), manifest)
     (Path(tmp) / f"rank{rank}.txt").write_text("\n".join(decoded) + "\n--\n" + "\n".join(ds.skipped))
     torch.distributed.destroy_process_group()
@@ -148,29 +149,29 @@ def test_two_processes_split_the_row_check_and_both_see_every_result(tmp_path):
 
 
 def test_the_row_check_is_remembered_on_disk_and_redone_for_changed_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
     path = _broken_manifest(tmp_path / "data")
     cfg = common.Config(skip_bad=True)
-    decoded, real = [], common.image_problem
-    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    decoded, real = [], manifests.image_problem
+    monkeypatch.setattr(manifests, "image_problem", lambda p: decoded.append(str(p)) or real(p))
     first = common.training_set(cfg, path).skipped
     assert len(decoded) == 16 and common.image_check_cache(path).is_file()
-    monkeypatch.setattr(common, "_DECODED", {})  # a new process: only the disk remembers
+    monkeypatch.setattr(manifests, "_DECODED", {})  # a new process: only the disk remembers
     decoded.clear()
     assert common.training_set(cfg, path).skipped == first and decoded == []
     image = path.parent / common.read_manifest(path)[5]["image"]
     image.write_bytes(image.read_bytes()[:60])  # changed since: checked again, alone
-    monkeypatch.setattr(common, "_DECODED", {})
+    monkeypatch.setattr(manifests, "_DECODED", {})
     decoded.clear()
     assert len(common.training_set(cfg, path).skipped) == 3 and decoded == [str(image)]
 
 
 def test_check_images_sample_decodes_a_sample_and_none_decodes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(common, "IMAGE_SAMPLE", 5)
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(manifests, "IMAGE_SAMPLE", 5)
     path = Path(lab.synthetic_manifest("train", tmp_path / "data", n=16))
-    decoded, real = [], common.image_problem
-    monkeypatch.setattr(common, "image_problem", lambda p: decoded.append(str(p)) or real(p))
+    decoded, real = [], manifests.image_problem
+    monkeypatch.setattr(manifests, "image_problem", lambda p: decoded.append(str(p)) or real(p))
     common.training_set(common.Config(check_images="sample"), path)
     assert len(decoded) == 5
     decoded.clear()

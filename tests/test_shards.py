@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from plumbing import write_shards
 import common
 import lab
 from plumbing import shards
@@ -18,7 +19,7 @@ def sharded(tmp_path_factory):
     """The lab's 24 training pairs (with long captions) as shards of 5 samples: 00000..00004.tar."""
     tmp = tmp_path_factory.mktemp("shards")
     manifest = lab.synthetic_manifest("train", tmp / "data", n=24)
-    return manifest, shards.write_shards(manifest, tmp / "shards", per_shard=5)
+    return manifest, write_shards.write_shards(manifest, tmp / "shards", per_shard=5)
 
 
 def _cfg(out, **kw):

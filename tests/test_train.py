@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from plumbing import base
 import common
 import lab
 
@@ -60,7 +61,7 @@ def test_bf16_autocast_step_on_cpu(tmp_path):
 
 def test_fp16_on_cpu_is_for_testing_and_says_so_once(capsys):
     """fp16 + GradScaler on CPU runs (tests/test_fp16.py exercises it), with one warning line."""
-    common._warn_once.cache_clear()
+    base.warn_once.cache_clear()
     assert common.resolve_precision("fp16", "cpu") == "fp16"
     assert common.resolve_precision("fp16", "cpu") == "fp16"
     err = capsys.readouterr().err

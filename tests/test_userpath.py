@@ -15,6 +15,9 @@ import pytest
 import torch
 
 import cclip
+from plumbing import runfolder
+import socket
+from plumbing import base
 import common
 import dns
 import erclip
@@ -169,7 +172,7 @@ def test_every_tasks_manifest_is_checked_before_the_model(tmp_path, root, capsys
 
 
 def test_full_disk_is_named_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(common, "_disk_full", lambda folder: True)
+    monkeypatch.setattr(base, "_disk_full", lambda folder: True)
 
     def torch_save_fails(tmp):  # what torch.save raises on a full disk
         Path(tmp).write_bytes(b"partial")
@@ -247,16 +250,16 @@ def test_a_new_run_into_an_occupied_out_is_refused_unless_overwrite(tmp_path, ro
 def test_one_run_per_out_and_a_stale_lock_is_taken_over(tmp_path, capsys):
     out = tmp_path / "o"
     out.mkdir()
-    (out / common.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": common.socket.gethostname()}))
+    (out / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
     with pytest.raises(common.RunError, match=f"another run \\(PID {os.getppid()}\\) is writing"):
-        common.lock_out(out)
+        runfolder.lock_out(out)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (out / common.LOCK).write_text(json.dumps({"pid": dead.pid, "host": common.socket.gethostname()}))
-    common.lock_out(out)
-    assert json.loads((out / common.LOCK).read_text())["pid"] == os.getpid()
+    (out / runfolder.LOCK).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    runfolder.lock_out(out)
+    assert json.loads((out / runfolder.LOCK).read_text())["pid"] == os.getpid()
     assert f"stale lock of PID {dead.pid}" in capsys.readouterr().err
-    common.lock_out(out)  # this process's own lock: kept
+    runfolder.lock_out(out)  # this process's own lock: kept
 
 
 # ----------------------------------------------------------------------------- 6. numbers checked at parse time
@@ -288,7 +291,7 @@ def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tm
     then a checkpoint; SIGINT on the command line is the test after this one's."""
     signum = signal.SIGTERM
     model, pre, _, tok = tiny_random
-    monkeypatch.setattr(common, "_COMMAND", ["erclip.py", "--out", str(tmp_path), "--overwrite"])
+    monkeypatch.setattr(runfolder, "COMMAND", ["erclip.py", "--out", str(tmp_path), "--overwrite"])
     cfg = common.Config(steps=8, batch_size=8, lr=1e-5, workers=0, precision="fp32", device="cpu", log_every=1,
                         out=str(tmp_path), save_every=0)
     data = common.ManifestDataset(lab.synthetic_manifest("train", root, n=16), pre)
@@ -332,7 +335,7 @@ def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"x")
     live.write_bytes(b"x")
-    common.start_run(common.Config(out=str(tmp_path)), tmp_path)
+    runfolder.start_run(common.Config(out=str(tmp_path)), tmp_path)
     assert not stale.exists() and live.exists()
 
 

@@ -1,0 +1,115 @@
+"""The bottom layer, standard library only (so that --help answers before torch loads): the errors every
+script turns into one message (plumbing.cli), atomic writes, the process count under torchrun or srun, the
+cache folder, and messages with control characters escaped. Every other module of the repository may import
+it; it imports nothing of the repository."""
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("CLIPFT_CACHE", Path.home() / ".cache" / "clipft"))
+
+
+class UsageError(ValueError):
+    """A bad flag or combination of flags (exit code 2, as argparse's)."""
+
+
+SLURM_TO_TORCH = {"SLURM_PROCID": "RANK", "SLURM_NTASKS": "WORLD_SIZE", "SLURM_LOCALID": "LOCAL_RANK"}
+
+
+def adopt_slurm(env=os.environ) -> bool:
+    """srun without torchrun: Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID become torch's RANK /
+    WORLD_SIZE / LOCAL_RANK, as open_clip's distributed.py reads them; the job script sets MASTER_ADDR and
+    MASTER_PORT (README, "Scale"). torchrun's variables, when present, win. True when Slurm's were adopted."""
+    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise UsageError(f"srun started {env['SLURM_NTASKS']} tasks but {' and '.join(missing)} is not set: export "
+                         f"MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) and MASTER_PORT "
+                         f"(a free port, e.g. 29500) in the job script")
+    for slurm, torch_name in SLURM_TO_TORCH.items():
+        env[torch_name] = env[slurm]
+    return True
+
+
+def world_size() -> int:
+    """The number of processes torchrun (or srun) started; 1 without either."""
+    adopt_slurm()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def atomic_write(path, content) -> Path:
+    """Writes `path` so that no reader (another rank, a crash half-way) sees a partial file: a temporary file
+    next to it, unique per process, then os.replace (atomic on one file system); creates the parent folder.
+    content: str (UTF-8), bytes, or a callable that writes the temporary path it is given, e.g.
+    atomic_write(p, lambda tmp: torch.save(obj, tmp)). Returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        if callable(content):
+            content(tmp)
+        elif isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as e:
+        full = isinstance(e, (RuntimeError, OSError)) and _disk_full(path.parent)
+        tmp.unlink(missing_ok=True)  # no stray temporary file after a failure
+        if full and getattr(e, "errno", None) != errno.ENOSPC:  # torch.save says only "file write failed"
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+        raise
+    return path
+
+
+def _disk_full(folder) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < 2 ** 20
+    except OSError:
+        return False
+
+
+class DataError(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def warn_once(message: str):
+    """Prints a message once per process (the preflight and train both check a run's data and settings), with
+    control characters from manifests escaped."""
+    print(printable(message), file=sys.stderr)
+
+
+class UnsafeFileError(RuntimeError):
+    """A file refused by load_weights_only (cli prints its one message)."""
+
+
+class RunError(RuntimeError):
+    """An expected failure around the run: missing weights or training data, an --out that holds or is writing
+    another run, a changed setting on --resume, an interrupted run (exit code 1, or 128 + signal)."""
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM outside training (cli's handler), told apart from Ctrl-C by its signal number."""
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A message as the terminal should show it: control characters from paths and captions (\\r, ANSI escapes,
+    NUL) written as escapes, so they cannot rewrite the line or colour the output; newlines stay."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))

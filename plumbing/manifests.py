@@ -1,0 +1,188 @@
+"""Reading a training or evaluation manifest (JSONL, a JSON array, CSV / TSV) with every bad line named, and the
+row check's image decoding (split across the processes, remembered on disk), below common: common's
+ManifestDataset and eval.py's sets call them. It imports plumbing.base and, of the outside, torch.distributed,
+numpy and PIL."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch.distributed as dist
+from PIL import Image
+
+from plumbing import base
+from plumbing.base import DataError, atomic_write
+
+
+MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
+
+
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def _not_utf8(values) -> bool:
+    """The manifest is decoded with errors='surrogateescape': a non-UTF-8 byte becomes a lone surrogate, so a
+    bad row can be named and skipped instead of refusing the whole file."""
+    return any(isinstance(v, str) and _ESCAPED_BYTE.search(v) is not None for v in values)
+
+
+def _json_array_rows(path, text) -> list[dict]:
+    """A manifest that is one JSON array of row objects; each row's _line is where its object starts."""
+    try:
+        json.loads(text)  # strict parse first: a syntax error is named with its line
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: bad JSON ({e.msg})") from None
+    decoder, sep = json.JSONDecoder(), re.compile(r"[\s,]*")
+    rows, pos, line, counted = [], sep.match(text, text.index("[") + 1).end(), 1, 0
+    while text[pos] != "]":
+        line, counted = line + text.count("\n", counted, pos), pos
+        value, pos = decoder.raw_decode(text, pos)
+        if not isinstance(value, dict):
+            raise DataError(f"{path}:{line}: a JSON array manifest must hold one object per row, "
+                            f"found {type(value).__name__}")
+        rows.append({**value, "_line": line})
+        pos = sep.match(text, pos).end()
+    return rows
+
+
+def read_manifest(path, keep_bad: bool = False) -> list[dict]:
+    """Rows of a manifest: JSONL (lines end at "\\n" only, since U+2028 or \\x85 may sit inside a JSON string),
+    a JSON array of objects, or CSV/TSV (separator detected; a quoted caption may span lines). Each row carries
+    `_line`, the line where it starts. A line that is not UTF-8 or not JSON raises a DataError naming file and
+    line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"manifest not found: {path}")
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+
+    def bad(line, why):
+        if not keep_bad:
+            raise DataError(f"{path}:{line}: {why}")
+        return {"_line": line, "_error": why}
+
+    start = text.lstrip()
+    if start.startswith("["):
+        rows = _json_array_rows(path, text)
+    elif path.suffix in (".jsonl", ".json") or start.startswith("{"):
+        rows = []
+        for i, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            if _not_utf8([line]):
+                rows.append(bad(i, "not valid UTF-8"))
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                rows.append(bad(i, f"bad JSON ({e.msg})"))
+                continue
+            rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
+    else:
+        try:
+            sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
+        except csv.Error:
+            sep = ","
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)
+        reader.fieldnames  # reads the header
+        rows, end = [], reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
+        for r in reader:
+            rows.append(dict(r, _line=end + 1))
+            end = reader.line_num
+    return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
+
+
+def image_problem(path) -> str | None:
+    """None when the image decodes in full, else what is wrong with it. Not PIL's verify(), which reads headers
+    and checksums only (a truncated JPEG, or a PNG broken under valid checksums, passes it): load() decodes
+    everything; draft() lets a JPEG decode at reduced scale (up to 8x faster), still reading the whole stream."""
+    try:
+        with Image.open(path) as im:
+            im.draft("RGB", (64, 64))
+            im.load()
+    except Exception as e:  # PIL raises many types for corrupt files
+        return f"undecodable image {path} ({type(e).__name__}: {e})"
+    return None
+
+
+_DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_problem, for this process
+
+
+def image_problems(paths, threads: int = 8, cache_file: Path | None = None, across_ranks: bool = False):
+    """image_problem of each path, decoded in threads (PIL releases the GIL). A file decoded before and unchanged
+    since (same mtime and size) is not decoded again: in this process (the preflight's row check is training's)
+    and, with cache_file, in any earlier run (a JSON of [mtime_ns, size, problem] per path, written by rank 0).
+    across_ranks (every rank calls it, with the same paths): each rank decodes its share and all share the
+    results (all_gather_object), so N processes check the images once, not N times."""
+    from concurrent.futures import ThreadPoolExecutor
+    keys = [(str(p), st.st_mtime_ns, st.st_size) for p, st in ((p, os.stat(p)) for p in paths)]
+    if cache_file is not None:
+        try:
+            _DECODED.update({(p, m, n): why for p, (m, n, why) in json.loads(Path(cache_file).read_text()).items()})
+        except (OSError, ValueError, TypeError):  # none yet, or broken: checked again
+            pass
+    todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if across_ranks and dist.is_available() \
+        and dist.is_initialized() else (0, 1)
+    mine = todo[rank::world]
+    with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
+        found = list(zip(mine, pool.map(image_problem, [k[0] for k in mine], chunksize=64)))
+    if world > 1 and todo:
+        shares = [None] * world
+        dist.all_gather_object(shares, found)
+        found = [kp for share in shares for kp in share]
+    _DECODED.update(found)
+    if cache_file is not None and todo and rank == 0:
+        atomic_write(cache_file, json.dumps({p: [m, n, _DECODED[(p, m, n)]] for p, m, n in dict.fromkeys(keys)}))
+    return [_DECODED[k] for k in keys]
+
+
+def image_check_cache(manifest) -> Path:
+    """Where the row check remembers a manifest's decoded images (CLIPFT_CACHE/image-checks/)."""
+    return base.CACHE_DIR / "image-checks" / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json"
+
+
+IMAGE_SAMPLE = 1000  # --check-images sample: rows decoded before training (a fixed seeded choice)
+
+
+def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str = "bad row(s)") -> str:
+    """Every bad row up to MAX_LISTED, then how many more."""
+    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return f"{where}: {len(problems)} {what}{hint}:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more
+
+
+class CompactRows(Sequence):
+    """A manifest's rows as packed columns: per column, every row's value as JSON in one uint8 buffer with int64
+    offsets. A few arrays instead of millions of dicts, whose reference counts, touched by every read, make each
+    forked DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access."""
+
+    def __init__(self, rows: Sequence[dict]):
+        self.columns = list(dict.fromkeys(k for r in rows for k in r))
+        self.packed = {}
+        for c in self.columns:
+            values = [json.dumps(r[c], ensure_ascii=False).encode() if c in r else b"" for r in rows]  # b"": absent
+            offsets = np.zeros(len(values) + 1, np.int64)
+            np.cumsum([len(v) for v in values], out=offsets[1:])
+            self.packed[c] = (np.frombuffer(b"".join(values), np.uint8), offsets)
+        self.n = len(rows)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i %= self.n
+        row = {}
+        for c, (data, offsets) in self.packed.items():
+            if offsets[i + 1] > offsets[i]:
+                row[c] = json.loads(data[offsets[i]:offsets[i + 1]].tobytes())
+        return row
