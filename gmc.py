@@ -12,8 +12,8 @@ Implements
                           encoder (MulT's cross-modal transformers, 5 layers, width 30, then 3 memory transformers);
                           one shared head Linear(60, 60) + L2 norm for all four; a residual classifier 60 -> 1
   GMC's loss              for each modality m: NT-Xent of (z_J, z_m) over the 2B rows [z_J; z_m], tau 0.3, summed
-  Sec. 5.5's objective    1/2 L_clf + 1/2 L_gmc + alpha L_m2, the mixture of two modalities' latents (m2mix.py's
-                          geodesic_mix, Eq. 3) as positive and negatives against the joint
+  Sec. 5.5's objective    1/2 L_clf + 1/2 L_gmc + alpha L_m2, the mixture of two modalities' latents (m2-Mix's
+                          Eq. 3, common.geodesic_mix) as positive and negatives against the joint
   Table 4                 binary accuracy, align, unif for Full, T, V, A, T+V, T+A, V+A; --seeds: mean +- std
 
 Code name -> symbol
@@ -97,7 +97,6 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from m2mix import geodesic_mix, sample_lam
 
 
 # =============================================================================
@@ -125,7 +124,7 @@ def m2_gmc_loss(z_joint, zs, tau: float, lam: float, pairs):
     """Sec. 5.5: L_m2 = mean over `pairs` (a, b) of mean_anchors NT-Xent(mix_lam(z_a, z_b), z_J) (Eq. 3's mix;
     the mixture as positive of its own joint and negatives of every other row, G3-G4)."""
     # Sec. 5.5 with Eq. (3)'s geodesic mix: NT-Xent(mix_lam(z_a, z_b), z_J), averaged over the pairs
-    return torch.stack([nt_xent(geodesic_mix(lam, zs[a], zs[b]), z_joint, tau).mean() for a, b in pairs]).mean()
+    return torch.stack([nt_xent(common.geodesic_mix(lam, zs[a], zs[b]), z_joint, tau).mean() for a, b in pairs]).mean()
 
 
 def clf_loss(pred, y, kind: str):
@@ -249,7 +248,7 @@ class GMCNet(common.Method):
             pairs = [(0, 1), (0, 2), (1, 2)]
             if cfg.mix_pairs == "random":  # G3: one pair per batch, from the step's seeded generator
                 pairs = [pairs[int(torch.randint(3, (1,), generator=ctx.generator))]]
-            lam = sample_lam(cfg.beta, ctx.generator)
+            lam = common.sample_lam(cfg.beta, ctx.generator)
             out["loss_m2"] = cfg.m2_weight * m2_gmc_loss(z_j, [z_t, z_a, z_v], cfg.tau, lam, pairs)
         return out
 

@@ -153,7 +153,6 @@ class M2MixConfig(flags.Config):
 if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
     flags.answer_early(M2MixConfig)
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -166,24 +165,6 @@ from plumbing import towers
 # =============================================================================
 # Losses
 # =============================================================================
-def geodesic_mix(lam, a, b, eps: float = 1e-6):
-    """Eq. (3): row-wise spherical interpolation between unit vectors.
-        mix_lam(a, b) = a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta),
-        theta = arccos(a . b)
-    lam = 1 gives a, lam = 0 gives b. a, b: (B, D) unit rows -> (B, D) float32 unit rows.
-    Numerics (deviation 1): in float64, theta = 2 atan2(|a - b|, |a + b|), which
-    equals arccos(a . b) for unit vectors but stays accurate next to 0 and pi,
-    clamped to [eps, pi - eps] so sin(theta) >= ~eps: a = b returns a with
-    finite gradients; a = -b (no unique geodesic) stays finite."""
-    a64, b64 = a.double(), b.double()
-    theta = 2 * torch.atan2((a64 - b64).norm(dim=-1, keepdim=True), (a64 + b64).norm(dim=-1, keepdim=True))
-    theta = theta.clamp(eps, math.pi - eps)  # (B, 1)
-    sin = torch.sin(theta)  # never 0
-    # Eq. (3): a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta)
-    mix = a64 * (torch.sin(lam * theta) / sin) + b64 * (torch.sin((1 - lam) * theta) / sin)
-    return mix.float()
-
-
 def flip(x):
     """x_{i'}: the batch reversed, partner of row i is row B-1-i (Algorithm 1)."""
     return torch.flip(x, dims=[0])
@@ -207,7 +188,7 @@ def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str =
     img, txt: (B, D) normalised; logit_scale: s; lam: float in [0, 1]."""
     if form not in ("text", "printed") or directions not in ("mean", "sum"):
         raise ValueError(f"form is 'text' or 'printed' ({form!r}), directions 'mean' or 'sum' ({directions!r})")
-    mix = geodesic_mix(lam, img, txt)  # (B, D)
+    mix = common.geodesic_mix(lam, img, txt)  # (B, D)
     pos = (img * txt).sum(-1, keepdim=True)  # (B, 1): I_i . T_i
     if form == "text":
         eye = torch.eye(len(img), dtype=torch.bool, device=img.device)
@@ -238,7 +219,7 @@ def vmix_loss(img, txt, logit_scale, lam):
         C_V = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]
     img, txt: (B, D) normalised; logit_scale: s; lam: float."""
     # Sec. 4.2.1: image i mixed with its partner i' = B-1-i
-    logits = logit_scale * geodesic_mix(lam, img, flip(img)) @ txt.float().t()  # (B, B)
+    logits = logit_scale * common.geodesic_mix(lam, img, flip(img)) @ txt.float().t()  # (B, B)
     target = _flip_targets(lam, len(img), img.device)
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
@@ -249,7 +230,7 @@ def lmix_loss(img, txt, logit_scale, lam):
         M = s I mix_lam(T, flip(T))^T,   Y = lam I + (1-lam) I_R
         C_L = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]"""
     # Sec. 4.2.1: text i mixed with its partner i' = B-1-i
-    logits = logit_scale * img.float() @ geodesic_mix(lam, txt, flip(txt)).t()  # (B, B)
+    logits = logit_scale * img.float() @ common.geodesic_mix(lam, txt, flip(txt)).t()  # (B, B)
     target = _flip_targets(lam, len(img), img.device)
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
@@ -261,7 +242,7 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
         L_VL = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]
     At lam = 1 it is the CLIP loss (common.clip_loss)."""
     # Sec. 4.2.2: both modalities mixed with the same ratio
-    logits = logit_scale * geodesic_mix(lam, img, flip(img)) @ geodesic_mix(lam, txt, flip(txt)).t()
+    logits = logit_scale * common.geodesic_mix(lam, img, flip(img)) @ common.geodesic_mix(lam, txt, flip(txt)).t()
     eye = torch.eye(len(img), device=img.device)
     y = eye if target == "paper" else eye + flip(eye)
     return 0.5 * (soft_cross_entropy(logits, y) + soft_cross_entropy(logits.t(), y.t()))
@@ -270,14 +251,6 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
 # =============================================================================
 # Model wrapper
 # =============================================================================
-def sample_lam(alpha: float, generator: torch.Generator, fp16: bool = False) -> float:
-    """lam ~ Beta(alpha, alpha) (Sec. 4.1), drawn from the step's seeded generator; fp16: rounded as the code's
-    .half() (deviation 16)."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
-    return float(torch.tensor(lam).half()) if fp16 else lam
-
-
 class Fp16Storage:
     """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the parameters OpenAI's
     clip.model.convert_weights casts (conv, linear and attention weights and biases; proj, text_projection) are
@@ -335,11 +308,11 @@ class M2Mix(common.Method):
             m2_scale = self.logit_scale2.clamp(max=common.LOGIT_SCALE_MAX).exp()
         else:
             m2_scale = 1.0 / cfg.m2_tau if cfg.m2_tau else scale
-        lam = sample_lam(alpha_m2, ctx.generator, cfg.fp16_weights)
+        lam = common.sample_lam(alpha_m2, ctx.generator, cfg.fp16_weights)
         losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam, cfg.m2_directions,
                                                                cfg.m2_form)
         if cfg.method == "m3":
-            lam_v, lam_l, lam_vl = (sample_lam(a, ctx.generator, cfg.fp16_weights)
+            lam_v, lam_l, lam_vl = (common.sample_lam(a, ctx.generator, cfg.fp16_weights)
                                     for a in (cfg.alpha_v, cfg.alpha_l, cfg.alpha_vl))
             c_v, c_l = vmix_loss(img, txt, scale, lam_v), lmix_loss(img, txt, scale, lam_l)
             # Sec. 4.2.1: L_uni = 1/2 (C_V + C_L); "sum": C_V + C_L, the code (deviation 14)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 import common
 import gmc
-import m2mix
 from lab.sentiment import sentiment_world
 from test_resume import _Payload  # runs code when unpickled
 
@@ -46,7 +45,7 @@ def test_gmc_loss_is_the_sum_over_modalities_of_nt_xent_with_the_joint():
 @pytest.mark.parametrize("pairs", [[(0, 1), (0, 2), (1, 2)], [(2, 1)]])
 def test_m2_term_puts_the_mixture_against_the_joint_as_positive_and_negatives(pairs):
     z_j, zs, tau, lam = unit(6, 4, seed=5), [unit(6, 4, seed=s) for s in (6, 7, 8)], 0.3, 0.3
-    want = np.mean([np.mean(nt_xent_loop(m2mix.geodesic_mix(lam, zs[a], zs[b]), z_j, tau)) for a, b in pairs])
+    want = np.mean([np.mean(nt_xent_loop(common.geodesic_mix(lam, zs[a], zs[b]), z_j, tau)) for a, b in pairs])
     assert gmc.m2_gmc_loss(z_j, zs, tau, lam, pairs).item() == pytest.approx(want, rel=1e-5)
 
 
