@@ -42,7 +42,7 @@ Deviations (numbered)
 
 Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release): {'train'|'valid'|'test':
 {'text': (N, 50, 300), 'audio': (N, 50, 74), 'vision': (N, 50, 35), 'labels': (N, 1, 1), 'id': ...}}, read with
-a restricted unpickler (numpy arrays only); --convert writes a .npz beside it once. Commands
+a restricted unpickler (numpy arrays only, plumbing/mosei.py); --convert writes a .npz beside it once. Commands
   python gmc.py --data data/mosei/mosei_data.pkl --method gmc-m2 --seeds 0,1,2,3,4 --out runs/gmc-m2
   python gmc.py --data data/mosei/mosei_data.pkl --convert      (then --data data/mosei/mosei_data.npz)
   python gmc.py --demo      (lab/demos/gmc.py: a synthetic three-modality sentiment world, 5 seeds)
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +58,6 @@ from pathlib import Path
 from plumbing import flags
 from plumbing.flags import arg
 
-MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
 SUBSETS = {"Full": (0, 1, 2), "T": (0,), "V": (2,), "A": (1,), "T+V": (0, 2), "T+A": (0, 1), "V+A": (2, 1)}
 
 
@@ -97,6 +95,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
+from plumbing import mosei
 
 
 # =============================================================================
@@ -234,7 +233,7 @@ class GMCNet(common.Method):
         self.model, self.cfg = model, cfg
 
     def features(self, batch, ctx=None):
-        zs, z_joint = self.model.latents([batch[k] for k in MODALITIES])
+        zs, z_joint = self.model.latents([batch[k] for k in mosei.MODALITIES])
         return {"z_t": zs[0], "z_a": zs[1], "z_v": zs[2], "z_j": z_joint, "pred": self.model.classify(z_joint),
                 "y": batch["label"]}
 
@@ -254,102 +253,6 @@ class GMCNet(common.Method):
 
 
 # =============================================================================
-# Data: the aligned MOSEI pickle, read without running code
-# =============================================================================
-class NumpyOnly(pickle.Unpickler):
-    """Admits the globals numpy arrays need (and _codecs.encode, Python 2 pickles' bytes); anything else stops."""
-    SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
-
-    def find_class(self, module, name):
-        if (module, name) not in self.SAFE:
-            raise common.DataError(f"the pickle asks for {module}.{name}, which is not a numpy array: refused (a "
-                                   f"pickle can run code when loaded; the MOSEI file holds numpy arrays only)")
-        return super().find_class(module, name)
-
-
-def read_arrays(path) -> dict:
-    """{split: {key: ndarray}} from the pickle (restricted) or its .npz ('split/key' entries)."""
-    path = Path(path)
-    if not path.is_file():
-        raise common.UsageError(f"--data {path}: no such file. The aligned CMU-MOSEI pickle is MulT's processed "
-                                f"mosei_senti_data.pkl (github.com/yaohungt/Multimodal-Transformer; GMC's code "
-                                f"calls it mosei_data.pkl): docs/gmc.md, 'The data as distributed'")
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            out = {}
-            for k in z.files:
-                split, _, key = k.partition("/")
-                out.setdefault(split, {})[key] = z[k]
-            return out
-    with open(path, "rb") as f:
-        try:
-            return NumpyOnly(f, encoding="latin1").load()
-        except common.DataError:
-            raise
-        except Exception as e:  # noqa: BLE001  truncated or not a pickle
-            raise common.DataError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from None
-
-
-def convert(path) -> Path:
-    """The pickle's arrays as a .npz beside it (no pickle inside: np.load(allow_pickle=False) reads it)."""
-    arrays = read_arrays(path)
-    flat = {f"{s}/{k}": (v.astype(str) if v.dtype == object else v) for s, d in arrays.items() for k, v in d.items()}
-    out = Path(path).with_suffix(".npz")
-    common.atomic_write(out, lambda tmp: np.savez(open(tmp, "wb"), **flat))
-    return out
-
-
-def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
-    """({split: {'text'|'audio'|'vision': float32 (N, T, d), 'label': (N,)}}, {what: non-finite count}),
-    shapes checked first: one message names the split and the key that is wrong."""
-    arrays, out, fixed = read_arrays(path), {}, {}
-    for split in ("train", "valid", "test"):
-        if split not in arrays or not isinstance(arrays[split], dict):
-            raise common.DataError(f"{path}: no '{split}' split (found {sorted(arrays)[:5]}); GMC's layout: "
-                                   f"{{'train'|'valid'|'test': {{'text', 'audio', 'vision', 'labels'}}}}")
-        d, n = arrays[split], None
-        for key in (*MODALITIES, "labels"):
-            a = d.get(key)
-            if not isinstance(a, np.ndarray) or (a.ndim != 3 if key != "labels" else a.size != len(a)):
-                raise common.DataError(f"{path}: {split}/{key} is {getattr(a, 'shape', a)!r}; want (N, steps, dim) "
-                                       f"for features, N values for labels")
-            if n is not None and len(a) != n:
-                raise common.DataError(f"{path}: {split}/{key} has {len(a)} rows, {split}/text {n}")
-            n = len(a)
-        steps = {d[k].shape[1] for k in MODALITIES}
-        if len(steps) > 1:
-            raise common.DataError(f"{path}: {split}'s modalities have {sorted(steps)} steps; GMC reads aligned ones")
-        out[split] = {}
-        for key in (*MODALITIES, "labels"):
-            a = d[key].astype(np.float32)
-            bad = ~np.isfinite(a)
-            if bad.any():
-                if nonfinite == "refuse":
-                    raise common.DataError(f"{path}: {split}/{key} has {int(bad.sum())} non-finite values "
-                                           f"({int(np.isneginf(a).sum())} -inf); --nonfinite zero sets them to 0")
-                fixed[f"{split}/{key}"] = int(bad.sum())
-                a[bad] = 0.0
-            if key != "labels":
-                out[split][key] = torch.from_numpy(a)
-            else:
-                out[split]["label"] = torch.from_numpy(a.reshape(-1))
-    return out, fixed
-
-
-class Split(torch.utils.data.Dataset):
-    def __init__(self, arrays: dict):
-        self.arrays = arrays
-
-    def __len__(self):
-        return len(self.arrays["label"])
-
-    def __getitem__(self, i):
-        return {k: v[i] for k, v in self.arrays.items()}
-
-
-# =============================================================================
 # Evaluation: Table 4
 # =============================================================================
 @torch.no_grad()
@@ -358,7 +261,7 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     (eval.geometry of normalise(partial z) against z_J; Full: unif of z_J with itself; G7)."""
     model.eval()
     device = next(model.parameters()).device
-    xs = [split[k].to(device) for k in MODALITIES]
+    xs = [split[k].to(device) for k in mosei.MODALITIES]
     y = split["label"]
     chunks = range(0, len(y), batch)
     z_joint = torch.cat([model.observe([x[i:i + batch] for x in xs], (0, 1, 2)) for i in chunks]).float().cpu()
@@ -399,10 +302,10 @@ METHOD_NAMES = {"gmc": "GMC", "gmc-m2": "GMC+m2-Mix"}
 def run(cfg: GMCConfig, splits: dict) -> dict:
     """One seed: trains on 'train' (common.train: AMP, checkpoints, resume, metrics.jsonl, DDP), evaluates 'test'."""
     torch.manual_seed(cfg.seed)  # the model's initial weights
-    dims = [splits["train"][k].shape[2] for k in MODALITIES]
+    dims = [splits["train"][k].shape[2] for k in mosei.MODALITIES]
     model = GMC(dims, splits["train"]["text"].shape[1], layers=cfg.layers)
     constant = lambda opt, steps_per_epoch, total: lambda step: 1.0  # noqa: E731  G5
-    summary = common.train(cfg, GMCNet(model, cfg), Split(splits["train"]), common.Collate(None), export=False,
+    summary = common.train(cfg, GMCNet(model, cfg), mosei.Split(splits["train"]), common.Collate(None), export=False,
                            schedule=constant)
     if "stopped_at" in summary or common.dist_info()[0] != 0:
         return {"summary": summary}
@@ -419,9 +322,9 @@ def main(argv=None):
         return demo.main(argv)
     cfg = common.parse_config(GMCConfig, argv)
     if cfg.convert:
-        print(f"wrote {convert(cfg.data)}")
+        print(f"wrote {mosei.convert(cfg.data)}")
         return None
-    splits, fixed = load_splits(cfg.data, cfg.nonfinite)  # before any training
+    splits, fixed = mosei.load_splits(cfg.data, cfg.nonfinite)  # before any training
     if fixed:
         print(f"[gmc] non-finite feature values set to 0 (G6): {fixed}", file=sys.stderr)
     try:
