@@ -99,6 +99,34 @@ def clip_loss(img, txt, logit_scale, label_smoothing: float = 0.0):
                   + F.cross_entropy(logits.t(), labels, label_smoothing=label_smoothing))
 
 
+def geodesic_mix(lam, a, b, eps: float = 1e-6):
+    """m2-Mix's Eq. (3) (Oh et al., NeurIPS 2023): row-wise spherical interpolation between unit
+    vectors, used by m2mix.py and gmc.py.
+        mix_lam(a, b) = a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta),
+        theta = arccos(a . b)
+    lam = 1 gives a, lam = 0 gives b. a, b: (B, D) unit rows -> (B, D) float32 unit rows.
+    Numerics (m2mix.py's deviation 1): in float64, theta = 2 atan2(|a - b|, |a + b|), which
+    equals arccos(a . b) for unit vectors but stays accurate next to 0 and pi,
+    clamped to [eps, pi - eps] so sin(theta) >= ~eps: a = b returns a with
+    finite gradients; a = -b (no unique geodesic) stays finite."""
+    a64, b64 = a.double(), b.double()
+    theta = 2 * torch.atan2((a64 - b64).norm(dim=-1, keepdim=True),
+                            (a64 + b64).norm(dim=-1, keepdim=True))
+    theta = theta.clamp(eps, math.pi - eps)  # (B, 1)
+    sin = torch.sin(theta)  # never 0
+    # Eq. (3): a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta)
+    mix = a64 * (torch.sin(lam * theta) / sin) + b64 * (torch.sin((1 - lam) * theta) / sin)
+    return mix.float()
+
+
+def sample_lam(alpha: float, generator: torch.Generator, fp16: bool = False) -> float:
+    """lam ~ Beta(alpha, alpha) (m2-Mix Sec. 4.1), drawn from the step's seeded generator; fp16:
+    rounded as m2-Mix's released code's .half() (m2mix.py's deviation 16)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
+    return float(torch.tensor(lam).half()) if fp16 else lam
+
+
 def text_tower(model):
     """The modules of the text encoder, for CLIP (flat) and CustomTextCLIP (model.text)."""
     return model.text if hasattr(model, "text") else model

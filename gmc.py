@@ -1,57 +1,50 @@
 """GMC + m2-Mix on CMU-MOSEI with missing modalities at test time (m2-Mix Sec. 5.5, Table 4).
 
 Papers: Changdae Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023,
-https://arxiv.org/abs/2203.03897, Sec. 5.1 (setup) and 5.5 (Table 4, Fig. 7). Petra Poklukar, Miguel Vasco, Hang
-Yin, Francisco S. Melo, Ana Paiva, Danica Kragic. "Geometric Multimodal Contrastive Representation Learning."
-ICML 2022, https://arxiv.org/abs/2202.03390. GMC's code ("GMC's code" below): github.com/miguelsvasco/gmc,
-gmc_code/supervised (architectures/models/gmc.py, gmc_networks.py, data_modules/extra/affect_dataset.py,
+https://arxiv.org/abs/2203.03897, Sec. 5.1 (setup) and 5.5 (Table 4, Fig. 7). Petra Poklukar,
+Miguel Vasco, Hang Yin, Francisco S. Melo, Ana Paiva, Danica Kragic. "Geometric Multimodal
+Contrastive Representation Learning." ICML 2022, https://arxiv.org/abs/2202.03390.
+GMC's code ("GMC's code" below): github.com/miguelsvasco/gmc, gmc_code/supervised
+(architectures/models/gmc.py, gmc_networks.py, data_modules/extra/affect_dataset.py,
 modules/trainers/model_evaluation_metrics.py). m2-Mix's released code has no GMC part.
+At length (the model, the data, each deviation, the demo): docs/gmc.md.
 
-Implements
-  GMC's model for MOSEI   per modality a GRU (hidden 30) over the aligned steps -> Linear(steps*30, 60); a joint
-                          encoder (MulT's cross-modal transformers, 5 layers, width 30, then 3 memory transformers);
-                          one shared head Linear(60, 60) + L2 norm for all four; a residual classifier 60 -> 1
-  GMC's loss              for each modality m: NT-Xent of (z_J, z_m) over the 2B rows [z_J; z_m], tau 0.3, summed
-  Sec. 5.5's objective    1/2 L_clf + 1/2 L_gmc + alpha L_m2, the mixture of two modalities' latents (m2mix.py's
-                          geodesic_mix, Eq. 3) as positive and negatives against the joint
-  Table 4                 binary accuracy, align, unif for Full, T, V, A, T+V, T+A, V+A; --seeds: mean +- std
+Implements (each loss written out once, in the docstring of the function named)
+  GMC's MOSEI model   a GRU per modality -> Linear(steps*30, 60); MulT's joint encoder (5 layers,
+                      width 30); one shared head + L2 norm for all four; a residual classifier: GMC
+  GMC's loss          NT-Xent of (z_J, z_m) over the 2B rows, tau 0.3, summed over m: gmc_loss
+  Sec. 5.5            1/2 L_clf + 1/2 L_gmc + alpha L_m2; L_m2: the geodesic mix (m2-Mix's Eq. 3,
+                      common.geodesic_mix) of two modalities' latents against z_J: m2_gmc_loss
+  Table 4             binary accuracy, align, unif for Full, T, V, A, T+V, T+A, V+A; --seeds: mean
+                      +- std: evaluate, table4
 
 Code name -> symbol
-  z[m], z_joint   z_m, z_J      unit vectors of the shared head (B, 60); m in 0 = text, 1 = audio, 2 = vision
+  z[m], z_joint   z_m, z_J      the shared head's unit vectors (B, 60); m: 0 text, 1 audio, 2 vision
   tau             tau           the NT-Xent temperature (GMC's 0.3)
   lam             lambda        ~ Beta(beta, beta), the mixing ratio of Eq. (3)
   m2_weight       alpha         the weight of L_m2 in Sec. 5.5's objective
 
-Deviations (numbered)
-  G1. L_clf: the paper's cross-entropy (binary, positive vs negative sentiment, on the classifier's logit); GMC's
-      code and the unofficial GMC + m2-Mix code (teang1995/DMM, history) regress the score with L1: --clf l1.
+Deviations (one line each; at length in docs/gmc.md)
+  G1. L_clf: the paper's cross-entropy on the sign; GMC's code and the unofficial one: L1, --clf l1.
   G2. The objective's 1/2 weights are the paper's; both codes weight 1 and 1: --weights code.
-  G3. Which latents are mixed is not printed: each of the three modality pairs, averaged (bi-to-joint for every
-      pair); the unofficial code draws one pair per batch: --mix-pairs random. alpha 0.2, Beta(2, 2): its
-      reporting scripts' values (the paper gives none).
-  G4. Positives of L_m2: (mix_i, z_J,i), the same sample's joint representation; negatives every other row of
-      [mix; z_J], as GMC's NT-Xent (Sec. 5.5: "as both positive and negative pairs with the target joint").
-  G5. Constant lr; GMC's ReduceLROnPlateau (patience 20) on the validation loss fires at most once in 40 epochs.
-      Adam is AdamW with weight decay 0 (GMC: Adam, no decay); gradient clipping 0.8 (GMC's Lightning setting).
-  G6. Non-finite features: GMC's code sets audio's -inf to 0 and keeps NaN / +inf; here every non-finite value is
-      set to 0 and counted (--nonfinite refuse stops instead).
-  G7. Partial observation as GMC's code: the mean of the observed modalities' z (not renormalised) feeds the
-      classifier; align / unif (eval.geometry, m2-Mix's definitions) of normalise(mean z) against z_J. Full: the
-      joint; its unif is of z_J against itself. The unofficial code's unif is within the partial set (<= 0).
+  G3. Pairs mixed: not printed; all three, averaged; the unofficial code's one: --mix-pairs random.
+  G4. L_m2's positive: the same sample's z_J; negatives: every other row of [mix; z_J] (Sec. 5.5).
+  G5. Constant lr (GMC's ReduceLROnPlateau fires <= once in 40 epochs); AdamW, decay 0; clip 0.8.
+  G6. Every non-finite feature set to 0 and counted (GMC's code: audio's -inf): --nonfinite refuse.
+  G7. Partial observation as GMC's code: the mean of the observed z (not renormalised) is classified
   G8. The loss terms are gathered across ranks (global batch); GMC trains on one GPU.
 
-Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release): {'train'|'valid'|'test':
-{'text': (N, 50, 300), 'audio': (N, 50, 74), 'vision': (N, 50, 35), 'labels': (N, 1, 1), 'id': ...}}, read with
-a restricted unpickler (numpy arrays only); --convert writes a .npz beside it once. Commands
+Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release; its layout:
+docs/gmc.md), read by plumbing/mosei.py (numpy arrays only); --convert writes a .npz once.
+Commands
   python gmc.py --data data/mosei/mosei_data.pkl --method gmc-m2 --seeds 0,1,2,3,4 --out runs/gmc-m2
-  python gmc.py --data data/mosei/mosei_data.pkl --convert      (then --data data/mosei/mosei_data.npz)
+  python gmc.py --data data/mosei/mosei_data.pkl --convert   (then --data data/mosei/mosei_data.npz)
   python gmc.py --demo      (lab/demos/gmc.py: a synthetic three-modality sentiment world, 5 seeds)
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,14 +52,16 @@ from pathlib import Path
 from plumbing import flags
 from plumbing.flags import arg
 
-MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
-SUBSETS = {"Full": (0, 1, 2), "T": (0,), "V": (2,), "A": (1,), "T+V": (0, 2), "T+A": (0, 1), "V+A": (2, 1)}
+SUBSETS = {"Full": (0, 1, 2), "T": (0,), "V": (2,), "A": (1,), "T+V": (0, 2), "T+A": (0, 1),
+           "V+A": (2, 1)}
 
 
 @dataclass(frozen=True)
 class GMCConfig(flags.Config):
-    data: str = arg("data/mosei/mosei_data.pkl", "the aligned MOSEI pickle (or its .npz from --convert)")
-    method: str = arg("gmc-m2", "gmc: GMC | gmc-m2: GMC + m2-Mix (Sec. 5.5)", choices=("gmc", "gmc-m2"))
+    data: str = arg("data/mosei/mosei_data.pkl",
+                    "the aligned MOSEI pickle (or its .npz from --convert)")
+    method: str = arg("gmc-m2", "gmc: GMC | gmc-m2: GMC + m2-Mix (Sec. 5.5)",
+                      choices=("gmc", "gmc-m2"))
     epochs: int = arg(40, "epochs (GMC's)")
     batch_size: int = arg(24, "batch size (GMC's)")
     lr: float = arg(1e-3, "lr (GMC's Adam)")
@@ -77,12 +72,17 @@ class GMCConfig(flags.Config):
     tau: float = arg(0.3, "NT-Xent temperature (GMC's)")
     m2_weight: float = arg(0.2, "alpha, the weight of L_m2 (G3)")
     beta: float = arg(2.0, "lam ~ Beta(beta, beta) (G3)")
-    mix_pairs: str = arg("all", "all: every modality pair | random: one per batch (G3)", choices=("all", "random"))
-    clf: str = arg("ce", "ce: the paper's cross-entropy on the sign | l1: GMC's regression (G1)", choices=("ce", "l1"))
-    weights: str = arg("paper", "paper: 1/2 L_clf + 1/2 L_gmc | code: 1 and 1 (G2)", choices=("paper", "code"))
+    mix_pairs: str = arg("all", "all: every modality pair | random: one per batch (G3)",
+                         choices=("all", "random"))
+    clf: str = arg("ce", "ce: the paper's cross-entropy on the sign | l1: GMC's regression (G1)",
+                   choices=("ce", "l1"))
+    weights: str = arg("paper", "paper: 1/2 L_clf + 1/2 L_gmc | code: 1 and 1 (G2)",
+                       choices=("paper", "code"))
     layers: int = arg(5, "layers of each cross-modal and memory transformer (GMC's 5)")
-    nonfinite: str = arg("zero", "zero: non-finite features -> 0, counted | refuse (G6)", choices=("zero", "refuse"))
-    seeds: str = arg("", "comma-separated seeds: one run each, Table 4 as mean +- std (the paper: five runs)")
+    nonfinite: str = arg("zero", "zero: non-finite features -> 0, counted | refuse (G6)",
+                         choices=("zero", "refuse"))
+    seeds: str = arg("", "comma-separated seeds: one run each, Table 4 as mean +- std (the paper: "
+                         "five runs)")
     convert: bool = arg(False, "write the pickle's arrays to a .npz beside it and exit")
     demo: bool = arg(False, "run the lab's demo (lab/demos/gmc.py) and exit")
 
@@ -97,15 +97,17 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from m2mix import geodesic_mix, sample_lam
+from plumbing import mosei
 
 
 # =============================================================================
 # Losses
 # =============================================================================
 def nt_xent(a, b, tau: float):
-    """Per anchor of the 2B rows x = [a; b] (GMC's code): -log exp(a_i.b_i / tau) / sum_{k != anchor} exp(x.x_k / tau);
-    the positive of a_i is b_i and of b_i is a_i, every other row a negative. a, b: (B, D) unit rows -> (2B,)."""
+    """Per anchor of the 2B rows x = [a; b] (GMC's code):
+        -log exp(a_i.b_i / tau) / sum_{k != anchor} exp(x.x_k / tau);
+    the positive of a_i is b_i and of b_i is a_i, every other row a negative.
+    a, b: (B, D) unit rows -> (2B,)."""
     x = torch.cat([a, b]).float()
     sim = (x @ x.t() / tau).fill_diagonal_(float("-inf"))  # (2B, 2B), self-similarity left out
     pos = (a.float() * b.float()).sum(-1) / tau
@@ -114,24 +116,29 @@ def nt_xent(a, b, tau: float):
 
 @common.float32
 def gmc_loss(z_joint, zs, tau: float):
-    """GMC: L_gmc = mean over the 2B anchors of sum_m NT-Xent(z_J, z_m), m = text, audio, vision (GMC's code,
-    super_gmc_loss; equation not numbered here: GMC's paper text is not in this repository's sources)."""
-    # GMC's contrastive loss: sum over m of NT-Xent(z_J, z_m), mean over the 2B anchors
+    """GMC: L_gmc = mean over the 2B anchors of sum_m NT-Xent(z_J, z_m), m = text, audio, vision
+    (GMC's code, super_gmc_loss; equation not numbered here: GMC's paper text is not in this
+    repository's sources)."""
+    # GMC's contrastive loss: summed over m, averaged over the 2B anchors
     return torch.stack([nt_xent(z_joint, z, tau) for z in zs]).sum(0).mean()
 
 
 @common.float32
 def m2_gmc_loss(z_joint, zs, tau: float, lam: float, pairs):
-    """Sec. 5.5: L_m2 = mean over `pairs` (a, b) of mean_anchors NT-Xent(mix_lam(z_a, z_b), z_J) (Eq. 3's mix;
-    the mixture as positive of its own joint and negatives of every other row, G3-G4)."""
-    # Sec. 5.5 with Eq. (3)'s geodesic mix: NT-Xent(mix_lam(z_a, z_b), z_J), averaged over the pairs
-    return torch.stack([nt_xent(geodesic_mix(lam, zs[a], zs[b]), z_joint, tau).mean() for a, b in pairs]).mean()
+    """Sec. 5.5: L_m2 = mean over `pairs` (a, b) of mean_anchors NT-Xent(mix_lam(z_a, z_b), z_J)
+    (Eq. 3's mix; the mixture as positive of its own joint and negatives of every other row,
+    G3-G4)."""
+    # Sec. 5.5 with Eq. (3)'s geodesic mix, averaged over the pairs
+    return torch.stack([nt_xent(common.geodesic_mix(lam, zs[a], zs[b]), z_joint, tau).mean()
+                        for a, b in pairs]).mean()
 
 
 def clf_loss(pred, y, kind: str):
-    """G1: ce = binary cross-entropy of the logit against y > 0 (the paper's 'cross-entropy'); l1 = |pred - y| (GMC)."""
+    """G1: ce = binary cross-entropy of the logit against y > 0 (the paper's 'cross-entropy');
+    l1 = |pred - y| (GMC)."""
     pred, y = pred.float().squeeze(-1), y.float()
-    return F.binary_cross_entropy_with_logits(pred, (y > 0).float()) if kind == "ce" else F.l1_loss(pred, y)
+    return (F.binary_cross_entropy_with_logits(pred, (y > 0).float()) if kind == "ce"
+            else F.l1_loss(pred, y))
 
 
 # =============================================================================
@@ -147,12 +154,14 @@ def sinusoid(n: int, d: int, device) -> torch.Tensor:
 
 
 class CrossModalLayer(nn.Module):
-    """MulT's layer, pre-LayerNorm: x += Attn(LN(x), LN(y), LN(y)) under a causal mask; x += FFN(LN(x))."""
+    """MulT's layer, pre-LayerNorm: x += Attn(LN(x), LN(y), LN(y)) under a causal mask;
+    x += FFN(LN(x))."""
     def __init__(self, d: int, heads: int, attn_dropout: float, dropout: float = 0.1):
         super().__init__()
         self.ln_q, self.ln_kv, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, heads, dropout=attn_dropout)
-        self.ffn = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Dropout(dropout), nn.Linear(4 * d, d))
+        self.ffn = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(4 * d, d))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, y, mask):
@@ -162,7 +171,8 @@ class CrossModalLayer(nn.Module):
 
 
 class CrossModalTransformer(nn.Module):
-    """x attends to y (y None: to itself); inputs scaled by sqrt(d) plus positions, embed dropout 0.25, final LN."""
+    """x attends to y (y None: to itself); inputs scaled by sqrt(d) plus positions, embed dropout
+    0.25, final LN."""
     def __init__(self, d: int, layers: int, heads: int = 5, attn_dropout: float = 0.1):
         super().__init__()
         self.d, self.drop = d, nn.Dropout(0.25)
@@ -171,37 +181,43 @@ class CrossModalTransformer(nn.Module):
 
     def forward(self, x, y=None):  # (T, B, d)
         x = self.drop(math.sqrt(self.d) * x + sinusoid(len(x), self.d, x.device))
-        y = None if y is None else self.drop(math.sqrt(self.d) * y + sinusoid(len(y), self.d, y.device))
-        mask = torch.ones(len(x), len(x if y is None else y), dtype=torch.bool, device=x.device).triu(1)
+        y = (None if y is None
+             else self.drop(math.sqrt(self.d) * y + sinusoid(len(y), self.d, y.device)))
+        mask = torch.ones(len(x), len(x if y is None else y), dtype=torch.bool,
+                          device=x.device).triu(1)
         for layer in self.layers:
             x = layer(x, x if y is None else y, mask)
         return self.ln(x)
 
 
 class JointEncoder(nn.Module):
-    """MulT for three modalities: each target attends to the other two (6 cross-modal transformers), a memory
-    transformer per target over both, the last step of each (3 x 60 = 180), a residual MLP, Linear(180, 60).
-    Attention dropout 0.1 where the keys are text and in the memories, 0 otherwise (MulT's attn_dropout_a/_v)."""
+    """MulT for three modalities: each target attends to the other two (6 cross-modal
+    transformers), a memory transformer per target over both, the last step of each (3 x 60 =
+    180), a residual MLP, Linear(180, 60). Attention dropout 0.1 where the keys are text and in
+    the memories, 0 otherwise (MulT's attn_dropout_a/_v)."""
     def __init__(self, dims, latent: int = 60, d: int = 30, layers: int = 5):
         super().__init__()
         self.proj = nn.ModuleList(nn.Conv1d(k, d, 1, bias=False) for k in dims)
-        self.cross = nn.ModuleDict({f"{m}{n}": CrossModalTransformer(d, layers, attn_dropout=0.1 if n == 0 else 0.0)
-                                    for m in range(3) for n in range(3) if m != n})
+        self.cross = nn.ModuleDict({
+            f"{m}{n}": CrossModalTransformer(d, layers, attn_dropout=0.1 if n == 0 else 0.0)
+            for m in range(3) for n in range(3) if m != n})
         self.memory = nn.ModuleList(CrossModalTransformer(2 * d, layers) for _ in range(3))
         self.mlp = nn.Sequential(nn.Linear(6 * d, 6 * d), nn.ReLU(), nn.Linear(6 * d, 6 * d))
         self.out = nn.Linear(6 * d, latent)
 
     def forward(self, xs):
-        xs = [F.dropout(xs[0], 0.25, self.training), *xs[1:]]  # MulT: embedding dropout on the text input
-        h = [p(x.transpose(1, 2)).permute(2, 0, 1) for p, x in zip(self.proj, xs)]  # (T, B, d) each
-        last = [self.memory[m](torch.cat([self.cross[f"{m}{n}"](h[m], h[n]) for n in range(3) if n != m], -1))[-1]
+        xs = [F.dropout(xs[0], 0.25, self.training), *xs[1:]]  # MulT: dropout on the text input
+        h = [p(x.transpose(1, 2)).permute(2, 0, 1) for p, x in zip(self.proj, xs)]  # (T, B, d)
+        last = [self.memory[m](torch.cat([self.cross[f"{m}{n}"](h[m], h[n])
+                                          for n in range(3) if n != m], -1))[-1]
                 for m in range(3)]
         z = torch.cat(last, -1)  # (B, 6d)
         return self.out(self.mlp(z) + z)
 
 
 class GMC(nn.Module):
-    """The four processors (GRU per modality, the joint encoder), the shared head and the classifier."""
+    """The four processors (GRU per modality, the joint encoder), the shared head and the
+    classifier."""
     def __init__(self, dims, steps: int, latent: int = 60, layers: int = 5):
         super().__init__()
         self.grus = nn.ModuleList(nn.GRU(k, 30) for k in dims)
@@ -212,8 +228,11 @@ class GMC(nn.Module):
         self.pred = nn.Linear(latent, 1)
 
     def latents(self, xs, joint: bool = True):
-        """[z_text, z_audio, z_vision] (None where xs has None) and z_J (when joint), unit rows (B, 60)."""
-        zs = [None if x is None else F.normalize(self.head(f(g(x.transpose(0, 1))[0].transpose(0, 1).flatten(1))), dim=-1)
+        """[z_text, z_audio, z_vision] (None where xs has None) and z_J (when joint), unit rows
+        (B, 60)."""
+        zs = [None if x is None
+              else F.normalize(self.head(f(g(x.transpose(0, 1))[0].transpose(0, 1).flatten(1))),
+                               dim=-1)
               for x, g, f in zip(xs, self.grus, self.flat)]
         return zs, F.normalize(self.head(self.joint(xs)), dim=-1) if joint else None
 
@@ -221,7 +240,8 @@ class GMC(nn.Module):
         return self.pred(self.clf(z) + z)  # (B, 1): a logit (--clf ce) or the score (l1)
 
     def observe(self, xs, observed):
-        """G7: z_J with every modality, else the mean of the observed modalities' z (not renormalised)."""
+        """G7: z_J with every modality, else the mean of the observed modalities' z (not
+        renormalised)."""
         if len(observed) == 3:
             return self.latents(xs)[1]
         zs, _ = self.latents([x if m in observed else None for m, x in enumerate(xs)], joint=False)
@@ -229,125 +249,32 @@ class GMC(nn.Module):
 
 
 class GMCNet(common.Method):
-    """common.train's wrapper: features = the four latents and the joint's prediction; losses as Sec. 5.5."""
+    """common.train's wrapper: features = the four latents and the joint's prediction; losses as
+    Sec. 5.5."""
     def __init__(self, model: GMC, cfg: GMCConfig):
         super().__init__()
         self.model, self.cfg = model, cfg
 
     def features(self, batch, ctx=None):
-        zs, z_joint = self.model.latents([batch[k] for k in MODALITIES])
-        return {"z_t": zs[0], "z_a": zs[1], "z_v": zs[2], "z_j": z_joint, "pred": self.model.classify(z_joint),
-                "y": batch["label"]}
+        zs, z_joint = self.model.latents([batch[k] for k in mosei.MODALITIES])
+        return {"z_t": zs[0], "z_a": zs[1], "z_v": zs[2], "z_j": z_joint,
+                "pred": self.model.classify(z_joint), "y": batch["label"]}
 
     def losses(self, f, ctx):
         cfg = self.cfg
-        z_t, z_a, z_v, z_j, pred, y = common.gather(f["z_t"], f["z_a"], f["z_v"], f["z_j"], f["pred"], f["y"])
+        z_t, z_a, z_v, z_j, pred, y = common.gather(f["z_t"], f["z_a"], f["z_v"], f["z_j"],
+                                                    f["pred"], f["y"])
         half = 0.5 if cfg.weights == "paper" else 1.0  # G2
         # Sec. 5.5: 1/2 L_clf + 1/2 L_gmc + alpha L_m2
-        out = {"loss_clf": half * clf_loss(pred, y, cfg.clf), "loss_gmc": half * gmc_loss(z_j, [z_t, z_a, z_v], cfg.tau)}
+        out = {"loss_clf": half * clf_loss(pred, y, cfg.clf),
+               "loss_gmc": half * gmc_loss(z_j, [z_t, z_a, z_v], cfg.tau)}
         if cfg.method == "gmc-m2":
             pairs = [(0, 1), (0, 2), (1, 2)]
-            if cfg.mix_pairs == "random":  # G3: one pair per batch, from the step's seeded generator
+            if cfg.mix_pairs == "random":  # G3: one pair per batch, from the step's generator
                 pairs = [pairs[int(torch.randint(3, (1,), generator=ctx.generator))]]
-            lam = sample_lam(cfg.beta, ctx.generator)
+            lam = common.sample_lam(cfg.beta, ctx.generator)
             out["loss_m2"] = cfg.m2_weight * m2_gmc_loss(z_j, [z_t, z_a, z_v], cfg.tau, lam, pairs)
         return out
-
-
-# =============================================================================
-# Data: the aligned MOSEI pickle, read without running code
-# =============================================================================
-class NumpyOnly(pickle.Unpickler):
-    """Admits the globals numpy arrays need (and _codecs.encode, Python 2 pickles' bytes); anything else stops."""
-    SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
-
-    def find_class(self, module, name):
-        if (module, name) not in self.SAFE:
-            raise common.DataError(f"the pickle asks for {module}.{name}, which is not a numpy array: refused (a "
-                                   f"pickle can run code when loaded; the MOSEI file holds numpy arrays only)")
-        return super().find_class(module, name)
-
-
-def read_arrays(path) -> dict:
-    """{split: {key: ndarray}} from the pickle (restricted) or its .npz ('split/key' entries)."""
-    path = Path(path)
-    if not path.is_file():
-        raise common.UsageError(f"--data {path}: no such file. The aligned CMU-MOSEI pickle is MulT's processed "
-                                f"mosei_senti_data.pkl (github.com/yaohungt/Multimodal-Transformer; GMC's code "
-                                f"calls it mosei_data.pkl): docs/gmc.md, 'The data as distributed'")
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            out = {}
-            for k in z.files:
-                split, _, key = k.partition("/")
-                out.setdefault(split, {})[key] = z[k]
-            return out
-    with open(path, "rb") as f:
-        try:
-            return NumpyOnly(f, encoding="latin1").load()
-        except common.DataError:
-            raise
-        except Exception as e:  # noqa: BLE001  truncated or not a pickle
-            raise common.DataError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from None
-
-
-def convert(path) -> Path:
-    """The pickle's arrays as a .npz beside it (no pickle inside: np.load(allow_pickle=False) reads it)."""
-    arrays = read_arrays(path)
-    flat = {f"{s}/{k}": (v.astype(str) if v.dtype == object else v) for s, d in arrays.items() for k, v in d.items()}
-    out = Path(path).with_suffix(".npz")
-    common.atomic_write(out, lambda tmp: np.savez(open(tmp, "wb"), **flat))
-    return out
-
-
-def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
-    """({split: {'text'|'audio'|'vision': float32 (N, T, d), 'label': (N,)}}, {what: non-finite count}),
-    shapes checked first: one message names the split and the key that is wrong."""
-    arrays, out, fixed = read_arrays(path), {}, {}
-    for split in ("train", "valid", "test"):
-        if split not in arrays or not isinstance(arrays[split], dict):
-            raise common.DataError(f"{path}: no '{split}' split (found {sorted(arrays)[:5]}); GMC's layout: "
-                                   f"{{'train'|'valid'|'test': {{'text', 'audio', 'vision', 'labels'}}}}")
-        d, n = arrays[split], None
-        for key in (*MODALITIES, "labels"):
-            a = d.get(key)
-            if not isinstance(a, np.ndarray) or (a.ndim != 3 if key != "labels" else a.size != len(a)):
-                raise common.DataError(f"{path}: {split}/{key} is {getattr(a, 'shape', a)!r}; want (N, steps, dim) "
-                                       f"for features, N values for labels")
-            if n is not None and len(a) != n:
-                raise common.DataError(f"{path}: {split}/{key} has {len(a)} rows, {split}/text {n}")
-            n = len(a)
-        steps = {d[k].shape[1] for k in MODALITIES}
-        if len(steps) > 1:
-            raise common.DataError(f"{path}: {split}'s modalities have {sorted(steps)} steps; GMC reads aligned ones")
-        out[split] = {}
-        for key in (*MODALITIES, "labels"):
-            a = d[key].astype(np.float32)
-            bad = ~np.isfinite(a)
-            if bad.any():
-                if nonfinite == "refuse":
-                    raise common.DataError(f"{path}: {split}/{key} has {int(bad.sum())} non-finite values "
-                                           f"({int(np.isneginf(a).sum())} -inf); --nonfinite zero sets them to 0")
-                fixed[f"{split}/{key}"] = int(bad.sum())
-                a[bad] = 0.0
-            if key != "labels":
-                out[split][key] = torch.from_numpy(a)
-            else:
-                out[split]["label"] = torch.from_numpy(a.reshape(-1))
-    return out, fixed
-
-
-class Split(torch.utils.data.Dataset):
-    def __init__(self, arrays: dict):
-        self.arrays = arrays
-
-    def __len__(self):
-        return len(self.arrays["label"])
-
-    def __getitem__(self, i):
-        return {k: v[i] for k, v in self.arrays.items()}
 
 
 # =============================================================================
@@ -355,33 +282,40 @@ class Split(torch.utils.data.Dataset):
 # =============================================================================
 @torch.no_grad()
 def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
-    """Per observed subset: acc (GMC's: sign of the prediction vs y > 0, zero labels left out, %), align and unif
-    (eval.geometry of normalise(partial z) against z_J; Full: unif of z_J with itself; G7)."""
+    """Per observed subset: acc (GMC's: sign of the prediction vs y > 0, zero labels left out, %),
+    align and unif (eval.geometry of normalise(partial z) against z_J; Full: unif of z_J with
+    itself; G7)."""
     model.eval()
     device = next(model.parameters()).device
-    xs = [split[k].to(device) for k in MODALITIES]
+    xs = [split[k].to(device) for k in mosei.MODALITIES]
     y = split["label"]
     chunks = range(0, len(y), batch)
-    z_joint = torch.cat([model.observe([x[i:i + batch] for x in xs], (0, 1, 2)) for i in chunks]).float().cpu()
+    z_joint = torch.cat([model.observe([x[i:i + batch] for x in xs], (0, 1, 2))
+                         for i in chunks]).float().cpu()
     out, keep = {}, y != 0
     for name, observed in SUBSETS.items():
-        z = z_joint if name == "Full" else torch.cat([model.observe([x[i:i + batch] for x in xs], observed)
+        z = z_joint if name == "Full" else torch.cat([model.observe([x[i:i + batch] for x in xs],
+                                                                    observed)
                                                       for i in chunks]).float().cpu()
         pred = model.classify(z.to(device)).squeeze(-1).float().cpu()
         out[f"{name} acc"] = 100 * ((pred[keep] > 0) == (y[keep] > 0)).float().mean().item()
         g = evaluation.geometry(F.normalize(z, dim=-1), z_joint)
-        out[f"{name} unif"] = evaluation.geometry(z_joint, z_joint)["unif"] if name == "Full" else g["unif"]
+        out[f"{name} unif"] = (evaluation.geometry(z_joint, z_joint)["unif"] if name == "Full"
+                               else g["unif"])
         if name != "Full":
             out[f"{name} align"] = g["align"]
     return out
 
 
 def table4(rows: dict) -> str:
-    """Table 4's layout: our rows (name -> [per-seed results]: mean +- std) under the paper's (eval.M2MIX_TABLE4)."""
-    cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(SUBSETS)[1:] for m in ("acc", "align", "unif")]
+    """Table 4's layout: our rows (name -> [per-seed results]: mean +- std) under the paper's
+    (eval.M2MIX_TABLE4)."""
+    cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(SUBSETS)[1:]
+                                        for m in ("acc", "align", "unif")]
     lines = []
     for name, paper in evaluation.M2MIX_TABLE4.items():
-        lines.append({"method": f"{name} (paper)", **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
+        lines.append({"method": f"{name} (paper)",
+                      **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
     for name, runs in rows.items():
         cells = {}
         for c in cols:
@@ -398,16 +332,18 @@ METHOD_NAMES = {"gmc": "GMC", "gmc-m2": "GMC+m2-Mix"}
 
 
 def run(cfg: GMCConfig, splits: dict) -> dict:
-    """One seed: trains on 'train' (common.train: AMP, checkpoints, resume, metrics.jsonl, DDP), evaluates 'test'."""
+    """One seed: trains on 'train' (common.train: AMP, checkpoints, resume, metrics.jsonl, DDP),
+    evaluates 'test'."""
     torch.manual_seed(cfg.seed)  # the model's initial weights
-    dims = [splits["train"][k].shape[2] for k in MODALITIES]
+    dims = [splits["train"][k].shape[2] for k in mosei.MODALITIES]
     model = GMC(dims, splits["train"]["text"].shape[1], layers=cfg.layers)
     constant = lambda opt, steps_per_epoch, total: lambda step: 1.0  # noqa: E731  G5
-    summary = common.train(cfg, GMCNet(model, cfg), Split(splits["train"]), common.Collate(None), export=False,
-                           schedule=constant)
+    summary = common.train(cfg, GMCNet(model, cfg), mosei.Split(splits["train"]),
+                           common.Collate(None), export=False, schedule=constant)
     if "stopped_at" in summary or common.dist_info()[0] != 0:
         return {"summary": summary}
-    result = {"config": dataclasses.asdict(cfg), "summary": summary, "test": evaluate(model, splits["test"])}
+    result = {"config": dataclasses.asdict(cfg), "summary": summary,
+              "test": evaluate(model, splits["test"])}
     common._atomic_save(model.state_dict(), Path(cfg.out) / "model.pt")
     common.write_results(cfg.out, result, cfg)
     return result
@@ -420,18 +356,19 @@ def main(argv=None):
         return demo.main(argv)
     cfg = common.parse_config(GMCConfig, argv)
     if cfg.convert:
-        print(f"wrote {convert(cfg.data)}")
+        print(f"wrote {mosei.convert(cfg.data)}")
         return None
-    splits, fixed = load_splits(cfg.data, cfg.nonfinite)  # before any training
+    splits, fixed = mosei.load_splits(cfg.data, cfg.nonfinite)  # before any training
     if fixed:
         print(f"[gmc] non-finite feature values set to 0 (G6): {fixed}", file=sys.stderr)
     try:
         seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()] if cfg.seeds else [cfg.seed]
     except ValueError:
-        raise common.UsageError(f"--seeds {cfg.seeds!r}: comma-separated integers, e.g. 0,1,2,3,4") from None
+        raise common.UsageError(f"--seeds {cfg.seeds!r}: comma-separated integers, e.g. "
+                                f"0,1,2,3,4") from None
     if cfg.layers < 0 or cfg.tau <= 0 or len(set(seeds)) != len(seeds):
-        raise common.UsageError(f"--layers {cfg.layers} (>= 0), --tau {cfg.tau:g} (> 0) and --seeds {seeds} "
-                                f"(each once): one of them is off")
+        raise common.UsageError(f"--layers {cfg.layers} (>= 0), --tau {cfg.tau:g} (> 0) and "
+                                f"--seeds {seeds} (each once): one of them is off")
     results = {}
     for seed in seeds:
         out = Path(cfg.out) / f"seed{seed}" if cfg.seeds else Path(cfg.out)
@@ -440,7 +377,8 @@ def main(argv=None):
         return results
     table = table4({METHOD_NAMES[cfg.method]: [r["test"] for r in results.values()]})
     if cfg.seeds:
-        common.write_results(cfg.out, {"seeds": seeds, "per_seed": {s: r["test"] for s, r in results.items()},
+        common.write_results(cfg.out, {"seeds": seeds,
+                                       "per_seed": {s: r["test"] for s, r in results.items()},
                                        "table": table, "nonfinite": fixed}, cfg)
     print(table)
     return {"results": results, "table": table, "nonfinite": fixed}

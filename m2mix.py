@@ -1,72 +1,59 @@
 """m2-Mix / m3-Mix: geodesic multi-modal mixup for robust fine-tuning of CLIP.
 
-Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin,
-Jong-June Jeon, Kyungwoo Song. "Geodesic Multi-Modal Mixup for Robust
-Fine-Tuning." NeurIPS 2023. https://arxiv.org/abs/2203.03897
-Released code ("the code" below): github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/).
+Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin, Jong-June Jeon, Kyungwoo
+Song. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023, arXiv 2203.03897:
+https://arxiv.org/abs/2203.03897. Released code ("the code" below):
+github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/). At length: docs/m2mix.md.
 
-Implements
-  Eq. (3)      geodesic mixup (slerp) of two batches of unit vectors
-  Eqs. (4)-(5) m2-Mix: every negative replaced by the image-text mix of the other pair
-  Sec. 4.2.1   V-Mix, L-Mix (uni-modal mixup with the flipped batch, soft targets)
-  Sec. 4.2.2   VL-Mix (images and texts mixed with the same lam)
-  Sec. 4.2.3   m3-Mix = L_CLIP + L_m2 + L_uni + L_VL (each mix term weighted, Tab. 6)
-  Sec. 5.1/5.3 ViT-B/32 on Flickr30k / COCO: Tab. 1 retrieval, Fig. 2 align / unif, Tab. 2 / Fig. 6 ECE (eval.py)
+Implements (each equation written out once, in the docstring of the function named)
+  Eq. (3)       geodesic mixup (slerp) of two batches of unit vectors: common.geodesic_mix
+  Eqs. (4)-(5)  m2-Mix, every negative replaced by the image-text mix of the other pair: m2mix_loss
+  Sec. 4.2.1    V-Mix, L-Mix (uni-modal mixup, flipped batch, soft targets): vmix_loss, lmix_loss
+  Sec. 4.2.2    VL-Mix (images and texts mixed with the same lam): vlmix_loss
+  Sec. 4.2.3    m3-Mix = L_CLIP + L_m2 + L_uni + L_VL, mix terms weighted (Tab. 6): M2Mix.loss_terms
+  Sec. 5.1-5.3  ViT-B/32, Flickr30k / COCO: Tab. 1 retrieval, Fig. 2 align/unif, Tab. 2 / Fig. 6 ECE
 
 Code name -> paper symbol
-  img, txt           I, T            L2-normalised image / text embeddings, (B, D)
-  logit_scale        1/tau           the multiplier of the cosine logits
-  lam                lambda          mixing ratio ~ Beta(alpha, alpha); weights the FIRST argument
-  alpha_m2 .. _vl    alpha           Beta parameters (Tab. 6: alpha_m2, alpha_V, alpha_L, alpha_VL)
-  m2_weight          lambda_1        weight of L_m2 (Tab. 6)
-  uni_weight         lambda_2        weight of L_uni = 1/2 (C_V + C_L) (Tab. 6; --uni-combine sum: of C_V + C_L)
-  logit_scale2       1/t2            the m2 term's own trainable temperature (Algorithm 1; --m2-own-tau)
-  vl_weight          lambda_3        weight of L_VL (Tab. 6)
-  flip(x)            x_{i'}          the batch reversed: partner of i is i' = B-1-i
-  I, I_R             I, I_R          identity and identity flipped on its rows (Algorithm 1)
+  img, txt          I, T           L2-normalised image / text embeddings, (B, D)
+  logit_scale       s = 1/tau      the cosine logits' multiplier; logit_scale2: 1/t2 (Algorithm 1)
+  lam, alpha_*      lambda, alpha  ratio ~ Beta(alpha, alpha) (Tab. 6), weighting the FIRST argument
+  m2/uni/vl_weight  lambda_1..3    weights of L_m2, L_uni, L_VL (Tab. 6)
+  flip(x), I_R      x_{i'}, I_R    the batch reversed (i' = B-1-i); the identity flipped on its rows
 
-Deviations (numbered; each discussed at length in docs/m2mix.md under its number)
-  1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) clamped to [1e-6, pi - 1e-6]: finite at a = +-b.
-  2. V-Mix / L-Mix normalise over the fully mixed row (Algorithm 1, the code), not the printed un-mixed one.
+Deviations (one line each; at length in docs/m2mix.md under the same number)
+  1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) in [1e-6, pi - 1e-6]: finite at a = +-b.
+  2. V-/L-Mix normalise over the mixed row (Algorithm 1, the code), not Sec. 4.2.1's printed one.
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2); the code's I + I_R: --vl-target code.
-  4. L_m2 averages its directions (Eq. 5's 1/2), real anchors (Eq. 4, the code); the code sums: --m2-directions sum.
-  5. One learnable temperature for every term (Eq. 1). Algorithm 1's own trainable t2: --m2-own-tau;
-     the code's fixed tau2 = 0.07 and base scale 100: --m2-tau 0.07 --base-tau 0.01.
+  4. L_m2 averages its directions (Eq. 5), real anchors (Eq. 4); the code sums: --m2-directions sum.
+  5. One learnable tau (Eq. 1); Alg. 1's t2: --m2-own-tau; the code's: --m2-tau 0.07 --base-tau 0.01
   6. The code decays every mix weight as 1/(epoch+1), the paper does not: --mix-decay.
   7. eval() mode while training (Sec. 5.1, the code): on by default, --no-eval-mode turns it off.
   8. Sec. 5.1 prepends "a photo of" to every text; we use the captions as given (train and test).
-  9. Ours, inside the published sweeps: lr 1e-5, wd 0.2, mix weights 0.05, alpha_m2 0.5 (m2) / 0.2 (m3), V/L/VL 0.5.
- 10. Data: Flickr30k Karpathy train -> test 1k; COCO train2017 -> val2017 5k (Sec. 5.1) or --coco-split
-     karpathy; --train-captions first|all; tested on 5 captions and on the first (Table 1's 1:1).
+  9. Ours, inside the code's sweeps: lr 1e-5, wd 0.2, every mix weight 0.05 (the alphas: the code's)
+ 10. Data (Sec. 5.1): F30k Karpathy train -> test, COCO train2017 -> val2017; --coco-split karpathy.
  11. One lam per batch and per term, drawn from the step's seeded generator (same on every rank).
- 12. Numerics, not the paper: every loss (logits included) in float32 with autocast off (common.float32).
- 13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Algorithm 1, the code); as printed: --m2-form printed.
+ 12. Numerics, not the paper: every loss (logits included) in float32, autocast off: common.float32
+ 13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Alg. 1, code): --m2-form printed.
  14. L_uni = 1/2 (C_V + C_L) (Sec. 4.2.1); the code weights C_V and C_L each: --uni-combine sum.
- 15. SIMAT (Tab. 5) on eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
- 16. Float32 weights between steps; the code keeps them in fp16 (main.py: convert_weights after each step; over 200
-     steps at lr 1e-5 the gap to fp32 masters is 56 % of the update) and lam in fp16: --fp16-weights.
- 17. No weight decay on gains, biases, embeddings, logit_scale; the code's AdamW decays all: --decay-all.
- 18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (one caption per image, not released).
-Deviations of --backbone bert-resnet50 (Sec. 5.4, Table 3; towers.py builds it; the code's --noclip mode in main.py
-sets heads 2048/768 -> 256, CLS pooling, max_length 200, tau 0.01 fixed, one AdamW group at lr 1e-6, and does not
-run as released: wandb.config.shared is undefined)
-  T1. The text head is open_clip's linear projection, without the code's bias (files stay loadable by open_clip).
+ 15. SIMAT (Tab. 5): eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
+ 16. Float32 weights and lam between steps; the code keeps both in fp16 (main.py): --fp16-weights.
+ 17. No weight decay on gains, biases, embeddings, logit_scale; the code decays all: --decay-all.
+ 18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (unreleased; 1 per image)
+ --backbone bert-resnet50 (Sec. 5.4, Table 3; plumbing/towers.py; the code's --noclip mode: docs)
+  T1. The text head is open_clip's linear projection, without the code's bias (open_clip loads it).
   T2. The temperature is learned, from the code's 0.01; the code fixes it: --base-tau 0.01.
-  T3. ImageNet's mean / std, the ResNet's own; the code feeds CLIP's transform (clip.load runs; CLIP's mean / std).
+  T3. ImageNet's mean / std, the ResNet's own; the code feeds CLIP's transform (CLIP's mean / std).
   T4. --lr for towers and heads alike (ours 1e-5), --head-lr for the heads; the code: --lr 1e-6.
-  T5. Captions padded to 200 tokens, cut to the batch's longest (masked, so the same as the code's dynamic padding).
-  T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics (deviation 7).
+  T5. Captions padded to 200 tokens, cut to the batch's longest (masked: the code's dynamic padding)
+  T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics.
 
-Commands
-  one GPU   python m2mix.py --train-data flickr30k --data-root data --method m3 --out runs/m3-f30k  (or ft, m2)
-  torchrun  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
-  the code  ... --m2-tau 0.07 --base-tau 0.01 --mix-decay --m2-directions sum --vl-target code --uni-combine sum
-            --fp16-weights --decay-all --precision fp16 [--simat --simat-protocol code];
-            its m3.sh: --m2-weight 0.01 --uni-weight 0.05 --vl-weight 0.05 (0.1, 0.2)
-  table     python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (ZS comes with the first run)
-  demo      python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
-  Sec. 5.4  python m2mix.py --backbone bert-resnet50 --train-data flickr30k --method m3 --out runs/br-m3
-            [--text-weights DIR --image-weights FILE]; Table 3: --collect; demo: --demo-unimodal (lab/demos/towers.py)
+Commands (the released code's objective, term for term, and its scripts' weights: docs/m2mix.md)
+  python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
+  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
+  python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (the table; ZS: the first's)
+  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
+  python m2mix.py --backbone bert-resnet50 --train-data flickr30k --method m3 --out runs/br-m3
+      [--text-weights DIR --image-weights FILE]   (Sec. 5.4, Table 3; its demo: --demo-unimodal)
 """
 # =============================================================================
 # Imports
@@ -79,7 +66,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free settings and parser: --help answers before torch loads
 from plumbing.flags import arg
 
 
@@ -89,21 +76,27 @@ from plumbing.flags import arg
 @dataclass(frozen=True)
 class M2MixConfig(flags.Config):
     # model and data
-    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, towers.py)")  # Sec. 5.1
-    # bert-resnet50 (Sec. 5.4, deviations T1-T6): where the towers' weights are, and what the paper leaves open
-    text_weights: str = arg("", "the text tower's save_pretrained folder (default: bert-base-uncased in the HF cache)")
-    image_weights: str = arg("", "the image trunk's state_dict (default: torchvision's ResNet-50 file / timm's copy)")
+    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, "
+                                    "towers.py)")  # Sec. 5.1
+    # bert-resnet50 (Sec. 5.4, deviations T1-T6): the towers' weights, what the paper leaves open
+    text_weights: str = arg("", "the text tower's save_pretrained folder (default: "
+                                "bert-base-uncased in the HF cache)")
+    image_weights: str = arg("", "the image trunk's state_dict "
+                                 "(default: torchvision's ResNet-50 file / timm's copy)")
     random_init: bool = arg(False, "random weights (--pretrained random): smoke runs only")
-    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's (the code's 256)")
-    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) | mean",
-                         choices=("cls", "mean"))
-    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr (the code: one lr)")
-    train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone tiny when absent) | "
-                                  "flickr30k (Karpathy) | coco (see --coco-split) | a manifest | synthetic")
-    coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy (train+restval -> test)",
-                          choices=("2017", "karpathy"))
-    train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: every caption",
-                              choices=("first", "all"))
+    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's "
+                            "(the code's 256)")
+    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) "
+                                "| mean", choices=("cls", "mean"))
+    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr "
+                              "(the code: one lr)")
+    train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone "
+                                  "tiny when absent) | flickr30k (Karpathy) | coco (see "
+                                  "--coco-split) | a manifest | synthetic")
+    coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy "
+                                  "(train+restval -> test)", choices=("2017", "karpathy"))
+    train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: "
+                                       "every caption", choices=("first", "all"))
     # optimisation (Sec. 5.1, code scripts)
     epochs: int = arg(9, "epochs")  # code scripts
     batch_size: int = arg(128, "global batch size")  # code scripts
@@ -119,41 +112,49 @@ class M2MixConfig(flags.Config):
     m2_weight: float = arg(0.05, "lambda_1, weight of L_m2")  # Tab. 6; code's largest m2 weight
     uni_weight: float = arg(0.05, "lambda_2, weight of L_uni = (C_V + C_L)/2")  # Tab. 6 range; ours
     vl_weight: float = arg(0.05, "lambda_3, weight of L_VL")  # Tab. 6 range; ours
-    alpha_m2: float = arg(0.0, "Beta(alpha, alpha) of the m2 ratio; 0: 0.5 for m2, 0.2 inside m3 (code)")
+    alpha_m2: float = arg(0.0, "Beta(alpha, alpha) of the m2 ratio; 0: 0.5 for m2, "
+                               "0.2 inside m3 (code)")
     alpha_v: float = arg(0.5, "Beta parameter of the V-Mix ratio")  # code
     alpha_l: float = arg(0.5, "Beta parameter of the L-Mix ratio")  # code
     alpha_vl: float = arg(0.5, "Beta parameter of the VL-Mix ratio")  # code
     # the released code's departures and the paper's other readings (deviations 3-7, 13, 14)
-    m2_form: str = arg("text", "text: the positive stays in Eq. (4)'s denominator (Sec. 4.1 text, Algorithm 1, "
-                               "code) | printed: Eq. (4) as printed, all mixes, no positive (deviation 13)",
-                       choices=("text", "printed"))
+    m2_form: str = arg("text", "text: the positive stays in Eq. (4)'s denominator (Sec. 4.1 text, "
+                               "Algorithm 1, code) | printed: Eq. (4) as printed, all mixes, no "
+                               "positive (deviation 13)", choices=("text", "printed"))
     m2_directions: str = arg("mean", "mean: Eq. (5)'s 1/2 | sum: the code", choices=("mean", "sum"))
-    uni_combine: str = arg("mean", "mean: L_uni = (C_V + C_L)/2 (Sec. 4.2.1) | sum: C_V + C_L, each weighted by "
-                                   "--uni-weight (the code, deviation 14)", choices=("mean", "sum"))
+    uni_combine: str = arg("mean", "mean: L_uni = (C_V + C_L)/2 (Sec. 4.2.1) | sum: C_V + C_L, "
+                                   "each weighted by --uni-weight (the code, deviation 14)",
+                           choices=("mean", "sum"))
     vl_target: str = arg("paper", "paper: I | code: I + I_R", choices=("paper", "code"))
-    m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; with "
-                             "--m2-own-tau its initial value")
-    m2_own_tau: bool = arg(False, "Algorithm 1: the m2 term gets its own trainable temperature t2 (deviation 5)")
-    base_tau: float = arg(0.0, "fixed temperature of the CLIP/uni/VL terms (code: 0.01); 0: learnable")
+    m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; "
+                             "with --m2-own-tau its initial value")
+    m2_own_tau: bool = arg(False, "Algorithm 1: the m2 term gets its own trainable "
+                                  "temperature t2 (deviation 5)")
+    base_tau: float = arg(0.0, "fixed temperature of the CLIP/uni/VL terms (code: 0.01); "
+                               "0: learnable")
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
-    fp16_weights: bool = arg(False, "the code's fp16 storage: weights and lam rounded to fp16 (deviation 16)")
+    fp16_weights: bool = arg(False, "the code's fp16 storage: weights and lam rounded to fp16 "
+                                    "(deviation 16)")
     # evaluation (ours)
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
-    eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test protocols ('none': "
-                       "no evaluation)")
+    eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test "
+                           "protocols ('none': no evaluation)")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
-    simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, the code's 13 "
-                                      "lambdas (deviation 15)", choices=("ours", "code"))
-    collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json and exit")
-    demo: bool = arg(False, "run the synthetic demo (ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
-    demo_unimodal: bool = arg(False, "Sec. 5.4's demo: towers pre-trained apart (lab/demos/towers.py) and exit")
+    simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, "
+                                      "the code's 13 lambdas (deviation 15)",
+                              choices=("ours", "code"))
+    collect: str = arg("", "comma-separated run folders: print Table 1 from their "
+                           "results.json and exit")
+    demo: bool = arg(False, "run the synthetic demo "
+                            "(ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
+    demo_unimodal: bool = arg(False, "Sec. 5.4's demo: towers pre-trained apart "
+                                     "(lab/demos/towers.py) and exit")
 
 
-if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+if __name__ == "__main__":  # --help and flag errors: answered here, before torch loads (2-5 s)
     flags.answer_early(M2MixConfig)
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -166,24 +167,6 @@ from plumbing import towers
 # =============================================================================
 # Losses
 # =============================================================================
-def geodesic_mix(lam, a, b, eps: float = 1e-6):
-    """Eq. (3): row-wise spherical interpolation between unit vectors.
-        mix_lam(a, b) = a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta),
-        theta = arccos(a . b)
-    lam = 1 gives a, lam = 0 gives b. a, b: (B, D) unit rows -> (B, D) float32 unit rows.
-    Numerics (deviation 1): in float64, theta = 2 atan2(|a - b|, |a + b|), which
-    equals arccos(a . b) for unit vectors but stays accurate next to 0 and pi,
-    clamped to [eps, pi - eps] so sin(theta) >= ~eps: a = b returns a with
-    finite gradients; a = -b (no unique geodesic) stays finite."""
-    a64, b64 = a.double(), b.double()
-    theta = 2 * torch.atan2((a64 - b64).norm(dim=-1, keepdim=True), (a64 + b64).norm(dim=-1, keepdim=True))
-    theta = theta.clamp(eps, math.pi - eps)  # (B, 1)
-    sin = torch.sin(theta)  # never 0
-    # Eq. (3): a sin(lam theta)/sin(theta) + b sin((1-lam) theta)/sin(theta)
-    mix = a64 * (torch.sin(lam * theta) / sin) + b64 * (torch.sin((1 - lam) * theta) / sin)
-    return mix.float()
-
-
 def flip(x):
     """x_{i'}: the batch reversed, partner of row i is row B-1-i (Algorithm 1)."""
     return torch.flip(x, dims=[0])
@@ -206,21 +189,24 @@ def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str =
         L_m2 = 1/2 (C_m2(I,T) + C_m2(T,I))          (directions="sum": without the 1/2, the code)
     img, txt: (B, D) normalised; logit_scale: s; lam: float in [0, 1]."""
     if form not in ("text", "printed") or directions not in ("mean", "sum"):
-        raise ValueError(f"form is 'text' or 'printed' ({form!r}), directions 'mean' or 'sum' ({directions!r})")
-    mix = geodesic_mix(lam, img, txt)  # (B, D)
+        raise ValueError(f"form is 'text' or 'printed' ({form!r}), directions 'mean' or 'sum' "
+                         f"({directions!r})")
+    mix = common.geodesic_mix(lam, img, txt)  # (B, D)
     pos = (img * txt).sum(-1, keepdim=True)  # (B, 1): I_i . T_i
     if form == "text":
         eye = torch.eye(len(img), dtype=torch.bool, device=img.device)
         labels = torch.arange(len(img), device=img.device)
-        # Eq. (4), the text's reading: diagonal = positive pair, off-diagonal = anchor . mix_j
+        # Eq. (4): the text's reading; diagonal = positive pair, off-diagonal = anchor . mix_j
         logits_img = logit_scale * torch.where(eye, pos, img @ mix.t())  # (B, B), anchor I_i
         logits_txt = logit_scale * torch.where(eye, pos, txt @ mix.t())  # (B, B), anchor T_i
         c_it, c_ti = F.cross_entropy(logits_img, labels), F.cross_entropy(logits_txt, labels)
     else:
-        # Eq. (4) as printed: -s I_i.T_i + log sum_{j=1}^{B} exp(s I_i.mix_j), all j, mix_i included
-        c_it = (torch.logsumexp(logit_scale * img @ mix.t(), dim=1) - logit_scale * pos[:, 0]).mean()
-        c_ti = (torch.logsumexp(logit_scale * txt @ mix.t(), dim=1) - logit_scale * pos[:, 0]).mean()
-    # Eq. (5): L_m2 = 1/2 (C_m2(I,T) + C_m2(T,I))
+        # Eq. (4): as printed; all j in the denominator, mix_i included, the positive absent
+        c_it = (torch.logsumexp(logit_scale * img @ mix.t(), dim=1)
+                - logit_scale * pos[:, 0]).mean()
+        c_ti = (torch.logsumexp(logit_scale * txt @ mix.t(), dim=1)
+                - logit_scale * pos[:, 0]).mean()
+    # Eq. (5): the mean of the two directions (the code: their sum)
     total = c_it + c_ti
     return 0.5 * total if directions == "mean" else total
 
@@ -238,7 +224,7 @@ def vmix_loss(img, txt, logit_scale, lam):
         C_V = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]
     img, txt: (B, D) normalised; logit_scale: s; lam: float."""
     # Sec. 4.2.1: image i mixed with its partner i' = B-1-i
-    logits = logit_scale * geodesic_mix(lam, img, flip(img)) @ txt.float().t()  # (B, B)
+    logits = logit_scale * common.geodesic_mix(lam, img, flip(img)) @ txt.float().t()  # (B, B)
     target = _flip_targets(lam, len(img), img.device)
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
@@ -249,7 +235,7 @@ def lmix_loss(img, txt, logit_scale, lam):
         M = s I mix_lam(T, flip(T))^T,   Y = lam I + (1-lam) I_R
         C_L = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]"""
     # Sec. 4.2.1: text i mixed with its partner i' = B-1-i
-    logits = logit_scale * img.float() @ geodesic_mix(lam, txt, flip(txt)).t()  # (B, B)
+    logits = logit_scale * img.float() @ common.geodesic_mix(lam, txt, flip(txt)).t()  # (B, B)
     target = _flip_targets(lam, len(img), img.device)
     return 0.5 * (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.t(), target.t()))
 
@@ -261,7 +247,8 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
         L_VL = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]
     At lam = 1 it is the CLIP loss (common.clip_loss)."""
     # Sec. 4.2.2: both modalities mixed with the same ratio
-    logits = logit_scale * geodesic_mix(lam, img, flip(img)) @ geodesic_mix(lam, txt, flip(txt)).t()
+    logits = (logit_scale * common.geodesic_mix(lam, img, flip(img))
+              @ common.geodesic_mix(lam, txt, flip(txt)).t())  # (B, B)
     eye = torch.eye(len(img), device=img.device)
     y = eye if target == "paper" else eye + flip(eye)
     return 0.5 * (soft_cross_entropy(logits, y) + soft_cross_entropy(logits.t(), y.t()))
@@ -270,21 +257,15 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
 # =============================================================================
 # Model wrapper
 # =============================================================================
-def sample_lam(alpha: float, generator: torch.Generator, fp16: bool = False) -> float:
-    """lam ~ Beta(alpha, alpha) (Sec. 4.1), drawn from the step's seeded generator; fp16: rounded as the code's
-    .half() (deviation 16)."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    lam = float(np.random.default_rng(seed).beta(alpha, alpha))
-    return float(torch.tensor(lam).half()) if fp16 else lam
-
-
 class Fp16Storage:
-    """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the parameters OpenAI's
-    clip.model.convert_weights casts (conv, linear and attention weights and biases; proj, text_projection) are
-    rounded to fp16, as the code's convert_weights after each step; norms, embeddings, logit_scale stay float32."""
+    """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the
+    parameters OpenAI's clip.model.convert_weights casts (conv, linear and attention weights and
+    biases; proj, text_projection) are rounded to fp16, as the code's convert_weights after each
+    step; norms, embeddings, logit_scale stay float32."""
     def __init__(self, model):
         casts = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.MultiheadAttention)
-        self.params = list({id(p): p for m in model.modules() for n, p in m.named_parameters(recurse=False)
+        self.params = list({id(p): p for m in model.modules()
+                            for n, p in m.named_parameters(recurse=False)
                             if isinstance(m, casts) or n in ("proj", "text_projection")}.values())
 
     def before_optimizer_step(self, net):
@@ -305,7 +286,7 @@ class M2Mix(common.Method):
         if cfg.base_tau:  # deviation 5: the code's fixed base scale; the learnable one is unused
             model.logit_scale.requires_grad_(False)
         self.logit_scale2 = None
-        if cfg.m2_own_tau:  # Algorithm 1's t2 (deviation 5): ln(1/t2), from --m2-tau or the model's value
+        if cfg.m2_own_tau:  # Algorithm 1's t2 (deviation 5): ln(1/t2), --m2-tau or the model's
             init = math.log(1.0 / cfg.m2_tau) if cfg.m2_tau else float(model.logit_scale.detach())
             self.logit_scale2 = nn.Parameter(torch.tensor(init))
 
@@ -319,8 +300,8 @@ class M2Mix(common.Method):
         return {"img": self.model.encode_image(batch["image"], normalize=True),  # (b, D)
                 "txt": common.encode_text(self.model, batch["text"])}  # (b, D)
 
-    def losses(self, f, ctx):
-        return self.loss_terms(*common.gather(f["img"], f["txt"]), ctx)  # every loss in float32 (common.float32)
+    def losses(self, f, ctx):  # every loss in float32 (common.float32)
+        return self.loss_terms(*common.gather(f["img"], f["txt"]), ctx)
 
     def loss_terms(self, img, txt, ctx):
         """The named, weighted terms from the (global) batch's embeddings, (B, D) each."""
@@ -331,21 +312,22 @@ class M2Mix(common.Method):
             return losses
         decay = 1.0 / (ctx.epoch + 1) if cfg.mix_decay else 1.0  # deviation 6
         alpha_m2 = cfg.alpha_m2 or (0.5 if cfg.method == "m2" else 0.2)
-        if self.logit_scale2 is not None:  # clamped like CLIP's logit_scale (1/t2 <= 100); clamp in the graph
+        if self.logit_scale2 is not None:  # clamped in the graph like logit_scale (1/t2 <= 100)
             m2_scale = self.logit_scale2.clamp(max=common.LOGIT_SCALE_MAX).exp()
         else:
             m2_scale = 1.0 / cfg.m2_tau if cfg.m2_tau else scale
-        lam = sample_lam(alpha_m2, ctx.generator, cfg.fp16_weights)
-        losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam, cfg.m2_directions,
-                                                               cfg.m2_form)
+        lam = common.sample_lam(alpha_m2, ctx.generator, cfg.fp16_weights)
+        losses["loss_m2"] = cfg.m2_weight * decay * m2mix_loss(img, txt, m2_scale, lam,
+                                                               cfg.m2_directions, cfg.m2_form)
         if cfg.method == "m3":
-            lam_v, lam_l, lam_vl = (sample_lam(a, ctx.generator, cfg.fp16_weights)
+            lam_v, lam_l, lam_vl = (common.sample_lam(a, ctx.generator, cfg.fp16_weights)
                                     for a in (cfg.alpha_v, cfg.alpha_l, cfg.alpha_vl))
             c_v, c_l = vmix_loss(img, txt, scale, lam_v), lmix_loss(img, txt, scale, lam_l)
             # Sec. 4.2.1: L_uni = 1/2 (C_V + C_L); "sum": C_V + C_L, the code (deviation 14)
             uni = 0.5 * (c_v + c_l) if cfg.uni_combine == "mean" else c_v + c_l
             losses["loss_uni"] = cfg.uni_weight * decay * uni
-            losses["loss_vl"] = cfg.vl_weight * decay * vlmix_loss(img, txt, scale, lam_vl, cfg.vl_target)
+            losses["loss_vl"] = cfg.vl_weight * decay * vlmix_loss(img, txt, scale, lam_vl,
+                                                                   cfg.vl_target)
         return losses
 
 
@@ -354,21 +336,24 @@ class M2Mix(common.Method):
 # =============================================================================
 def train_manifest(cfg: M2MixConfig) -> Path:
     data_dir = Path(cfg.out) / "data"
-    if cfg.train_data == "synthetic":
-        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)  # the lab registers its world
+    if cfg.train_data == "synthetic":  # the lab registers its world
+        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
-        return evaluation.karpathy_train_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
+        return evaluation.karpathy_train_manifest("flickr30k", cfg.data_root, "train",
+                                                  cfg.train_captions, data_dir)
     if cfg.train_data == "coco":
         if cfg.coco_split == "2017":
             return evaluation.coco2017_train_manifest(cfg.data_root, cfg.train_captions, data_dir)
-        return evaluation.karpathy_train_manifest("coco", cfg.data_root, "train", cfg.train_captions, data_dir)
+        return evaluation.karpathy_train_manifest("coco", cfg.data_root, "train",
+                                                  cfg.train_captions, data_dir)
     return Path(cfg.train_data)
 
 
 def eval_tasks(cfg: M2MixConfig) -> dict:
-    """Our label -> eval.py task: the all-caption (standard) protocol and the code's one-caption protocol (1:1,
-    Table 1's), on the test set matching the training split (COCO 2017 train -> val2017; Karpathy train ->
-    Karpathy test, never val2017, which overlaps Karpathy's train + restval images)."""
+    """Our label -> eval.py task: the all-caption (standard) protocol and the code's one-caption
+    protocol (1:1, Table 1's), on the test set matching the training split (COCO 2017 train ->
+    val2017; Karpathy train -> Karpathy test, never val2017, which overlaps Karpathy's train +
+    restval images)."""
     if cfg.eval_on:
         return {t: t for t in cfg.eval_on.split(",") if t and cfg.eval_on != "none"}
     if cfg.train_data == "synthetic":
@@ -378,25 +363,27 @@ def eval_tasks(cfg: M2MixConfig) -> dict:
     if cfg.train_data == "coco" and cfg.coco_split == "2017":
         return {"coco": "coco", "coco-1cap": "coco-1cap"}
     if cfg.train_data == "coco":
-        one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
+        one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first",
+                                                 Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
     if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
-        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or manifests; 'none': "
-                                "train without evaluating)")
+        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or "
+                                "manifests; 'none': train without evaluating)")
     return {Path(cfg.train_data).stem: cfg.train_data}
 
 
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
-    """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each image's first
-    caption) and ECE (both directions, the model's temperature, and the ECE-vs-tau curve)."""
+    """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each
+    image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
+    curve)."""
     records = []
     for name, task in eval_tasks(cfg).items():
-        for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
-                                    analyses=("geometry", "ece")):
+        for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root,
+                                     model_name=label, analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
     if cfg.simat:  # deviation 15: --simat-protocol code evaluates the code's split and lambdas
-        records += evaluation.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root, model_name=label,
-                                       simat_protocol=cfg.simat_protocol)
+        records += evaluation.evaluate(model, preprocess, tokenizer, ["simat"], cfg.data_root,
+                                       model_name=label, simat_protocol=cfg.simat_protocol)
     return records
 
 
@@ -405,20 +392,22 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     evaluates again; writes results.json and returns it."""
     device = common.init_distributed(cfg.device)
     model, train_tf, eval_tf, tokenizer = common.load_model(
-        cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device, cache_dir=cfg.cache_dir,
-        **tower_settings(cfg))
+        cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
+        cache_dir=cfg.cache_dir, **tower_settings(cfg))
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
-        records += common.kept_result(cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
+        records += common.kept_result(
+            cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
     dataset = common.training_set(cfg, manifest, train_tf)
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
     heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)
     lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else cfg.lr) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
-                           validate=evaluation.validator(cfg, eval_tf, list(eval_tasks(cfg).values())))
+                           validate=evaluation.validator(cfg, eval_tf,
+                                                         list(eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
@@ -434,9 +423,11 @@ def tower_settings(cfg: M2MixConfig) -> dict:
     if not towers.known(cfg.backbone):
         return {}
     if cfg.tower_dim < 0:
-        raise common.UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 (0: the spec's)")
+        raise common.UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 "
+                                f"(0: the spec's)")
     if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
-        raise common.UsageError("--export is not for towers: model.pt, its sidecar and model-text/ load as they are")
+        raise common.UsageError("--export is not for towers: model.pt, its sidecar and "
+                                "model-text/ load as they are")
     return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
                 embed_dim=cfg.tower_dim, pool=cfg.text_pool)
 
@@ -448,19 +439,23 @@ METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}  # Table 1's rows
 
 
 def method_name(cfg) -> str:
-    """Table 1's / 3's row: FT, m2-Mix, m3-Mix; FT(tau=0.05) at a fixed temperature other than the paper's 0.01."""
-    return METHOD_NAMES[cfg.method] + (f"(tau={cfg.base_tau:g})" if cfg.base_tau not in (0, 0.01) else "")
+    """Table 1's / 3's row: FT, m2-Mix, m3-Mix; FT(tau=0.05) at a fixed temperature other than
+    the paper's 0.01."""
+    return METHOD_NAMES[cfg.method] + (f"(tau={cfg.base_tau:g})"
+                                       if cfg.base_tau not in (0, 0.01) else "")
 
 
 def table(records, backbone: str) -> str:
     """Table 1 for CLIP; Table 3 with Table 5's SIMAT column for the uni-modal towers."""
     if towers.known(backbone):
-        return evaluation.m2mix_table1(records, evaluation.M2MIX_TABLE3, evaluation.M2MIX_TABLE3_METRICS)
+        return evaluation.m2mix_table1(records, evaluation.M2MIX_TABLE3,
+                                       evaluation.M2MIX_TABLE3_METRICS)
     return evaluation.m2mix_table1(records)
 
 
 def collect(run_dirs) -> str:
-    """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run that has it)."""
+    """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run
+    that has it)."""
     records, seen, backbone = [], set(), ""
     for d in run_dirs:
         results = json.loads((Path(d) / "results.json").read_text())
@@ -475,20 +470,22 @@ def collect(run_dirs) -> str:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, seeds, claims
+    if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, claims
         from lab.demos import m2mix as demo, towers as unimodal
         return (demo if "--demo" in argv else unimodal).main(argv)
     cfg = common.parse_config(M2MixConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab registers its world
+    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     if cfg.collect:
         table = collect(cfg.collect.split(","))
         print(table)
         return table
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"
-    cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy], "Flickr30K and Karpathy's split file, Sec. 5.1")
-    evaluation.check_tasks(list(eval_tasks(cfg).values()), cfg.data_root, "--eval-on")  # before training
-    common.preflight(cfg, [train_manifest(cfg)])  # rows, --out, device: before any model is loaded
+    cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy],
+                              "Flickr30K and Karpathy's split file, Sec. 5.1")
+    # before training: the tasks; then rows, --out, device before any model is loaded
+    evaluation.check_tasks(list(eval_tasks(cfg).values()), cfg.data_root, "--eval-on")
+    common.preflight(cfg, [train_manifest(cfg)])
     return finetune(cfg)
 
 

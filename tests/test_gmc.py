@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import common
 import gmc
-import m2mix
 from lab.sentiment import sentiment_world
+from plumbing import mosei
 from test_resume import _Payload  # runs code when unpickled
 
 torch.set_num_threads(1)
@@ -46,7 +46,7 @@ def test_gmc_loss_is_the_sum_over_modalities_of_nt_xent_with_the_joint():
 @pytest.mark.parametrize("pairs", [[(0, 1), (0, 2), (1, 2)], [(2, 1)]])
 def test_m2_term_puts_the_mixture_against_the_joint_as_positive_and_negatives(pairs):
     z_j, zs, tau, lam = unit(6, 4, seed=5), [unit(6, 4, seed=s) for s in (6, 7, 8)], 0.3, 0.3
-    want = np.mean([np.mean(nt_xent_loop(m2mix.geodesic_mix(lam, zs[a], zs[b]), z_j, tau)) for a, b in pairs])
+    want = np.mean([np.mean(nt_xent_loop(common.geodesic_mix(lam, zs[a], zs[b]), z_j, tau)) for a, b in pairs])
     assert gmc.m2_gmc_loss(z_j, zs, tau, lam, pairs).item() == pytest.approx(want, rel=1e-5)
 
 
@@ -60,7 +60,7 @@ def test_objective_weights_and_the_classification_loss():
     code = gmc.GMCNet(model, gmc.GMCConfig(method="gmc", weights="code", clf="l1"))(batch, ctx)
     assert set(paper) == {"loss_clf", "loss_gmc"} and code["loss_gmc"].item() == pytest.approx(
         2 * paper["loss_gmc"].item(), rel=1e-6)
-    pred = model.classify(model.latents([batch[k] for k in gmc.MODALITIES])[1]).squeeze(-1)
+    pred = model.classify(model.latents([batch[k] for k in mosei.MODALITIES])[1]).squeeze(-1)
     assert code["loss_clf"].item() == pytest.approx((pred - batch["label"]).abs().mean().item(), rel=1e-5)
     ce = F.binary_cross_entropy_with_logits(pred, (batch["label"] > 0).float())  # the paper's cross-entropy (G1)
     assert paper["loss_clf"].item() == pytest.approx(0.5 * ce.item(), rel=1e-5)
@@ -84,19 +84,19 @@ def test_the_restricted_unpickler_refuses_a_pickle_that_would_run_code(tmp_path)
     path = tmp_path / "evil.pkl"
     path.write_bytes(pickle.dumps({"train": {"text": _Payload(marker)}}))
     with pytest.raises(common.DataError, match="builtins.exec, which is not a numpy array: refused"):
-        gmc.load_splits(path)
+        mosei.load_splits(path)
     assert not marker.exists()
 
 
 def test_the_fixture_loads_its_inf_is_counted_and_npz_reads_the_same(tmp_path):
     path = sentiment_world(tmp_path, sizes=SMALL, neg_inf=0.01)
-    splits, fixed = gmc.load_splits(path)
+    splits, fixed = mosei.load_splits(path)
     assert splits["train"]["text"].shape == (64, 8, 16) and splits["test"]["label"].shape == (48,)
     assert fixed["train/audio"] > 0 and all(torch.isfinite(v).all() for s in splits.values() for v in s.values())
     with pytest.raises(common.DataError, match="non-finite values"):
-        gmc.load_splits(path, "refuse")
-    npz = gmc.convert(path)
-    again, _ = gmc.load_splits(npz)
+        mosei.load_splits(path, "refuse")
+    npz = mosei.convert(path)
+    again, _ = mosei.load_splits(npz)
     assert all(torch.equal(again[s][k], splits[s][k]) for s in splits for k in splits[s])
 
 
@@ -106,10 +106,10 @@ def test_a_file_in_another_layout_stops_with_one_message_naming_it(tmp_path):
                   "labels": np.zeros((4, 1, 1))} for s in ("train", "valid", "test")}
     path.write_bytes(pickle.dumps(arrays))
     with pytest.raises(common.DataError, match="train's modalities have \\[5, 6\\] steps"):
-        gmc.load_splits(path)
+        mosei.load_splits(path)
     path.write_bytes(pickle.dumps({"train": {}}))
     with pytest.raises(common.DataError, match="train/text"):
-        gmc.load_splits(path)
+        mosei.load_splits(path)
     with pytest.raises(common.UsageError, match="no such file"):
         gmc.main(["--data", str(tmp_path / "missing.pkl")])
 

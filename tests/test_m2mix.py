@@ -43,18 +43,18 @@ def log_softmax_row(row):
 def test_orthogonal_half_is_the_bisector():
     # theta = pi/2, lam = 1/2: a sin(pi/4)/1 + b sin(pi/4)/1 = (a + b)/sqrt(2)
     a, b = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]])
-    assert torch.allclose(m2mix.geodesic_mix(0.5, a, b), (a + b) / math.sqrt(2), atol=1e-6)
+    assert torch.allclose(common.geodesic_mix(0.5, a, b), (a + b) / math.sqrt(2), atol=1e-6)
     # lam = 1/3 of the way from b: angle to a is (1 - 1/3) pi/2 -> (cos 60, sin 60... ) = (sin(pi/6), sin(pi/3))
-    out = m2mix.geodesic_mix(1 / 3, a, b)
+    out = common.geodesic_mix(1 / 3, a, b)
     assert torch.allclose(out, torch.tensor([[0.5, math.sqrt(3) / 2, 0.0]]), atol=1e-6)
 
 
 def test_endpoints_unit_norm_and_per_row_formula():
     a, b = unit(16, 8, seed=1), unit(16, 8, seed=2)
-    assert torch.allclose(m2mix.geodesic_mix(1.0, a, b), a, atol=1e-5)
-    assert torch.allclose(m2mix.geodesic_mix(0.0, a, b), b, atol=1e-5)
+    assert torch.allclose(common.geodesic_mix(1.0, a, b), a, atol=1e-5)
+    assert torch.allclose(common.geodesic_mix(0.0, a, b), b, atol=1e-5)
     for lam in (0.1, 0.37, 0.9):
-        out = m2mix.geodesic_mix(lam, a, b)
+        out = common.geodesic_mix(lam, a, b)
         assert torch.allclose(out.norm(dim=-1), torch.ones(16), atol=1e-5)
         ref = np.stack([slerp_ref(lam, a[i], b[i]) for i in range(16)])
         assert np.allclose(out.numpy(), ref, atol=1e-5)
@@ -64,14 +64,14 @@ def test_endpoints_unit_norm_and_per_row_formula():
 def test_identical_and_opposite_vectors_give_no_nan(sign):
     a = unit(4, 8, seed=3).requires_grad_()
     b = (sign * a.detach()).clone().requires_grad_()
-    out = m2mix.geodesic_mix(0.3, a, b)
+    out = common.geodesic_mix(0.3, a, b)
     (out * unit(4, 8, seed=4)).sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
     if sign > 0:  # a = b: the mix is a itself, on the sphere
         assert torch.allclose(out, a, atol=1e-4)
         assert torch.allclose(out.norm(dim=-1), torch.ones(4), atol=1e-4)
     near = F.normalize(-a.detach() + 1e-3 * unit(4, 8, seed=5), dim=-1)  # nearly opposite: still unit norm
-    assert torch.allclose(m2mix.geodesic_mix(0.3, a.detach(), near).norm(dim=-1), torch.ones(4), atol=1e-3)
+    assert torch.allclose(common.geodesic_mix(0.3, a.detach(), near).norm(dim=-1), torch.ones(4), atol=1e-3)
 
 
 # ----------------------------------------------------------------------------- losses vs loops
@@ -251,7 +251,7 @@ def test_own_m2_temperature_is_trainable_and_initialised(tiny_random):
     assert common.no_decay("logit_scale2", torch.zeros(3, 3))
     img, txt = unit(6, 128, seed=60), unit(6, 128, seed=61)
     losses = net.loss_terms(img, txt, _ctx())
-    lam = m2mix.sample_lam(0.5, _ctx().generator)  # the same draw the step made
+    lam = common.sample_lam(0.5, _ctx().generator)  # the same draw the step made
     torch.testing.assert_close(losses["loss_m2"], m2mix.m2mix_loss(img, txt, 1 / 0.07, lam), rtol=1e-5, atol=1e-6)
     losses["loss_m2"].backward()
     assert net.logit_scale2.grad is not None and net.logit_scale2.grad != 0
@@ -287,7 +287,7 @@ def test_code_settings_reproduce_the_released_objective(tiny_random):
     got = sum(m2mix.M2Mix(model, cfg).loss_terms(img, txt, ctx).values()).item()
 
     g = _ctx(step=3).generator  # the step's draws, in the step's order: m2 (Beta 0.2 in m3), V, L, VL
-    lam_m2, lam_v, lam_l, lam_vl = (m2mix.sample_lam(a, g) for a in (0.2, 0.5, 0.5, 0.5))
+    lam_m2, lam_v, lam_l, lam_vl = (common.sample_lam(a, g) for a in (0.2, 0.5, 0.5, 0.5))
     I_, T_ = img.double().numpy(), txt.double().numpy()
     eye, flip = np.eye(B), np.eye(B)[::-1]
     base = _code_clip_loss(100 * I_ @ T_.T, eye)
@@ -326,8 +326,8 @@ def test_bf16_autocast_step_on_cpu(tiny_random):
 
 
 def test_sample_lam_is_seeded_and_beta_shaped():
-    a = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
-    b = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
+    a = [common.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
+    b = [common.sample_lam(0.5, common.step_generator(0, s)) for s in range(400)]
     assert a == b and all(0 <= x <= 1 for x in a)
     assert abs(np.mean(a) - 0.5) < 0.05 and np.var(a) == pytest.approx(1 / 8, abs=0.02)  # Beta(.5,.5): var 1/8
 
@@ -336,8 +336,8 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
     """--fp16-weights (deviation 16, issue 25.3): lam as the code's .half() (numpy's float16 as the hand
     reference); after a step, conv / linear / attention weights and biases and the projections are fp16 values,
     norms, embeddings and logit_scale untouched; finetune passes the hooks to common.train."""
-    exact = [m2mix.sample_lam(0.5, common.step_generator(0, s)) for s in range(50)]
-    rounded = [m2mix.sample_lam(0.5, common.step_generator(0, s), fp16=True) for s in range(50)]
+    exact = [common.sample_lam(0.5, common.step_generator(0, s)) for s in range(50)]
+    rounded = [common.sample_lam(0.5, common.step_generator(0, s), fp16=True) for s in range(50)]
     assert rounded == [float(np.float16(x)) for x in exact] and rounded != exact
     model = copy.deepcopy(tiny_random[0])
     with torch.no_grad():

@@ -21,6 +21,7 @@ import eval as evaluation
 import gmc
 import lab
 from lab.sentiment import sentiment_world
+from plumbing import mosei
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS ran: one layer per transformer (GMC: 5); the step
 # budget from a pilot on the 'valid' split with seed 99 (not in lab.SEEDS): 120 x 32 took 7-8 s a run (GMC Full /
@@ -99,7 +100,7 @@ def figure(runs: dict, path, caption: str):
 def run_demo(cfg: gmc.GMCConfig) -> dict:
     t0, out = time.time(), lab.hold_out(cfg.out)
     data = sentiment_world(f"{cfg.data_root}/synthetic")
-    splits, fixed = gmc.load_splits(data)
+    splits, fixed = mosei.load_splits(data)
     runs = {gmc.METHOD_NAMES[m]: [] for m in ("gmc", "gmc-m2")}
     for seed in lab.seeds():
         for method in ("gmc", "gmc-m2"):
