@@ -24,7 +24,7 @@ LAYERS = (
     ("eval: benchmarks, metrics, tables", ("eval",)),
     ("plumbing on common and eval: commands, one paper's readers and drivers",
      ("plumbing.export", "plumbing.vlcl", "plumbing.write_shards", "plumbing.cmcl", "plumbing.sweeps",
-      "plumbing.m2mix_analysis")),
+      "plumbing.m2mix_analysis", "plumbing.mosei")),
     ("the method files", METHODS),
     ("the lab: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
     ("benchmarks", ("benchmarks",)),
