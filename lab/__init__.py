@@ -22,13 +22,16 @@ is honestly not resolved at this size.
   lab/runs.py     sweep plumbing: one folder per run, data prefixes, snapshots
   lab/report.py   the docs' demo sections, printed from a results file
   lab/demos/      one module per method's demo; erclip_sweeps.py
+  lab/__main__.py python -m lab eval|export: those commands on the lab
 
 The import graph runs one way: the lab imports common, eval and the method
 files; none of them imports the lab. Importing the lab plugs the world into
 the places common.py and eval.py look up by name (the tiny backbone, the
 'synthetic' task sequence, the synthetic-* evaluation sets), so
 `--backbone tiny` and `--train-data synthetic` work in every method; a method
-file's main() imports the lab only when its command names the lab.
+file's main() imports the lab only when its command names the lab, and
+`python -m lab eval|export ARGS` (lab/__main__.py) runs eval.py and the export
+on the lab's tiny model.
 """
 import common
 import eval as evaluation
