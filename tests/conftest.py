@@ -22,10 +22,10 @@ def tiny_random():
 def shrink_world(monkeypatch):
     """Shrinks the lab's splits for the demos' plumbing tests:
     shrink_world(size_of) with size_of(split name) -> n, or None to keep it."""
-    from lab import world as lab
+    from lab import world
 
     def shrink(size_of):
-        monkeypatch.setattr(lab, "SPLITS", {k: (d, size_of(k) or n, s) for k, (d, n, s) in lab.SPLITS.items()})
+        monkeypatch.setattr(world, "SPLITS", {k: (d, size_of(k) or n, s) for k, (d, n, s) in world.SPLITS.items()})
     return shrink
 
 
@@ -36,7 +36,6 @@ def check_demo_results():
     min_claims claims carry the agreed keys and a verdict, the PNG exists.
     Returns the saved results."""
     import json
-    import lab
 
     def check(out, png: str, names, min_claims: int, checks=()) -> dict:
         saved = json.loads((out / "results.json").read_text())

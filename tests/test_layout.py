@@ -30,9 +30,13 @@ LAYERS = (
     ("benchmarks", ("benchmarks",)),
 )
 # Lines at most (the targets): method files, and the two shared modules
-METHOD_LINES = {"erclip": 460, "longclip": 460, "m2mix": 500, "cclip": 460, "dns": 700, "gmc": 460}
-FIRST_DEF = {"erclip": 160, "longclip": 160, "m2mix": 170, "cclip": 160, "dns": 160, "gmc": 160}
-SHARED_LINES = {"common": 1760, "eval": 1890}
+# (a ratchet: today's sizes, which the targets - method files <= 450, dns.py <= 550, the first
+# definition within 110 lines, lines <= 100 characters, common.py <= 1,300, eval.py <= 1,100 - lower as the
+# files are moved and wrapped; gmc.py meets them, m2mix.py meets all but the length and the first definition)
+METHOD_LINES = {"erclip": 460, "longclip": 460, "m2mix": 495, "cclip": 460, "dns": 700, "gmc": 390}
+FIRST_DEF = {"erclip": 160, "longclip": 160, "m2mix": 170, "cclip": 160, "dns": 160, "gmc": 110}
+LINE_WIDTH = {"erclip": 120, "longclip": 120, "m2mix": 100, "cclip": 128, "dns": 121, "gmc": 100}
+SHARED_LINES = {"common": 1460, "eval": 1890}
 
 
 def module_name(path: Path) -> str:
@@ -158,6 +162,8 @@ def test_method_files_meet_the_size_targets(method):
     first = min(n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
                 and not n.name.endswith("Config"))
     assert first <= FIRST_DEF[method], first
+    wide = [i for i, line in enumerate(text.splitlines(), 1) if len(line) > LINE_WIDTH[method]]
+    assert not wide, f"{method}.py: lines over {LINE_WIDTH[method]} characters: {wide[:10]}"
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_LINES))

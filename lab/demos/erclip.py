@@ -12,7 +12,6 @@ import dataclasses
 import sys
 import time
 from decimal import ROUND_HALF_UP, Decimal
-from pathlib import Path
 
 import numpy as np
 import torch
