@@ -113,20 +113,22 @@ def _has_layer(module):
         return False
 
 
-def test_imports_run_one_way():
-    """Every import, function-local ones included, goes to a lower layer. The one upward import: a method's main()
-    loading the lab for its demo or for the lab's world (--demo, --backbone tiny); inside the lab anything goes."""
+@pytest.mark.parametrize("module", [m for _, m in sources()])
+def test_imports_run_one_way(module):
+    """Every import of the module, function-local ones included, goes to a lower layer. The one upward import: a
+    method's main() loading the lab for its demo or for the lab's world (--demo, --backbone tiny); inside the lab
+    anything goes."""
+    path = next(p for p, m in sources() if m == module)
     wrong = []
-    for path, module in sources():
-        for target, func in imports(path):
-            if target == module or target.split(".")[0] == "plumbing" and target == "plumbing":
-                continue
-            if module.split(".")[0] == "lab" and target.split(".")[0] == "lab":
-                continue  # the lab's modules use each other
-            if module in METHODS and func == "main" and (target == "lab" or target.startswith("lab.demos.")):
-                continue  # the demo dispatch
-            if layer_of(target) >= layer_of(module):
-                wrong.append(f"{path.relative_to(ROOT)} ({func or 'module level'}) imports {target}")
+    for target, func in imports(path):
+        if target == module or target == "plumbing":
+            continue
+        if module.split(".")[0] == "lab" and target.split(".")[0] == "lab":
+            continue  # the lab's modules use each other
+        if module in METHODS and func == "main" and (target == "lab" or target.startswith("lab.demos.")):
+            continue  # the demo dispatch
+        if layer_of(target) >= layer_of(module):
+            wrong.append(f"{path.relative_to(ROOT)} ({func or 'module level'}) imports {target}")
     assert not wrong, "\n".join(wrong)
 
 
