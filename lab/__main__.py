@@ -17,7 +17,6 @@ def main(argv=None):
     if not argv or argv[0] not in COMMANDS:
         sys.exit(f"usage: python -m lab {{{','.join(COMMANDS)}}} ARGS (got {argv[:1] or 'nothing'})")
     module = importlib.import_module(COMMANDS[argv[0]])
-    module.command_line().parse_args(argv[1:])  # --help and flag errors first, as the command itself answers
     import lab  # noqa: F401  registers the tiny backbone and the synthetic sets
     from plumbing.cli import cli
     sys.argv = [f"python -m lab {argv[0]}", *argv[1:]]

@@ -113,12 +113,11 @@ def _has_layer(module):
         return False
 
 
-@pytest.mark.parametrize("module", [m for _, m in sources()])
-def test_imports_run_one_way(module):
+@pytest.mark.parametrize("path, module", list(sources()), ids=lambda x: x if isinstance(x, str) else "")
+def test_imports_run_one_way(path, module):
     """Every import of the module, function-local ones included, goes to a lower layer. The one upward import: a
     method's main() loading the lab for its demo or for the lab's world (--demo, --backbone tiny); inside the lab
     anything goes."""
-    path = next(p for p, m in sources() if m == module)
     wrong = []
     for target, func in imports(path):
         if target == module or target == "plumbing":
