@@ -23,8 +23,13 @@ LAYERS = (
     ("common: data, the AMP / DDP training loop, shared math", ("common",)),
     ("eval: benchmarks, metrics, tables", ("eval",)),
     ("plumbing on common and eval: commands, one paper's readers and drivers",
-     ("plumbing.export", "plumbing.vlcl", "plumbing.write_shards", "plumbing.cmcl", "plumbing.sweeps",
-      "plumbing.m2mix_analysis", "plumbing.mosei")),
+     ("plumbing.export", "plumbing.vlcl", "plumbing.write_shards", "plumbing.mosei",
+      "plumbing.cmcl",  # DNS: CMCL's cached features, its step plan and tables
+      "plumbing.sweeps",  # ERCLIP Sec. 4.3-4.4 on real data
+      "plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT
+      "plumbing.train_manifests",  # Karpathy / COCO training manifests
+      "plumbing.wise_ft",  # weight interpolation
+      "plumbing.longclip_data", "plumbing.cclip_tasks")),
     ("the method files", METHODS),
     ("the lab: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
     ("benchmarks", ("benchmarks",)),
