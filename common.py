@@ -55,7 +55,7 @@ from plumbing.cli import StopSignals, cli
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, _hub_reachable, _weights_cached, file_sha256, foreign_checkpoint,
                               load_weights_only, read_sidecar, reusable_manifest, seeded, source_stamp, to_rgb)
-from plumbing.manifests import (MAX_LISTED, CompactRows, bad_rows_message, image_check_cache,
+from plumbing.manifests import (MAX_LISTED, CompactRows, bad_rows_message, dist_info, image_check_cache,
                                 image_problems, read_manifest)
 from plumbing.training_sets import coco_sharegpt4v_manifest
 from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
@@ -694,13 +694,6 @@ class SeededSamples(torch.utils.data.Dataset):
 # =============================================================================
 # 4. Distributed
 # =============================================================================
-def dist_info():
-    """(rank, world, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
-    return 0, 1, 0
-
-
 def init_distributed(device: str = "auto"):
     """Initialises the process group under torchrun (or srun: plumbing.base.adopt_slurm); picks the device."""
     if world_size() > 1 and not dist.is_initialized():

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from plumbing import runfolder
+from plumbing import manifests, runfolder
 import common
 from lab.stats import take_flag
 
@@ -171,7 +171,7 @@ class EpochSnapshots:
 
     def after_optimizer_step(self, net):
         self.step += 1
-        if self.step % self.steps_per_epoch or common.dist_info()[0] != 0:
+        if self.step % self.steps_per_epoch or manifests.dist_info()[0] != 0:
             return
         if self.folder is None:
             self.snapshots.append({k: v.detach().clone() for k, v in net.model.state_dict().items()})

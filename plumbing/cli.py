@@ -1,8 +1,9 @@
 """Every script's `if __name__ == "__main__":` (cli) and the training loop's signal handling (StopSignals):
 an expected failure (bad input or flags, missing data or
 weights, a corrupt checkpoint, a full disk, an unwritable --out, an interrupt) becomes one paragraph on stderr
-and a non-zero exit code; --debug keeps the traceback. Below common: it imports plumbing.base and
-plumbing.runfolder (what an interrupt leaves in the run folder, and the command that finishes the run)."""
+and a non-zero exit code; --debug keeps the traceback. Below common: it imports plumbing.base,
+plumbing.runfolder (what an interrupt leaves in the run folder, and the command that finishes the run) and
+plumbing.manifests (dist_info)."""
 from __future__ import annotations
 
 import errno
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from plumbing import runfolder
 from plumbing import base
 from plumbing.base import DataError, Interrupted, RunError, UnsafeFileError, UsageError, printable
+from plumbing.manifests import dist_info
 
 
 def _terminate(signum, frame):
@@ -132,7 +134,7 @@ class StopSignals:
         self.previous = {}
 
     def requested(self, step: int, log_every: int, device) -> bool:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if dist_info()[1] == 1:  # one process, or torch.distributed not initialised
             return self.signum is not None
         if step % log_every:
             return False

@@ -1,7 +1,8 @@
 """Reading a training or evaluation manifest (JSONL, a JSON array, CSV / TSV) with every bad line named, and the
 row check's image decoding (split across the processes, remembered on disk), below common: common's
-ManifestDataset and eval.py's sets call them. It imports plumbing.base and, of the outside, torch.distributed,
-numpy and PIL."""
+ManifestDataset and eval.py's sets call them. Also dist_info, the one answer to "is torch.distributed
+initialised, and as which rank of how many" (the row check, cli's StopSignals and common ask it). It imports
+plumbing.base and, of the outside, torch.distributed, numpy and PIL."""
 from __future__ import annotations
 
 import csv
@@ -22,6 +23,13 @@ from plumbing.base import DataError, atomic_write
 
 
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
+
+
+def dist_info():
+    """(rank, world, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+    return 0, 1, 0
 
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
@@ -128,8 +136,7 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
         except (OSError, ValueError, TypeError):  # none yet, or broken: checked again
             pass
     todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if across_ranks and dist.is_available() \
-        and dist.is_initialized() else (0, 1)
+    rank, world, _ = dist_info() if across_ranks else (0, 1, 0)
     mine = todo[rank::world]
     with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
         found = list(zip(mine, pool.map(image_problem, [k[0] for k in mine], chunksize=64)))

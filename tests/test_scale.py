@@ -84,13 +84,14 @@ def test_two_srun_tasks_train_like_one_process(tmp_path, one_process):
 
 NODE = """
 import sys; sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
-import torch, lab, common
+import torch, lab
 from pathlib import Path
+from plumbing.manifests import dist_info
 from test_scale import _run
 torch.set_num_threads(1)
 tmp = Path({tmp!r})
 model, world = _run(tmp / "nodes", tmp / {manifest!r})
-if common.dist_info()[0] == 0:
+if dist_info()[0] == 0:
     torch.save({{**model.state_dict(), "world": torch.tensor(world)}}, tmp / "nodes_weights.pt")
 """
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plumbing import manifests
 import common
 import erclip
 import eval as evaluation
@@ -118,7 +119,7 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
     --demo the lab (3 seeds, claims, a figure)."""
     if cfg.demo:
         return run_demo_sweep(cfg, sizes)
-    if common.dist_info()[1] > 1:
+    if manifests.dist_info()[1] > 1:
         raise common.UsageError("--sweep runs its runs one after another in one process (the paper used one GPU); "
                                 "start it with python, not torchrun")
     if cfg.sweep == "epochs" and cfg.steps:  # every run would stop at the same step, before its epochs' ends
