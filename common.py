@@ -1252,19 +1252,6 @@ def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
             m.training = mode
 
 
-def machine_info() -> dict:
-    """What a result was measured on (results files record it)."""
-    import platform
-    cpu = platform.processor()
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}
-
-
 def write_results(out, results: dict, cfg=None):
     """<out>/results.json, atomically; with cfg its settings and, as 'switches', those off their defaults."""
     if cfg is not None:

@@ -16,7 +16,8 @@ is honestly not resolved at this size.
                   (lab/weights/), measurements on the world
   lab/towers.py   two towers pre-trained apart (m2-Mix Sec. 5.4): a small
                   ResNet classifier and a tiny BERT, their shipped weights
-  lab/stats.py    SEEDS, --seeds, paired differences, verdicts, claims, the demo report
+  lab/stats.py    SEEDS, --seeds, paired differences, verdicts, claims, the demo report,
+                  machine_info (what a result ran on)
   lab/calibrate.py  each demo's settings, chosen once on 'val' with a pilot seed
   lab/figures.py  matplotlib figures (Agg)
   lab/runs.py     sweep plumbing: one folder per run, data prefixes, snapshots
@@ -38,8 +39,8 @@ import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import (PROCESSES, EpochSnapshots, drop_weights, hold_out, prefix_manifest, remove_run_folder, run_jobs,
                       scratch_run, sweep_run, take_processes_flag)
-from lab.stats import (SEEDS, claim, claims_table, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
-                       take_seeds_flag, verdict)
+from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo,
+                       run_seeds, seeds, take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
 from lab.tiny import TINY_CFG, TINY_PRETRAIN, domain_report, pretrain_tiny, retrieval_report, zero_shot_report
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,

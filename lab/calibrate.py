@@ -164,7 +164,7 @@ def main(argv=None):
         sys.exit(f"usage: python -m lab.calibrate {{{','.join(CALIBRATIONS)}}}")
     t0 = time.time()
     record = {"demo": argv[0], "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[argv[0]](),
-              "seconds": time.time() - t0, "machine": common.machine_info()}
+              "seconds": time.time() - t0, "machine": lab.machine_info()}
     path = common.atomic_write(DOCS / f"calibration-{argv[0]}.json", json.dumps(record, indent=1, default=float))
     print(json.dumps({k: record[k] for k in record if k in ("chosen", "fusion_lr")}), path)
     return record

@@ -1,5 +1,5 @@
 """The lab's statistics: seeds fixed in advance, paired differences, verdicts,
-claims, and the report every demo writes.
+claims, and the report every demo writes (with the machine it ran on).
 
 Statistics
 ----------
@@ -22,11 +22,14 @@ number is kept.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import open_clip
+import torch
 
 import common
 
@@ -147,6 +150,19 @@ def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model")
     return common.markdown_table(rows, [first, *columns])
 
 
+def machine_info() -> dict:
+    """What a result was measured on (results files record it)."""
+    import platform
+    cpu = platform.processor()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}
+
+
 def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,
                 figure: Callable[[Path], Path], base_name: str | None = "CLIP", **extra) -> dict:
     """Prints a demo's mean ± std table and claims table, draws its figure and
@@ -160,7 +176,7 @@ def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: S
           f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
     record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(seeds()), "base": base,
               "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
-              "machine": common.machine_info()}
+              "machine": machine_info()}
     common.write_results(out, record)
     return record
 

@@ -152,7 +152,7 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
     text = sweep_tables(name, base_records, runs, evaluation.vit_key(cfg.backbone))
     print(text)
     common.write_results(root, {"sweep": name, "base": base_records, "runs": runs, "tables": text,
-                                "config": dataclasses.asdict(cfg), "machine": common.machine_info(),
+                                "config": dataclasses.asdict(cfg), "machine": lab.machine_info(),
                                 "wall_seconds": time.time() - t0})
     return {"base": base_records, "runs": runs, "tables": text}
 
