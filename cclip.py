@@ -147,6 +147,7 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
+from plumbing import cclip_tasks
 
 
 # =============================================================================
@@ -384,7 +385,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         lr_image, lr_text = task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
         dataset = common.training_set(cfg, task.train, train_tf)
-        schedule = (common.epoch_warmup_cosine(len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs,
+        schedule = (cclip_tasks.epoch_warmup_cosine(len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs,
                     0.01 * lr_image, 0.01 * lr_image) if cfg.schedule == "research" else None)  # deviation 13
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
                                lr_of=make_lr_of(cfg, lr_image, lr_text), export=False, schedule=schedule)

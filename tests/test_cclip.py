@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
 import common  # noqa: E402
 import lab  # noqa: E402
+from plumbing import cclip_tasks  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
 
 torch.set_num_threads(1)
@@ -429,7 +430,7 @@ def test_research_schedule_is_pl_bolts_per_epoch_closed_form(monkeypatch, tmp_pa
     """--schedule research (deviation 13): per epoch, 1 % start and floor of the IMAGE lr for every group
     (pl_bolts takes one absolute warmup_start_lr / eta_min); hand values: W = 2 warm-up epochs of E = 5."""
     groups = [{"lr": 1.0}, {"lr": 10.0}]
-    img, txt = common.epoch_warmup_cosine(2, 2, 5, 0.01, 0.01)(SimpleNamespace(param_groups=groups), 2, 10)
+    img, txt = cclip_tasks.epoch_warmup_cosine(2, 2, 5, 0.01, 0.01)(SimpleNamespace(param_groups=groups), 2, 10)
     assert [round(img(s), 6) for s in range(0, 10, 2)] == [0.01, 1.0, 1.0, 0.7525, 0.2575]
     assert txt(0) == pytest.approx(0.001) and txt(2) == 1.0 and txt(8) == pytest.approx((0.01 + 9.99 * 0.25) / 10)
     seen = []
