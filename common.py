@@ -24,7 +24,6 @@ import copy
 import dataclasses
 import functools
 import json
-import logging
 import math
 import os
 import random
@@ -65,8 +64,6 @@ from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_sett
 _REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
                source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
                coco_sharegpt4v_manifest, load_weights_only)  # the methods'
-
-log = logging.getLogger("clipft")
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 
