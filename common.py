@@ -799,22 +799,6 @@ class Method(nn.Module):
         return self
 
 
-class ClipFineTune(Method):
-    """Plain CLIP fine-tuning: the baseline every method is compared with, and the template of a method's model
-    wrapper."""
-    def __init__(self, model, label_smoothing: float = 0.0):
-        super().__init__()
-        self.model, self.label_smoothing = model, label_smoothing
-
-    def features(self, batch, ctx=None):
-        return {"img": self.model.encode_image(batch["image"], normalize=True),
-                "txt": encode_text(self.model, batch["text"])}
-
-    def losses(self, f, ctx=None):
-        img, txt = gather(f["img"], f["txt"])
-        return {"loss_clip": clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
-
-
 def step_generator(seed: int, step: int, device="cpu"):
     """The randomness a loss consumes at a step (mixing ratios, ...): the same on every rank, reproducible on
     resume without saving any state. device is unused (a CPU generator)."""

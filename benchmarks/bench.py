@@ -384,7 +384,7 @@ def bench_steps(quick, backbone, batch=None, repeat=None, methods=None):
                         list(METHOD_STEPS)[:QUICK_STEPS if quick else None])
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
-    plain = make_step(common.ClipFineTune(model), batch, precision)
+    plain = make_step(lab.ClipFineTune(model), batch, precision)
     base_flops = count_flops(plain)  # doubles as the warm-up step
     base_times = timeit(plain, warmup=0, repeat=repeat, samples=True)
     results = []
@@ -523,7 +523,7 @@ def _child_case(method, backbone, b):
     `backbone`, batch b."""
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
-    net, batch = (common.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
+    net, batch = (lab.ClipFineTune(model), batch) if method == "plain" else METHOD_STEPS[method][1](model, tok, batch)
     return net.to(DEVICE), batch, "fp16" if DEVICE.type == "cuda" else "fp32"
 
 
@@ -581,7 +581,7 @@ def bench_loop(quick, backbone, tmp):
     # ours: per-step time from metrics.jsonl (log_every=1), first step dropped as warm-up
     cfg = common.Config(steps=steps + 1, batch_size=b, lr=1e-6, workers=0, precision=precision,
                         out=str(tmp / "ours"), save_every=0, log_every=1, device=str(DEVICE))
-    common.train(cfg, common.ClipFineTune(model), data, common.Collate(tok), export=False)
+    common.train(cfg, lab.ClipFineTune(model), data, common.Collate(tok), export=False)
     ours = [json.loads(l)["sec_per_step"] for l in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()][1:]
 
     # open_clip_train: the same model, data, batch, precision and plain CLIP loss

@@ -114,7 +114,7 @@ def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0,
     model = model.to(device)
     data = items(batch_size, image_size(model), seed, sentences)
     if method == "plain":
-        return Case(method, common.ClipFineTune(model).to(device), to_device(common.Collate(tokenizer)(data), device))
+        return Case(method, lab.ClipFineTune(model).to(device), to_device(common.Collate(tokenizer)(data), device))
     if method in ("erclip-m+p", "erclip-rt+p"):
         import erclip
         cfg = erclip.ERCLIPConfig(fusion="mean" if method == "erclip-m+p" else "rt", lambda_p=1.0)
@@ -326,7 +326,7 @@ def train_config(out, device, precision, **kw) -> common.Config:
     return common.Config(**(base | kw))
 
 
-class OverflowAt(common.ClipFineTune):
+class OverflowAt(lab.ClipFineTune):
     """Plain CLIP fine-tuning whose loss gets the InfGradient term (on the
     first trained parameter) at the given steps: a forced overflow inside
     common.train."""
@@ -416,7 +416,7 @@ def _ddp_worker(rank, world, port, tmp, backbone, device_type, precision, batch_
     model, _, _, tok = common.load_model(backbone, "random")
     data = RandomPairs(4 * batch_size, image_size(model))
     summary = common.train(train_config(Path(tmp) / "ddp", device, precision, steps=2, batch_size=batch_size,
-                                        log_every=100), common.ClipFineTune(model), data, common.Collate(tok),
+                                        log_every=100), lab.ClipFineTune(model), data, common.Collate(tok),
                            export=False)
     flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     torch.save({"weights": flat.cpu(), "summary": summary}, Path(tmp) / f"rank{rank}.pt")

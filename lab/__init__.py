@@ -12,8 +12,8 @@ is honestly not resolved at this size.
 
   lab/world.py    the world: vocabulary, scenes, captions, pixels, splits, the
                   continual domains, a multimodal feature world (CMCL)
-  lab/tiny.py     the tiny CLIP: config, pretraining, the shipped weights
-                  (lab/weights/), measurements on the world
+  lab/tiny.py     the tiny CLIP: config, pretraining (ClipFineTune), the
+                  shipped weights (lab/weights/), measurements on the world
   lab/towers.py   two towers pre-trained apart (m2-Mix Sec. 5.4): a small
                   ResNet classifier and a tiny BERT, their shipped weights
   lab/stats.py    SEEDS, --seeds, paired differences, verdicts, claims, the demo report,
@@ -42,7 +42,8 @@ from lab.runs import (PROCESSES, EpochSnapshots, drop_weights, hold_out, prefix_
 from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo,
                        run_seeds, seeds, take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
-from lab.tiny import TINY_CFG, TINY_PRETRAIN, domain_report, pretrain_tiny, retrieval_report, zero_shot_report
+from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pretrain_tiny, retrieval_report,
+                      zero_shot_report)
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
                        Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,

@@ -1,6 +1,8 @@
 """The lab's tiny CLIP: its open_clip config, its pretraining on the world's
 short alt-text captions (cached in CLIPFT_CACHE), and the measurements every
-demo takes on the world (one image pass per model)."""
+demo takes on the world (one image pass per model). ClipFineTune, plain CLIP
+fine-tuning on common.train, is the pretraining's wrapper and the baseline of
+the training loop's tests and of benchmarks/."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +44,22 @@ TINY_CFG = {
 TINY_PRETRAIN = dict(n=40000, epochs=10, batch=256, lr=1e-3, wd=0.1, warmup_pct=5, seed=0, version=5)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # the shipped weights, one file per recipe key
 WRITE_COMMAND = "python -m lab.tiny --write-weights"
+
+
+class ClipFineTune(common.Method):
+    """Plain CLIP fine-tuning: the baseline every method is compared with, and the template of a method's model
+    wrapper."""
+    def __init__(self, model, label_smoothing: float = 0.0):
+        super().__init__()
+        self.model, self.label_smoothing = model, label_smoothing
+
+    def features(self, batch, ctx=None):
+        return {"img": self.model.encode_image(batch["image"], normalize=True),
+                "txt": common.encode_text(self.model, batch["text"])}
+
+    def losses(self, f, ctx=None):
+        img, txt = common.gather(f["img"], f["txt"])
+        return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
 
 
 class _PretrainScenes(torch.utils.data.Dataset):
@@ -203,7 +221,7 @@ def _pretrain_tiny(p: dict, out: Path):
     else:  # none, or killed before its checkpoint: start it again
         cfg = dataclasses.replace(cfg, overwrite=True)
     try:
-        common.train(cfg, common.ClipFineTune(model), scenes, common.Collate(tok), export=False)
+        common.train(cfg, ClipFineTune(model), scenes, common.Collate(tok), export=False)
     except common.RunError as e:
         if e.code <= 128:
             raise

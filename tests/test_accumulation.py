@@ -85,7 +85,7 @@ def _dns(mode):
 
 
 CASES = {
-    "clip": lambda: (common.ClipFineTune(_tiny()[0]), _m2mix("ft")[1], None),
+    "clip": lambda: (lab.ClipFineTune(_tiny()[0]), _m2mix("ft")[1], None),
     "erclip-mean-teacher": lambda: _erclip("mean", 1.0),
     "erclip-rt": lambda: _erclip("rt", 0.0),
     "longclip-rank": lambda: _longclip("rank"),
@@ -218,7 +218,7 @@ def test_training_with_accumulation_follows_the_one_batch_run(tmp_path):
         start = start or {n: v.clone() for n, v in model.state_dict().items()}
         cfg = common.Config(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                             log_every=1, device="cpu", seed=0, out=str(tmp_path / f"k{k}"), accum_freq=k)
-        common.train(cfg, common.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
+        common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                      export=False)
         out[k] = model.state_dict()
     moved = sum((v - start[n]).square().sum() for n, v in out[1].items()).sqrt()
@@ -235,7 +235,7 @@ def _ddp_worker(rank, world, port, tmp, data):
     model, train_tf, _, tok = common.load_model("tiny", "random")
     cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp / "ddp"), accum_freq=2)
-    common.train(cfg, common.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
+    common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)
     if rank == 0:
         torch.save(model.state_dict(), tmp / "ddp_weights.pt")
@@ -250,7 +250,7 @@ def test_two_processes_accumulating_train_like_one_process(tmp_path):
     start = {n: v.clone() for n, v in model.state_dict().items()}
     cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp_path / "one"))
-    common.train(cfg, common.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
+    common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

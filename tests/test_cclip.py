@@ -194,7 +194,7 @@ def _cclip_net(model, hidden=32):
 def test_without_ckc_the_step_is_plain_clip(tiny):
     model, tok = tiny
     batch = _batch(tok)
-    plain = common.ClipFineTune(model)(batch)
+    plain = lab.ClipFineTune(model)(batch)
     losses = cclip.CClip(model)(batch)  # no projector: the full fine-tuning / LoRA-only step
     assert list(losses) == ["loss_clip"]
     torch.testing.assert_close(losses["loss_clip"], plain["loss_clip"])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import lab
 
 
 def test_clip_loss_by_hand():
@@ -145,7 +146,7 @@ def test_warmup_cosine_schedule():
 
 def test_param_groups_no_decay(tiny_random):
     model = tiny_random[0]
-    groups = common.param_groups(common.ClipFineTune(model), lr=1e-3, wd=0.1)
+    groups = common.param_groups(lab.ClipFineTune(model), lr=1e-3, wd=0.1)
     by_decay = {g["weight_decay"]: set(g["names"]) for g in groups}
     no = by_decay[0.0]
     assert "model.logit_scale" in no and "model.token_embedding.weight" in no
@@ -157,7 +158,7 @@ def test_param_groups_no_decay(tiny_random):
 
 def test_decay_all_puts_every_parameter_in_one_decayed_group(tiny_random):
     """--decay-all (issue 25.4): the m2-Mix code's and the C-CLIP research code's AdamW over all parameters."""
-    net = common.ClipFineTune(tiny_random[0])
+    net = lab.ClipFineTune(tiny_random[0])
     groups = common.param_groups(net, lr=1e-3, wd=0.1, decay_all=True)
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
     assert set(groups[0]["names"]) == {n for n, p in net.named_parameters() if p.requires_grad}

@@ -102,7 +102,7 @@ def test_a_training_run_exports_when_asked(tmp_path):
     model, train_tf, _, tok = common.load_model("tiny", "random")
     cfg = common.Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
                         device="cpu", export=str(tmp_path / "hub"))
-    summary = common.train(cfg, common.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok))
+    summary = common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok))
     assert summary["export"] == str(tmp_path / "hub") and (tmp_path / "hub" / "open_clip_model.safetensors").is_file()
     assert (tmp_path / "run" / "model.safetensors").is_file() and (tmp_path / "run" / "model.safetensors.json").is_file()
 
@@ -167,7 +167,7 @@ def test_locked_towers_do_not_move_and_leave_adamw(tmp_path, flag, frozen, train
     cfg = flags.parse_config(flags.Config, flag + ["--steps", "2", "--batch-size", "8", "--lr", "1e-3", "--workers",
                                                    "0", "--precision", "fp32", "--out", str(tmp_path / "r"),
                                                    "--device", "cpu", "--save-every", "0"])
-    common.train(cfg, common.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
+    common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(frozen))

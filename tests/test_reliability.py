@@ -53,7 +53,7 @@ def _cfg(out, **kw):
 
 def _train(tiny, data, out, **kw):
     model = common.load_model("tiny", "random")[0]
-    return common.train(_cfg(out, **kw), common.ClipFineTune(model), common.ManifestDataset(data, tiny[1]),
+    return common.train(_cfg(out, **kw), lab.ClipFineTune(model), common.ManifestDataset(data, tiny[1]),
                         common.Collate(tiny[3]), export=False)
 
 
@@ -221,7 +221,7 @@ def test_another_models_checkpoint_under_override_resume_is_one_message(stopped,
     model = common.load_model("tiny", "random")[0]
     model.text_projection = torch.nn.Parameter(torch.zeros(model.text_projection.shape[0], 3))  # another width
     with pytest.raises(common.RunError, match="holds another model's weights .*never the model"):
-        common.train(_cfg(out, resume="latest", override_resume=True), common.ClipFineTune(model),
+        common.train(_cfg(out, resume="latest", override_resume=True), lab.ClipFineTune(model),
                      common.ManifestDataset(data, tiny[1]), common.Collate(tiny[3]), export=False)
 
 
@@ -358,7 +358,7 @@ def test_an_unwritable_cache_is_blamed_on_the_cache_not_on_out(capsys):
 
 
 def test_a_nan_before_any_checkpoint_names_no_checkpoint_folder(tmp_path, tiny):
-    class NanAtOnce(common.ClipFineTune):
+    class NanAtOnce(lab.ClipFineTune):
         def forward(self, batch, ctx=None):
             return {"loss": torch.tensor(float("nan"), requires_grad=True)}
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)

@@ -35,7 +35,7 @@ def _data(tmp_path, transform, n=32):
 
 def _train(tmp_path, data, tok, name, seed=0, **kw):
     model = _tiny(seed)[0]
-    summary = common.train(_cfg(tmp_path, out=str(tmp_path / name), **kw), common.ClipFineTune(model), data,
+    summary = common.train(_cfg(tmp_path, out=str(tmp_path / name), **kw), lab.ClipFineTune(model), data,
                            common.Collate(tok), export=False)
     return model, summary
 
@@ -51,7 +51,7 @@ def test_random_crops_do_not_depend_on_workers_or_resume(tmp_path):
     data = _data(tmp_path, train_tf)
     straight, _ = _train(tmp_path, data, tok, "a", steps=7, workers=2)
     common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "b"), stop_at=3, workers=2),
-                 common.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
+                 lab.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
     torch.manual_seed(123)  # the resumed process starts from another RNG state
     resumed, _ = _train(tmp_path, data, tok, "b", seed=99, steps=7, workers=2, resume="latest")
     assert _max_diff(straight, resumed) < 1e-7
@@ -67,11 +67,11 @@ def test_random_crops_do_not_depend_on_workers_or_resume(tmp_path):
 def test_metrics_have_each_step_once_after_resume(tmp_path):
     _, train_tf, tok = _tiny()
     data = _data(tmp_path, train_tf)
-    common.train(_cfg(tmp_path, steps=6, stop_at=3), common.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
+    common.train(_cfg(tmp_path, steps=6, stop_at=3), lab.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "a") as f:  # what a kill after the checkpoint leaves: later steps, a line cut short
         f.write("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (4, 5)) + '{"step": 6, "lo')
-    common.train(_cfg(tmp_path, steps=6, resume="latest"), common.ClipFineTune(_tiny()[0]), data,
+    common.train(_cfg(tmp_path, steps=6, resume="latest"), lab.ClipFineTune(_tiny()[0]), data,
                  common.Collate(tok), export=False)
     steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -133,14 +133,14 @@ class _Payload:
 def test_checkpoint_loads_weights_only_and_tampered_one_is_refused(tmp_path):
     _, train_tf, tok = _tiny()
     data = _data(tmp_path, train_tf)
-    common.train(_cfg(tmp_path, steps=4, stop_at=2), common.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
+    common.train(_cfg(tmp_path, steps=4, stop_at=2), lab.ClipFineTune(_tiny()[0]), data, common.Collate(tok))
     ck = tmp_path / "run" / "checkpoints" / "last.pt"
     state = torch.load(ck, weights_only=True)  # RNG states included
     assert state["step"] == 2 and set(state["rng"]) >= {"torch", "numpy", "python"}
     marker = tmp_path / "payload-ran"
     torch.save({**state, "method": _Payload(marker)}, ck)
     with pytest.raises(common.UnsafeFileError, match=r"last.pt: refused to load"):
-        common.train(_cfg(tmp_path, steps=4, resume="latest"), common.ClipFineTune(_tiny()[0]), data,
+        common.train(_cfg(tmp_path, steps=4, resume="latest"), lab.ClipFineTune(_tiny()[0]), data,
                      common.Collate(tok))
     assert not marker.exists()
 
@@ -158,7 +158,7 @@ def test_skipped_rows_are_all_in_the_summary(tmp_path):
     assert [r.split(": ")[0] for r in summary["bad_rows"]] == [f"{bad}:{i + 1}" for i in (3, 10, 17)]
 
 
-class _NanAtStep3(common.ClipFineTune):
+class _NanAtStep3(lab.ClipFineTune):
     """A loss term that is NaN at step 3 only (the weights it breaks keep later losses NaN)."""
     def forward(self, batch, ctx=None):
         return {**super().forward(batch, ctx), "loss_bad": torch.tensor(float("nan") if ctx.step == 3 else 0.0)}

@@ -44,7 +44,7 @@ def _run(out, data):
     """(model, processes the run had): the tiny backbone, 4 steps of global batch 8."""
     torch.manual_seed(0)
     model, train_tf, _, tok = common.load_model("tiny", "random")
-    summary = common.train(_cfg(out), common.ClipFineTune(model), common.ManifestDataset(data, train_tf),
+    summary = common.train(_cfg(out), lab.ClipFineTune(model), common.ManifestDataset(data, train_tf),
                            common.Collate(tok), export=False)
     return model, summary["world_size"]
 
@@ -187,7 +187,7 @@ def test_an_image_failing_in_training_is_replaced_and_counted(tmp_path, workers)
     model, train_tf, _, tok = common.load_model("tiny", "random")
     cfg = common.Config(steps=4, batch_size=8, workers=workers, precision="fp32", out=str(tmp_path / "r"),
                         log_every=1, device="cpu", check_images="none")
-    summary = common.train(cfg, common.ClipFineTune(model), common.training_set(cfg, path, train_tf),
+    summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, path, train_tf),
                            common.Collate(tok), export=False)
     bad = str(path.parent / common.read_manifest(path)[3]["image"])
     assert summary["steps"] == 4 and summary["undecodable_images"]["count"] == 2  # 2 epochs of 16 rows

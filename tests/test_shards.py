@@ -30,7 +30,7 @@ def _cfg(out, **kw):
 def _train(cfg, pattern):
     torch.manual_seed(0)
     model, train_tf, _, tok = common.load_model("tiny", "random")
-    summary = common.train(cfg, common.ClipFineTune(model), common.training_set(cfg, pattern, train_tf),
+    summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, pattern, train_tf),
                            common.Collate(tok), export=False)
     return model, summary
 

@@ -31,7 +31,7 @@ def _fresh_tiny(seed=0):
 
 def test_train_writes_logs_and_checkpoint(tmp_path):
     model, pre, _, tok = _fresh_tiny()
-    summary = common.train(_cfg(tmp_path), common.ClipFineTune(model), _data(tmp_path, pre), common.Collate(tok))
+    summary = common.train(_cfg(tmp_path), lab.ClipFineTune(model), _data(tmp_path, pre), common.Collate(tok))
     out = tmp_path / "run"
     assert summary["steps"] == 6
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -45,7 +45,7 @@ def test_logit_scale_is_clamped(tmp_path):
     model, pre, _, tok = _fresh_tiny()
     with torch.no_grad():
         model.logit_scale.fill_(common.LOGIT_SCALE_MAX + 1.0)
-    common.train(_cfg(tmp_path, steps=1, lr=1e-6), common.ClipFineTune(model), _data(tmp_path, pre),
+    common.train(_cfg(tmp_path, steps=1, lr=1e-6), lab.ClipFineTune(model), _data(tmp_path, pre),
                  common.Collate(tok), export=False)
     assert model.logit_scale.item() == pytest.approx(common.LOGIT_SCALE_MAX)
 
@@ -53,7 +53,7 @@ def test_logit_scale_is_clamped(tmp_path):
 def test_bf16_autocast_step_on_cpu(tmp_path):
     model, pre, _, tok = _fresh_tiny()
     before = model.visual.conv1.weight.detach().clone()
-    s = common.train(_cfg(tmp_path, steps=2, precision="bf16"), common.ClipFineTune(model),
+    s = common.train(_cfg(tmp_path, steps=2, precision="bf16"), lab.ClipFineTune(model),
                      _data(tmp_path, pre), common.Collate(tok), export=False)
     assert s["precision"] == "bf16" and torch.isfinite(torch.tensor(s["final_losses"]["loss_clip"]))
     assert not torch.equal(before, model.visual.conv1.weight)
@@ -71,7 +71,7 @@ def test_fp16_on_cpu_is_for_testing_and_says_so_once(capsys):
         common.resolve_precision("fp8", "cpu")
 
 
-class _Exploding(common.ClipFineTune):
+class _Exploding(lab.ClipFineTune):
     def forward(self, batch, ctx=None):
         out = super().forward(batch, ctx)
         if ctx.step >= 3:
@@ -93,14 +93,14 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     """Stop at step 3 of 7 (across an epoch boundary: 4 steps per epoch), resume, compare."""
     model_a, pre, _, tok = _fresh_tiny()
     data = _data(tmp_path, pre)
-    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "a")), common.ClipFineTune(model_a), data,
+    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "a")), lab.ClipFineTune(model_a), data,
                  common.Collate(tok), export=False)
     model_b = _fresh_tiny()[0]
     cfg_b = _cfg(tmp_path, steps=7, out=str(tmp_path / "b"), stop_at=3)
-    assert common.train(cfg_b, common.ClipFineTune(model_b), data, common.Collate(tok))["stopped_at"] == 3
+    assert common.train(cfg_b, lab.ClipFineTune(model_b), data, common.Collate(tok))["stopped_at"] == 3
     torch.manual_seed(123)  # the resumed process starts from another RNG state
     model_c = _fresh_tiny(seed=99)[0]
-    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "b"), resume="latest"), common.ClipFineTune(model_c),
+    common.train(_cfg(tmp_path, steps=7, out=str(tmp_path / "b"), resume="latest"), lab.ClipFineTune(model_c),
                  data, common.Collate(tok), export=False)
     for (k, a), (_, c) in zip(model_a.state_dict().items(), model_c.state_dict().items()):
         assert torch.allclose(a, c, atol=1e-6), k
@@ -109,7 +109,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 def test_resume_without_checkpoint_fails(tmp_path):
     model, pre, _, tok = _fresh_tiny()
     with pytest.raises(common.RunError, match="no checkpoint"):
-        common.train(_cfg(tmp_path, resume="latest"), common.ClipFineTune(model), _data(tmp_path, pre),
+        common.train(_cfg(tmp_path, resume="latest"), lab.ClipFineTune(model), _data(tmp_path, pre),
                      common.Collate(tok))
 
 
@@ -140,7 +140,7 @@ def _ddp_worker(rank, world, port, tmp, batch):
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = common.load_model("tiny", "random")[0]
-    net = common.ClipFineTune(model)
+    net = lab.ClipFineTune(model)
     ddp = torch.nn.parallel.DistributedDataParallel(net)
     half = len(batch["image"]) // world
     local = {k: v[rank * half:(rank + 1) * half] for k, v in batch.items()}
@@ -161,7 +161,7 @@ def test_ddp_two_processes_match_one(tmp_path):
     batch = {"image": torch.randn(8, 3, size, size, generator=g),
              "text": tok([f"a photo of a {c} {s}." for c, s in zip(lab.COLORS, lab.SHAPES * 2)][:6]
                          + ["a red cross.", "a dark picture of a blue diamond."])}
-    net = common.ClipFineTune(model)
+    net = lab.ClipFineTune(model)
     loss = net(batch)["loss_clip"]
     loss.backward()
     with socket.socket() as s:

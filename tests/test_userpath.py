@@ -273,7 +273,7 @@ def test_non_positive_numbers_are_refused_at_parse_time(flag, value, capsys):
 
 
 # ----------------------------------------------------------------------------- 8. signals, progress, leftovers
-class _SignalAtStep(common.ClipFineTune):
+class _SignalAtStep(lab.ClipFineTune):
     """Sends a signal to its own process in the middle of step `at` (0-based)."""
     def __init__(self, model, at, signum):
         super().__init__(model)
@@ -307,7 +307,7 @@ def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tm
     assert "step 1/8" in err and "step 3/8" in err  # stderr is no terminal here: progress lines
 
 
-class _FailAtStep(common.ClipFineTune):
+class _FailAtStep(lab.ClipFineTune):
     def forward(self, batch, ctx=None):
         if ctx.step == 1:
             raise ValueError("broken step")
