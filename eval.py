@@ -279,56 +279,6 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     return _finish(task, paths, texts, t2i, protocol, task, root, strict)
 
 
-# m2-Mix's training sets (m2mix.py --train-data flickr30k | coco), from the same annotation files
-KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
-
-
-def karpathy_images(dataset: str, data_root) -> list[dict]:
-    """Karpathy's split file data_root/<dataset>/dataset_<dataset>.json (images[].filename, filepath, split,
-    sentences[].raw), an image each: {split, path, imgid, sentences (stripped, empty ones dropped)}. Images:
-    flickr30k/images/<filename>, coco/<filepath>/<filename> (train2014/, val2014/)."""
-    root = Path(data_root) / dataset
-    ann = root / f"dataset_{dataset}.json"
-    if not ann.exists():
-        raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
-    image_dir = root / "images" if dataset == "flickr30k" else root
-    return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"], "imgid": im.get("imgid"),
-             "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
-            for im in json.loads(ann.read_text())["images"]]
-
-
-def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
-    """A JSONL manifest (absolute image paths) of a Karpathy split (karpathy_images); captions: 'first' or 'all'."""
-    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
-    rows = [{"image": str(im["path"].resolve()), "caption": c} for im in karpathy_images(dataset, data_root)
-            if im["split"] in splits for c in (im["sentences"][:1] if captions == "first" else im["sentences"])]
-    if not rows:
-        raise common.DataError(f"{Path(data_root) / dataset}/dataset_{dataset}.json: no images in split(s) {splits}")
-    return _write_rows(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
-
-
-def coco2017_train_manifest(data_root, captions: str, out_dir) -> Path:
-    """COCO train2017 (the paper's split, Sec. 5.1) from coco/annotations/captions_train2017.json; the first
-    caption of an image is its first annotation in file order (as eval.py's coco-1cap takes it)."""
-    root = Path(data_root) / "coco"
-    ann_file = root / "annotations" / "captions_train2017.json"
-    if not ann_file.exists():
-        raise common.DataError(f"{ann_file} not found (see README, data layout)")
-    ann = json.loads(ann_file.read_text())
-    files = {im["id"]: str((root / "train2017" / im["file_name"]).resolve()) for im in ann["images"]}
-    rows, seen = [], set()
-    for a in ann["annotations"]:
-        if captions == "all" or a["image_id"] not in seen:
-            seen.add(a["image_id"])
-            rows.append({"image": files[a["image_id"]], "caption": " ".join(a["caption"].split())})
-    return _write_rows(rows, Path(out_dir) / f"coco-train2017-{captions}.jsonl")
-
-
-def _write_rows(rows, path: Path) -> Path:
-    """A JSONL manifest, written atomically, so that the ranks of a torchrun job may all write the same file."""
-    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
 def _flickr30k_full(root, strict=False):
     """Long-CLIP's eval/retrieval/flickr30k.py protocol: every image of the release (31,783) against every caption
     of results_20130124.token ("<image>#<k>\t<caption>" lines, 158,915), not Karpathy's 1k test split."""

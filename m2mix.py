@@ -161,7 +161,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import towers
+from plumbing import towers, train_manifests
 
 
 # =============================================================================
@@ -334,50 +334,12 @@ class M2Mix(common.Method):
 # =============================================================================
 # Training and evaluation
 # =============================================================================
-def train_manifest(cfg: M2MixConfig) -> Path:
-    data_dir = Path(cfg.out) / "data"
-    if cfg.train_data == "synthetic":  # the lab registers its world
-        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)
-    if cfg.train_data == "flickr30k":
-        return evaluation.karpathy_train_manifest("flickr30k", cfg.data_root, "train",
-                                                  cfg.train_captions, data_dir)
-    if cfg.train_data == "coco":
-        if cfg.coco_split == "2017":
-            return evaluation.coco2017_train_manifest(cfg.data_root, cfg.train_captions, data_dir)
-        return evaluation.karpathy_train_manifest("coco", cfg.data_root, "train",
-                                                  cfg.train_captions, data_dir)
-    return Path(cfg.train_data)
-
-
-def eval_tasks(cfg: M2MixConfig) -> dict:
-    """Our label -> eval.py task: the all-caption (standard) protocol and the code's one-caption
-    protocol (1:1, Table 1's), on the test set matching the training split (COCO 2017 train ->
-    val2017; Karpathy train -> Karpathy test, never val2017, which overlaps Karpathy's train +
-    restval images)."""
-    if cfg.eval_on:
-        return {t: t for t in cfg.eval_on.split(",") if t and cfg.eval_on != "none"}
-    if cfg.train_data == "synthetic":
-        return {"synthetic-short": "synthetic-short"}
-    if cfg.train_data == "flickr30k":
-        return {"flickr30k": "flickr30k", "flickr30k-1cap": "flickr30k-1cap"}
-    if cfg.train_data == "coco" and cfg.coco_split == "2017":
-        return {"coco": "coco", "coco-1cap": "coco-1cap"}
-    if cfg.train_data == "coco":
-        one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first",
-                                                 Path(cfg.out) / "data")
-        return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
-    if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
-        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or "
-                                "manifests; 'none': train without evaluating)")
-    return {Path(cfg.train_data).stem: cfg.train_data}
-
-
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
     """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each
     image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
     curve)."""
     records = []
-    for name, task in eval_tasks(cfg).items():
+    for name, task in train_manifests.eval_tasks(cfg).items():
         for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root,
                                      model_name=label, analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
@@ -395,7 +357,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
         cache_dir=cfg.cache_dir, **tower_settings(cfg))
     rank = common.dist_info()[0]
-    manifest = train_manifest(cfg)
+    manifest = train_manifests.train_manifest(cfg)
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += common.kept_result(
@@ -406,8 +368,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)
     lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else cfg.lr) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
-                           validate=evaluation.validator(cfg, eval_tf,
-                                                         list(eval_tasks(cfg).values())))
+                           validate=evaluation.validator(
+                               cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
@@ -484,8 +446,9 @@ def main(argv=None):
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy],
                               "Flickr30K and Karpathy's split file, Sec. 5.1")
     # before training: the tasks; then rows, --out, device before any model is loaded
-    evaluation.check_tasks(list(eval_tasks(cfg).values()), cfg.data_root, "--eval-on")
-    common.preflight(cfg, [train_manifest(cfg)])
+    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root,
+                           "--eval-on")
+    common.preflight(cfg, [train_manifests.train_manifest(cfg)])
     return finetune(cfg)
 
 
