@@ -97,7 +97,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import mosei
+from plumbing import m2mix_analysis, mosei
 
 
 # =============================================================================
@@ -283,8 +283,8 @@ class GMCNet(common.Method):
 @torch.no_grad()
 def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     """Per observed subset: acc (GMC's: sign of the prediction vs y > 0, zero labels left out, %),
-    align and unif (eval.geometry of normalise(partial z) against z_J; Full: unif of z_J with
-    itself; G7)."""
+    align and unif (m2mix_analysis.geometry of normalise(partial z) against z_J; Full: unif
+    of z_J with itself; G7)."""
     model.eval()
     device = next(model.parameters()).device
     xs = [split[k].to(device) for k in mosei.MODALITIES]
@@ -299,8 +299,8 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
                                                       for i in chunks]).float().cpu()
         pred = model.classify(z.to(device)).squeeze(-1).float().cpu()
         out[f"{name} acc"] = 100 * ((pred[keep] > 0) == (y[keep] > 0)).float().mean().item()
-        g = evaluation.geometry(F.normalize(z, dim=-1), z_joint)
-        out[f"{name} unif"] = (evaluation.geometry(z_joint, z_joint)["unif"] if name == "Full"
+        g = m2mix_analysis.geometry(F.normalize(z, dim=-1), z_joint)
+        out[f"{name} unif"] = (m2mix_analysis.geometry(z_joint, z_joint)["unif"] if name == "Full"
                                else g["unif"])
         if name != "Full":
             out[f"{name} align"] = g["align"]

@@ -17,6 +17,7 @@ from PIL import Image
 import common
 import lab
 import eval as ev
+from plumbing import m2mix_analysis
 
 
 # ---------------------------------------------------------------- fixtures
@@ -309,7 +310,7 @@ def test_sentence_mean_is_normalised_mean_of_sentences(tiny_random):
 # ---------------------------------------------------------------- geometry, ECE, SIMAT
 def test_geometry_by_hand():
     e = torch.eye(3)  # v_i = t_i = e_i: positives at distance 0, every negative at ||e_i - e_k||^2 = 2
-    g = ev.geometry(e, e.clone())
+    g = m2mix_analysis.geometry(e, e.clone())
     assert g["align"] == pytest.approx(2.0)  # -(0 - 2)
     assert g["unif"] == pytest.approx(-math.log((3 + 6 * math.exp(-4)) / 9))  # 3 pairs at d=0, 6 at d=2
     assert g["wi_align"] == pytest.approx(0.0)
@@ -327,7 +328,7 @@ def test_geometry_matches_loop_and_chunks():
     unif = -math.log(np.mean([math.exp(-2 * d(img[i], txt[j])) for i in range(n) for j in range(n)]))
     wi_img = math.log(np.mean([math.exp(-2 * d(img[i], img[j])) for i in range(n) for j in range(n) if i != j]))
     for chunk in (2, 1024):
-        out = ev.geometry(img, txt, chunk=chunk)
+        out = m2mix_analysis.geometry(img, txt, chunk=chunk)
         assert out["align"] == pytest.approx(align, abs=1e-5) and out["unif"] == pytest.approx(unif, abs=1e-5)
         assert out["wi_unif_img"] == pytest.approx(wi_img, abs=1e-5)
 
@@ -345,18 +346,18 @@ def test_released_code_geometry_matches_its_formulas():
     x = torch.cat([img, img]).double()
     unif = math.log(torch.pdist(x).pow(2).mul(-2).exp().mean().item())
     for chunk in (3, 1024):
-        out = ev.released_code_geometry(img, txt, chunk=chunk)
+        out = m2mix_analysis.released_code_geometry(img, txt, chunk=chunk)
         assert out["align_code"] == pytest.approx(align, abs=1e-5)
         assert out["unif_code"] == pytest.approx(unif, abs=1e-5)
-    ours = ev.geometry(img, txt)
+    ours = m2mix_analysis.geometry(img, txt)
     assert ours["align"] != pytest.approx(-out["align_code"], abs=1e-3)  # anchored differently, not a sign flip
 
 
 def test_ece_by_hand_and_against_loop():
     e = torch.eye(2)
     # scale ln 3: each query's softmax over sims (1, 0) is (0.75, 0.25); all correct -> ECE = |1 - 0.75| = 25%
-    assert ev.ece(e, e, [0, 1], math.log(3), direction="i2t") == pytest.approx(25.0)
-    assert ev.ece(e, e.flip(0), [0, 1], math.log(3), direction="t2i") == pytest.approx(75.0)  # all wrong
+    assert m2mix_analysis.ece(e, e, [0, 1], math.log(3), direction="i2t") == pytest.approx(25.0)
+    assert m2mix_analysis.ece(e, e.flip(0), [0, 1], math.log(3), direction="t2i") == pytest.approx(75.0)  # all wrong
     g = torch.Generator().manual_seed(1)
     img = F.normalize(torch.randn(6, 4, generator=g), dim=-1)
     txt = F.normalize(torch.randn(10, 4, generator=g), dim=-1)
@@ -372,9 +373,9 @@ def test_ece_by_hand_and_against_loop():
         bins = [min(int(x * 15), 14) for x in conf]
         ref = sum(abs(sum(a for a, bb in zip(acc, bins) if bb == b) - sum(x for x, bb in zip(conf, bins) if bb == b))
                   for b in range(15)) / len(q)
-        assert ev.ece(img, txt, t2i, 5.0, 15, direction) == pytest.approx(100 * ref, abs=1e-4)
-    curve = ev.ece_curve(img, txt, t2i, taus=(0.01, 0.2))
-    assert list(curve) == [0.01, 0.2] and curve[0.2] == pytest.approx(ev.ece(img, txt, t2i, 5.0))
+        assert m2mix_analysis.ece(img, txt, t2i, 5.0, 15, direction) == pytest.approx(100 * ref, abs=1e-4)
+    curve = m2mix_analysis.ece_curve(img, txt, t2i, taus=(0.01, 0.2))
+    assert list(curve) == [0.01, 0.2] and curve[0.2] == pytest.approx(m2mix_analysis.ece(img, txt, t2i, 5.0))
 
 
 def test_simat_score_by_hand():
@@ -386,7 +387,7 @@ def test_simat_score_by_hand():
     src = torch.tensor([0, 1])
     value = torch.stack([img[0], img[1]])
     target = torch.stack([img[1], img[1]])
-    out = ev.simat_score(img, src, value, target, [0, 1], oscar, [1.0, 3.0], lambdas=(1.0,))
+    out = m2mix_analysis.simat_score(img, src, value, target, [0, 1], oscar, [1.0, 3.0], lambdas=(1.0,))
     assert out == {1.0: pytest.approx(25.0)}  # weights normalised to (0.25, 0.75)
 
 
