@@ -96,8 +96,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as evaluation
-from plumbing import m2mix_analysis, mosei
+from plumbing import m2mix_analysis, mosei, published
 
 
 # =============================================================================
@@ -309,11 +308,11 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
 
 def table4(rows: dict) -> str:
     """Table 4's layout: our rows (name -> [per-seed results]: mean +- std) under the paper's
-    (eval.M2MIX_TABLE4)."""
+    (published.M2MIX_TABLE4)."""
     cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(SUBSETS)[1:]
                                         for m in ("acc", "align", "unif")]
     lines = []
-    for name, paper in evaluation.M2MIX_TABLE4.items():
+    for name, paper in published.M2MIX_TABLE4.items():
         lines.append({"method": f"{name} (paper)",
                       **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
     for name, runs in rows.items():

@@ -60,7 +60,6 @@ Commands (the released code's objective, term for term, and its scripts' weights
 # =============================================================================
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -161,7 +160,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import towers, train_manifests
+from plumbing import m2mix_analysis, towers, train_manifests
 
 
 # =============================================================================
@@ -376,7 +375,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     results = {"config": vars(cfg), "summary": summary, "records": records}
     common.write_results(cfg.out, results, cfg)
     if show:
-        print(table(records, cfg.backbone))
+        print(m2mix_analysis.table(records, cfg.backbone))
     return results
 
 
@@ -407,29 +406,6 @@ def method_name(cfg) -> str:
                                        if cfg.base_tau not in (0, 0.01) else "")
 
 
-def table(records, backbone: str) -> str:
-    """Table 1 for CLIP; Table 3 with Table 5's SIMAT column for the uni-modal towers."""
-    if towers.known(backbone):
-        return evaluation.m2mix_table1(records, evaluation.M2MIX_TABLE3,
-                                       evaluation.M2MIX_TABLE3_METRICS)
-    return evaluation.m2mix_table1(records)
-
-
-def collect(run_dirs) -> str:
-    """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run
-    that has it)."""
-    records, seen, backbone = [], set(), ""
-    for d in run_dirs:
-        results = json.loads((Path(d) / "results.json").read_text())
-        backbone = backbone or results.get("config", {}).get("backbone", "")
-        for r in results["records"]:
-            key = (r["task"], r["model"], r["metric"])
-            if key not in seen:
-                seen.add(key)
-                records.append(r)
-    return table(records, backbone)
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, claims
@@ -439,7 +415,7 @@ def main(argv=None):
     if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     if cfg.collect:
-        table = collect(cfg.collect.split(","))
+        table = m2mix_analysis.collect(cfg.collect.split(","))
         print(table)
         return table
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"

@@ -17,7 +17,7 @@ from PIL import Image
 import common
 import lab
 import eval as ev
-from plumbing import m2mix_analysis
+from plumbing import m2mix_analysis, published
 
 
 # ---------------------------------------------------------------- fixtures
@@ -547,9 +547,9 @@ def test_published_clip_rows_come_from_the_paper_tables():
     b32 = ev.published_numbers("erclip", "ViT-B/32")
     assert b32[("urban1k", "i2t_R@1")] == 61.20 and b32[("long-dci", "t2i_R@1")] == 30.60  # Table 1, row CLIP
     assert b32[("coco", "t2i_R@1")] == 30.37 and b32[("cifar100", "top1")] == 64.31  # Table 2, row CLIP
-    assert len(b32) == 13 and set(ev.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
+    assert len(b32) == 13 and set(published.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
     m2 = ev.published_numbers("m2mix", "ViT-B/32")
-    assert m2[("coco-1cap", "t2i_R@5")] == ev.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
+    assert m2[("coco-1cap", "t2i_R@5")] == published.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
     assert m2[("simat", "simat")] == 34.4
 
 

@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import common
-import eval as evaluation
 import lab
 import m2mix
-from plumbing import train_manifests
+from plumbing import m2mix_analysis, published, train_manifests
 
 torch.set_num_threads(1)
 
@@ -415,8 +414,8 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
 
 def test_table1_puts_paper_values_beside_the_matching_protocol():
     recs = [{"task": t, "model": "ZS", "metric": m, "value": 50.0}
-            for t in ("flickr30k", "flickr30k-1cap") for m in evaluation.M2MIX_TABLE1_METRICS]
-    out = evaluation.m2mix_table1(recs)
+            for t in ("flickr30k", "flickr30k-1cap") for m in published.M2MIX_TABLE1_METRICS]
+    out = m2mix_analysis.m2mix_table1(recs)
     one = out.split("### flickr30k-1cap")[1]
     assert "50.0 (71.1)" in one and "- (82.1)" in one  # ZS ours (paper); m3-Mix: paper only
     assert "50.00 (1.9)" in one  # ECE i2t, Table 2
@@ -483,7 +482,7 @@ def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_
 
 
 def test_demo_claims_take_their_paper_column_from_eval():
-    """The paper column of every claim that compares a number is computed from eval.M2MIX_TABLE1;
+    """The paper column of every claim that compares a number is computed from published.M2MIX_TABLE1;
     the strings are the ones the committed demo results carry."""
     from lab.demos import m2mix as demo
     runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,

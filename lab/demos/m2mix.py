@@ -22,7 +22,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
-from plumbing import m2mix_analysis
+from plumbing import m2mix_analysis, published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
 # task: the fine-tuning pool's LONG captions (cut at 24 tokens; the backbone
@@ -85,10 +85,10 @@ def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dic
 def demo_claims(base: dict, runs: dict) -> list[dict]:
     """The paper's claims as paired per-seed differences; directions fixed
     before the seeds ran. Paper numbers: ViT-B/32, Flickr30k (Table 1, Fig. 2,
-    Table 2; eval.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
+    Table 2; published.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
-    p, coco = evaluation.M2MIX_TABLE1["flickr30k-1cap"], evaluation.M2MIX_TABLE1["coco-1cap"]
+    p, coco = published.M2MIX_TABLE1["flickr30k-1cap"], published.M2MIX_TABLE1["coco-1cap"]
     return [
         lab.claim("m3-Mix beats FT on the task (R@1, mean of I2T/T2I)",
                   f"F30k I2T {p['m3-Mix']['i2t_R@1'] - p['FT']['i2t_R@1']:+.1f}, "
@@ -125,7 +125,7 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     ax.set(xlabel="alignment (greater = better)", ylabel="uniformity (greater = better)",
            title="ours: lab world, tiny CLIP, test split")
     ax.legend(fontsize=8)
-    for name, row in evaluation.M2MIX_TABLE1["flickr30k-1cap"].items():
+    for name, row in published.M2MIX_TABLE1["flickr30k-1cap"].items():
         if "align" in row:
             px.plot(row["align"], row["unif"], "o", color=colors[name], label=name)
     px.set(xlabel="alignment", ylabel="uniformity", title="paper: Fig. 2, ViT-B/32, Flickr30k")
