@@ -17,7 +17,7 @@ from PIL import Image
 import common
 import lab
 import eval as ev
-from plumbing import m2mix_analysis, published
+from plumbing import m2mix_analysis, published, wise_ft
 
 
 # ---------------------------------------------------------------- fixtures
@@ -433,25 +433,25 @@ def test_wise_ft_endpoints_and_checks(tmp_path, tiny_random):
     feats = lambda m: (m.encode_image(x), m.encode_text(tokens))  # noqa: E731
     with torch.no_grad():
         ref0, ref1 = feats(m0), feats(m1)
-        curve = ev.wise_ft(m0, theta0, theta1, [0.0, 0.5, 1.0], lambda m: feats(m))
+        curve = wise_ft.wise_ft(m0, theta0, theta1, [0.0, 0.5, 1.0], lambda m: feats(m))
     for got, ref in ((curve[0]["records"], ref0), (curve[2]["records"], ref1)):
         for a, b in zip(got, ref):
             assert torch.equal(a, b)
     assert not torch.allclose(curve[1]["records"][0], ref0[0])
     assert all(torch.equal(m0.state_dict()[k], theta0[k]) for k in theta0)  # weights restored
-    mid = ev.interpolate_weights(theta0, theta1, 0.5)
+    mid = wise_ft.interpolate_weights(theta0, theta1, 0.5)
     k = "visual.conv1.weight"
     torch.testing.assert_close(mid[k], (theta0[k] + theta1[k]) / 2)
     with pytest.raises(ValueError, match="differ in keys"):
-        ev.interpolate_weights(theta0, {kk: v for kk, v in theta1.items() if kk != k}, 0.5)
+        wise_ft.interpolate_weights(theta0, {kk: v for kk, v in theta1.items() if kk != k}, 0.5)
     with pytest.raises(ValueError, match="shape"):
-        ev.interpolate_weights(theta0, {**theta1, k: theta1[k][:1]}, 0.5)
+        wise_ft.interpolate_weights(theta0, {**theta1, k: theta1[k][:1]}, 0.5)
     # state_dicts from a saved model and from a training checkpoint ({'net': {'model.*': ...}})
     common.save_model(m1, tmp_path / "m.pt", "tiny")
     torch.save({"net": {f"model.{kk}": v for kk, v in theta1.items()} | {"teacher.x": torch.zeros(1)}},
                tmp_path / "last.pt")
     for f in ("m.pt", "last.pt"):
-        sd = ev.load_state_dict(tmp_path / f)
+        sd = wise_ft.load_state_dict(tmp_path / f)
         assert set(sd) == set(theta1) and all(torch.equal(sd[kk], theta1[kk]) for kk in sd)
 
 

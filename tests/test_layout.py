@@ -23,13 +23,13 @@ LAYERS = (
     ("common: data, the AMP / DDP training loop, shared math", ("common",)),
     ("plumbing on common that eval and the layer above it read",
      ("plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT's score (eval's evaluate runs them)
-      "plumbing.train_manifests")),  # Karpathy / COCO training manifests (plumbing.vlcl reads them)
+      "plumbing.train_manifests",  # Karpathy / COCO training manifests (plumbing.vlcl reads them)
+      "plumbing.wise_ft")),  # weight interpolation (eval's --wise-ft, cclip.py's research merges)
     ("eval: benchmarks, metrics, tables", ("eval",)),
     ("plumbing on common and eval: commands, one paper's readers and drivers",
      ("plumbing.export", "plumbing.vlcl", "plumbing.write_shards", "plumbing.mosei",
       "plumbing.cmcl",  # DNS: CMCL's cached features, its step plan and tables
       "plumbing.sweeps",  # ERCLIP Sec. 4.3-4.4 on real data
-      "plumbing.wise_ft",  # weight interpolation
       "plumbing.longclip_data", "plumbing.cclip_tasks")),
     ("the method files", METHODS),
     ("the lab: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
