@@ -1,9 +1,8 @@
 """m2-Mix / m3-Mix: geodesic multi-modal mixup for robust fine-tuning of CLIP.
 
-Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin, Jong-June Jeon, Kyungwoo
-Song. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023, arXiv 2203.03897:
-https://arxiv.org/abs/2203.03897. Released code ("the code" below):
-github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/). At length: docs/m2mix.md.
+Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin, Jong-June Jeon, Kyungwoo Song.
+"Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023, https://arxiv.org/abs/2203.03897.
+Released code ("the code"): github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/).
 
 Implements (each equation written out once, in the docstring of the function named)
   Eq. (3)       geodesic mixup (slerp) of two batches of unit vectors: common.geodesic_mix
@@ -47,17 +46,11 @@ Deviations (one line each; at length in docs/m2mix.md under the same number)
   T5. Captions padded to 200 tokens, cut to the batch's longest (masked: the code's dynamic padding)
   T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics.
 
-Commands (the released code's objective, term for term, and its scripts' weights: docs/m2mix.md)
+Commands (torchrun, the towers, the code's objective term for term: docs/m2mix.md, at length)
   python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
-  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
   python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (the table; ZS: the first's)
-  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
-  python m2mix.py --backbone bert-resnet50 --train-data flickr30k --method m3 --out runs/br-m3
-      [--text-weights DIR --image-weights FILE]   (Sec. 5.4, Table 3; its demo: --demo-unimodal)
+  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone; --demo-unimodal)
 """
-# =============================================================================
-# Imports
-# =============================================================================
 from __future__ import annotations
 
 import math
@@ -69,26 +62,11 @@ from plumbing import flags  # torch-free settings and parser: --help answers bef
 from plumbing.flags import arg
 
 
-# =============================================================================
-# Config
-# =============================================================================
 @dataclass(frozen=True)
-class M2MixConfig(flags.Config):
+class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
     # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, "
                                     "towers.py)")  # Sec. 5.1
-    # bert-resnet50 (Sec. 5.4, deviations T1-T6): the towers' weights, what the paper leaves open
-    text_weights: str = arg("", "the text tower's save_pretrained folder (default: "
-                                "bert-base-uncased in the HF cache)")
-    image_weights: str = arg("", "the image trunk's state_dict "
-                                 "(default: torchvision's ResNet-50 file / timm's copy)")
-    random_init: bool = arg(False, "random weights (--pretrained random): smoke runs only")
-    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's "
-                            "(the code's 256)")
-    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) "
-                                "| mean", choices=("cls", "mean"))
-    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr "
-                              "(the code: one lr)")
     train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone "
                                   "tiny when absent) | flickr30k (Karpathy) | coco (see "
                                   "--coco-split) | a manifest | synthetic")
@@ -354,7 +332,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     device = common.init_distributed(cfg.device)
     model, train_tf, eval_tf, tokenizer = common.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
-        cache_dir=cfg.cache_dir, **tower_settings(cfg))
+        cache_dir=cfg.cache_dir, **towers.tower_settings(cfg))
     rank = common.dist_info()[0]
     manifest = train_manifests.train_manifest(cfg)
     records = []
@@ -377,20 +355,6 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     if show:
         print(m2mix_analysis.table(records, cfg.backbone))
     return results
-
-
-def tower_settings(cfg: M2MixConfig) -> dict:
-    """common.load_model's settings of a towers backbone (towers.load); none for CLIP."""
-    if not towers.known(cfg.backbone):
-        return {}
-    if cfg.tower_dim < 0:
-        raise common.UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 "
-                                f"(0: the spec's)")
-    if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
-        raise common.UsageError("--export is not for towers: model.pt, its sidecar and "
-                                "model-text/ load as they are")
-    return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
-                embed_dim=cfg.tower_dim, pool=cfg.text_pool)
 
 
 # =============================================================================

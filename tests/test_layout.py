@@ -144,7 +144,7 @@ def test_no_module_forwards_names_it_does_not_define():
         assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"], path
 
 
-@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py"])
+@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py", "plumbing/published.py"])
 def test_the_bottom_modules_import_the_standard_library_only(module):
     """--help answers before torch loads (issue 26.15): base and flags import nothing installed."""
     tree = ast.parse((ROOT / module).read_text())
