@@ -147,7 +147,7 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
-from plumbing import cclip_tasks
+from plumbing import cclip_tasks, wise_ft
 
 
 # =============================================================================
@@ -394,7 +394,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         if use_lora:  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (deviation 1)
             merge_lora(model, 1.0 if cfg.merge_schedule == "research" else cfg.merge_alpha)
         if cfg.merge_schedule == "research" and i > 0:  # a_mix.py: new share 1/2 after task 2, 1/3 after later ones
-            model.load_state_dict(evaluation.interpolate_weights(previous, model.state_dict(), 1 / (1 + min(i, 2))))
+            model.load_state_dict(wise_ft.interpolate_weights(previous, model.state_dict(), 1 / (1 + min(i, 2))))
         model.requires_grad_(True)
         if rank == 0:
             common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")

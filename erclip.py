@@ -85,7 +85,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags, published  # torch-free: the settings, their parser; the papers' numbers
 
 
 # =============================================================================
@@ -379,16 +379,16 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
 # =============================================================================
 def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     """Tables 1 and 2 in the paper's layout: the paper's rows for this
-    backbone (eval.ERCLIP_TABLE1/2, prefixed 'paper') beside ours: (name,
+    backbone (published.ERCLIP_TABLE1/2, prefixed 'paper') beside ours: (name,
     records, lambda_p) each."""
-    cols1, cols2 = evaluation.erclip_cols()
+    cols1, cols2 = published.erclip_cols()
     rows1 = [dict(zip(cols1, [f"paper {name}", v, *vals, sum(vals[0::2]) / 4, sum(vals[1::2]) / 4]))
-             for (v, name), vals in evaluation.ERCLIP_TABLE1.items() if v == vit]
+             for (v, name), vals in published.ERCLIP_TABLE1.items() if v == vit]
     rows2 = [dict(zip(cols2, [f"paper {name}", v, "-" if name == "CLIP" else ("yes" if name.endswith("+P") else "no"),
-                              *vals])) for (v, name), vals in evaluation.ERCLIP_TABLE2.items() if v == vit]
+                              *vals])) for (v, name), vals in published.ERCLIP_TABLE2.items() if v == vit]
     for name, records, lambda_p in ours:
         pres = "-" if name == "CLIP" else ("yes" if lambda_p > 0 else "no")
-        r1, r2 = evaluation.erclip_rows(records, name + " (ours)", vit, pres)
+        r1, r2 = published.erclip_rows(records, name + " (ours)", vit, pres)
         rows1.append(r1)
         rows2.append(r2)
     return evaluation.erclip_tables(rows1, rows2)
@@ -415,8 +415,8 @@ def main(argv=None):
         common.check_device(cfg)
         return erclip_sweeps.run_sweep(cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
-    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, evaluation.ERCLIP_EVAL_TASKS,
-                                 evaluation.ERCLIP_SYNTHETIC_TASKS)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
+                                 published.ERCLIP_SYNTHETIC_TASKS)
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
@@ -439,7 +439,7 @@ def main(argv=None):
         return {"summary": summary}
     tuned = evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
                                 weights=str(Path(cfg.out) / "model.pt")) if tasks else []
-    name, vit = variant_name(cfg), evaluation.vit_key(cfg.backbone)
+    name, vit = variant_name(cfg), published.vit_key(cfg.backbone)
     if cfg.train_data == "synthetic":
         text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}"
                            for title, r in (("CLIP", base), (f"ERCLIP {name}", tuned)) if r)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plumbing import base, flags
+from plumbing import base, flags, published
 
 
 # =============================================================================
@@ -88,7 +88,7 @@ TASK_GROUPS = {  # shorthands for --tasks
     "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
 }
 CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip"]
-# the loaders' names (REAL_RETRIEVAL_TASKS, PUBLISHED, SIMAT_PROTOCOLS below; tests/test_eval.py checks they agree)
+# the loaders' names (REAL_RETRIEVAL_TASKS below, published.PUBLISHED, m2mix_analysis.SIMAT_PROTOCOLS; a test checks)
 RETRIEVAL_NAMES = ("coco", "coco-all", "coco-1cap", "coco-karpathy", "flickr30k", "flickr30k-1cap", "flickr30k-full",
                    "urban1k", "sharegpt4v-1k", "docci", "long-dci", "dci")
 PAPERS = ("erclip", "m2mix", "cclip", "clip")
@@ -159,6 +159,7 @@ import torch
 from PIL import Image
 
 import common
+from plumbing import m2mix_analysis, wise_ft
 
 
 # =============================================================================
@@ -277,56 +278,6 @@ def _karpathy(root, dataset, first_only=False, strict=False):
     protocol = f"{dataset} Karpathy test ({len(images)} images), " + (
         "first caption per image, 1:1 (m2-Mix code)" if first_only else "all captions")
     return _finish(task, paths, texts, t2i, protocol, task, root, strict)
-
-
-# m2-Mix's training sets (m2mix.py --train-data flickr30k | coco), from the same annotation files
-KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
-
-
-def karpathy_images(dataset: str, data_root) -> list[dict]:
-    """Karpathy's split file data_root/<dataset>/dataset_<dataset>.json (images[].filename, filepath, split,
-    sentences[].raw), an image each: {split, path, imgid, sentences (stripped, empty ones dropped)}. Images:
-    flickr30k/images/<filename>, coco/<filepath>/<filename> (train2014/, val2014/)."""
-    root = Path(data_root) / dataset
-    ann = root / f"dataset_{dataset}.json"
-    if not ann.exists():
-        raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
-    image_dir = root / "images" if dataset == "flickr30k" else root
-    return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"], "imgid": im.get("imgid"),
-             "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
-            for im in json.loads(ann.read_text())["images"]]
-
-
-def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, out_dir) -> Path:
-    """A JSONL manifest (absolute image paths) of a Karpathy split (karpathy_images); captions: 'first' or 'all'."""
-    splits = KARPATHY_TRAIN_SPLITS[dataset] if split == "train" else (split,)
-    rows = [{"image": str(im["path"].resolve()), "caption": c} for im in karpathy_images(dataset, data_root)
-            if im["split"] in splits for c in (im["sentences"][:1] if captions == "first" else im["sentences"])]
-    if not rows:
-        raise common.DataError(f"{Path(data_root) / dataset}/dataset_{dataset}.json: no images in split(s) {splits}")
-    return _write_rows(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
-
-
-def coco2017_train_manifest(data_root, captions: str, out_dir) -> Path:
-    """COCO train2017 (the paper's split, Sec. 5.1) from coco/annotations/captions_train2017.json; the first
-    caption of an image is its first annotation in file order (as eval.py's coco-1cap takes it)."""
-    root = Path(data_root) / "coco"
-    ann_file = root / "annotations" / "captions_train2017.json"
-    if not ann_file.exists():
-        raise common.DataError(f"{ann_file} not found (see README, data layout)")
-    ann = json.loads(ann_file.read_text())
-    files = {im["id"]: str((root / "train2017" / im["file_name"]).resolve()) for im in ann["images"]}
-    rows, seen = [], set()
-    for a in ann["annotations"]:
-        if captions == "all" or a["image_id"] not in seen:
-            seen.add(a["image_id"])
-            rows.append({"image": files[a["image_id"]], "caption": " ".join(a["caption"].split())})
-    return _write_rows(rows, Path(out_dir) / f"coco-train2017-{captions}.jsonl")
-
-
-def _write_rows(rows, path: Path) -> Path:
-    """A JSONL manifest, written atomically, so that the ranks of a torchrun job may all write the same file."""
-    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _flickr30k_full(root, strict=False):
@@ -1099,165 +1050,10 @@ def cmcl_table(named_results) -> str:
 
 
 # =============================================================================
-# 3. Geometry, calibration, SIMAT (m2-Mix's analyses; pure functions of features)
+# 3. SIMAT (m2-Mix Tab. 5; its score, geometry and ECE: plumbing/m2mix_analysis.py)
 # =============================================================================
-@torch.no_grad()
-def geometry(img, txt, chunk: int = 1024) -> dict:
-    """Embedding geometry of N paired, L2-normalised features img, txt (N, D), in row chunks (memory O(chunk x N)).
-    m2-Mix (Oh et al. 2023, Sec. 3, Fig. 2; both greater-is-better; E3, E4):
-      align = -mean_i [ ||v_i - t_i||^2 - min_{k != i} ||v_i - t_k||^2 ]
-      unif  = -log mean_{i,j} exp(-2 ||v_i - t_j||^2)     over all image-text pairs
-    Wang & Isola (2020), plain versions (lower is better):
-      wi_align     = mean_i ||v_i - t_i||^2
-      wi_unif_img  = log mean_{i != j} exp(-2 ||v_i - v_j||^2)   (same for texts: wi_unif_txt)
-    gap = ||mean_i v_i - mean_i t_i|| (the modality gap)."""
-    img, txt = img.float(), txt.float()
-    n = len(img)
-    if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"geometry needs N >= 2 paired rows, got {tuple(img.shape)} and {tuple(txt.shape)}")
-    pos = (img - txt).square().sum(1)  # (N,)
-    hardest, lse = torch.empty(n), []
-    for s in range(0, n, chunk):
-        d2 = (2 - 2 * img[s:s + chunk] @ txt.t()).clamp(min=0)  # (c, N) squared distances on the sphere
-        rows = torch.arange(s, min(s + chunk, n))
-        lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
-        d2[rows - s, rows] = float("inf")  # k != i
-        hardest[s:s + chunk] = d2.min(1).values
-    out = {"align": -(pos - hardest).mean().item(),
-           "unif": -(torch.logsumexp(torch.stack(lse), 0) - math.log(n * n)).item(),
-           "wi_align": pos.mean().item()}
-    for name, x in (("img", img), ("txt", txt)):
-        lse = []
-        for s in range(0, n, chunk):
-            d2 = (2 - 2 * x[s:s + chunk] @ x.t()).clamp(min=0)
-            rows = torch.arange(s, min(s + chunk, n))
-            d2[rows - s, rows] = float("inf")  # i != j: exp(-inf) = 0
-            lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
-        out[f"wi_unif_{name}"] = (torch.logsumexp(torch.stack(lse), 0) - math.log(n * (n - 1))).item()
-    out["gap"] = (img.mean(0) - txt.mean(0)).norm().item()
-    return out
-
-
-@torch.no_grad()
-def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
-    """The m2-Mix code's align / unif (E3, E4; github.com/changdaeoh/multimodal-mixup main.py do_valid, loss.py
-    rel_lalign_torch, lunif) of paired, L2-normalised img, txt (N, D), in row chunks (O(chunk x N)); lower is better:
-      align_code = mean_i [ ||t_i - v_i||^2 - min_{k != i} ||t_i - v_k||^2 ]     anchored on the texts
-      unif_code  = log mean_{a<b} exp(-2 ||x_a - x_b||^2),  x = [v; v] (2N rows, the images twice)
-                 = log( (2 S - N) / (N (2N - 1)) ),  S = sum_{i,j} exp(-2 ||v_i - v_j||^2)"""
-    img, txt = img.float(), txt.float()
-    n = len(img)
-    if n < 2 or txt.shape != img.shape:
-        raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
-    pos = (txt - img).square().sum(1)  # (N,)
-    hardest, lse = torch.empty(n), []
-    for s in range(0, n, chunk):
-        rows = torch.arange(s, min(s + chunk, n))
-        d2 = (2 - 2 * txt[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): text i to image k
-        d2[rows - s, rows] = float("inf")  # k != i
-        hardest[s:s + chunk] = d2.min(1).values
-        dv = (2 - 2 * img[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): image to image, diagonal 0
-        lse.append(torch.logsumexp(-2 * dv.flatten(), 0))
-    log_s = torch.logsumexp(torch.stack(lse), 0).double()  # log S
-    # sum over the pairs a < b of [v; v]: 2 S - N; their number: N (2N - 1)
-    unif = torch.log(2 * torch.exp(log_s) - n) - math.log(n * (2 * n - 1))
-    return {"align_code": (pos - hardest).mean().item(), "unif_code": unif.item()}
-
-
-@torch.no_grad()
-def _confidence_correct(img, txt, text_to_image, scale, direction, chunk=1024):
-    """Per query: max softmax(scale * sim) over all candidates, and whether the argmax (first on ties) is gold."""
-    img, txt = img.float(), txt.float()
-    t2i = torch.as_tensor(text_to_image).long()
-    conf, correct = [], []
-    queries, cands = (img, txt) if direction == "i2t" else (txt, img)
-    for s in range(0, len(queries), chunk):
-        logits = scale * queries[s:s + chunk] @ cands.t()  # (c, K)
-        conf.append(torch.softmax(logits, 1).max(1).values)
-        top = logits.argmax(1)
-        correct.append(t2i[top] == torch.arange(s, s + len(top)) if direction == "i2t" else top == t2i[s:s + len(top)])
-    return torch.cat(conf), torch.cat(correct).float()
-
-
-def ece(img, txt, text_to_image, scale, bins: int = 15, direction: str = "i2t") -> float:
-    """ECE of retrieval R@1 (%; m2-Mix Tab. 2, Flickr30k I2T/T2I; no released code: Guo et al. 2017's definition):
-      each query (an image for i2t, a text for t2i) is a classification over all candidates with
-      p = softmax(scale * sim); confidence = max p, correct = the argmax is a gold match; equal-width bins on
-      [0, 1]; ECE = sum_b |B_b| / N * |acc_b - conf_b|.
-    img (N, D), txt (M, D) normalised; text_to_image (M,); scale = 1 / tau."""
-    if direction not in ("i2t", "t2i"):
-        raise ValueError("direction is 'i2t' or 't2i'")
-    conf, correct = _confidence_correct(img, txt, text_to_image, float(scale), direction)
-    b = (conf * bins).long().clamp(max=bins - 1)  # bin index; conf = 1 goes in the last bin
-    count = torch.bincount(b, minlength=bins).double()
-    gap = torch.bincount(b, weights=(correct - conf).double(), minlength=bins)  # sum (acc - conf) per bin
-    return 100.0 * (gap.abs().sum() / count.sum()).item()
-
-
-ECE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.2, 0.5, 1.0)
-
-
-def ece_curve(img, txt, text_to_image, taus=ECE_TAUS, bins: int = 15, direction: str = "i2t") -> dict:
-    """m2-Mix's "tau-robustness" (Fig. 6, bottom): ECE (percent) as a function of the temperature tau (scale =
-    1 / tau). Returns {tau: ece}. Its minimum is temperature scaling fitted on the test set itself (an oracle)."""
-    return {float(t): ece(img, txt, text_to_image, 1.0 / t, bins, direction) for t in taus}
-
-
-def first_caption_pairs(text_to_image) -> torch.Tensor:
-    """Index of each image's first text: turns a many-caption set into the 1:1 pairs that geometry() needs."""
-    t2i = torch.as_tensor(text_to_image).long()
-    first = torch.full((int(t2i.max()) + 1,), -1, dtype=torch.long)
-    return first.scatter_reduce_(0, t2i, torch.arange(len(t2i)), reduce="amin", include_self=False)
-
-
-def analyze_retrieval(img, txt, text_to_image, scale, taus=ECE_TAUS, bins=15) -> dict:
-    """Geometry (on each image's first caption) and ECE of both directions at the model's scale, plus the
-    ECE-temperature sweep summarised by its minimum and the tau reaching it."""
-    pairs = first_caption_pairs(text_to_image)
-    out = geometry(img, txt[pairs])
-    out.update(released_code_geometry(img, txt[pairs]))  # E3, E4: the m2-Mix code's definitions
-    out["ece_scale"] = float(scale)  # the model's own 1 / tau, at which ece_i2t / ece_t2i are taken
-    for d in ("i2t", "t2i"):
-        out[f"ece_{d}"] = ece(img, txt, text_to_image, scale, bins, d)
-        curve = ece_curve(img, txt, text_to_image, taus, bins, d)
-        best = min(curve, key=curve.get)
-        out[f"ece_{d}_min"], out[f"ece_{d}_best_tau"] = curve[best], best
-        out.update({f"ece_{d}@tau={t:g}": v for t, v in curve.items()})
-    return out
-
-
-SIMAT_LAMBDAS = tuple(x / 2 for x in range(1, 15))  # ours: 0.5, 1, ..., 7 (14 values)
-SIMAT_LAMBDAS_CODE = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0)  # the m2-Mix code (no 6.5)
-# name -> (split of transfos.csv, lambdas), E5; "code": the m2-Mix code's SIMAT_eval(domain='dev')
-SIMAT_PROTOCOLS = {"ours": ("test", SIMAT_LAMBDAS), "code": ("dev", SIMAT_LAMBDAS_CODE)}
-
-
-@torch.no_grad()
-def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, lambdas=SIMAT_LAMBDAS) -> dict:
-    """SIMAT (Couairon et al. 2022; m2-Mix Tab. 5). For each transformation query q:
-    x_q = v_source(q) + lam (t_target(q) - t_value(q)); retrieve the image with the highest cosine to x_q that is
-    not the source; the query succeeds when OSCAR's similarity of that image and the target caption exceeds 0.5.
-    Score = 100 * weighted mean of successes. Returns {lam: score}.
-      img (N, D) normalised database; source (Q,) image index of each query; value_emb, target_emb (Q, D)
-      normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2).
-    A non-finite embedding is an error (argmax over NaN picks an arbitrary image: never a score)."""
-    common.check_finite("simat", images=img, words=torch.cat([value_emb, target_emb]))
-    img = img.float()
-    delta = (target_emb - value_emb).float()
-    w = torch.as_tensor(weights, dtype=torch.float64)
-    w = w / w.sum()
-    out = {}
-    for lam in lambdas:
-        x = img[source] + lam * delta  # (Q, D)
-        sim = x @ img.t()  # (Q, N)
-        sim[torch.arange(len(x)), source] = -float("inf")  # never the source itself
-        hit = oscar[sim.argmax(1), torch.as_tensor(target_ids)] > 0.5
-        out[float(lam)] = 100.0 * (w * hit.double()).sum().item()
-    return out
-
-
-def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT_LAMBDAS, batch_size=256,
-          device=None) -> dict:
+def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=m2mix_analysis.SIMAT_LAMBDAS,
+          batch_size=256, device=None) -> dict:
     """SIMAT on the public layout: simat_db/images/<'A subj rel obj'>/<region_id>.jpg, triplets.csv (region_id,
     subj, rel, obj[, dataset_id]), transfos.csv (region_id, value, target, target_ids, norm2, is_test), and the
     OSCAR matrix oscar_similarity_matrix.pt (images in dataset_id order x captions). Image order = dataset_id,
@@ -1284,7 +1080,7 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=SIMAT
     img = image_features(model, preprocess, [str(p) for p in paths], batch_size, device=device)
     words = sorted({r["value"] for r in tr} | {r["target"] for r in tr})
     w = dict(zip(words, common.encode_texts(model, tokenizer, words, device=device)))
-    scores = simat_score(img, torch.tensor([rid2did[int(r["region_id"])] for r in tr]),
+    scores = m2mix_analysis.simat_score(img, torch.tensor([rid2did[int(r["region_id"])] for r in tr]),
                          torch.stack([w[r["value"]] for r in tr]), torch.stack([w[r["target"]] for r in tr]),
                          [int(r["target_ids"]) for r in tr], oscar, [float(r["norm2"]) ** -0.5 for r in tr], lambdas)
     best = max(scores, key=scores.get)
@@ -1312,7 +1108,7 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
     for name in tasks:
         t0 = time.time()
         if name == "simat":
-            split, lambdas = SIMAT_PROTOCOLS[simat_protocol]
+            split, lambdas = m2mix_analysis.SIMAT_PROTOCOLS[simat_protocol]
             res = simat(model, preprocess, tokenizer, data_root, split=split, lambdas=lambdas,
                         batch_size=batch_size, device=device)
             n = res.pop("queries")
@@ -1336,7 +1132,8 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
                 txt = text_features(model, tokenizer, rs.texts, mode, device=device)
                 res = common.retrieval_metrics(img, txt, rs.text_to_image, name=name)
                 if analyses:
-                    extra = analyze_retrieval(img, txt, rs.text_to_image, model.logit_scale.exp().item())
+                    extra = m2mix_analysis.analyze_retrieval(img, txt, rs.text_to_image,
+                                                             model.logit_scale.exp().item())
                     res.update({k: v for k, v in extra.items()  # the ece_* keys with 'ece', the others with 'geometry'
                                 if ("ece" if k.startswith("ece") else "geometry") in analyses})
                 records += [{"task": name, "metric": m, "value": v, "protocol": rs.protocol, "text_mode": mode,
@@ -1348,200 +1145,18 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
 
 
 # =============================================================================
-# Published numbers: the one home of every number a table puts beside ours
+# Published numbers (their one home: plumbing/published.py) and the tables that print them
 # =============================================================================
-# ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
-# on the four long-caption sets as (I2T, T2I) pairs, keyed by (ViT, model).
-ERCLIP_LONG_SETS = ("urban1k", "sharegpt4v-1k", "docci", "long-dci")
-ERCLIP_TABLE1 = {
-    ("B/32", "CLIP"): (61.20, 46.60, 83.30, 77.10, 58.04, 53.40, 34.79, 30.60),
-    ("B/32", "M"): (61.40, 65.40, 83.70, 81.00, 58.66, 60.24, 38.54, 39.88),
-    ("B/32", "M+P"): (62.30, 66.40, 84.00, 82.60, 59.58, 61.58, 39.65, 40.94),
-    ("B/32", "RT+P"): (62.50, 65.40, 84.70, 82.00, 58.78, 61.22, 38.92, 40.61),
-    ("B/16", "CLIP"): (67.50, 53.30, 84.50, 79.60, 60.76, 57.10, 36.91, 33.73),
-    ("B/16", "M"): (69.30, 75.10, 86.30, 83.10, 63.20, 67.48, 41.86, 44.76),
-    ("B/16", "M+P"): (68.60, 75.70, 87.50, 85.30, 63.24, 67.16, 41.57, 45.34),
-    ("B/16", "RT+P"): (69.30, 73.40, 87.80, 85.70, 62.84, 67.24, 41.90, 45.51),
-    ("L/14", "CLIP"): (68.20, 56.00, 84.20, 83.50, 65.70, 63.16, 36.98, 35.06),
-    ("L/14", "M"): (78.30, 81.30, 89.00, 88.00, 71.62, 75.28, 47.59, 51.12),
-    ("L/14", "M+P"): (76.40, 79.90, 89.50, 89.30, 72.14, 74.02, 48.46, 51.10),
-    ("L/14", "RT+P"): (75.40, 80.00, 90.40, 89.70, 71.82, 73.54, 47.91, 51.17),
-}
-# ERCLIP Table 2: long avg I2T, T2I; COCO val2017 5k I2T, T2I R@1; zero-shot top-1 C10, C100, IN.
-ERCLIP_TABLE2 = {
-    ("B/32", "CLIP"): (59.33, 51.93, 50.00, 30.37, 89.76, 64.31, 63.34),
-    ("B/32", "v1 LSTM"): (45.99, 44.23, 45.94, 34.32, 86.42, 56.60, 49.48),
-    ("B/32", "v1 Transformer"): (60.33, 62.32, 53.34, 39.31, 88.13, 64.89, 58.04),
-    ("B/32", "M"): (60.57, 61.63, 54.40, 39.16, 87.75, 62.45, 57.51),
-    ("B/32", "M+P"): (61.38, 62.88, 56.40, 39.74, 87.51, 63.42, 59.64),
-    ("B/32", "RT+P"): (61.22, 62.31, 55.46, 39.68, 86.49, 63.66, 59.43),
-    ("B/16", "CLIP"): (62.42, 55.93, 51.72, 32.66, 90.81, 67.22, 68.35),
-    ("B/16", "v1 LSTM"): (51.27, 51.17, 50.68, 38.38, 85.51, 59.87, 54.09),
-    ("B/16", "v1 Transformer"): (65.94, 67.68, 59.98, 44.46, 89.22, 67.66, 62.57),
-    ("B/16", "M"): (65.17, 67.61, 59.00, 44.28, 91.61, 67.92, 62.30),
-    ("B/16", "M+P"): (65.23, 68.38, 61.36, 44.51, 91.83, 68.73, 64.09),
-    ("B/16", "RT+P"): (65.46, 67.96, 61.34, 44.36, 89.34, 68.02, 64.15),
-    ("L/14", "CLIP"): (63.77, 59.43, 56.10, 35.33, 95.70, 76.44, 75.53),
-    ("L/14", "v1 LSTM"): (57.34, 59.34, 55.40, 44.53, 93.60, 74.34, 63.13),
-    ("L/14", "v1 Transformer"): (70.94, 73.91, 65.62, 50.35, 94.86, 77.02, 72.30),
-    ("L/14", "M"): (71.63, 73.92, 65.24, 50.55, 94.64, 76.94, 71.76),
-    ("L/14", "M+P"): (71.62, 73.58, 66.58, 49.95, 95.37, 78.29, 73.36),
-    ("L/14", "RT+P"): (71.38, 73.60, 66.36, 49.96, 95.92, 78.83, 73.26),
-}
-# m2-Mix (Oh et al., NeurIPS 2023, arXiv:2203.03897), ViT-B/32, our task -> model -> metric: Table 1 (retrieval; one
-# caption per image, COCO = val2017; no m2-Mix row), Table 2 (ECE, Flickr30k), Fig. 2 (align, unif; Flickr30k).
-M2MIX_TABLE1 = {
-    "flickr30k-1cap": {
-        "ZS": {"i2t_R@1": 71.1, "i2t_R@5": 90.4, "t2i_R@1": 68.5, "t2i_R@5": 88.9,
-               "align": 0.04, "unif": 1.98, "ece_i2t": 1.90, "ece_t2i": 1.88},
-        "FT": {"i2t_R@1": 81.2, "i2t_R@5": 95.4, "t2i_R@1": 80.70, "t2i_R@5": 95.8,
-               "align": 0.07, "unif": 1.97, "ece_i2t": 2.26, "ece_t2i": 2.00},
-        "m2-Mix": {"align": 0.17, "unif": 3.71, "ece_i2t": 1.52, "ece_t2i": 2.18},
-        "m3-Mix": {"i2t_R@1": 82.1, "i2t_R@5": 96.8, "t2i_R@1": 81.9, "t2i_R@5": 95.9,
-                   "ece_i2t": 1.54, "ece_t2i": 1.58},
-    },
-    "coco-1cap": {
-        "ZS": {"i2t_R@1": 31.93, "i2t_R@5": 56.87, "t2i_R@1": 28.54, "t2i_R@5": 53.12},
-        "FT": {"i2t_R@1": 36.65, "i2t_R@5": 63.60, "t2i_R@1": 36.85, "t2i_R@5": 63.88},
-        "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
-    },
-}
-M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
-M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "align", "unif", "ece_i2t", "ece_t2i")
-# m2-Mix Table 3 (BERT + ResNet-50 fine-tuned on Flickr30k; i2t / t2i R@1, R@5, R@10) and Table 5's BERT + ResNet-50
-# column (SIMAT); rows FT(tau=...) are FT at a fixed temperature, i-Mix and Un-Mix baselines we do not implement
-M2MIX_TABLE3_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "simat")
-M2MIX_TABLE3 = {"flickr30k-1cap": {name: dict(zip(M2MIX_TABLE3_METRICS, row)) for name, row in {
-    "ZS": (0.1, 0.4, 0.9, 0.1, 0.2, 0.9, 6.1), "FT": (17.8, 46.0, 59.1, 17.3, 46.0, 59.2, 15.4),
-    "FT(tau=0.05)": (17.8, 43.2, 59.8, 18.8, 45.7, 58.8, 15.9), "FT(tau=0.1)": (14.1, 36.2, 51.6, 13.8, 38.3, 50.9, 15.2),
-    "i-Mix": (14.2, 40.4, 56.4, 17.9, 42.9, 56.6, 12.9), "Un-Mix": (18.7, 46.6, 60.2, 19.3, 47.8, 62.2, 15.8),
-    "m3-Mix": (19.5, 49.0, 63.8, 21.6, 49.7, 63.6, 16.2)}.items()}}
-
-# m2-Mix Table 4 (CMU-MOSEI, mean of five runs): accuracy (%), alignment and uniformity per observed subset; Full has
-# no alignment; MulT has none (gmc.py)
-M2MIX_TABLE4 = {name: dict(zip(["Full acc", "Full unif"] + [f"{s} {m}" for s in ("T", "V", "A", "T+V", "T+A", "V+A")
-                                                            for m in ("acc", "align", "unif")], row)) for name, row in {
-    "MulT": (80.5, 0.99, 60.0, None, 1.03, 53.9, None, 2.07, 52.7, None, 0.62, 57.8, None, 1.27, 58.8, None, 0.77,
-             54.6, None, 1.36),
-    "GMC": (80.1, 3.06, 78.5, 0.20, 3.03, 64.7, 0.17, 3.01, 66.0, 0.09, 3.03, 77.0, 0.07, 2.94, 77.4, 0.08, 3.00,
-            67.3, 0.05, 2.98),
-    "GMC+m2-Mix": (80.5, 3.18, 78.9, 0.23, 3.17, 64.2, 0.19, 3.15, 66.2, 0.12, 3.15, 77.8, 0.08, 3.08, 77.9, 0.09,
-                   3.08, 67.4, 0.06, 3.10)}.items()}
-
-
-def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> str:
-    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
-    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
-    paper_tables=M2MIX_TABLE3, metrics=M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT (Table 5) as a column."""
-    by, simat = {}, {}
-    for r in records:
-        if r["task"] == "simat" and "simat" in metrics:
-            simat[r["model"]] = r["value"]
-        else:
-            by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
-    out = []
-    for task, models in by.items():
-        paper = (M2MIX_TABLE1 if paper_tables is None else paper_tables).get(task, {})
-        rows = []
-        for name in dict.fromkeys([*(n for n in ("ZS", "FT") if n in models), *paper, *models]):
-            row, ours_row = {"method": name}, {**models.get(name, {}), **({"simat": simat[name]} if name in simat else {})}
-            for m in metrics:
-                ours, theirs = ours_row.get(m), paper.get(name, {}).get(m)
-                digits = 1 if "R@" in m or m == "simat" else 2 if "ece" in m else 3
-                row[m] = "-" if ours is None else f"{ours:.{digits}f}"
-                row[m] += "" if theirs is None else f" ({theirs})"
-            rows.append(row)
-        head = f"### {task}" + (" - ours (paper)" if paper else "")
-        out.append(head + "\n" + common.markdown_table(rows, ("method", *metrics)))
-    return "\n\n".join(out)
-
-
-def _erclip_clip_rows() -> dict:
-    """ERCLIP's 'CLIP' rows of Tables 1-2 as {'ViT-B/32': {(task, metric): value}}."""
-    out = {}
-    for (vit, name), t1 in ERCLIP_TABLE1.items():
-        if name == "CLIP":
-            t2, row = ERCLIP_TABLE2[(vit, name)], {}
-            for k, task in enumerate(ERCLIP_LONG_SETS):
-                row[(task, "i2t_R@1")], row[(task, "t2i_R@1")] = t1[2 * k], t1[2 * k + 1]
-            row[("coco", "i2t_R@1")], row[("coco", "t2i_R@1")] = t2[2], t2[3]
-            row.update({(task, "top1"): v for task, v in zip(("cifar10", "cifar100", "imagenet"), t2[4:])})
-            out[f"ViT-{vit}"] = row
-    return out
-
-
-# Published CLIP numbers (pretrained, no fine-tuning) whose protocol matches one of our tasks: paper -> backbone ->
-# {(task, metric): value}.
-PUBLISHED = {
-    # ERCLIP Tab. 1-2, rows "CLIP": COCO = val2017 5k, first 5 captions per image (Long-CLIP's
-    # protocol, our task 'coco'); long-caption sets truncated at the context
-    "erclip": _erclip_clip_rows(),
-    # m2-Mix Tab. 1 (ZS), Tab. 2 (ECE, ZS), Fig. 2a (align, unif), Tab. 5 (SIMAT, ZS); ViT-B/32
-    "m2mix": {"ViT-B/32": {**{(task, metric): v for task, models in M2MIX_TABLE1.items()
-                              for metric, v in models["ZS"].items()},
-                           ("simat", "simat"): M2MIX_SIMAT_ZS},
-              "bert-resnet50": {("simat" if m == "simat" else "flickr30k-1cap", m): v
-                                for m, v in M2MIX_TABLE3["flickr30k-1cap"]["ZS"].items()}},
-    "cclip": {"ViT-B/16": {("imagenet", "top1"): 67.73}},  # C-CLIP (ICLR 2025) Sec. 5: pretrained, zero-shot ImageNet
-    "clip": {  # OpenAI weights, standard protocols: the result tables of open_clip and CLIP_benchmark
-        #        (github.com/mlfoundations/open_clip, github.com/LAION-AI/CLIP_benchmark)
-        "ViT-B/16": {("coco-karpathy", "i2t_R@1"): 52.4, ("coco-karpathy", "t2i_R@1"): 33.1,
-                     ("flickr30k", "i2t_R@1"): 82.2, ("flickr30k", "t2i_R@1"): 62.2,
-                     ("imagenet", "top1"): 68.3, ("cifar10", "top1"): 90.8, ("cifar100", "top1"): 66.9},
-        "ViT-L/14": {("coco-karpathy", "i2t_R@1"): 56.3, ("coco-karpathy", "t2i_R@1"): 36.5,
-                     ("flickr30k", "i2t_R@1"): 85.2, ("flickr30k", "t2i_R@1"): 65.0,
-                     ("imagenet", "top1"): 75.5, ("cifar10", "top1"): 95.7, ("cifar100", "top1"): 76.1},
-    },
-}
-# C-CLIP Sec. 5: zero-shot ImageNet top-1 (%) of ViT-B/16 after two tasks, approximate ("~") as the text gives them,
-# C-CLIP vs full fine-tuning (pretrained: PUBLISHED["cclip"]); the paper column of lab/demos/cclip.py's zero-shot claim
-CCLIP_IMAGENET_AFTER_2_TASKS = {"C-CLIP": 65.1, "full FT": 25.0}
-
-
 def published_numbers(paper: str, backbone: str) -> dict:
     """The paper's CLIP row {(task, metric): value} for this backbone (OpenAI or open_clip spelling), or {}."""
-    if paper not in PUBLISHED:
-        raise ValueError(f"unknown paper {paper!r}; known: {', '.join(PUBLISHED)}")
+    if paper not in published.PUBLISHED:
+        raise ValueError(f"unknown paper {paper!r}; known: {', '.join(published.PUBLISHED)}")
     openai = {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
-    return PUBLISHED[paper].get(openai, {})
-
-
-# --- ERCLIP's Tables 1-2 layout (erclip.py, longclip.py, the ERCLIP sweeps), written once ---
-ERCLIP_EVAL_TASKS = (*ERCLIP_LONG_SETS, "coco", "cifar10", "cifar100", "imagenet")  # ERCLIP Sec. 4
-ERCLIP_SYNTHETIC_TASKS = ("synthetic-long", "synthetic-short", "synthetic-shape", "synthetic-color")  # the lab's
-PUBLISHED_LONGCLIP = {"ViT-B/16": (79.30, 79.40, 94.60, 93.40, 63.18, 71.50, 42.20, 48.46),  # ERCLIP Tab. 1, grey
-                      "ViT-L/14": (82.50, 86.10, 97.20, 97.30, 66.58, 78.56, 46.53, 54.28)}  # rows: ~1M pairs, 248 tok
-# ERCLIP Sec. 4.4's points (backbone not stated; R@1: mean of I2T, T2I); Sec. 4.3's epoch 1 -> 5 ranges (Fig. 3: none)
-ERCLIP_LAMBDA_IN = {0.0: 58.2, 2.0: 60.8}
-ERCLIP_DATA = {1000: {"long": 56.3, "COCO": 40.8, "IN": 63.5}, 10000: {"long": 61.9}, 50000: {"COCO": 49.3, "IN": 59.7}}
-ERCLIP_EPOCH_CHANGE = {"Long avg": "-0.4 to -1.2 (every variant)", "COCO": "+0.5 to +1.2 (B/32, B/16); flat (L/14)",
-                       "C10": "-1.2 to -1.8 without P; -0.5 with P (B/32)"}
-
-
-def vit_key(backbone: str) -> str:  # 'ViT-B/16', 'ViT-B-16' -> 'B/16', the key of ERCLIP's tables
-    return "/".join(m.groups()) if (m := re.search(r"([BLH])[-/](\d+)", backbone)) else backbone
-
-
-def erclip_cols(window: bool = False) -> tuple[list, list]:  # Tables 1, 2; window: a 'window' column (longclip.py)
-    t1 = [f"{s} {d}" for s in ("Urban1K", "ShareGPT4V", "DOCCI", "Long-DCI", "Avg") for d in ("I2T", "T2I")]
-    t2 = ["L_pres", "Long avg I2T", "Long avg T2I", "COCO I2T", "COCO T2I", "C10", "C100", "IN"]
-    return tuple(["model", "ViT", *["window"] * window, *c] for c in (t1, t2))
-
-
-def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
-    """Our rows of ERCLIP's Tables 1, 2; window: the text window read (a column; windowless records match any)."""
-    def value(task, metric):
-        return next((r["value"] for r in records if r["task"] == task and r["metric"] == metric
-                     and (window is None or r.get("window") in (None, window))), None)
-    t1 = [value(t, m) for t in ERCLIP_LONG_SETS for m in ("i2t_R@1", "t2i_R@1")]
-    avg = [sum(v) / len(v) if None not in v else None for v in (t1[0::2], t1[1::2])]
-    t2 = [*avg, value("coco", "i2t_R@1"), value("coco", "t2i_R@1"), *(value(t, "top1") for t in ERCLIP_EVAL_TASKS[-3:])]
-    (c1, c2), w = erclip_cols(window is not None), [] if window is None else [window]
-    return dict(zip(c1, [name, vit, *w, *t1, *avg])), dict(zip(c2, [name, vit, *w, pres, *t2]))
+    return published.PUBLISHED[paper].get(openai, {})
 
 
 def erclip_tables(rows1, rows2, window: bool = False) -> str:
-    (c1, c2), cut = erclip_cols(window), "cut at the window" if window else "truncated at the context"
+    (c1, c2), cut = published.erclip_cols(window), "cut at the window" if window else "truncated at the context"
     return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
             + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
             + common.markdown_table(rows2, c2, "{:.2f}"))
@@ -1589,80 +1204,7 @@ def analysis_table(records, published=None) -> str:
 
 
 # =============================================================================
-# 5. WiSE-FT weight interpolation
-# =============================================================================
-def load_state_dict(path) -> dict:
-    """A plain open_clip state_dict from: common.save_model files, training checkpoints (common.train's
-    {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickles are read with
-    weights_only=True (other objects are refused, not run); OpenAI's TorchScript archives with torch.jit.load."""
-    path = str(path)
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        sd = load_file(path)
-    else:
-        try:
-            sd = common.load_weights_only(path)
-        except RuntimeError as e:
-            if "TorchScript" not in str(e):
-                raise
-            sd = torch.jit.load(path, map_location="cpu").state_dict()
-    for key in ("state_dict", "net", "model"):
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-    if any(k.startswith("model.") for k in sd):  # a method wrapper's state: keep the CLIP model
-        sd = {k.removeprefix("model."): v for k, v in sd.items() if k.startswith("model.")}
-    return {k.removeprefix("module."): v for k, v in sd.items()}
-
-
-def interpolate_weights(theta0: dict, theta1: dict, alpha: float) -> dict:
-    """WiSE-FT (Wortsman et al. 2022, Eq. 1): theta(alpha) = (1 - alpha) theta0 + alpha theta1, key by key. The
-    two state_dicts must have the same keys and shapes; non-float entries (integer buffers) must be equal."""
-    k0, k1 = set(theta0), set(theta1)
-    if k0 != k1:
-        raise ValueError(f"WiSE-FT: the state_dicts differ in keys: only in theta0 {sorted(k0 - k1)[:5]}, "
-                         f"only in theta1 {sorted(k1 - k0)[:5]}")
-    out = {}
-    for k in theta0:
-        a, b = theta0[k], theta1[k]
-        if a.shape != b.shape:
-            raise ValueError(f"WiSE-FT: {k} has shape {tuple(a.shape)} in theta0 and {tuple(b.shape)} in theta1")
-        if not a.is_floating_point() and not torch.equal(a, b):
-            raise ValueError(f"WiSE-FT: non-float entry {k} differs between the state_dicts")
-        out[k] = ((1 - alpha) * a.float() + alpha * b.float()).to(a.dtype) if a.is_floating_point() else a.clone()
-    return out
-
-
-def wise_ft(model, theta0: dict, theta1: dict, alphas, evaluate_fn) -> list:
-    """Evaluates theta(alpha) for each alpha with evaluate_fn(model) -> records (or any value); restores the
-    model's weights afterwards. Returns [{'alpha': a, 'records': ...}]."""
-    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    out = []
-    try:
-        for a in alphas:
-            model.load_state_dict(interpolate_weights(theta0, theta1, float(a)))
-            out.append({"alpha": float(a), "records": evaluate_fn(model)})
-    finally:
-        model.load_state_dict(saved)
-    return out
-
-
-def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
-    """One row per alpha, one column per (task, metric): the target-task score against zero-shot retention."""
-    rows, cols = [], {"alpha": None}  # cols: the columns in order of first appearance
-    for point in curve:
-        row = {"alpha": f"{point['alpha']:g}"}
-        for r in point["records"]:
-            if r["metric"] in metrics:
-                c = f"{r['task']} {r['metric']}" + ("" if r["text_mode"] in ("truncate", "prompt-ensemble")
-                                                    else f" [{r['text_mode']}]")
-                row[c] = r["value"]
-                cols.setdefault(c)
-        rows.append(row)
-    return common.markdown_table(rows, list(cols))
-
-
-# =============================================================================
-# 6. Continual evaluation (C-CLIP, DNS)
+# 5. Continual evaluation (C-CLIP, DNS)
 # =============================================================================
 def continual_row(records, tasks, metrics=("i2t_R@1", "t2i_R@1"), zero_shot=()) -> dict:
     """A continual-matrix row from evaluate()'s records, in the format of common.run_continual's evaluate():
@@ -1807,7 +1349,7 @@ def validator(cfg, preprocess, tasks=()) -> Callable | None:
 
 
 # =============================================================================
-# 7. Main
+# 6. Main
 # =============================================================================
 
 
@@ -1855,12 +1397,12 @@ def main(argv=None):
             tok = common.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
         if a.wise_ft:
-            theta0 = (load_state_dict(a.wise_base) if a.wise_base else
+            theta0 = (wise_ft.load_state_dict(a.wise_base) if a.wise_base else
                       {k: v.detach().cpu() for k, v in model.state_dict().items()})
-            curve = wise_ft(model, theta0, load_state_dict(a.wise_ft), a.alphas,
-                            lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
-                                               model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
-            print(wise_ft_table(curve))
+            curve = wise_ft.wise_ft(model, theta0, wise_ft.load_state_dict(a.wise_ft), a.alphas,
+                                    lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
+                                                       model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
+            print(wise_ft.wise_ft_table(curve))
             results.update(wise_ft=curve, records=[dict(r, alpha=c["alpha"]) for c in curve for r in c["records"]])
         else:
             records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,

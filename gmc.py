@@ -96,8 +96,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as evaluation
-from plumbing import mosei
+from plumbing import m2mix_analysis, mosei, published
 
 
 # =============================================================================
@@ -283,8 +282,8 @@ class GMCNet(common.Method):
 @torch.no_grad()
 def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     """Per observed subset: acc (GMC's: sign of the prediction vs y > 0, zero labels left out, %),
-    align and unif (eval.geometry of normalise(partial z) against z_J; Full: unif of z_J with
-    itself; G7)."""
+    align and unif (m2mix_analysis.geometry of normalise(partial z) against z_J; Full: unif
+    of z_J with itself; G7)."""
     model.eval()
     device = next(model.parameters()).device
     xs = [split[k].to(device) for k in mosei.MODALITIES]
@@ -299,8 +298,8 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
                                                       for i in chunks]).float().cpu()
         pred = model.classify(z.to(device)).squeeze(-1).float().cpu()
         out[f"{name} acc"] = 100 * ((pred[keep] > 0) == (y[keep] > 0)).float().mean().item()
-        g = evaluation.geometry(F.normalize(z, dim=-1), z_joint)
-        out[f"{name} unif"] = (evaluation.geometry(z_joint, z_joint)["unif"] if name == "Full"
+        g = m2mix_analysis.geometry(F.normalize(z, dim=-1), z_joint)
+        out[f"{name} unif"] = (m2mix_analysis.geometry(z_joint, z_joint)["unif"] if name == "Full"
                                else g["unif"])
         if name != "Full":
             out[f"{name} align"] = g["align"]
@@ -309,11 +308,11 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
 
 def table4(rows: dict) -> str:
     """Table 4's layout: our rows (name -> [per-seed results]: mean +- std) under the paper's
-    (eval.M2MIX_TABLE4)."""
+    (published.M2MIX_TABLE4)."""
     cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(SUBSETS)[1:]
                                         for m in ("acc", "align", "unif")]
     lines = []
-    for name, paper in evaluation.M2MIX_TABLE4.items():
+    for name, paper in published.M2MIX_TABLE4.items():
         lines.append({"method": f"{name} (paper)",
                       **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
     for name, runs in rows.items():

@@ -2,7 +2,7 @@
 
 Beichen Zhang, Pan Zhang, Xiaoyi Dong, Yuhang Zang, Jiaqi Wang. ECCV 2024.
 arXiv 2403.15378, https://arxiv.org/abs/2403.15378. Released code (read for every detail the paper leaves open, none
-copied): github.com/beichenzbc/Long-CLIP. Published numbers: ERCLIP Tab. 1's Long-CLIP rows (eval.PUBLISHED_LONGCLIP).
+copied): github.com/beichenzbc/Long-CLIP. Published numbers: ERCLIP Tab. 1's Long-CLIP rows (plumbing/published.py).
 
 What it implements: knowledge-preserved stretching of the text positional embedding (Sec. 3.2), fine-tuning with
 primary component matching (Sec. 3.3). The stretched model stays an open_clip CLIP, saved and loaded with its
@@ -71,7 +71,7 @@ import math
 import sys
 from pathlib import Path
 
-from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags, published  # torch-free: the settings, their parser; the papers' numbers
 
 LN_100 = math.log(100.0)
 
@@ -377,18 +377,18 @@ def openai_name(backbone: str) -> str:
 def paper_tables(ours, backbone: str) -> str:
     """Tables 1 and 2 in ERCLIP's layout plus a window column: the published rows for this backbone (ERCLIP's CLIP
     row, Long-CLIP's row of ERCLIP Tab. 1), then ours: (name, records, window, L_pres mark) each."""
-    vit, rows = evaluation.vit_key(backbone), []
+    vit, rows = published.vit_key(backbone), []
     clip = evaluation.published_numbers("erclip", backbone)
     if clip:
-        rows.append(evaluation.erclip_rows([{"task": t, "metric": m, "value": v} for (t, m), v in clip.items()],
+        rows.append(published.erclip_rows([{"task": t, "metric": m, "value": v} for (t, m), v in clip.items()],
                                            "paper CLIP (ERCLIP Tab. 1-2)", vit, window=77))
-    vals = evaluation.PUBLISHED_LONGCLIP.get(openai_name(backbone))
+    vals = published.PUBLISHED_LONGCLIP.get(openai_name(backbone))
     if vals:
-        (cols1, cols2), name = evaluation.erclip_cols(window=True), "paper Long-CLIP, ~1M pairs (ERCLIP Tab. 1)"
+        (cols1, cols2), name = published.erclip_cols(window=True), "paper Long-CLIP, ~1M pairs (ERCLIP Tab. 1)"
         avg = (sum(vals[0::2]) / 4, sum(vals[1::2]) / 4)
         rows.append((dict(zip(cols1, [name, vit, 248, *vals, *avg])),
                      dict(zip(cols2, [name, vit, 248, "-", *avg, "–", "–", "–", "–", "–"]))))
-    rows += [evaluation.erclip_rows(records, name, vit, pres, window) for name, records, window, pres in ours]
+    rows += [published.erclip_rows(records, name, vit, pres, window) for name, records, window, pres in ours]
     return evaluation.erclip_tables([r1 for r1, _ in rows], [r2 for _, r2 in rows], window=True)
 
 
@@ -407,8 +407,8 @@ def main(argv=None):
         cfg.sharegpt4v or Path(cfg.data_root) / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"],
         "the ShareGPT4V descriptions with their images, Sec. 4.1")
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
-    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, evaluation.ERCLIP_EVAL_TASKS,
-                                 evaluation.ERCLIP_SYNTHETIC_TASKS)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
+                                 published.ERCLIP_SYNTHETIC_TASKS)
     rank = common.dist_info()[0]
     erclip_run = read_erclip_results(cfg.erclip_results) if cfg.erclip_results else None
     manifest = train_manifest(cfg)  # fails at once when the training data is missing

@@ -1,9 +1,8 @@
 """m2-Mix / m3-Mix: geodesic multi-modal mixup for robust fine-tuning of CLIP.
 
-Paper: Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin, Jong-June Jeon, Kyungwoo
-Song. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023, arXiv 2203.03897:
-https://arxiv.org/abs/2203.03897. Released code ("the code" below):
-github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/). At length: docs/m2mix.md.
+Changdae Oh, Junhyuk So, Hoyoon Byun, YongTaek Lim, Minchul Shin, Jong-June Jeon, Kyungwoo Song.
+"Geodesic Multi-Modal Mixup for Robust Fine-Tuning." NeurIPS 2023, https://arxiv.org/abs/2203.03897.
+Released code ("the code"): github.com/changdaeoh/multimodal-mixup (main.py, loss.py, scripts/).
 
 Implements (each equation written out once, in the docstring of the function named)
   Eq. (3)       geodesic mixup (slerp) of two batches of unit vectors: common.geodesic_mix
@@ -47,20 +46,13 @@ Deviations (one line each; at length in docs/m2mix.md under the same number)
   T5. Captions padded to 200 tokens, cut to the batch's longest (masked: the code's dynamic padding)
   T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics.
 
-Commands (the released code's objective, term for term, and its scripts' weights: docs/m2mix.md)
+Commands (torchrun, the towers, the code's objective term for term: docs/m2mix.md, at length)
   python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
-  torchrun --nproc_per_node 4 m2mix.py --train-data coco --method m3 --out runs/m3-coco
   python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (the table; ZS: the first's)
-  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone, < 5 min)
-  python m2mix.py --backbone bert-resnet50 --train-data flickr30k --method m3 --out runs/br-m3
-      [--text-weights DIR --image-weights FILE]   (Sec. 5.4, Table 3; its demo: --demo-unimodal)
+  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone; --demo-unimodal)
 """
-# =============================================================================
-# Imports
-# =============================================================================
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -70,26 +62,11 @@ from plumbing import flags  # torch-free settings and parser: --help answers bef
 from plumbing.flags import arg
 
 
-# =============================================================================
-# Config
-# =============================================================================
 @dataclass(frozen=True)
-class M2MixConfig(flags.Config):
+class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
     # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, "
                                     "towers.py)")  # Sec. 5.1
-    # bert-resnet50 (Sec. 5.4, deviations T1-T6): the towers' weights, what the paper leaves open
-    text_weights: str = arg("", "the text tower's save_pretrained folder (default: "
-                                "bert-base-uncased in the HF cache)")
-    image_weights: str = arg("", "the image trunk's state_dict "
-                                 "(default: torchvision's ResNet-50 file / timm's copy)")
-    random_init: bool = arg(False, "random weights (--pretrained random): smoke runs only")
-    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's "
-                            "(the code's 256)")
-    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) "
-                                "| mean", choices=("cls", "mean"))
-    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr "
-                              "(the code: one lr)")
     train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone "
                                   "tiny when absent) | flickr30k (Karpathy) | coco (see "
                                   "--coco-split) | a manifest | synthetic")
@@ -161,7 +138,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import towers
+from plumbing import m2mix_analysis, towers, train_manifests
 
 
 # =============================================================================
@@ -334,50 +311,12 @@ class M2Mix(common.Method):
 # =============================================================================
 # Training and evaluation
 # =============================================================================
-def train_manifest(cfg: M2MixConfig) -> Path:
-    data_dir = Path(cfg.out) / "data"
-    if cfg.train_data == "synthetic":  # the lab registers its world
-        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)
-    if cfg.train_data == "flickr30k":
-        return evaluation.karpathy_train_manifest("flickr30k", cfg.data_root, "train",
-                                                  cfg.train_captions, data_dir)
-    if cfg.train_data == "coco":
-        if cfg.coco_split == "2017":
-            return evaluation.coco2017_train_manifest(cfg.data_root, cfg.train_captions, data_dir)
-        return evaluation.karpathy_train_manifest("coco", cfg.data_root, "train",
-                                                  cfg.train_captions, data_dir)
-    return Path(cfg.train_data)
-
-
-def eval_tasks(cfg: M2MixConfig) -> dict:
-    """Our label -> eval.py task: the all-caption (standard) protocol and the code's one-caption
-    protocol (1:1, Table 1's), on the test set matching the training split (COCO 2017 train ->
-    val2017; Karpathy train -> Karpathy test, never val2017, which overlaps Karpathy's train +
-    restval images)."""
-    if cfg.eval_on:
-        return {t: t for t in cfg.eval_on.split(",") if t and cfg.eval_on != "none"}
-    if cfg.train_data == "synthetic":
-        return {"synthetic-short": "synthetic-short"}
-    if cfg.train_data == "flickr30k":
-        return {"flickr30k": "flickr30k", "flickr30k-1cap": "flickr30k-1cap"}
-    if cfg.train_data == "coco" and cfg.coco_split == "2017":
-        return {"coco": "coco", "coco-1cap": "coco-1cap"}
-    if cfg.train_data == "coco":
-        one = evaluation.karpathy_train_manifest("coco", cfg.data_root, "test", "first",
-                                                 Path(cfg.out) / "data")
-        return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
-    if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
-        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or "
-                                "manifests; 'none': train without evaluating)")
-    return {Path(cfg.train_data).stem: cfg.train_data}
-
-
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
     """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each
     image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
     curve)."""
     records = []
-    for name, task in eval_tasks(cfg).items():
+    for name, task in train_manifests.eval_tasks(cfg).items():
         for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root,
                                      model_name=label, analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
@@ -393,9 +332,9 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     device = common.init_distributed(cfg.device)
     model, train_tf, eval_tf, tokenizer = common.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
-        cache_dir=cfg.cache_dir, **tower_settings(cfg))
+        cache_dir=cfg.cache_dir, **towers.tower_settings(cfg))
     rank = common.dist_info()[0]
-    manifest = train_manifest(cfg)
+    manifest = train_manifests.train_manifest(cfg)
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += common.kept_result(
@@ -406,30 +345,16 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)
     lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else cfg.lr) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
-                           validate=evaluation.validator(cfg, eval_tf,
-                                                         list(eval_tasks(cfg).values())))
+                           validate=evaluation.validator(
+                               cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     records += evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
     results = {"config": vars(cfg), "summary": summary, "records": records}
     common.write_results(cfg.out, results, cfg)
     if show:
-        print(table(records, cfg.backbone))
+        print(m2mix_analysis.table(records, cfg.backbone))
     return results
-
-
-def tower_settings(cfg: M2MixConfig) -> dict:
-    """common.load_model's settings of a towers backbone (towers.load); none for CLIP."""
-    if not towers.known(cfg.backbone):
-        return {}
-    if cfg.tower_dim < 0:
-        raise common.UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 "
-                                f"(0: the spec's)")
-    if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
-        raise common.UsageError("--export is not for towers: model.pt, its sidecar and "
-                                "model-text/ load as they are")
-    return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
-                embed_dim=cfg.tower_dim, pool=cfg.text_pool)
 
 
 # =============================================================================
@@ -445,29 +370,6 @@ def method_name(cfg) -> str:
                                        if cfg.base_tau not in (0, 0.01) else "")
 
 
-def table(records, backbone: str) -> str:
-    """Table 1 for CLIP; Table 3 with Table 5's SIMAT column for the uni-modal towers."""
-    if towers.known(backbone):
-        return evaluation.m2mix_table1(records, evaluation.M2MIX_TABLE3,
-                                       evaluation.M2MIX_TABLE3_METRICS)
-    return evaluation.m2mix_table1(records)
-
-
-def collect(run_dirs) -> str:
-    """Table 1 (eval.m2mix_table1) from several runs' results.json (each row from the first run
-    that has it)."""
-    records, seen, backbone = [], set(), ""
-    for d in run_dirs:
-        results = json.loads((Path(d) / "results.json").read_text())
-        backbone = backbone or results.get("config", {}).get("backbone", "")
-        for r in results["records"]:
-            key = (r["task"], r["model"], r["metric"])
-            if key not in seen:
-                seen.add(key)
-                records.append(r)
-    return table(records, backbone)
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, claims
@@ -477,15 +379,16 @@ def main(argv=None):
     if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     if cfg.collect:
-        table = collect(cfg.collect.split(","))
+        table = m2mix_analysis.collect(cfg.collect.split(","))
         print(table)
         return table
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy],
                               "Flickr30K and Karpathy's split file, Sec. 5.1")
     # before training: the tasks; then rows, --out, device before any model is loaded
-    evaluation.check_tasks(list(eval_tasks(cfg).values()), cfg.data_root, "--eval-on")
-    common.preflight(cfg, [train_manifest(cfg)])
+    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root,
+                           "--eval-on")
+    common.preflight(cfg, [train_manifests.train_manifest(cfg)])
     return finetune(cfg)
 
 

@@ -1,10 +1,14 @@
 """What no method reader opens. Below common (common imports them): base (errors, atomic writes, world
-size; standard library only), flags (the settings parser; standard library only), loading (weights-only
+size; standard library only), flags (the settings parser, the uni-modal towers' settings; standard library
+only), published (the papers' numbers, ERCLIP's table layout; standard library only), loading (weights-only
 loads, sidecars, foreign checkpoints), manifests (manifest reading, the row check, dist_info: rank and
 world), training_sets (ERCLIP's COCO + ShareGPT4V set), runfolder (the --out lock, resume), towers
 (uni-modal towers), shards (webdataset reading) and cli (one message per expected failure, signals).
-Above common and eval: export, vlcl (C-CLIP's benchmark builder), cclip_tasks (C-CLIP's research
-schedule), write_shards and mosei (GMC's MOSEI reader). tests/test_layout.py holds the order.
+Above common, below eval (eval imports the first and last): m2mix_analysis (m2-Mix's geometry, ECE, SIMAT
+score and tables), train_manifests (the Karpathy / COCO training manifests, m2mix.py's choice of them) and
+wise_ft (WiSE-FT's weight interpolation). Above common and eval: export, vlcl (C-CLIP's benchmark
+builder), cclip_tasks (C-CLIP's research schedule), write_shards and mosei (GMC's MOSEI reader).
+tests/test_layout.py holds the order.
 
 The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) sit on common.py and eval.py;
 this package is their plumbing. Its commands run from the repository's root:

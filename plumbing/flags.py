@@ -109,6 +109,23 @@ class Config:
     debug: bool = arg(False, "ours: show the Python traceback of an expected failure")
 
 
+@dataclass(frozen=True)
+class TowerConfig(Config):
+    """--backbone bert-resnet50's settings (m2-Mix Sec. 5.4, m2mix.py's deviations T1-T6; plumbing/towers.py): the
+    towers' weights, what the paper leaves open. m2mix.py's config extends it."""
+    text_weights: str = arg("", "the text tower's save_pretrained folder (default: "
+                                "bert-base-uncased in the HF cache)")
+    image_weights: str = arg("", "the image trunk's state_dict "
+                                 "(default: torchvision's ResNet-50 file / timm's copy)")
+    random_init: bool = arg(False, "random weights (--pretrained random): smoke runs only")
+    tower_dim: int = arg(0, "bert-resnet50: the shared embedding's size; 0: the spec's "
+                            "(the code's 256)")
+    text_pool: str = arg("cls", "bert-resnet50: cls (the code: CLS of the last hidden state) "
+                                "| mean", choices=("cls", "mean"))
+    head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr "
+                              "(the code: one lr)")
+
+
 # Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
 # stop_at 0: off), betas and label smoothing in [0, 1); every number finite.

@@ -265,3 +265,15 @@ def sidecar(model, path) -> dict:
     cfg = json.loads(json.dumps(t["model_cfg"]))
     cfg["text_cfg"].update(hf_model_name=folder.name, hf_tokenizer_name=folder.name)
     return {"backbone": t["backbone"], "model_cfg": cfg, "text_dir": folder.name}
+
+
+def tower_settings(cfg) -> dict:
+    """common.load_model's settings of a towers backbone (load) from m2mix.py's config; none for CLIP."""
+    if not known(cfg.backbone):
+        return {}
+    if cfg.tower_dim < 0:
+        raise UsageError(f"--tower-dim {cfg.tower_dim}: the embedding needs a size >= 1 (0: the spec's)")
+    if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
+        raise UsageError("--export is not for towers: model.pt, its sidecar and model-text/ load as they are")
+    return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
+                embed_dim=cfg.tower_dim, pool=cfg.text_pool)

@@ -16,6 +16,7 @@ import lab
 from lab.demos import erclip as erclip_demo
 import erclip
 import eval as evaluation
+from plumbing import published
 
 
 def unit(*shape, seed=0):
@@ -310,10 +311,10 @@ def test_main_fails_clearly_without_real_data(tmp_path):
 
 
 def test_paper_tables_layout():
-    records = [{"task": t, "metric": m, "value": 50.0} for t in evaluation.ERCLIP_LONG_SETS + ("coco",)
+    records = [{"task": t, "metric": m, "value": 50.0} for t in published.ERCLIP_LONG_SETS + ("coco",)
                for m in ("i2t_R@1", "t2i_R@1")]
     records += [{"task": t, "metric": "top1", "value": 60.0} for t in ("cifar10", "cifar100", "imagenet")]
-    text = erclip.paper_tables([("CLIP", records, 0.0), ("M+P", records, 1.0)], evaluation.vit_key("ViT-B/16"))
+    text = erclip.paper_tables([("CLIP", records, 0.0), ("M+P", records, 1.0)], published.vit_key("ViT-B/16"))
     assert "| paper M+P | B/16 | 68.60 | 75.70 |" in text and "| M+P (ours) | B/16 | 50.00 |" in text
     assert "| paper M+P | B/16 | yes | 65.23 | 68.38 | 61.36 |" in text
     assert "| M+P (ours) | B/16 | yes | 50.00 | 50.00 | 50.00 | 50.00 | 60.00 | 60.00 | 60.00 |" in text

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import runfolder
+from plumbing import published, runfolder
 import socket
 import common
 import erclip
-import eval as evaluation
 import lab
 from lab.demos import erclip as erclip_demo
 from lab.demos import erclip_sweeps
@@ -207,7 +206,7 @@ def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
 
 
 def _records(value):
-    recs = [{"task": t, "metric": m, "value": value} for t in evaluation.ERCLIP_LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
+    recs = [{"task": t, "metric": m, "value": value} for t in published.ERCLIP_LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
     return recs + [{"task": t, "metric": "top1", "value": value + 10} for t in ("cifar10", "cifar100", "imagenet")]
 
 

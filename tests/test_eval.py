@@ -17,6 +17,7 @@ from PIL import Image
 import common
 import lab
 import eval as ev
+from plumbing import m2mix_analysis, published, wise_ft
 
 
 # ---------------------------------------------------------------- fixtures
@@ -309,7 +310,7 @@ def test_sentence_mean_is_normalised_mean_of_sentences(tiny_random):
 # ---------------------------------------------------------------- geometry, ECE, SIMAT
 def test_geometry_by_hand():
     e = torch.eye(3)  # v_i = t_i = e_i: positives at distance 0, every negative at ||e_i - e_k||^2 = 2
-    g = ev.geometry(e, e.clone())
+    g = m2mix_analysis.geometry(e, e.clone())
     assert g["align"] == pytest.approx(2.0)  # -(0 - 2)
     assert g["unif"] == pytest.approx(-math.log((3 + 6 * math.exp(-4)) / 9))  # 3 pairs at d=0, 6 at d=2
     assert g["wi_align"] == pytest.approx(0.0)
@@ -327,7 +328,7 @@ def test_geometry_matches_loop_and_chunks():
     unif = -math.log(np.mean([math.exp(-2 * d(img[i], txt[j])) for i in range(n) for j in range(n)]))
     wi_img = math.log(np.mean([math.exp(-2 * d(img[i], img[j])) for i in range(n) for j in range(n) if i != j]))
     for chunk in (2, 1024):
-        out = ev.geometry(img, txt, chunk=chunk)
+        out = m2mix_analysis.geometry(img, txt, chunk=chunk)
         assert out["align"] == pytest.approx(align, abs=1e-5) and out["unif"] == pytest.approx(unif, abs=1e-5)
         assert out["wi_unif_img"] == pytest.approx(wi_img, abs=1e-5)
 
@@ -345,18 +346,18 @@ def test_released_code_geometry_matches_its_formulas():
     x = torch.cat([img, img]).double()
     unif = math.log(torch.pdist(x).pow(2).mul(-2).exp().mean().item())
     for chunk in (3, 1024):
-        out = ev.released_code_geometry(img, txt, chunk=chunk)
+        out = m2mix_analysis.released_code_geometry(img, txt, chunk=chunk)
         assert out["align_code"] == pytest.approx(align, abs=1e-5)
         assert out["unif_code"] == pytest.approx(unif, abs=1e-5)
-    ours = ev.geometry(img, txt)
+    ours = m2mix_analysis.geometry(img, txt)
     assert ours["align"] != pytest.approx(-out["align_code"], abs=1e-3)  # anchored differently, not a sign flip
 
 
 def test_ece_by_hand_and_against_loop():
     e = torch.eye(2)
     # scale ln 3: each query's softmax over sims (1, 0) is (0.75, 0.25); all correct -> ECE = |1 - 0.75| = 25%
-    assert ev.ece(e, e, [0, 1], math.log(3), direction="i2t") == pytest.approx(25.0)
-    assert ev.ece(e, e.flip(0), [0, 1], math.log(3), direction="t2i") == pytest.approx(75.0)  # all wrong
+    assert m2mix_analysis.ece(e, e, [0, 1], math.log(3), direction="i2t") == pytest.approx(25.0)
+    assert m2mix_analysis.ece(e, e.flip(0), [0, 1], math.log(3), direction="t2i") == pytest.approx(75.0)  # all wrong
     g = torch.Generator().manual_seed(1)
     img = F.normalize(torch.randn(6, 4, generator=g), dim=-1)
     txt = F.normalize(torch.randn(10, 4, generator=g), dim=-1)
@@ -372,9 +373,9 @@ def test_ece_by_hand_and_against_loop():
         bins = [min(int(x * 15), 14) for x in conf]
         ref = sum(abs(sum(a for a, bb in zip(acc, bins) if bb == b) - sum(x for x, bb in zip(conf, bins) if bb == b))
                   for b in range(15)) / len(q)
-        assert ev.ece(img, txt, t2i, 5.0, 15, direction) == pytest.approx(100 * ref, abs=1e-4)
-    curve = ev.ece_curve(img, txt, t2i, taus=(0.01, 0.2))
-    assert list(curve) == [0.01, 0.2] and curve[0.2] == pytest.approx(ev.ece(img, txt, t2i, 5.0))
+        assert m2mix_analysis.ece(img, txt, t2i, 5.0, 15, direction) == pytest.approx(100 * ref, abs=1e-4)
+    curve = m2mix_analysis.ece_curve(img, txt, t2i, taus=(0.01, 0.2))
+    assert list(curve) == [0.01, 0.2] and curve[0.2] == pytest.approx(m2mix_analysis.ece(img, txt, t2i, 5.0))
 
 
 def test_simat_score_by_hand():
@@ -386,7 +387,7 @@ def test_simat_score_by_hand():
     src = torch.tensor([0, 1])
     value = torch.stack([img[0], img[1]])
     target = torch.stack([img[1], img[1]])
-    out = ev.simat_score(img, src, value, target, [0, 1], oscar, [1.0, 3.0], lambdas=(1.0,))
+    out = m2mix_analysis.simat_score(img, src, value, target, [0, 1], oscar, [1.0, 3.0], lambdas=(1.0,))
     assert out == {1.0: pytest.approx(25.0)}  # weights normalised to (0.25, 0.75)
 
 
@@ -432,25 +433,25 @@ def test_wise_ft_endpoints_and_checks(tmp_path, tiny_random):
     feats = lambda m: (m.encode_image(x), m.encode_text(tokens))  # noqa: E731
     with torch.no_grad():
         ref0, ref1 = feats(m0), feats(m1)
-        curve = ev.wise_ft(m0, theta0, theta1, [0.0, 0.5, 1.0], lambda m: feats(m))
+        curve = wise_ft.wise_ft(m0, theta0, theta1, [0.0, 0.5, 1.0], lambda m: feats(m))
     for got, ref in ((curve[0]["records"], ref0), (curve[2]["records"], ref1)):
         for a, b in zip(got, ref):
             assert torch.equal(a, b)
     assert not torch.allclose(curve[1]["records"][0], ref0[0])
     assert all(torch.equal(m0.state_dict()[k], theta0[k]) for k in theta0)  # weights restored
-    mid = ev.interpolate_weights(theta0, theta1, 0.5)
+    mid = wise_ft.interpolate_weights(theta0, theta1, 0.5)
     k = "visual.conv1.weight"
     torch.testing.assert_close(mid[k], (theta0[k] + theta1[k]) / 2)
     with pytest.raises(ValueError, match="differ in keys"):
-        ev.interpolate_weights(theta0, {kk: v for kk, v in theta1.items() if kk != k}, 0.5)
+        wise_ft.interpolate_weights(theta0, {kk: v for kk, v in theta1.items() if kk != k}, 0.5)
     with pytest.raises(ValueError, match="shape"):
-        ev.interpolate_weights(theta0, {**theta1, k: theta1[k][:1]}, 0.5)
+        wise_ft.interpolate_weights(theta0, {**theta1, k: theta1[k][:1]}, 0.5)
     # state_dicts from a saved model and from a training checkpoint ({'net': {'model.*': ...}})
     common.save_model(m1, tmp_path / "m.pt", "tiny")
     torch.save({"net": {f"model.{kk}": v for kk, v in theta1.items()} | {"teacher.x": torch.zeros(1)}},
                tmp_path / "last.pt")
     for f in ("m.pt", "last.pt"):
-        sd = ev.load_state_dict(tmp_path / f)
+        sd = wise_ft.load_state_dict(tmp_path / f)
         assert set(sd) == set(theta1) and all(torch.equal(sd[kk], theta1[kk]) for kk in sd)
 
 
@@ -546,9 +547,9 @@ def test_published_clip_rows_come_from_the_paper_tables():
     b32 = ev.published_numbers("erclip", "ViT-B/32")
     assert b32[("urban1k", "i2t_R@1")] == 61.20 and b32[("long-dci", "t2i_R@1")] == 30.60  # Table 1, row CLIP
     assert b32[("coco", "t2i_R@1")] == 30.37 and b32[("cifar100", "top1")] == 64.31  # Table 2, row CLIP
-    assert len(b32) == 13 and set(ev.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
+    assert len(b32) == 13 and set(published.PUBLISHED["erclip"]) == {"ViT-B/32", "ViT-B/16", "ViT-L/14"}
     m2 = ev.published_numbers("m2mix", "ViT-B/32")
-    assert m2[("coco-1cap", "t2i_R@5")] == ev.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
+    assert m2[("coco-1cap", "t2i_R@5")] == published.M2MIX_TABLE1["coco-1cap"]["ZS"]["t2i_R@5"] == 53.12
     assert m2[("simat", "simat")] == 34.4
 
 

@@ -21,14 +21,15 @@ LAYERS = (
     ("run folder, uni-modal towers, shards", ("plumbing.runfolder", "plumbing.towers", "plumbing.shards")),
     ("the scripts' error handling", ("plumbing.cli",)),
     ("common: data, the AMP / DDP training loop, shared math", ("common",)),
+    ("plumbing on common that eval and the layer above it read",
+     ("plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT's score (eval's evaluate runs them)
+      "plumbing.train_manifests",  # Karpathy / COCO training manifests (plumbing.vlcl reads them)
+      "plumbing.wise_ft")),  # weight interpolation (eval's --wise-ft, cclip.py's research merges)
     ("eval: benchmarks, metrics, tables", ("eval",)),
     ("plumbing on common and eval: commands, one paper's readers and drivers",
      ("plumbing.export", "plumbing.vlcl", "plumbing.write_shards", "plumbing.mosei",
       "plumbing.cmcl",  # DNS: CMCL's cached features, its step plan and tables
       "plumbing.sweeps",  # ERCLIP Sec. 4.3-4.4 on real data
-      "plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT
-      "plumbing.train_manifests",  # Karpathy / COCO training manifests
-      "plumbing.wise_ft",  # weight interpolation
       "plumbing.longclip_data", "plumbing.cclip_tasks")),
     ("the method files", METHODS),
     ("the lab: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
@@ -143,7 +144,7 @@ def test_no_module_forwards_names_it_does_not_define():
         assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"], path
 
 
-@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py"])
+@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py", "plumbing/published.py"])
 def test_the_bottom_modules_import_the_standard_library_only(module):
     """--help answers before torch loads (issue 26.15): base and flags import nothing installed."""
     tree = ast.parse((ROOT / module).read_text())

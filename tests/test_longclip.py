@@ -16,6 +16,7 @@ import lab
 import eval as evaluation
 import longclip
 from lab.demos import longclip as longclip_demo
+from plumbing import published
 
 # The tiny backbone's window is 24 tokens; Long-CLIP keeps 20 of CLIP's 77, so we
 # keep round(20 * 24 / 77) = 6 and stretch the rest by 4: 4 * 24 - 3 * 6 = 78 positions.
@@ -357,7 +358,7 @@ def test_recipes_and_clear_failures(tmp_path):
 
 
 def test_paper_tables_layout():
-    records = [{"task": t, "metric": m, "value": 50.0, "window": w} for t in evaluation.ERCLIP_LONG_SETS + ("coco",)
+    records = [{"task": t, "metric": m, "value": 50.0, "window": w} for t in published.ERCLIP_LONG_SETS + ("coco",)
                for m in ("i2t_R@1", "t2i_R@1") for w in (77, 248)]
     records = [dict(r, value=60.0) if r["window"] == 248 else r for r in records]
     records += [{"task": t, "metric": "top1", "value": 70.0, "window": None}

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import common
-import eval as evaluation
 import lab
 import m2mix
+from plumbing import m2mix_analysis, published, train_manifests
 
 torch.set_num_threads(1)
 
@@ -356,7 +356,7 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
         assert n not in on_grid and torch.equal(dict(model.named_parameters())[n], before[n]), n
     seen = {}
     monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
-    monkeypatch.setattr(m2mix, "train_manifest", lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
+    monkeypatch.setattr(train_manifests, "train_manifest", lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
     cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_zs=False, device="cpu",
                             data_root=str(tmp_path), out=str(tmp_path / "run"))
     m2mix.finetune(cfg)
@@ -369,14 +369,14 @@ def test_karpathy_manifest_first_and_all(tmp_path):
     images = [{"filename": f"{i}.jpg", "split": sp, "sentences": [{"raw": f"cap {i}.{k} "} for k in range(5)]}
               for i, sp in enumerate(("train", "train", "test", "val"))]
     (tmp_path / "flickr30k" / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
-    first = evaluation.karpathy_train_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
+    first = train_manifests.karpathy_train_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["cap 0.0", "cap 1.0"]
     assert rows[0]["image"] == str((tmp_path / "flickr30k" / "images" / "0.jpg").resolve())
-    every = evaluation.karpathy_train_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
+    every = train_manifests.karpathy_train_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
     assert len(every.read_text().splitlines()) == 5
     with pytest.raises(common.DataError):
-        evaluation.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
+        train_manifests.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
 
 
 def test_coco_karpathy_evaluates_the_test_split_with_one_caption_too(tmp_path):
@@ -387,7 +387,7 @@ def test_coco_karpathy_evaluates_the_test_split_with_one_caption_too(tmp_path):
                "sentences": [{"raw": f"cap {i}.{k}"} for k in range(5)]} for i, sp in enumerate(("test", "restval"))]
     (tmp_path / "coco" / "dataset_coco.json").write_text(json.dumps({"images": images}))
     cfg = m2mix.M2MixConfig(train_data="coco", coco_split="karpathy", data_root=str(tmp_path), out=str(tmp_path / "r"))
-    tasks = m2mix.eval_tasks(cfg)
+    tasks = train_manifests.eval_tasks(cfg)
     assert tasks["coco-karpathy"] == "coco-karpathy"
     rows = common.read_manifest(tasks["coco-karpathy-1cap"])
     assert [r["caption"] for r in rows] == ["cap 0.0"] and rows[0]["image"].endswith("val2014/0.jpg")
@@ -399,23 +399,23 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
            "annotations": [{"image_id": 9, "caption": "b  one"}, {"image_id": 7, "caption": "a one"},
                            {"image_id": 9, "caption": "b two"}]}
     (tmp_path / "coco" / "annotations" / "captions_train2017.json").write_text(json.dumps(ann))
-    first = evaluation.coco2017_train_manifest(tmp_path, "first", tmp_path / "m")
+    first = train_manifests.coco2017_train_manifest(tmp_path, "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["b one", "a one"]  # first annotation of each image, file order
     assert rows[1]["image"].endswith("coco/train2017/a.jpg")
-    assert len(evaluation.coco2017_train_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
+    assert len(train_manifests.coco2017_train_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
     # COCO 2017 train is tested on val2017; Flickr30k Karpathy train on Karpathy test (both protocols)
-    assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
-    assert set(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
+    assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
+    assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
                                                                                        "flickr30k-1cap"}
-    assert list(m2mix.eval_tasks(m2mix.M2MixConfig(train_data="x.jsonl", eval_on="synthetic-long,coco"))) == [
+    assert list(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="x.jsonl", eval_on="synthetic-long,coco"))) == [
         "synthetic-long", "coco"]
 
 
 def test_table1_puts_paper_values_beside_the_matching_protocol():
     recs = [{"task": t, "model": "ZS", "metric": m, "value": 50.0}
-            for t in ("flickr30k", "flickr30k-1cap") for m in evaluation.M2MIX_TABLE1_METRICS]
-    out = evaluation.m2mix_table1(recs)
+            for t in ("flickr30k", "flickr30k-1cap") for m in published.M2MIX_TABLE1_METRICS]
+    out = m2mix_analysis.m2mix_table1(recs)
     one = out.split("### flickr30k-1cap")[1]
     assert "50.0 (71.1)" in one and "- (82.1)" in one  # ZS ours (paper); m3-Mix: paper only
     assert "50.00 (1.9)" in one  # ECE i2t, Table 2
@@ -457,10 +457,10 @@ def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, sh
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
     assert common.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
-    assert m2mix.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl"
+    assert train_manifests.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl"
     monkeypatch.delitem(common.LAB_HOOKS, "synthetic_manifest")
     with pytest.raises(common.UsageError, match="import lab"):
-        m2mix.train_manifest(cfg)
+        train_manifests.train_manifest(cfg)
 
 
 def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_lab(tmp_path, shrink_world):
@@ -482,7 +482,7 @@ def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_
 
 
 def test_demo_claims_take_their_paper_column_from_eval():
-    """The paper column of every claim that compares a number is computed from eval.M2MIX_TABLE1;
+    """The paper column of every claim that compares a number is computed from published.M2MIX_TABLE1;
     the strings are the ones the committed demo results carry."""
     from lab.demos import m2mix as demo
     runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,

@@ -466,19 +466,20 @@ def test_help_and_flag_errors_answer_without_importing_torch(script, argv, code)
 
 def test_eval_py_command_line_names_match_its_loaders():
     import eval as evaluation
+    from plumbing import m2mix_analysis, published
     assert evaluation.RETRIEVAL_NAMES == tuple(evaluation.REAL_RETRIEVAL_TASKS)
-    assert evaluation.PAPERS == tuple(evaluation.PUBLISHED)
-    assert evaluation.SIMAT_PROTOCOL_NAMES == tuple(evaluation.SIMAT_PROTOCOLS)
+    assert evaluation.PAPERS == tuple(published.PUBLISHED)
+    assert evaluation.SIMAT_PROTOCOL_NAMES == tuple(m2mix_analysis.SIMAT_PROTOCOLS)
     assert set(evaluation.BENCHMARKS) >= set(evaluation.RETRIEVAL_NAMES) | {"cifar10", "cifar100", "imagenet", "simat"}
 
 
 def test_simat_refuses_non_finite_embeddings():
-    import eval as evaluation
+    from plumbing import m2mix_analysis
     img = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
     img[2, 0] = float("nan")
     words = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(common.RunError, match="simat: 1 of 6 images rows are not finite"):
-        evaluation.simat_score(img, torch.tensor([0, 1]), words, words, [0, 1], torch.ones(6, 2), [1.0, 1.0])
+        m2mix_analysis.simat_score(img, torch.tensor([0, 1]), words, words, [0, 1], torch.ones(6, 2), [1.0, 1.0])
 
 
 def test_warnings_and_progress_lines_escape_control_characters(tmp_path, capsys):

@@ -201,6 +201,7 @@ def test_no_host_read_per_step(tmp_path, monkeypatch):
 
 def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
     import eval as ev
+    from plumbing import wise_ft
     value = {"img": torch.randn(3, 4), "labels": None, "t2i": torch.arange(3)}
     key = {"backbone": "tiny", "manifest": "m.jsonl"}
     assert ev.cached(tmp_path, key, lambda: value) is value
@@ -213,5 +214,5 @@ def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
         ev.cached(tmp_path, key, lambda: value)
     torch.save(_Payload(marker), tmp_path / "weights.pt")  # eval's --weights path (WiSE-FT, evaluation)
     with pytest.raises(common.UnsafeFileError, match="weights.pt: refused"):
-        ev.load_state_dict(tmp_path / "weights.pt")
+        wise_ft.load_state_dict(tmp_path / "weights.pt")
     assert not marker.exists()

@@ -13,7 +13,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
-from plumbing import towers
+from plumbing import m2mix_analysis, towers
 
 torch.set_num_threads(1)
 WORDS = ("a an the of at on next to with picture photo large small circle square triangle diamond cross ring bar "
@@ -200,7 +200,7 @@ def test_random_init_needs_no_image_file_but_says_so(tmp_path, bert, monkeypatch
 def test_table3_puts_the_papers_numbers_and_simat_beside_ours():
     recs = [{"task": "flickr30k-1cap", "model": "m3-Mix", "metric": m, "value": 20.0}
             for m in ("i2t_R@1", "i2t_R@10")] + [{"task": "simat", "model": "m3-Mix", "metric": "simat", "value": 9.0}]
-    out = m2mix.table(recs, "bert-resnet50")
+    out = m2mix_analysis.table(recs, "bert-resnet50")
     row = next(x for x in out.splitlines() if x.startswith("| m3-Mix"))
     assert "20.0 (19.5)" in row and "20.0 (63.8)" in row and "9.0 (16.2)" in row
     assert "| Un-Mix" in out and "- (15.8)" in out  # a baseline we do not run: the paper's number only

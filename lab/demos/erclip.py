@@ -18,8 +18,8 @@ import torch
 
 import common
 import erclip
-import eval as evaluation
 import lab
+from plumbing import published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run by
 # lab/calibrate.py's rule (docs/lab.md, docs/calibration-erclip.json): on
@@ -63,10 +63,10 @@ def rounded(x: float, places: int = 1, sign: bool = True) -> str:
 
 
 def table2(fn, places: int = 1, sign: bool = True) -> str:
-    """The paper column of a claim from ERCLIP's Table 2 (eval.ERCLIP_TABLE2):
+    """The paper column of a claim from ERCLIP's Table 2 (published.ERCLIP_TABLE2):
     fn(row) for ViT-B/32 / B/16 / L/14, row(variant) -> that backbone's row
     (long avg I2T, T2I, COCO I2T, T2I, C10, C100, IN)."""
-    return " / ".join(rounded(fn(lambda name, v=v: evaluation.ERCLIP_TABLE2[(v, name)]), places, sign)
+    return " / ".join(rounded(fn(lambda name, v=v: published.ERCLIP_TABLE2[(v, name)]), places, sign)
                       for v in ("B/32", "B/16", "L/14"))
 
 
@@ -83,7 +83,7 @@ IN = 6  # Table 2's ImageNet column
 
 def demo_claims(base: dict, runs: dict) -> list[dict]:
     """The paper's quantitative claims as paired per-seed differences.
-    Paper numbers: Table 2 (ViT-B/32, B/16, L/14), computed from eval.ERCLIP_TABLE2."""
+    Paper numbers: Table 2 (ViT-B/32, B/16, L/14), computed from published.ERCLIP_TABLE2."""
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
@@ -133,7 +133,7 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
            title="ours: lab world, tiny CLIP")
     ax.legend(fontsize=8)
     for name in ("CLIP", "M", "M+P", "RT+P"):
-        row = evaluation.ERCLIP_TABLE2[("B/16", name)]
+        row = published.ERCLIP_TABLE2[("B/16", name)]
         mark = dict(fmt="s", ms=7) if name == "CLIP" else marks[name]
         bx.errorbar((row[0] + row[1]) / 2, row[6], color=colors[name], label=name, **mark)
     bx.set(xlabel="long-caption R@1 (%; avg of 4 sets, mean of I2T, T2I)", ylabel="ImageNet zero-shot top-1 (%)",

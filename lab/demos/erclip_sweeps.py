@@ -31,6 +31,7 @@ import eval as evaluation
 import lab
 from lab import report
 from lab.demos import erclip as demo
+from plumbing import published
 
 # Every run of a sweep starts from the same initial weights in its own folder
 # (lab.sweep_run: a finished run is skipped when the sweep is started again).
@@ -46,9 +47,9 @@ DATA_SIZES = (1000, 5000, 10000, 20000, 50000)  # Sec. 4.4, pairs: prefixes of t
 # "epoch" is one pass over the first 256 scenes (8 steps of 32), so the 40 steps are 5 epochs.
 DEMO_DATA_SIZES = (40, 200, 400, 800, 2000)
 DEMO_EPOCH_POOL = 256
-# The paper's printed points: eval.ERCLIP_LAMBDA_IN, ERCLIP_DATA (Sec. 4.4), ERCLIP_EPOCH_CHANGE (Sec. 4.3).
-PAPER_LAMBDA_IN, PAPER_DATA = evaluation.ERCLIP_LAMBDA_IN, evaluation.ERCLIP_DATA
-METRIC_COLS = evaluation.erclip_cols()[1][3:]  # Long avg I2T ... IN
+# The paper's printed points: published.ERCLIP_LAMBDA_IN, ERCLIP_DATA (Sec. 4.4), ERCLIP_EPOCH_CHANGE (Sec. 4.3).
+PAPER_LAMBDA_IN, PAPER_DATA = published.ERCLIP_LAMBDA_IN, published.ERCLIP_DATA
+METRIC_COLS = published.erclip_cols()[1][3:]  # Long avg I2T ... IN
 
 
 def sweep_plan(name: str, sizes=DATA_SIZES) -> list[tuple[str, dict]]:
@@ -127,8 +128,8 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
                                 f"{cfg.steps} would cut every run short: drop --steps")
     t0, name = time.time(), cfg.sweep
     root = Path(cfg.out) / f"sweep-{name}"  # the preflight below locks --out for the sweep's whole length
-    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, evaluation.ERCLIP_EVAL_TASKS,
-                                 evaluation.ERCLIP_SYNTHETIC_TASKS)
+    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
+                                 published.ERCLIP_SYNTHETIC_TASKS)
     evaluation.check_tasks(tasks, cfg.data_root)
     sizes = sizes or DATA_SIZES
     big = dataclasses.replace(cfg, train_pairs=max(sizes)) if cfg.train_data == erclip.TRAIN_POOL else cfg
@@ -149,7 +150,7 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
         return {"measures": [measure(model, *initial[2:], cfg.pretrained or "pretrained")]}
     base_records = lab.sweep_run(root, "CLIP", base)["measures"][0]
     runs = [sweep_one(cfg, root, run, over, cfg.seed, pool, initial, measure) for run, over in sweep_plan(name, sizes)]
-    text = sweep_tables(name, base_records, runs, evaluation.vit_key(cfg.backbone))
+    text = sweep_tables(name, base_records, runs, published.vit_key(cfg.backbone))
     print(text)
     common.write_results(root, {"sweep": name, "base": base_records, "runs": runs, "tables": text,
                                 "config": dataclasses.asdict(cfg), "machine": lab.machine_info(),
@@ -159,7 +160,7 @@ def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
 
 def _metrics(records) -> dict:
     """Table 2's metrics of one evaluation, plus the means of I2T and T2I ('Long avg', 'COCO')."""
-    row = evaluation.erclip_rows(records, "", "")[1]
+    row = published.erclip_rows(records, "", "")[1]
     for key in ("Long avg", "COCO"):
         i2t, t2i = row[f"{key} I2T"], row[f"{key} T2I"]
         row[key] = None if None in (i2t, t2i) else (i2t + t2i) / 2
@@ -184,7 +185,7 @@ def sweep_tables(name: str, base: list, runs: list[dict], vit: str) -> str:
             rows += [{"variant": v, "epoch": k, **m} for k, m in enumerate(per, 1)]
             change.append({"variant": v, **{c: per[-1][c] - per[0][c] if per[0][c] is not None and per[-1][c]
                                             is not None else None for c in ("Long avg", "COCO", "C10", "IN")}})
-        change.append({"variant": "paper (Sec. 4.3)", **evaluation.ERCLIP_EPOCH_CHANGE})
+        change.append({"variant": "paper (Sec. 4.3)", **published.ERCLIP_EPOCH_CHANGE})
         return (f"Fig. 3 (Sec. 4.3): R@1 and zero-shot top-1 (%) after each epoch, ViT {vit}\n\n"
                 + common.markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
                 + f"\n\nChange from epoch 1 to epoch {len(runs[0]['measures'])} (points)\n\n"
@@ -232,10 +233,10 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
     if name == "epochs":
         last = EPOCHS
         out = [lab.claim(f"long R@1 falls from epoch 1 to {last}, {v} (epoch {last} - epoch 1)",
-                         evaluation.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
+                         published.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
                for v in ("M", "M+P", "RT+P own lr")]
-        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}", "COCO " + evaluation.ERCLIP_EPOCH_CHANGE["COCO"],
+        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}", "COCO " + published.ERCLIP_EPOCH_CHANGE["COCO"],
                           d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P own lr")]
         drift_m = d(f"M epoch {last}", "M epoch 1", "background")
         drift_p = d(f"M+P epoch {last}", "M+P epoch 1", "background")
@@ -276,7 +277,7 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
                 lab.claim(f"zero-shot falls with data (N=2000 - N=40, {ZS})", "ImageNet " + change("IN", 1000, 50000),
                           d(n[-1], n[0], "background"), "-")]
     # ablations: the paper did not run RT or L_short only; "paper" gives what its argument predicts from Table 2
-    t2, vits = evaluation.ERCLIP_TABLE2, ("B/32", "B/16", "L/14")
+    t2, vits = published.ERCLIP_TABLE2, ("B/32", "B/16", "L/14")
     erosion = [t2[(v, "M")][demo.IN] - t2[(v, "CLIP")][demo.IN] for v in vits]  # M - CLIP, ImageNet
     back = [t2[(v, f)][demo.IN] - t2[(v, "M")][demo.IN] for v in vits for f in ("M+P", "RT+P")]  # with P - M
     return [
@@ -319,7 +320,7 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
         xlabel = "training pairs (prefix of one order)"
     else:
         xs, series = ["CLIP", *VARIANTS], {"ours": ["CLIP", *VARIANTS]}
-        paper = {f"paper Tab. 2 B/16 {k}": (["CLIP", "M", "M+P", "RT+P"], [evaluation.ERCLIP_TABLE2[("B/16", v)][i]
+        paper = {f"paper Tab. 2 B/16 {k}": (["CLIP", "M", "M+P", "RT+P"], [published.ERCLIP_TABLE2[("B/16", v)][i]
                                                                           for v in ("CLIP", "M", "M+P", "RT+P")])
                  for k, i in (("long avg T2I", 1), ("ImageNet", 6))}
         xlabel = "variant"

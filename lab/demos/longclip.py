@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 import common
-import eval as evaluation
 import lab
 import longclip
+from plumbing import published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run: the
 # erclip-budget recipe at ERCLIP's demo settings (lab/demos/erclip.py DEMO, copied
@@ -76,7 +76,7 @@ def demo_paper_numbers() -> dict:
     out = {}
     for other in ("CLIP", "M+P"):
         out[other] = " / ".join(
-            f"{_paper_long_avg(evaluation.PUBLISHED_LONGCLIP[longclip.openai_name(f'ViT-{v}')]) - _paper_long_avg(evaluation.ERCLIP_TABLE1[(v, other)]):+.1f}"
+            f"{_paper_long_avg(published.PUBLISHED_LONGCLIP[longclip.openai_name(f'ViT-{v}')]) - _paper_long_avg(published.ERCLIP_TABLE1[(v, other)]):+.1f}"
             for v in ("B/16", "L/14"))
     return out
 

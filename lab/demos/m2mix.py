@@ -22,6 +22,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
+from plumbing import m2mix_analysis, published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
 # task: the fine-tuning pool's LONG captions (cut at 24 tokens; the backbone
@@ -54,7 +55,7 @@ def demo_manifest(data_root, out_dir) -> Path:
 def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dict:
     """Every number of the demo for one model, on the test split (1:1): R@1 on
     the task's long captions (mean of I2T, T2I), align / unif (Fig. 2), ECE at
-    the model's temperature (Table 2) and averaged over eval.ECE_TAUS (Fig. 6's
+    the model's temperature (Table 2) and averaged over m2mix_analysis.ECE_TAUS (Fig. 6's
     curve), the I2T reliability bins; what fine-tuning costs: short-caption
     R@1 and held-out zero-shot (background family, 8 classes, chance 12.5 %)."""
     ds = common.ManifestDataset(lab.synthetic_manifest("test", data_root), need_long=True, check_images=False)
@@ -68,11 +69,11 @@ def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dic
         m[f"{label}R@1"] = (r["i2t_R@1"] + r["t2i_R@1"]) / 2
         if not label:
             long_txt = txt
-    a = evaluation.analyze_retrieval(img, long_txt, t2i, scale)
+    a = m2mix_analysis.analyze_retrieval(img, long_txt, t2i, scale)
     m.update({"align": a["align"], "unif": a["unif"], "align x100": 100 * a["align"], "unif x100": 100 * a["unif"],
               "ECE i2t": a["ece_i2t"], "ECE t2i": a["ece_t2i"],
-              "ECE tau-mean": float(np.mean([a[f"ece_i2t@tau={t:g}"] for t in evaluation.ECE_TAUS]))})
-    conf, correct = evaluation._confidence_correct(img, long_txt, t2i, scale, "i2t")
+              "ECE tau-mean": float(np.mean([a[f"ece_i2t@tau={t:g}"] for t in m2mix_analysis.ECE_TAUS]))})
+    conf, correct = m2mix_analysis._confidence_correct(img, long_txt, t2i, scale, "i2t")
     b = (conf * bins).long().clamp(max=bins - 1)
     m["reliability"] = {"count": torch.bincount(b, minlength=bins).tolist(),  # per equal-width bin: pooled later
                         "correct": torch.bincount(b, correct.double(), minlength=bins).tolist(),
@@ -84,10 +85,10 @@ def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dic
 def demo_claims(base: dict, runs: dict) -> list[dict]:
     """The paper's claims as paired per-seed differences; directions fixed
     before the seeds ran. Paper numbers: ViT-B/32, Flickr30k (Table 1, Fig. 2,
-    Table 2; eval.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
+    Table 2; published.M2MIX_TABLE1); COCO's Table 1 gain beside it."""
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
-    p, coco = evaluation.M2MIX_TABLE1["flickr30k-1cap"], evaluation.M2MIX_TABLE1["coco-1cap"]
+    p, coco = published.M2MIX_TABLE1["flickr30k-1cap"], published.M2MIX_TABLE1["coco-1cap"]
     return [
         lab.claim("m3-Mix beats FT on the task (R@1, mean of I2T/T2I)",
                   f"F30k I2T {p['m3-Mix']['i2t_R@1'] - p['FT']['i2t_R@1']:+.1f}, "
@@ -124,7 +125,7 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     ax.set(xlabel="alignment (greater = better)", ylabel="uniformity (greater = better)",
            title="ours: lab world, tiny CLIP, test split")
     ax.legend(fontsize=8)
-    for name, row in evaluation.M2MIX_TABLE1["flickr30k-1cap"].items():
+    for name, row in published.M2MIX_TABLE1["flickr30k-1cap"].items():
         if "align" in row:
             px.plot(row["align"], row["unif"], "o", color=colors[name], label=name)
     px.set(xlabel="alignment", ylabel="uniformity", title="paper: Fig. 2, ViT-B/32, Flickr30k")

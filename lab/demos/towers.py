@@ -24,6 +24,7 @@ import lab
 import lab.towers
 import m2mix
 from lab.demos import m2mix as demo
+from plumbing import published, towers
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS ran, from a
 # pilot of FT alone on the 'val' split with seed 99 (not in lab.SEEDS): 60 steps
@@ -51,7 +52,7 @@ def measure(model, preprocess, tokenizer, data_root) -> dict:
 
 def claims(runs: dict) -> list[dict]:
     """Table 3's claims (BERT + ResNet-50, Flickr30k): directions fixed before the seeds ran."""
-    p = evaluation.M2MIX_TABLE3["flickr30k-1cap"]
+    p = published.M2MIX_TABLE3["flickr30k-1cap"]
 
     def d(a, b, key="R@1"):
         return lab.paired(runs, a, b, key)
@@ -77,7 +78,7 @@ def figure(runs: dict, path, caption: str):
     plt = lab.pyplot()
     fig, (ax, px) = plt.subplots(1, 2, figsize=(10, 3.8))
     colors = {"ZS": "0.5", "FT": "tab:red", "m2-Mix": "tab:orange", "m3-Mix": "tab:blue"}
-    paper = evaluation.M2MIX_TABLE3["flickr30k-1cap"]
+    paper = published.M2MIX_TABLE3["flickr30k-1cap"]
     for j, k in enumerate((1, 5, 10)):
         for i, (name, ms) in enumerate(runs.items()):
             v = np.array([(m[f"I2T R@{k}"] + m[f"T2I R@{k}"]) / 2 for m in ms])
@@ -97,7 +98,7 @@ def figure(runs: dict, path, caption: str):
 
 
 def load(cfg, seed: int):
-    return common.load_model(cfg.backbone, "", **m2mix.tower_settings(dataclasses.replace(cfg, seed=seed)))
+    return common.load_model(cfg.backbone, "", **towers.tower_settings(dataclasses.replace(cfg, seed=seed)))
 
 
 def run_demo(cfg: m2mix.M2MixConfig) -> dict:
