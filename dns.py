@@ -16,7 +16,7 @@ What is implemented (problem formulation; Thm. 4; the multi-step extension)
   Covariances are updated after each task, projectors rebuilt before each. --mode gradient (paper, code): project
   the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change W_after - W_before;
   --mode vanilla: none. CMCL's setting (--features, run_cmcl): the same learner over M modalities, 11 modality-pair
-  steps (eval.CMCL_STEPS), each training only its pair's maps.
+  steps (cmcl.CMCL_STEPS), each training only its pair's maps.
 
 Code name -> paper symbol
   W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
@@ -134,6 +134,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
+from plumbing import cmcl
 
 
 # =============================================================================
@@ -591,7 +592,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     cfg = resolve_eval_sets(cfg)
     device, out = start(cfg), Path(cfg.out)
     tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
-    feats = evaluation.frozen_task_features(cfg, tasks, device)
+    feats = cmcl.frozen_task_features(cfg, tasks, device)
     learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
                          cfg.loss, cfg.bias)
 
@@ -600,7 +601,7 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
     def learn_task(i, task, task_out, resume):
         return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
 
-    summary = continual(cfg, learner, tasks, learn_task, lambda: evaluation.evaluate_maps(
+    summary = continual(cfg, learner, tasks, learn_task, lambda: cmcl.evaluate_maps(
         learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"], feats["zeroshot"]))
     # stability, measured: each old task's scores right after it vs at the end
     drift = {"train": [], "test": []}
@@ -617,16 +618,16 @@ def run(cfg: DNSConfig, show: bool = True) -> dict:
                "tasks": learner.summaries}
     common.write_results(out, results, cfg)
     if show:
-        print(evaluation.dns_results_table([(cfg.mode, results)]))
+        print(cmcl.dns_results_table([(cfg.mode, results)]))
     return results
 
 
 # CMCL's own setting: M modalities, modality-pair steps, features from files
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
-    """DNS on CMCL's step sequence from cached features (--features); the step plan and readers are eval.py's."""
+    """DNS on CMCL's step sequence from cached features (--features); the step plan and readers are plumbing.cmcl's."""
     root = Path(cfg.features)
     spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
-    steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
+    steps, data, dim = cmcl.read_cmcl_steps(root, spec, cfg.perceptor)
     start(cfg)
     modalities = list(dict.fromkeys(m for st in steps for m in st.modalities))
     learner = DNSLearner(dim, math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
@@ -640,7 +641,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
                              cov_x=(x[:, 0], x[:, 1]))
 
     def evaluate():
-        rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
+        rows = [cmcl.evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
                                          seed=cfg.seed) for st in steps]
         return {"per_task": {k: [r[k] for r in rows] for k in rows[0]}, "scalars": {}}
 
@@ -657,7 +658,7 @@ def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
                "drift": {"test": drift}, "tasks": learner.summaries}
     common.write_results(cfg.out, results, cfg)
     if show:
-        print(evaluation.cmcl_table([(cfg.mode, results)]))
+        print(cmcl.cmcl_table([(cfg.mode, results)]))
     return results
 
 

@@ -3,7 +3,8 @@ size; standard library only), flags (the settings parser; standard library only)
 loads, sidecars, foreign checkpoints), manifests (manifest reading, the row check), training_sets (ERCLIP's
 COCO + ShareGPT4V set), runfolder (the --out lock, resume), towers (uni-modal towers), shards (webdataset
 reading) and cli (one message per expected failure, signals). Above common and eval: export, vlcl (C-CLIP's
-benchmark builder), write_shards and mosei (GMC's MOSEI reader). tests/test_layout.py holds the order.
+benchmark builder), write_shards, mosei (GMC's MOSEI reader) and cmcl (DNS's plumbing: frozen CLIP features
+and the maps' evaluation; CMCL's feature readers, step plan and tables). tests/test_layout.py holds the order.
 
 The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) sit on common.py and eval.py;
 this package is their plumbing. Its commands run from the repository's root:
