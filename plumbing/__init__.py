@@ -4,7 +4,8 @@ loads, sidecars, foreign checkpoints), manifests (manifest reading, the row chec
 COCO + ShareGPT4V set), runfolder (the --out lock, resume), towers (uni-modal towers), shards (webdataset
 reading) and cli (one message per expected failure, signals). Above common and eval: export, vlcl (C-CLIP's
 benchmark builder), write_shards, mosei (GMC's MOSEI reader) and cmcl (DNS's plumbing: frozen CLIP features
-and the maps' evaluation; CMCL's feature readers, step plan and tables). tests/test_layout.py holds the order.
+and the maps' evaluation; CMCL's feature readers, step plan and tables; the drivers; the projection's activation
+form and operation counts). tests/test_layout.py holds the order.
 
 The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) sit on common.py and eval.py;
 this package is their plumbing. Its commands run from the repository's root:

@@ -7,13 +7,21 @@ arXiv:2503.14963): what a reader of the method does not need to open to understa
   In CMCL's setting (dns.py --features): the code's datasets and their two feature layouts (CMCL_DATASETS,
       read_features, write_h5), its step plan (CMCL_STEPS, Step, parse_steps, read_cmcl_steps), one step's
       evaluation (evaluate_step), the paper's main table (CMCL_PAPER) and ours (cmcl_table).
+  Deviation 12 (speed): the projection from the batch (project_gradient_activations, ProjectedLinear,
+      projected_linear: the map's backward) and the operation counts that choose a form per map
+      (projection_flops, cheapest_projection_form); dns.project_gradient is the reference.
+  The drivers: one continual run of dns.py's learner over CLIP's tasks (run_clip) or CMCL's steps
+      (run_steps), dns.run / dns.run_cmcl passing dns.DNSLearner and dns.score_drift in; the `auto`
+      settings (resolve).
 
-Layer: above common and eval (tests/test_layout.py); dns.py and the lab import it.
+Layer: above common and eval (tests/test_layout.py); dns.py and the lab import it, never the reverse.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -23,7 +31,7 @@ import numpy as np
 import torch
 
 import common
-from eval import cached, image_features, load_classification, manifest_retrieval
+from eval import cached, image_features, load_classification, manifest_retrieval, masked_continual_metrics
 
 
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
@@ -397,3 +405,198 @@ def cmcl_table(named_results) -> str:
     """dns.py's table in CMCL's setting: [(name, results)] -> markdown."""
     rows = [{"method": n} | cmcl_row(r) for n, r in named_results]
     return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
+
+
+# --- dns.py's projection forms (deviation 12, ours: speed): the activation form (Thm. 4 from the
+# batch, in the map's backward) and the operation counts that pick the cheapest form per map ---
+def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int, k_in: int) -> int:
+    """Flops (2 per multiply-add, as torch.utils.flop_counter) of project_gradient_activations beyond delta^T X."""
+    if order == "basis":  # U_out (core U_in^T) when k_out <= k_in, else (U_out core) U_in^T
+        last = 2 * k_in * (k_out * d_in if k_out <= k_in else k_out * d_out) + 2 * d_out * d_in * min(k_out, k_in)
+        return 2 * batch * (d_out * k_out + d_in * k_in + k_out * k_in) + last
+    return 4 * batch * (d_out * k_out + d_in * k_in) + 2 * batch * d_out * d_in
+
+
+def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> int:
+    """Flops of one projection of a (D_out, D_in) map's gradient, old ranks k_out, k_in (2 per multiply-add;
+    element-wise subtractions not counted):
+        dense        G - P_out G P_in                      2 D_out D_in (D_out + D_in)
+        factored     G - U_out (U_out^T G U_in) U_in^T     ~2 D_out D_in (k_out + k_in)
+        activations  from the batch (size `batch`), beyond delta^T X, the cheaper order of
+                     project_gradient_activations: ~2 B D (k_out + k_in) + 2 D^2 min(k) or ~2 B D^2"""
+    if form == "dense":
+        return 2 * d_out * d_out * d_in + 2 * d_out * d_in * d_in
+    if form == "factored":
+        return 2 * k_out * d_out * d_in + 2 * k_out * d_in * k_in + 2 * d_out * k_out * k_in + 2 * d_out * k_in * d_in
+    if form == "activations":
+        return min(_activation_flops(o, batch, d_out, d_in, k_out, k_in) for o in ("basis", "batch"))
+    raise ValueError(f"unknown projection form {form!r}")
+
+
+def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
+    """The form of least projection_flops: 'dense', 'factored', or with batch > 0 'activations' (projected_linear)."""
+    forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
+    return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
+
+
+def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
+    """project_gradient from the batch itself: mapped = X W^T gives G = delta^T X; with P = U U^T
+        dW = delta^T X - (delta P_out)^T (X P_in)
+           = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T
+    delta (B, D_out): gradient of the loss w.r.t. the map's output; X (B, D_in): the map's input;
+    U_out (D_out, k_out), U_in (D_in, k_in): orthonormal bases. order: 'basis' (through the
+    (k_out, k_in) core; large B), 'batch' (one product [delta, -delta P_out]^T [X, X P_in]; small
+    B), 'auto': the cheaper by projection_flops. Equals project_gradient(delta^T X,
+    P_out, P_in)."""
+    if order == "auto":
+        d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
+        order = min(("basis", "batch"),
+                    key=lambda o: _activation_flops(o, len(X), d_out, d_in, k_out, k_in))
+    if order == "basis":
+        core = (delta @ U_out).t() @ (X @ U_in)  # (k_out, k_in)
+        # U_out core U_in^T, the cheaper association: the D_out D_in term goes with the smaller rank
+        correction = (U_out @ (core @ U_in.t()) if U_out.shape[1] <= U_in.shape[1] else
+                      (U_out @ core) @ U_in.t())
+        return delta.t() @ X - correction
+    if order != "batch":
+        raise ValueError(f"order is 'auto', 'basis' or 'batch', not {order!r}")
+    # Thm. 4 on the batch, both terms in ONE (2B)-row product
+    delta_old = (delta @ U_out) @ U_out.t()  # (B, D_out) delta P_out
+    X_old = (X @ U_in) @ U_in.t()  # (B, D_in) X P_in
+    return torch.cat([delta, -delta_old]).t() @ torch.cat([X, X_old])
+
+
+class ProjectedLinear(torch.autograd.Function):
+    """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, in the form of
+    project_gradient_activations), grad_x = delta W (unchanged).
+    x (..., D_in), W (D_out, D_in); U_out (D_out, k_out), U_in (D_in, k_in): orthonormal, frozen."""
+    @staticmethod
+    def forward(ctx, x, W, U_out, U_in):
+        ctx.save_for_backward(x, W, U_out, U_in)
+        return x @ W.t()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, W, U_out, U_in = ctx.saved_tensors
+        grad_x = grad_W = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_out @ W.to(grad_out.dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # the projection in float32 at least (as the hooks do)
+            dtype = torch.promote_types(W.dtype, torch.float32)
+            delta = grad_out.reshape(-1, W.shape[0]).to(dtype)
+            X = x.reshape(-1, W.shape[1]).to(dtype)
+            grad_W = project_gradient_activations(delta, X, U_out.to(dtype), U_in.to(dtype))
+            grad_W = grad_W.to(W.dtype)
+        return grad_x, grad_W, None, None
+
+
+def projected_linear(x, W, U_out, U_in):
+    """x W^T, W's gradient projected in the backward (ProjectedLinear)."""
+    return ProjectedLinear.apply(x, W, U_out, U_in)
+
+
+# --- dns.py's drivers: its learner (dns.DNSLearner) over CLIP's tasks or CMCL's steps ---------------
+def start(cfg):
+    """One process (deviation 11), the device, the --out folder."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("dns.py trains D x D maps on cached features: run it as one process (deviation 11)")
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    return common.init_distributed(cfg.device)
+
+
+def continual(cfg, learner, tasks, learn_task, evaluate) -> dict:
+    """common.run_continual, the learner's state saved at task boundaries and read back weights-only."""
+    return common.run_continual(
+        Path(cfg.out), tasks, learn_task, evaluate,
+        lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
+        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
+
+
+def run_clip(cfg, learner_class, score_drift, show: bool = True) -> dict:
+    """dns.run: one continual run (one mode) on CLIP features of the --tasks manifests (learner_class:
+    dns.DNSLearner, score_drift: dns.score_drift)."""
+    cfg = resolve_eval_sets(cfg)
+    device, out = start(cfg), Path(cfg.out)
+    tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
+    feats = frozen_task_features(cfg, tasks, device)
+    learner = learner_class(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
+                            cfg.loss, cfg.bias)
+
+    pairs = lambda f: (f["img"][f["t2i"]], f["txt"])  # noqa: E731  unique-image features -> a pair per caption
+
+    def learn_task(i, task, task_out, resume):
+        return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
+
+    summary = continual(cfg, learner, tasks, learn_task, lambda: evaluate_maps(
+        learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"], feats["zeroshot"]))
+    # stability, measured: each old task's scores right after it vs at the end
+    drift = {"train": [], "test": []}
+    for j in range(len(tasks) - 1):
+        f = feats["tasks"][j]
+        drift["train"].append(score_drift(*pairs(f["train"]), learner.history[j], learner.history[-1]))
+        drift["test"].append(score_drift(f["test"]["img"], f["test"]["txt"], learner.history[j], learner.history[-1]))
+    steps = sum(s["steps"] for s in learner.summaries)
+    timing = {"sec_per_step": sum(s["train_seconds"] for s in learner.summaries) / max(1, steps),
+              "projection_ms_per_step": 1e3 * sum(s["projection_seconds"] for s in learner.summaries)
+              / max(1, sum(s["steps"] for s in learner.summaries if s["old_rank"])),  # over projected steps
+              "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
+    results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
+               "tasks": learner.summaries}
+    common.write_results(out, results, cfg)
+    if show:
+        print(dns_results_table([(cfg.mode, results)]))
+    return results
+
+
+# CMCL's own setting: M modalities, modality-pair steps, features from files
+def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
+    """dns.run_cmcl: DNS on CMCL's step sequence from cached features (--features); learner_class:
+    dns.DNSLearner, score_drift: dns.score_drift."""
+    root = Path(cfg.features)
+    spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
+    steps, data, dim = read_cmcl_steps(root, spec, cfg.perceptor)
+    start(cfg)
+    modalities = list(dict.fromkeys(m for st in steps for m in st.modalities))
+    learner = learner_class(dim, math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
+    tasks = [common.Task(st.name, str(root / st.dataset), str(root / st.dataset)) for st in steps]
+    if len({t.name for t in tasks}) != len(tasks):
+        raise common.DataError("every step must pair a different dataset / modality pair")
+
+    def learn_task(k, task, task_out, resume):
+        st, x = steps[k], data[(steps[k].dataset, "train")]["x"]
+        return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities,
+                             cov_x=(x[:, 0], x[:, 1]))
+
+    def evaluate():
+        rows = [evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
+                              seed=cfg.seed) for st in steps]
+        return {"per_task": {k: [r[k] for r in rows] for k in rows[0]}, "scalars": {}}
+
+    summary = continual(cfg, learner, tasks, learn_task, evaluate)
+    if "stopped_at" in summary:
+        return summary
+    summary["metrics"] = {k: masked_continual_metrics(R) for k, R in summary["matrices"].items()}
+    drift = []  # each old step's test scores: right after it vs at the end
+    for k, st in enumerate(steps[:-1]):
+        x = data[(st.dataset, "test")]["x"]
+        maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
+        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
+    results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
+               "drift": {"test": drift}, "tasks": learner.summaries}
+    common.write_results(cfg.out, results, cfg)
+    if show:
+        print(cmcl_table([(cfg.mode, results)]))
+    return results
+
+
+def resolve_eval_sets(cfg):
+    """--task-classes / --zeroshot auto: the lab's sets in the lab (--tasks synthetic, --backbone tiny), else none."""
+    synthetic = cfg.tasks == "synthetic" or cfg.backbone == "tiny"
+    return dataclasses.replace(
+        cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
+        zeroshot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zeroshot == "auto" else cfg.zeroshot)
+
+
+def resolve(cfg):
+    """--tasks auto (the paper's data has no layout here: synthetic with --backbone tiny), then the eval sets."""
+    return resolve_eval_sets(common.resolve_auto(cfg, "tasks", None, [], "ImageBind's seven datasets"))

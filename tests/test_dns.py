@@ -376,11 +376,11 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
     assert (real.task_classes, real.zeroshot) == ("auto", "auto")
     assert not common.wants_lab(real)
-    got = dns.resolve(real)
+    got = cmcl.resolve(real)
     assert (got.task_classes, got.zeroshot) == ("", "")
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
-        got = dns.resolve(common.parse_config(dns.DNSConfig, argv))
+        got = cmcl.resolve(common.parse_config(dns.DNSConfig, argv))
         assert (got.task_classes, got.zeroshot) == ("shape", "synthetic-shape,synthetic-color")
-    mine = dns.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
+    mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
     assert (mine.task_classes, mine.zeroshot) == ("color", "cifar10")
-    assert dns.resolve_eval_sets(got) == got  # idempotent: run() resolves again
+    assert cmcl.resolve_eval_sets(got) == got  # idempotent: run() resolves again

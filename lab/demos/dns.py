@@ -193,4 +193,4 @@ def main(argv=None):
     cfg = common.parse_config(dns.DNSConfig, argv, **DEMO)
     if cfg.demo_cmcl:
         return run_cmcl_demo(cfg)
-    return run_demo(dns.resolve(cfg))
+    return run_demo(cmcl.resolve(cfg))
