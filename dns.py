@@ -1,35 +1,13 @@
 """DNS: dual-sided null-space projection for continual image-text contrastive learning.
 
-Paper: Xiaohao Liu, Xiaobo Xia, See-Kiong Ng, Tat-Seng Chua. "Continual Multimodal Contrastive Learning" (CMCL).
-NeurIPS 2025. https://arxiv.org/abs/2503.14963. Code ("the code"): github.com/Xiaohao-Liu/CMCL (cmcl/dns.py,
-cmcl/base.py, training.py, eval_util.py). Every deviation at length, the demos and results: docs/dns.md.
-
-What is implemented (problem formulation; Thm. 4; the multi-step extension)
-  Frozen encoders, features cached once; one trainable linear map per modality (D x D, identity at the start, so
-  the start IS the frozen model), trained with CLIP's symmetric InfoNCE (common.clip_loss) on the score
-      score(v, t) = s (W_img v) . (W_txt t)        (no renormalisation: keeps it linear in W)
-  A change dW_img keeps every old score to first order when P_out dW_img P_in = 0 (P_in: span of the old image
-  features; P_out: span of the old MAPPED partner features W_txt t):
-      dW <- dW - P_out dW P_in                                       (Thm. 4)
-      Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t            (running covariance)
-      P = U_k U_k^T, U_k = eigenvectors of Z with |eigenvalue| > lambda_min
-  Covariances are updated after each task, projectors rebuilt before each. --mode gradient (paper, code): project
-  the gradient, then AdamW steps; --mode update (ours): project the optimizer's actual change W_after - W_before;
-  --mode vanilla: none. CMCL's setting (--features, run_cmcl): the same learner over M modalities, 11 modality-pair
-  steps (eval.CMCL_STEPS), each training only its pair's maps.
-
-Code name -> paper symbol
-  W_img, W_txt (W_<m>)  W^{m}: one trainable linear map per modality
-  img, txt              v, t: frozen, L2-normalised features (N, D)
-  logit_scale           ln s (s = 1/tau), CLIP's value, frozen
-  Z_img, Z_txt, n       running uncentered covariances Z-bar_{<t}^{m}, sample count
-  P_out                 P-tilde of Thm. 4, the LEFT factor: output side (old mapped partner features)
-  P_in                  P' of Thm. 4, the RIGHT factor: input side (old features of this modality)
-  lambda_min            the truncation threshold (input side; --lambda-min-out the output side)
-  project_gradient      dW = G - P_out G P_in (Thm. 4)
-  score_drift           ||A_{t-1;t} - A_{t-1;t-1}||_F / ||A_{t-1;t-1}||_F (the stability condition)
-
-Deviations (numbered; long text in docs/dns.md under the same numbers)
+Liu et al. "Continual Multimodal Contrastive Learning" (CMCL). NeurIPS 2025. arXiv:2503.14963
+"The code": github.com/Xiaohao-Liu/CMCL (cmcl/dns.py, base.py, training.py, eval_util.py).
+Implements: problem formulation (dns_scores), Thm. 4 (project_gradient), multi-step extension
+(update_covariance, null_space_projector); each equation once, in the docstring of the function.
+Code name -> paper symbol: W_img, W_txt (W_<m>) = W^{m} | img, txt = v, t (frozen, normalised,
+  (N, D)) | logit_scale = ln s (s = 1/tau; CLIP's, frozen) | Z_img, Z_txt, n = Z-bar_{<t}^{m}, its
+  count | P_out = P-tilde (old mapped partners), P_in = P' (old inputs) of Thm. 4 | lambda_min
+Deviations (one line each; at length, with the commands and demos, in docs/dns.md)
   1. CLIP (image, text) instead of ImageBind & co. with 7 modalities (CMCL's: --features).
   2. --mode update is ours; with AdamW the gradient projection does not bound the step.
   3. The global gradient norm is clipped BEFORE the projection hook, like the code.
@@ -43,97 +21,86 @@ Deviations (numbered; long text in docs/dns.md under the same numbers)
  11. One process: dns.py refuses WORLD_SIZE > 1 (two D x D maps, torchrun brings nothing).
  12. Speed (ours): the same projection in the form of fewest operations: --projection-form.
  13. Output covariance re-mapped with the current maps (ours); the code's: --output-cov per-task.
- 14. Loss: CLIP's symmetric InfoNCE (ours); the code's one-direction CE at temperature 1: --loss code.
+ 14. Loss: CLIP's symmetric InfoNCE (ours); the code's one-way CE at temperature 1: --loss code.
  15. lambda_min default 0.01 (paper); the code's 0.1: --lambda-min 0.1.
- 16. Covariance counts per modality (ours); the code keeps one count over all steps: --covariance code.
- 17. Covariances from the step's own pair (ours); the code's post_step uses columns 0, 1: --covariance code.
- 18. Recall on the whole test set (the code: mean over 5 random 1k subsets: --recall-protocol cmcl); both ways.
+ 16. Covariance counts per modality (ours); the code: one count over all steps: --covariance code.
+ 17. Covariances from the step's own pair (ours); the code's columns 0, 1: --covariance code.
+ 18. Recall: the whole test set, both ways; the code's 5 random 1k subsets: --recall-protocol cmcl.
  19. Class features read as stored, keyed and sorted by class name; features not renormalised.
- 20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1. 21. --demo-cmcl: the lab.
- 22. No gradient clipping (paper silent); the code's Hugging Face Trainer clips at max_grad_norm 1.0: --grad-clip 1.
-
-Commands (one process: torchrun brings nothing, deviation 11)
-  one GPU:  python dns.py --backbone ViT-B/16 --data-root data \\
-              --tasks flickr30k=f30k_train.jsonl:f30k_test.jsonl,coco=coco_train.jsonl:coco_test.jsonl \\
-              --out runs/dns      (--mode update: ours; --mode vanilla: the baseline)
-  the code's settings (deviations 4, 6, 13, 14, 15, 22; CMCL's setting also 16-18: --covariance code
-            --recall-protocol cmcl): ... --mode gradient --loss code --bias --output-cov per-task --lambda-min 0.1
-            --lambda-min-out 0 --grad-clip 1
-  CMCL:     python dns.py --features features_storage --tasks cmcl --perceptor imagebind --mode update
-  demos:    python dns.py --demo; python dns.py --demo-cmcl   (the lab, CPU, < 3 min: lab/demos/dns.py)
+ 20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
+ 21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
+ 22. No gradient clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1.
 """
-# =============================================================================
-# Imports
-# =============================================================================
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing.flags import Config, answer_early, arg  # torch-free: --help answers at once
 
 
-# =============================================================================
-# Config
-# =============================================================================
-@dataclass(frozen=True)
-class DNSConfig(flags.Config):
-    mode: str = flags.arg("gradient", "gradient: project the gradient (paper, the code) | update: project the "
-                          "optimizer's actual step (ours, deviation 2) | vanilla: no projection",
-                          choices=("gradient", "update", "vanilla"))
-    lambda_min: float = flags.arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
-                                  "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, deviation 15)")
-    lambda_min_out: float = flags.arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, deviation 6)")
-    lambda_relative: bool = flags.arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
-    output_cov: str = flags.arg("current", "output-side covariance: current: the history re-mapped with the current "
-                                "maps (ours) | per-task: each task with its end weights (the code, deviation 13)",
-                                choices=("current", "per-task"))
-    covariance: str = flags.arg("ours", "ours: per-modality counts, the step's pair | code: one count over all steps, "
-                                "the stored columns 0, 1 (CMCL setting; deviations 16, 17)", choices=("ours", "code"))
-    loss: str = flags.arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction CE at "
-                          "temperature 1 (the code, deviation 14)", choices=("clip", "code"))
-    bias: bool = flags.arg(False, "biases on both maps, never projected (the code, deviation 4)")
-    tasks: str = flags.arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or 'auto' "
-                           "(synthetic with --backbone tiny; the paper's data has no layout here)")
-    zeroshot: str = flags.arg("auto", "eval.py classification sets after every task, class prompts through W_txt "
-                              "('' = none; auto: synthetic-shape,synthetic-color in the lab, else none)")
-    task_classes: str = flags.arg("auto", "ours: the lab's label set for per-task classification of each task's "
-                                  "test set ('' = off; auto: shape in the lab, else off)")
-    feature_cache: str = flags.arg("", "ours: folder of cached frozen features ('' = <out>/features)")
-    demo: bool = flags.arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny backbone")
-    features: str = flags.arg("", "CMCL setting: folder of cached features (the code's features_storage/ h5 files, "
-                              "or ours); --tasks: 'cmcl' (the code's 11 steps, default here) or 'dataset[:i,j]~...'")
-    perceptor: str = flags.arg("imagebind", "CMCL setting: the encoder in the h5 names "
-                               "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
-    demo_cmcl: bool = flags.arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic multimodal world")
-    recall_protocol: str = flags.arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)", choices=("full", "cmcl"))
-    lr: float = flags.arg(1e-4, "AdamW learning rate (paper, implementation details)")
-    wd: float = flags.arg(1e-3, "AdamW weight decay (paper)")
-    batch_size: int = flags.arg(64, "batch size (paper)")
-    epochs: int = flags.arg(5, "epochs per task (released code)")
-    beta2: float = flags.arg(0.999, "AdamW beta2 (PyTorch default; not in the paper)")
-    eps: float = flags.arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
-    workers: int = flags.arg(0, "ours: features live in memory, no loader workers")
-    save_every: int = flags.arg(0, "steps between checkpoints (0: one at the end of each task)")
-    projection_form: str = flags.arg("auto", "ours (speed, deviation 12): auto: per map the form of fewest "
-                                     "operations | dense | factored; all compute the same projection",
-                                     choices=("auto", "dense", "factored"))
+@dataclasses.dataclass(frozen=True)
+class DNSConfig(Config):
+    mode: str = arg("gradient", "gradient: project the gradient (paper, the code) | update: "
+                    "project the optimizer's actual step (ours, deviation 2) | vanilla: no "
+                    "projection", choices=("gradient", "update", "vanilla"))
+    lambda_min: float = arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
+                            "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, "
+                            "deviation 15)")
+    lambda_min_out: float = arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, "
+                                "deviation 6)")
+    lambda_relative: bool = arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
+    output_cov: str = arg("current", "output-side covariance: current: the history re-mapped with "
+                          "the current maps (ours) | per-task: each task with its end weights (the "
+                          "code, deviation 13)", choices=("current", "per-task"))
+    covariance: str = arg("ours", "ours: per-modality counts, the step's pair | code: one count "
+                          "over all steps, the stored columns 0, 1 (CMCL setting; deviations 16, "
+                          "17)", choices=("ours", "code"))
+    loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction "
+                    "CE at temperature 1 (the code, deviation 14)", choices=("clip", "code"))
+    bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
+    tasks: str = arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or "
+                     "'auto' (synthetic with --backbone tiny; the paper's data has no layout here)")
+    zeroshot: str = arg("auto", "eval.py classification sets after every task, class prompts "
+                        "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the "
+                        "lab, else none)")
+    task_classes: str = arg("auto", "ours: the lab's label set for per-task classification of each "
+                            "task's test set ('' = off; auto: shape in the lab, else off)")
+    feature_cache: str = arg("", "ours: folder of cached frozen features ('' = <out>/features)")
+    demo: bool = arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny "
+                     "backbone")
+    features: str = arg("", "CMCL setting: folder of cached features (the code's features_storage/ "
+                        "h5 files, or ours); --tasks: 'cmcl' (the code's 11 steps, default here) "
+                        "or 'dataset[:i,j]~...'")
+    perceptor: str = arg("imagebind", "CMCL setting: the encoder in the h5 names "
+                         "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
+    demo_cmcl: bool = arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic "
+                          "multimodal world")
+    recall_protocol: str = arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)",
+                               choices=("full", "cmcl"))
+    lr: float = arg(1e-4, "AdamW learning rate (paper, implementation details)")
+    wd: float = arg(1e-3, "AdamW weight decay (paper)")
+    batch_size: int = arg(64, "batch size (paper)")
+    epochs: int = arg(5, "epochs per task (released code)")
+    beta2: float = arg(0.999, "AdamW beta2 (PyTorch default; not in the paper)")
+    eps: float = arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
+    workers: int = arg(0, "ours: features live in memory, no loader workers")
+    save_every: int = arg(0, "steps between checkpoints (0: one at the end of each task)")
+    projection_form: str = arg("auto", "ours (speed, deviation 12): auto: per map the form of "
+                               "fewest operations | dense | factored; all compute the same "
+                               "projection", choices=("auto", "dense", "factored"))
 
 
-if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
-    flags.answer_early(DNSConfig)
+if __name__ == "__main__":  # --help and flag errors are answered here, before torch loads (2-5 s)
+    answer_early(DNSConfig)
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-import eval as evaluation
+from plumbing import cmcl
 
 
 # =============================================================================
@@ -142,28 +109,30 @@ import eval as evaluation
 def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
     """Alignment scores without the temperature (problem formulation):
         A[i, j] = (W_img v_i + b_img) . (W_txt t_j + b_txt)
-    img (N, D), txt (M, D): frozen normalised features; W (D, D), b only with --bias; no renormalisation. (N, M)."""
+    img (N, D), txt (M, D): frozen normalised features; W (D, D), b only with --bias; no
+    renormalisation. (N, M)."""
     mapped_img, mapped_txt = img @ W_img.t(), txt @ W_txt.t()
     if b_img is not None:  # deviation 4: the code's biases
         mapped_img, mapped_txt = mapped_img + b_img, mapped_txt + b_txt
-    # score(v, t) = (W_txt t)^T (W_img v)
+    # problem formulation: A = (W_img v) . (W_txt t)
     return mapped_img @ mapped_txt.t()
 
 
 @common.float32
 def code_loss(img, txt):
-    """The code's training loss (cmcl/base.py Base.train_loss; deviation 14): one direction, temperature 1,
+    """The code's training loss (cmcl/base.py Base.train_loss; deviation 14): one way, temp. 1,
         L = CE(A B^T, arange(B)) = -1/B sum_i log exp(a_i.b_i) / sum_j exp(a_i.b_j)
-    img (B, D), txt (B, D): mapped features of the pair's first (the anchors) and second modality, not normalised."""
-    # deviation 14: rows only (image -> text), no symmetric term; temperature 1
-    return F.cross_entropy(img @ txt.t(), torch.arange(len(img), device=img.device))  # logits (B, B)
+    img (B, D), txt (B, D): mapped features of the pair's first (the anchors) and second side."""
+    # deviation 14: rows only (image -> text), no symmetric term; temperature 1; logits (B, B)
+    return F.cross_entropy(img @ txt.t(), torch.arange(len(img), device=img.device))
 
 
 def null_space_projector(Z, lambda_min: float, relative: bool = False):
-    """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose |eigenvalue| exceeds lambda_min
-    (absolute; relative=True: a fraction of the largest). |eigenvalue| of a PSD covariance is the singular value the
-    code's SVD thresholds (cmcl/base.py get_projector; deviation 8): lambda_min = 0 keeps, as there, every
-    numerically non-zero direction. P: onto the span of the old features (I - P: the null space). (D, D), Z's dtype."""
+    """P = U_k U_k^T over the eigenvectors of the symmetric Z (D, D) whose |eigenvalue| exceeds
+    lambda_min (absolute; relative=True: a fraction of the largest). |eigenvalue| of a PSD
+    covariance is the singular value the code's SVD thresholds (cmcl/base.py get_projector;
+    deviation 8): lambda_min = 0 keeps, as there, every numerically non-zero direction. P: onto the
+    span of the old features (I - P: the null space). (D, D), Z's dtype."""
     # multi-step extension: truncated eigendecomposition of the running covariance
     evals, U = torch.linalg.eigh(0.5 * (Z + Z.t()).double())
     threshold = lambda_min * float(evals.abs().max()) if relative else lambda_min
@@ -173,97 +142,19 @@ def null_space_projector(Z, lambda_min: float, relative: bool = False):
 
 def project_gradient(G, P_out, P_in):
     """Dual-sided null-space projection (Thm. 4):  dW = G - P_out G P_in
-    G (D_out, D_in): a gradient or an update of W (mapped = x W^T); P_out (D_out, D_out): span of the old mapped
-    partner features; P_in (D_in, D_in): span of the old input features. Then P_out dW P_in = 0."""
-    # Thm. 4: dW = G - P_out G P_in
+    G (D_out, D_in): a gradient or an update of W (mapped = x W^T); P_out (D_out, D_out): span of
+    the old mapped partner features; P_in (D_in, D_in): span of the old input features. Then
+    P_out dW P_in = 0."""
+    # Thm. 4
     return G - P_out @ G @ P_in
 
 
 def project_gradient_factored(G, U_out, U_in):
-    """project_gradient with P = U U^T given by orthonormal bases (D, k):  dW = G - U_out (U_out^T G U_in) U_in^T
+    """project_gradient with P = U U^T given by orthonormal bases U (D, k):
+        dW = G - U_out (U_out^T G U_in) U_in^T
     The same result at (k_out + k_in) D^2 operations instead of 2 D^3 (tests check the equality)."""
     # Thm. 4, with P_out = U_out U_out^T and P_in = U_in U_in^T
     return G - U_out @ ((U_out.t() @ G) @ U_in) @ U_in.t()
-
-
-def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
-    """project_gradient from the batch itself: mapped = X W^T gives G = delta^T X, and with P = U U^T
-        dW = delta^T X - (delta P_out)^T (X P_in) = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T.
-    delta (B, D_out): gradient of the loss w.r.t. the map's output; X (B, D_in): the map's input; U_out (D_out,
-    k_out), U_in (D_in, k_in): orthonormal bases. order: 'basis' (through the (k_out, k_in) core; large B),
-    'batch' (one product [delta, -delta P_out]^T [X, X P_in]; small B), 'auto': the cheaper by projection_flops.
-    Equal to project_gradient(delta^T X, P_out, P_in) (tests check it)."""
-    if order == "auto":
-        d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
-        order = min(("basis", "batch"), key=lambda o: _activation_flops(o, len(X), d_out, d_in, k_out, k_in))
-    if order == "basis":
-        core = (delta @ U_out).t() @ (X @ U_in)  # (k_out, k_in)
-        # U_out core U_in^T, the cheaper association: the D_out D_in term goes with the smaller rank
-        correction = U_out @ (core @ U_in.t()) if U_out.shape[1] <= U_in.shape[1] else (U_out @ core) @ U_in.t()
-        return delta.t() @ X - correction
-    if order != "batch":
-        raise ValueError(f"order is 'auto', 'basis' or 'batch', not {order!r}")
-    # Thm. 4 on the batch: delta^T X - (delta P_out)^T (X P_in), both in ONE (2B)-row product
-    delta_old = (delta @ U_out) @ U_out.t()  # (B, D_out) delta P_out
-    X_old = (X @ U_in) @ U_in.t()  # (B, D_in) X P_in
-    return torch.cat([delta, -delta_old]).t() @ torch.cat([X, X_old])
-
-
-def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int, k_in: int) -> int:
-    """Flops (2 per multiply-add, as torch.utils.flop_counter) of project_gradient_activations beyond delta^T X."""
-    if order == "basis":  # U_out (core U_in^T) when k_out <= k_in, else (U_out core) U_in^T
-        last = 2 * k_in * (k_out * d_in if k_out <= k_in else k_out * d_out) + 2 * d_out * d_in * min(k_out, k_in)
-        return 2 * batch * (d_out * k_out + d_in * k_in + k_out * k_in) + last
-    return 4 * batch * (d_out * k_out + d_in * k_in) + 2 * batch * d_out * d_in
-
-
-def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> int:
-    """Flops of one projection of a (D_out, D_in) map's gradient, old ranks k_out, k_in (2 per multiply-add;
-    element-wise subtractions not counted):
-        dense        G - P_out G P_in                      2 D_out D_in (D_out + D_in)
-        factored     G - U_out (U_out^T G U_in) U_in^T     ~2 D_out D_in (k_out + k_in)
-        activations  from the batch (size `batch`), beyond delta^T X, the cheaper order of
-                     project_gradient_activations: ~2 B D (k_out + k_in) + 2 D^2 min(k) or ~2 B D^2"""
-    if form == "dense":
-        return 2 * d_out * d_out * d_in + 2 * d_out * d_in * d_in
-    if form == "factored":
-        return 2 * k_out * d_out * d_in + 2 * k_out * d_in * k_in + 2 * d_out * k_out * k_in + 2 * d_out * k_in * d_in
-    if form == "activations":
-        return min(_activation_flops(o, batch, d_out, d_in, k_out, k_in) for o in ("basis", "batch"))
-    raise ValueError(f"unknown projection form {form!r}")
-
-
-def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
-    """The form of least projection_flops: 'dense', 'factored', or with batch > 0 'activations' (projected_linear)."""
-    forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
-    return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
-
-
-class ProjectedLinear(torch.autograd.Function):
-    """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, project_gradient_activations):
-        grad_W = delta^T x - U_out ((delta U_out)^T (x U_in)) U_in^T,   grad_x = delta W (unchanged)
-    x (..., D_in), W (D_out, D_in), U_out (D_out, k_out), U_in (D_in, k_in) orthonormal, not trained."""
-    @staticmethod
-    def forward(ctx, x, W, U_out, U_in):
-        ctx.save_for_backward(x, W, U_out, U_in)
-        return x @ W.t()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, W, U_out, U_in = ctx.saved_tensors
-        grad_x = grad_W = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_out @ W.to(grad_out.dtype)).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # the projection in float32 at least (as the hooks do)
-            dtype = torch.promote_types(W.dtype, torch.float32)
-            delta, X = grad_out.reshape(-1, W.shape[0]).to(dtype), x.reshape(-1, W.shape[1]).to(dtype)
-            grad_W = project_gradient_activations(delta, X, U_out.to(dtype), U_in.to(dtype)).to(W.dtype)
-        return grad_x, grad_W, None, None
-
-
-def projected_linear(x, W, U_out, U_in):
-    """x W^T, W's gradient projected in the backward (ProjectedLinear)."""
-    return ProjectedLinear.apply(x, W, U_out, U_in)
 
 
 def projector_basis(P):
@@ -274,16 +165,18 @@ def projector_basis(P):
 
 def update_covariance(Z, n: int, X):
     """Running uncentered covariance over all tasks so far (multi-step extension):
-        Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t        Z (D, D), X (n_t, D). Returns (Z, n)."""
+        Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t
+    Z (D, D), X (n_t, D). Returns (Z, n)."""
     X = X.to(Z.dtype)
     n_t = len(X)
-    # running mean of x x^T: old mass n, new mass n_t
+    # multi-step extension: old mass n, new mass n_t
     return Z * (n / (n + n_t)) + X.t() @ X / (n + n_t), n + n_t
 
 
 def score_drift(img, txt, maps_before, maps_after):
-    """Relative change of an old task's score matrix (the stability condition): ||A_after - A_before||_F /
-    ||A_before||_F. img (N, D), txt (M, D); maps_* = (W_img, W_txt) (+ b_img, b_txt with --bias). In float64."""
+    """Relative change of an old task's score matrix (the stability condition):
+        ||A_after - A_before||_F / ||A_before||_F
+    img (N, D), txt (M, D); maps_* = (W_img, W_txt) (+ b_img, b_txt with --bias). In float64."""
     before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
     after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
@@ -296,32 +189,39 @@ CLIP_MODALITIES = ("img", "txt")  # the CLIP path's two maps: parameters W_img, 
 
 
 class ModalityMaps(nn.Module):
-    """The trainable part: one map W_<m> (D, D) per modality m, identity at the start (--bias: the code's b_<m> (D,),
-    zero), and CLIP's frozen logit_scale as a buffer (common.train reads it). set_pair(a, b): W_a, W_b (b_a, b_b)
-    train; map_image / map_text map with the pair's first / second. CLIP: modalities ("img", "txt"), W_img, W_txt."""
-    def __init__(self, dim: int, logit_scale: float, bias: bool = False, modalities=CLIP_MODALITIES):
+    """The trainable part: one map W_<m> (D, D) per modality m, identity at the start (--bias: the
+    code's b_<m> (D,), zero), and CLIP's frozen logit_scale as a buffer (common.train reads it).
+    set_pair(a, b): W_a, W_b (b_a, b_b) train; map_image / map_text map with the pair's first /
+    second. CLIP: modalities ("img", "txt"), W_img, W_txt."""
+    def __init__(self, dim: int, logit_scale: float, bias: bool = False,
+                 modalities=CLIP_MODALITIES):
         super().__init__()
         bad = [m for m in modalities if not m.isidentifier()]
         if bad or len(set(modalities)) != len(modalities) or len(modalities) < 2:
-            raise ValueError(f"modality names must be >= 2 distinct identifiers, got {list(modalities)}")
+            raise ValueError(f"modality names must be >= 2 distinct identifiers, got "
+                             f"{list(modalities)}")
         self.modalities = tuple(modalities)
         for m in self.modalities:
             self.register_parameter(f"W_{m}", nn.Parameter(torch.eye(dim)))  # (D_out, D_in)
-        for m in self.modalities if bias else ():
-            self.register_parameter(f"b_{m}", nn.Parameter(torch.zeros(dim)))  # deviation 4: never projected
-        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))  # ln s, frozen (deviation 5)
+        for m in self.modalities if bias else ():  # deviation 4: never projected
+            self.register_parameter(f"b_{m}", nn.Parameter(torch.zeros(dim)))
+        # ln s, frozen (deviation 5)
+        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))
         self.set_pair(*self.modalities[:2])
 
     def set_pair(self, a: str, b: str):
-        """Only the pair's maps train; every other map is frozen (not in the optimizer: no weight decay either)."""
+        """Only the pair's maps train; every other map is frozen (not in the optimizer: no weight
+        decay either)."""
         self.pair = (a, b)
         for name, p in self.named_parameters():
             p.requires_grad_(name[2:] in (a, b))
 
     def map(self, m: str, x, hooks=None):  # (N, D) -> (N, D)
-        """x W_m^T (+ b_m); hooks.linear() may compute it so that W_m's gradient arrives projected (deviation 12)."""
+        """x W_m^T (+ b_m); hooks.linear() may compute it so that W_m's gradient arrives projected
+        (deviation 12)."""
         W, b = getattr(self, f"W_{m}"), getattr(self, f"b_{m}", None)
-        y = hooks.linear(f"W_{m}", x, W) if hooks is not None and f"W_{m}" in hooks.projectors else x @ W.t()
+        projected = hooks is not None and f"W_{m}" in hooks.projectors
+        y = hooks.linear(f"W_{m}", x, W) if projected else x @ W.t()
         return y + (b if b is not None else 0)
 
     def map_image(self, x, hooks=None):
@@ -331,7 +231,8 @@ class ModalityMaps(nn.Module):
         return self.map(self.pair[1], x, hooks)
 
     def snapshot(self) -> tuple:
-        """Every map as CPU tensors in parameter order (W_<m>, then b_<m> with --bias): score_drift's maps."""
+        """Every map as CPU tensors in parameter order (W_<m>, then b_<m> with --bias): the maps
+        score_drift takes."""
         return tuple(p.detach().cpu().clone() for p in self.parameters())
 
     def pair_maps(self, snapshot: tuple, a: str, b: str) -> tuple:
@@ -344,9 +245,10 @@ DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias
 
 
 class DNSNet(common.Method):
-    """common.train's wrapper (common.Method): losses -> {"loss_clip"} ({"loss_code"} with loss="code"), batch (B, D)."""
-    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
-                 bias: bool = False, modalities=CLIP_MODALITIES):
+    """common.train's wrapper (common.Method): losses -> {"loss_clip"} ({"loss_code"} with
+    loss="code"), batch (B, D)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0,
+                 loss: str = "clip", bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
         if loss not in ("clip", "code"):
             raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
@@ -362,7 +264,8 @@ class DNSNet(common.Method):
         img, txt = common.gather(f["img"], f["txt"])
         if self.loss == "code":  # deviation 14: one direction, temperature 1
             return {"loss_code": code_loss(img, txt)}
-        return {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
+        scale = self.model.logit_scale.exp()
+        return {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
 
 
 def FeaturePairs(img, txt) -> torch.utils.data.StackDataset:
@@ -374,37 +277,43 @@ def FeaturePairs(img, txt) -> torch.utils.data.StackDataset:
 # Training
 # =============================================================================
 def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torch.Tensor:
-    """sum_c w_c W_c Z_c W_c^T over old partners c (partners = {c: Z_c (D, D)}, weights = {c: w_c}), with the maps
-    as they are NOW: the output side the stability condition asks for (ours, deviation 13). float64, CPU."""
+    """sum_c w_c W_c Z_c W_c^T over old partners c (partners = {c: Z_c (D, D)}, weights = {c: w_c}),
+    with the maps as they are NOW: the output side the stability condition asks for (ours,
+    deviation 13). float64, CPU."""
     W = {c: getattr(maps, f"W_{c}").detach().cpu().double() for c in partners}  # W_c (D, D)
     return sum(weights[c] * (W[c] @ Z_c @ W[c].t()) for c, Z_c in partners.items())
 
 
-def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float, relative: bool = False,
-                    lambda_min_out: float | None = None) -> dict:
-    """{param name: (P_out, P_in)} for each name in Z_in, from Z_out[name] and Z_in[name] (D, D). lambda_min_out: the
-    output side's threshold (None or < 0: lambda_min; the code: 0, deviation 6). float32, on the maps' device."""
+def pair_projectors(maps: ModalityMaps, Z_in: dict, Z_out: dict, lambda_min: float,
+                    relative: bool = False, lambda_min_out: float | None = None) -> dict:
+    """{param name: (P_out, P_in)} for each name in Z_in, from Z_out[name] and Z_in[name] (D, D).
+    lambda_min_out: the output side's threshold (None or < 0: lambda_min; the code: 0, deviation 6).
+    float32, on the maps' device."""
     lam_out = lambda_min if lambda_min_out is None or lambda_min_out < 0 else lambda_min_out
     device = maps.logit_scale.device
     return {k: (null_space_projector(Z_out[k], lam_out, relative).float().to(device),
-                null_space_projector(Z_in[k], lambda_min, relative).float().to(device)) for k in Z_in}
+                null_space_projector(Z_in[k], lambda_min, relative).float().to(device))
+            for k in Z_in}
 
 
 def build_projectors(maps: ModalityMaps, Z_img, Z_txt, lambda_min: float, relative: bool = False,
                      lambda_min_out: float | None = None, Z_out: dict | None = None):
-    """The CLIP path's pair_projectors: W_img's output side is the span of the old mapped texts, by default
-    W_txt Z_txt W_txt^T with the CURRENT maps (the end of the previous task), and vice versa; Z_out = {"W_img":
-    ..., "W_txt": ...} gives the output-side covariances instead (the code's per-task accumulation, deviation 13)."""
+    """The CLIP path's pair_projectors: W_img's output side is the span of the old mapped texts, by
+    default W_txt Z_txt W_txt^T with the CURRENT maps (the end of the previous task), and vice
+    versa; Z_out = {"W_img": ..., "W_txt": ...} gives the output-side covariances instead (the
+    code's per-task accumulation, deviation 13)."""
     Z_out = Z_out or {"W_img": mapped_covariance(maps, {"txt": Z_txt}, {"txt": 1.0}),
                       "W_txt": mapped_covariance(maps, {"img": Z_img}, {"img": 1.0})}
-    return pair_projectors(maps, {"W_img": Z_img, "W_txt": Z_txt}, Z_out, lambda_min, relative, lambda_min_out)
+    return pair_projectors(maps, {"W_img": Z_img, "W_txt": Z_txt}, Z_out, lambda_min, relative,
+                           lambda_min_out)
 
 
 class NullSpaceProjection:
-    """common.train hooks. gradient mode: project W.grad after unscaling and clipping, before the optimizer step.
-    update mode: set W = W_before + project(W_after - W_before) after the step, so AdamW's scaling, momentum and
-    weight decay are projected too. projectors: {param name: (P_out, P_in)}. form (deviation 12, all tested equal):
-    'dense', 'factored', 'auto': per map the fewer projection_flops, in gradient mode the activations too (linear())."""
+    """common.train hooks. gradient mode: project W.grad after unscaling and clipping, before the
+    optimizer step. update mode: set W = W_before + project(W_after - W_before) after the step, so
+    AdamW's scaling, momentum and weight decay are projected too. projectors: {param name: (P_out,
+    P_in)}. form (deviation 12, all tested equal): 'dense', 'factored', 'auto': per map the fewer
+    plumbing.cmcl.projection_flops, in gradient mode the activations too (linear())."""
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
             raise ValueError(f"unknown projection mode {mode!r}")
@@ -412,16 +321,19 @@ class NullSpaceProjection:
             raise ValueError(f"projection form is 'auto', 'dense' or 'factored', not {form!r}")
         self.mode, self.projectors, self.form, self.before = mode, projectors, form, {}
         self.seconds, self.steps = 0.0, 0
-        self._bases = {name: tuple(projector_basis(P) for P in pair) for name, pair in projectors.items()}
-        self.forms = {name: form if form != "auto" else cheapest_projection_form(
-                          len(P_out), len(P_in), *self.rank(name)) for name, (P_out, P_in) in projectors.items()}
+        self._bases = {name: tuple(projector_basis(P) for P in pair)
+                       for name, pair in projectors.items()}
+        self.forms = {name: form if form != "auto" else cmcl.cheapest_projection_form(
+                          len(P_out), len(P_in), *self.rank(name))
+                      for name, (P_out, P_in) in projectors.items()}
         self.projected_in_backward = set()  # maps whose gradient projected_linear already projected
         self.project = {name: (lambda G, U=self._bases[name]: project_gradient_factored(G, *U))
-                        if self.forms[name] == "factored" else (lambda G, P=P: project_gradient(G, *P))
+                        if self.forms[name] == "factored" else
+                        (lambda G, P=P: project_gradient(G, *P))
                         for name, P in projectors.items()}
 
     def bases(self, name: str) -> tuple:
-        """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of map `name`'s old subspaces."""
+        """(U_out (D_out, k_out), U_in (D_in, k_in)): orthonormal bases of `name`'s old spans."""
         return self._bases[name]
 
     def rank(self, name: str) -> tuple:
@@ -429,15 +341,18 @@ class NullSpaceProjection:
         return tuple(U.shape[1] for U in self._bases[name])
 
     def linear(self, name: str, x, W):
-        """x (B, D_in) -> x W^T (B, D_out) through projected_linear (the hook then leaves W's gradient alone) when
-        in gradient mode with form 'auto' the activation form is cheapest at this batch size; else x @ W.t().
-        Caveat: --grad-clip then sees the projected norm (the other forms clip first, deviation 3)."""
-        if self.mode != "gradient" or self.form != "auto" or not (torch.is_grad_enabled() and W.requires_grad):
+        """x (B, D_in) -> x W^T (B, D_out) through projected_linear (the hook then leaves W's
+        gradient alone) when in gradient mode with form 'auto' the activation form is cheapest at
+        this batch size; else x @ W.t(). Caveat: --grad-clip then sees the projected norm (the
+        other forms clip first, deviation 3)."""
+        trains = torch.is_grad_enabled() and W.requires_grad
+        if self.mode != "gradient" or self.form != "auto" or not trains:
             return x @ W.t()
-        if cheapest_projection_form(*W.shape, *self.rank(name), batch=x.numel() // W.shape[1]) != "activations":
+        batch = x.numel() // W.shape[1]
+        if cmcl.cheapest_projection_form(*W.shape, *self.rank(name), batch=batch) != "activations":
             return x @ W.t()
         self.projected_in_backward.add(name)
-        return projected_linear(x, W, *self._bases[name])
+        return cmcl.projected_linear(x, W, *self._bases[name])
 
     @torch.no_grad()
     def before_optimizer_step(self, net):
@@ -466,17 +381,20 @@ class NullSpaceProjection:
 
 
 class DNSLearner:
-    """The method's state over modality-pair steps (CLIP: image-text tasks, modalities ("img", "txt")). Per modality
-    m: the running input covariance Z[m] of m's features over the past steps m took part in (n[m] samples); per
-    partner c, Zp[m][c] of c's raw features there (n_pair[m][c] samples), so W_m's output side is
-        sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T   with the current maps (CLIP: W_txt Z_txt W_txt^T for W_img);
-    Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step. A step trains only its
-    pair's maps; a map whose modality has no past is not projected (the code's projectors are zero then)."""
-    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0, loss: str = "clip",
-                 bias: bool = False, modalities=CLIP_MODALITIES):
+    """The method's state over modality-pair steps (CLIP: image-text tasks, modalities ("img",
+    "txt")). Per modality m: the running input covariance Z[m] of m's features over the past steps
+    m took part in (n[m] samples); per partner c, Zp[m][c] of c's raw features there (n_pair[m][c]
+    samples), so W_m's output side, with the current maps (CLIP: W_txt Z_txt W_txt^T for W_img), is
+        sum_c (n_pair[m][c] / n[m]) W_c Zp[m][c] W_c^T
+    Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step. A step
+    trains only its pair's maps; a map whose modality has no past is not projected (the code's
+    projectors are zero then)."""
+    def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0,
+                 loss: str = "clip", bias: bool = False, modalities=CLIP_MODALITIES):
         self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
         self.dim = dim
-        self.Z, self.Zo = {m: self._zeros() for m in modalities}, {m: self._zeros() for m in modalities}
+        self.Z = {m: self._zeros() for m in modalities}
+        self.Zo = {m: self._zeros() for m in modalities}
         self.Zp, self.n_pair = {m: {} for m in modalities}, {m: {} for m in modalities}
         self.n, self.n_bar = {m: 0 for m in modalities}, 0  # n_bar: --covariance code's one count
         self.history, self.summaries = [], []
@@ -496,14 +414,16 @@ class DNSLearner:
         if cfg.output_cov == "per-task":
             Z_out = {f"W_{m}": self.Zo[m] for m in past}
         else:  # ours: every past partner's features through its map as it is now
-            Z_out = {f"W_{m}": mapped_covariance(self.net.model, self.Zp[m],
-                                                 {c: k / self.n[m] for c, k in self.n_pair[m].items()}) for m in past}
-        return pair_projectors(self.net.model, {f"W_{m}": self.Z[m] for m in past}, Z_out, cfg.lambda_min,
-                               cfg.lambda_relative, cfg.lambda_min_out)
+            weights = {m: {c: k / self.n[m] for c, k in self.n_pair[m].items()} for m in past}
+            Z_out = {f"W_{m}": mapped_covariance(self.net.model, self.Zp[m], weights[m])
+                     for m in past}
+        return pair_projectors(self.net.model, {f"W_{m}": self.Z[m] for m in past}, Z_out,
+                               cfg.lambda_min, cfg.lambda_relative, cfg.lambda_min_out)
 
     def code_covariance(self, a, b, W_a, W_b, x0, x1):
-        """--covariance code: Z[a] from the stored column 0, Z[b] from column 1, both weighted by ONE count over
-        all steps and modalities (n_bar), the output sides W_a Z0 W_a^T -> Zo[b], W_b Z1 W_b^T -> Zo[a]."""
+        """--covariance code: Z[a] from the stored column 0, Z[b] from column 1, both weighted by
+        ONE count over all steps and modalities (n_bar), the output sides W_a Z0 W_a^T -> Zo[b],
+        W_b Z1 W_b^T -> Zo[a]."""
         n_new = self.n_bar + len(x0)
         C0, C1 = (x.cpu().double().t() @ x.cpu().double() / n_new for x in (x0, x1))
         keep, Z, Zo = self.n_bar / n_new, self.Z, self.Zo
@@ -511,11 +431,11 @@ class DNSLearner:
         Z[b], Zo[a] = Z[b] * keep + C1, Zo[a] * keep + W_b @ C1 @ W_b.t()
         self.n_bar = n_new
 
-    def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False, pair: tuple | None = None,
-              cov_x: tuple | None = None) -> dict:
-        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b), default the first two modalities),
-        then adds the step to the covariances of a and b (after the step, as the paper; cov_x: the stored columns
-        0 and 1 that --covariance code reads instead)."""
+    def learn(self, cfg: DNSConfig, x_a, x_b, out, resume: bool = False,
+              pair: tuple | None = None, cov_x: tuple | None = None) -> dict:
+        """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b), default the first two
+        modalities), then adds the step to the covariances of a and b (after the step, as the paper;
+        cov_x: the stored columns 0 and 1 that --covariance code reads instead)."""
         model, hooks, t0 = self.net.model, None, time.perf_counter()
         a, b = pair or model.modalities[:2]
         model.set_pair(a, b)
@@ -531,10 +451,11 @@ class DNSLearner:
         finally:
             self.net.hooks = None
         if "stopped_at" in summary:
-            raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with --resume latest")
+            raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with "
+                             f"--resume latest")
         W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
         n_a, n_b = self.n[a], self.n[b]
-        if cfg.covariance == "code":  # deviations 16-17: cmcl/dns.py update_covariance, one count n_bar for all
+        if cfg.covariance == "code":  # deviations 16-17: the code's update_covariance, one n_bar
             self.code_covariance(a, b, W_a, W_b, *(cov_x or (x_a, x_b)))
         else:
             self.Z[a], _ = update_covariance(self.Z[a], n_a, x_a)
@@ -549,147 +470,57 @@ class DNSLearner:
         self.history.append(model.snapshot())
         summary = {k: v for k, v in summary.items() if k != "final_losses"} | {
             "pair": [a, b], "final_loss": sum(summary["final_losses"].values()),
-            "projector_build_seconds": build_seconds, "projection_seconds": hooks.seconds if hooks else 0.0,
-            "old_rank": {f"{k}_{side}": round(float(P.trace()))  # rank of each projector = its trace
+            "projector_build_seconds": build_seconds,
+            "projection_seconds": hooks.seconds if hooks else 0.0,
+            "old_rank": {f"{k}_{side}": round(float(P.trace()))  # a projector's rank: its trace
                          for k, pair in (hooks.projectors if hooks else {}).items()
                          for side, P in zip(("out", "in"), pair)}}
         self.summaries.append(summary)
         return summary
 
     def state_dict(self):
-        return {"maps": self.net.model.state_dict(), "Z": self.Z, "Zo": self.Zo, "Zp": self.Zp, "n": self.n,
-                "n_pair": self.n_pair, "n_bar": self.n_bar, "history": self.history, "summaries": self.summaries}
+        return {"maps": self.net.model.state_dict(), "Z": self.Z, "Zo": self.Zo, "Zp": self.Zp,
+                "n": self.n, "n_pair": self.n_pair, "n_bar": self.n_bar, "history": self.history,
+                "summaries": self.summaries}
 
     def load_state_dict(self, s):
         self.net.model.load_state_dict(s["maps"])
-        self.Z, self.Zo, self.Zp, self.n, self.n_pair = s["Z"], s["Zo"], s["Zp"], s["n"], s["n_pair"]
-        self.n_bar = s.get("n_bar", 0)
+        self.Z, self.Zo, self.Zp, self.n = s["Z"], s["Zo"], s["Zp"], s["n"]
+        self.n_pair, self.n_bar = s["n_pair"], s.get("n_bar", 0)
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
 # =============================================================================
 # Main
 # =============================================================================
-def start(cfg: DNSConfig):
-    """One process (deviation 11), the device, the --out folder."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SystemExit("dns.py trains D x D maps on cached features: run it as one process (deviation 11)")
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    return common.init_distributed(cfg.device)
-
-
-def continual(cfg: DNSConfig, learner: DNSLearner, tasks, learn_task, evaluate) -> dict:
-    """common.run_continual, the learner's state saved at task boundaries and read back weights-only."""
-    return common.run_continual(
-        Path(cfg.out), tasks, learn_task, evaluate,
-        lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
-        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
-
-
 def run(cfg: DNSConfig, show: bool = True) -> dict:
-    """One continual run (one mode) on CLIP features of the --tasks manifests."""
-    cfg = resolve_eval_sets(cfg)
-    device, out = start(cfg), Path(cfg.out)
-    tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
-    feats = evaluation.frozen_task_features(cfg, tasks, device)
-    learner = DNSLearner(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
-                         cfg.loss, cfg.bias)
-
-    pairs = lambda f: (f["img"][f["t2i"]], f["txt"])  # noqa: E731  unique-image features -> a pair per caption
-
-    def learn_task(i, task, task_out, resume):
-        return learner.learn(cfg, *pairs(feats["tasks"][i]["train"]), task_out, resume)
-
-    summary = continual(cfg, learner, tasks, learn_task, lambda: evaluation.evaluate_maps(
-        learner.net.model, [f["test"] for f in feats["tasks"]], feats["task_clf"], feats["zeroshot"]))
-    # stability, measured: each old task's scores right after it vs at the end
-    drift = {"train": [], "test": []}
-    for j in range(len(tasks) - 1):
-        f = feats["tasks"][j]
-        drift["train"].append(score_drift(*pairs(f["train"]), learner.history[j], learner.history[-1]))
-        drift["test"].append(score_drift(f["test"]["img"], f["test"]["txt"], learner.history[j], learner.history[-1]))
-    steps = sum(s["steps"] for s in learner.summaries)
-    timing = {"sec_per_step": sum(s["train_seconds"] for s in learner.summaries) / max(1, steps),
-              "projection_ms_per_step": 1e3 * sum(s["projection_seconds"] for s in learner.summaries)
-              / max(1, sum(s["steps"] for s in learner.summaries if s["old_rank"])),  # over projected steps
-              "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
-    results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
-               "tasks": learner.summaries}
-    common.write_results(out, results, cfg)
-    if show:
-        print(evaluation.dns_results_table([(cfg.mode, results)]))
-    return results
+    """One continual run (one mode) on CLIP features of the --tasks manifests (plumbing.cmcl)."""
+    return cmcl.run_clip(cfg, DNSLearner, score_drift, show)
 
 
-# CMCL's own setting: M modalities, modality-pair steps, features from files
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
-    """DNS on CMCL's step sequence from cached features (--features); the step plan and readers are eval.py's."""
-    root = Path(cfg.features)
-    spec = "cmcl" if cfg.tasks in ("auto", "synthetic") else cfg.tasks  # --tasks left at its default: the code's steps
-    steps, data, dim = evaluation.read_cmcl_steps(root, spec, cfg.perceptor)
-    start(cfg)
-    modalities = list(dict.fromkeys(m for st in steps for m in st.modalities))
-    learner = DNSLearner(dim, math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
-    tasks = [common.Task(st.name, str(root / st.dataset), str(root / st.dataset)) for st in steps]
-    if len({t.name for t in tasks}) != len(tasks):
-        raise common.DataError("every step must pair a different dataset / modality pair")
-
-    def learn_task(k, task, task_out, resume):
-        st, x = steps[k], data[(steps[k].dataset, "train")]["x"]
-        return learner.learn(cfg, x[:, st.pair[0]], x[:, st.pair[1]], task_out, resume, pair=st.modalities,
-                             cov_x=(x[:, 0], x[:, 1]))
-
-    def evaluate():
-        rows = [evaluation.evaluate_step(learner.net.model, st, data[(st.dataset, "test")], protocol=cfg.recall_protocol,
-                                         seed=cfg.seed) for st in steps]
-        return {"per_task": {k: [r[k] for r in rows] for k in rows[0]}, "scalars": {}}
-
-    summary = continual(cfg, learner, tasks, learn_task, evaluate)
-    if "stopped_at" in summary:
-        return summary
-    summary["metrics"] = {k: evaluation.masked_continual_metrics(R) for k, R in summary["matrices"].items()}
-    drift = []  # each old step's test scores: right after it vs at the end
-    for k, st in enumerate(steps[:-1]):
-        x = data[(st.dataset, "test")]["x"]
-        maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
-        drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
-    results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
-               "drift": {"test": drift}, "tasks": learner.summaries}
-    common.write_results(cfg.out, results, cfg)
-    if show:
-        print(evaluation.cmcl_table([(cfg.mode, results)]))
-    return results
-
-
-def resolve_eval_sets(cfg: DNSConfig) -> DNSConfig:
-    """--task-classes / --zeroshot auto: the lab's sets in the lab (--tasks synthetic, --backbone tiny), else none."""
-    synthetic = cfg.tasks == "synthetic" or cfg.backbone == "tiny"
-    return dataclasses.replace(
-        cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
-        zeroshot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zeroshot == "auto" else cfg.zeroshot)
-
-
-def resolve(cfg: DNSConfig) -> DNSConfig:
-    """--tasks auto (the paper's data has no layout here: synthetic with --backbone tiny), then the eval sets."""
-    return resolve_eval_sets(common.resolve_auto(cfg, "tasks", None, [], "ImageBind's seven datasets"))
+    """DNS in CMCL's setting: its step sequence from cached features (--features; plumbing.cmcl)."""
+    return cmcl.run_steps(cfg, DNSLearner, score_drift, show)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--demo-cmcl" in argv or ("--demo" in argv and not any(a.split("=")[0] == "--features" for a in argv)):
+    features = any(a.split("=")[0] == "--features" for a in argv)
+    if "--demo-cmcl" in argv or ("--demo" in argv and not features):
         from lab.demos import dns as demo  # the lab: world, tiny backbone, seeds (--seeds), claims
         return demo.main(argv)
     cfg = common.parse_config(DNSConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
     if cfg.export or cfg.lock_image or cfg.lock_text:
-        raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it trains and "
-                                "writes no CLIP model")
+        raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it "
+                                "trains and writes no CLIP model")
     if cfg.features:
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)
-    cfg = resolve(cfg)
-    common.preflight(cfg, [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root)], continual=True)
+    cfg = cmcl.resolve(cfg)
+    train = [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
+    common.preflight(cfg, train, continual=True)
     return run(cfg)
 
 

@@ -142,10 +142,11 @@ def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
 def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     import dns
     from lab.demos import dns as demo
+    from plumbing import cmcl
     cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID:
-        vcfg = dataclasses.replace(dns.resolve(cfg), mode="vanilla", tasks=_val_tasks(data_root, long=False),
+        vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=_val_tasks(data_root, long=False),
                                    out=f"{out}/vanilla-{len(rows)}", feature_cache=f"{out}/features", demo=False,
                                    **setting)
         results = dns.run(vcfg, show=False)

@@ -67,6 +67,7 @@ from PIL import Image, ImageDraw
 
 import common
 import eval as evaluation
+from plumbing import cmcl
 
 # =============================================================================
 # 1. The world's vocabulary
@@ -378,11 +379,11 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
     the identity maps start partly aligned, like a pretrained binding model)
     plus a modality-specific part and modality-specific noise e. Class text
     features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
-    names, has classes); default: eval.CMCL_DATASETS with their real names.
-    The layouts are eval.read_features'; DNS's demo in CMCL's setting and its
+    names, has classes); default: plumbing.cmcl.CMCL_DATASETS with their real names.
+    The layouts are plumbing.cmcl.read_features'; DNS's demo in CMCL's setting and its
     tests run on this world (dns.py --demo-cmcl)."""
     g = torch.Generator().manual_seed(seed)
-    datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in evaluation.CMCL_DATASETS.items()}
+    datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in cmcl.CMCL_DATASETS.items()}
     names = sorted({m for mods, _ in datasets.values() for m in mods})
     A_shared = torch.randn(dim, latent, generator=g) / math.sqrt(latent)
     A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
@@ -401,7 +402,7 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
             if has_classes:
                 torch.save(class_x, out / d / "classes.pt")
         elif has_classes:
-            evaluation.write_h5(out / f"{d}_class_{perceptor}.h5", dict(zip(class_names, class_x)))
+            cmcl.write_h5(out / f"{d}_class_{perceptor}.h5", dict(zip(class_names, class_x)))
         for split, n in (("train", n_train), ("test", n_test)):
             labels = torch.randint(n_classes, (n,), generator=g)
             z = (mu[labels] if has_classes else 0) + torch.randn(n, latent, generator=g) * mask
@@ -415,7 +416,7 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
                 (out / d / split / "samples.json").write_text(json.dumps(
                     {"ids": ids} | ({"labels": labels.tolist()} if has_classes else {})))
             else:
-                evaluation.write_h5(out / f"{d}_{split}_{perceptor}.h5", dict(zip(ids, x)))
+                cmcl.write_h5(out / f"{d}_{split}_{perceptor}.h5", dict(zip(ids, x)))
                 if has_classes:
                     (out / f"{d}_{split}_labels.json").write_text(
                         json.dumps({i: class_names[c] for i, c in zip(ids, labels.tolist())}))

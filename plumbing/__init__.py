@@ -7,8 +7,10 @@ world), training_sets (ERCLIP's COCO + ShareGPT4V set), runfolder (the --out loc
 Above common, below eval (eval imports the first and last): m2mix_analysis (m2-Mix's geometry, ECE, SIMAT
 score and tables), train_manifests (the Karpathy / COCO training manifests, m2mix.py's choice of them) and
 wise_ft (WiSE-FT's weight interpolation). Above common and eval: export, vlcl (C-CLIP's benchmark
-builder), cclip_tasks (C-CLIP's research schedule), write_shards and mosei (GMC's MOSEI reader).
-tests/test_layout.py holds the order.
+builder), cclip_tasks (C-CLIP's research schedule), write_shards, mosei (GMC's MOSEI reader) and cmcl
+(DNS's plumbing: frozen CLIP features and the maps' evaluation; CMCL's feature readers, step plan and
+tables; the drivers; the projection's activation form and operation counts). tests/test_layout.py holds
+the order.
 
 The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) sit on common.py and eval.py;
 this package is their plumbing. Its commands run from the repository's root:

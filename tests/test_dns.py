@@ -16,6 +16,7 @@ import lab
 import dns
 import eval as evaluation
 from lab.demos import dns as dns_demo
+from plumbing import cmcl
 
 
 def _random_projector(dim, rank, g):
@@ -268,7 +269,7 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     model.eval()
     manifest = lab.synthetic_manifest("task-photo-test", tmp_path, n=6)
     key = {"manifest": str(manifest)}
-    first = evaluation.cached(tmp_path / "cache", key, lambda: evaluation.manifest_features(model, preprocess, tok, manifest, "shape"))
+    first = evaluation.cached(tmp_path / "cache", key, lambda: cmcl.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = evaluation.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
     rows = common.read_manifest(manifest)
     with torch.no_grad():
@@ -284,12 +285,12 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
 def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_random):
     model, _, preprocess, tok = tiny_random
     manifest = lab.synthetic_manifest("task-night-test", tmp_path, n=40)
-    feats = evaluation.manifest_features(model, preprocess, tok, manifest)
+    feats = cmcl.manifest_features(model, preprocess, tok, manifest)
     cs = evaluation.load_classification("synthetic-color", tmp_path)
     zs = {"synthetic-color": {"img": evaluation.image_features(model, preprocess, cs.image_paths),
                               "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates),
                               "labels": cs.labels}}
-    ours = evaluation.evaluate_maps(dns.DualMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
+    ours = cmcl.evaluate_maps(dns.DualMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
     ref = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, [str(manifest)], tmp_path)}
     ref_zs = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
     for metric in ("i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10"):
@@ -375,11 +376,11 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
     assert (real.task_classes, real.zeroshot) == ("auto", "auto")
     assert not common.wants_lab(real)
-    got = dns.resolve(real)
+    got = cmcl.resolve(real)
     assert (got.task_classes, got.zeroshot) == ("", "")
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
-        got = dns.resolve(common.parse_config(dns.DNSConfig, argv))
+        got = cmcl.resolve(common.parse_config(dns.DNSConfig, argv))
         assert (got.task_classes, got.zeroshot) == ("shape", "synthetic-shape,synthetic-color")
-    mine = dns.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
+    mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
     assert (mine.task_classes, mine.zeroshot) == ("color", "cifar10")
-    assert dns.resolve_eval_sets(got) == got  # idempotent: run() resolves again
+    assert cmcl.resolve_eval_sets(got) == got  # idempotent: run() resolves again

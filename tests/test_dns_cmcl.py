@@ -17,6 +17,7 @@ import dns
 import eval as evaluation
 import lab
 from lab.demos import dns as dns_demo
+from plumbing import cmcl
 
 FAST = dict(device="cpu", precision="fp32", log_every=10_000)
 
@@ -27,7 +28,7 @@ def _cfg(tmp_path, **kw):
 
 # --- the code's step list and datasets --------------------------------------------
 def test_cmcl_steps_follow_the_codes_training_py():
-    steps = evaluation.parse_steps("cmcl", lambda d: evaluation.CMCL_DATASETS[d][0])
+    steps = cmcl.parse_steps("cmcl", lambda d: cmcl.CMCL_DATASETS[d][0])
     assert [s.dataset for s in steps] == ["ucf101", "esc50", "nyudv2", "clotho"] + ["vggsound_s"] * 3 + ["tvl"] * 3 \
         + ["llvip"]
     assert [s.modalities for s in steps] == [
@@ -37,7 +38,7 @@ def test_cmcl_steps_follow_the_codes_training_py():
     assert len({s.name for s in steps}) == 11
     for bad in ("nyudv2:0,5", "nyudv2:1,1", "esc50:a,b", ""):
         with pytest.raises(common.DataError):
-            evaluation.parse_steps(bad, lambda d: evaluation.CMCL_DATASETS[d][0])
+            cmcl.parse_steps(bad, lambda d: cmcl.CMCL_DATASETS[d][0])
 
 
 # --- features in both layouts ----------------------------------------------------
@@ -47,9 +48,9 @@ def test_both_layouts_read_the_same_world(tmp_path):
     assert (tmp_path / "cmcl" / "esc50_train_imagebind.h5").exists()
     assert (tmp_path / "cmcl" / "esc50_class_imagebind.h5").exists()
     for d in ("ucf101", "nyudv2", "vggsound_s"):
-        a, b = (evaluation.read_features(worlds[lay], d, "test") for lay in ("cmcl", "ours"))
+        a, b = (cmcl.read_features(worlds[lay], d, "test") for lay in ("cmcl", "ours"))
         assert a["layout"] == "cmcl" and b["layout"] == "ours"
-        assert a["ids"] == b["ids"] and a["modalities"] == b["modalities"] == evaluation.CMCL_DATASETS[d][0]
+        assert a["ids"] == b["ids"] and a["modalities"] == b["modalities"] == cmcl.CMCL_DATASETS[d][0]
         assert a["x"].shape == (20, len(a["modalities"]), 8) and torch.equal(a["x"], b["x"])
         if d == "nyudv2":  # recall only
             assert a["labels"] is None and b["labels"] is None
@@ -65,7 +66,7 @@ def test_h5_entries_are_per_sample_modality_arrays_sorted_by_id(tmp_path):
     with h5py.File(tmp_path / "clotho_train_unibind.h5", "w") as f:
         for k, v in rows.items():
             f.create_dataset(k, data=v)
-    feats = evaluation.read_features(tmp_path, "clotho", "train", "unibind")
+    feats = cmcl.read_features(tmp_path, "clotho", "train", "unibind")
     assert feats["ids"] == ["a", "b", "c"] and feats["x"][:, 0, 0].tolist() == [0.0, 1.0, 2.0]
     assert feats["modalities"] == ("text", "audio") and feats["labels"] is None
 
@@ -81,14 +82,14 @@ def test_classes_from_the_codes_h5_keys(tmp_path):
         for k in ("rain", "dog"):
             f.create_dataset(k, data=np.zeros(3))
     (tmp_path / "esc50_train_imagebind.h5").touch()
-    feats = evaluation.read_features(tmp_path, "esc50", "test")
+    feats = cmcl.read_features(tmp_path, "esc50", "test")
     assert feats["classes"] == ["dog", "rain"] and feats["labels"].tolist() == [0, 1, 0]
 
 
 def test_cmcl_labels_from_the_codes_dataset_json(tmp_path):
     p = tmp_path / "paired_data_test.json"
     p.write_text(json.dumps([[{"id": "x1", "name": "dog", "class": 0}], [{"id": 7, "name": "rain", "class": 1}]]))
-    assert evaluation.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
+    assert cmcl.cmcl_labels(p) == {"x1": "dog", "7": "rain"}
 
 
 def _vggsound_like(tmp_path, keys, classes=("dog", "rain")):
@@ -106,8 +107,8 @@ def test_an_id_holding_double_underscores_keeps_its_class(tmp_path):
     """Issue 25.1: a YouTube id ending in '_' makes '<id>__<class>__<k>' hold '___'; the class is read from the
     right (it was 'no class for 1 sample(s)' before)."""
     _vggsound_like(tmp_path, ["abc_000010___dog__0", "xyz_000020__rain__1"])
-    feats = evaluation.read_features(tmp_path, "vggsound_s", "test")
-    assert feats["labels"].tolist() == [0, 1] and evaluation.sample_key("abc_000010___dog__0") == ("abc_000010_", "dog")
+    feats = cmcl.read_features(tmp_path, "vggsound_s", "test")
+    assert feats["labels"].tolist() == [0, 1] and cmcl.sample_key("abc_000010___dog__0") == ("abc_000010_", "dog")
 
 
 def test_the_labels_json_from_cmcl_labels_matches_the_h5_keys(tmp_path):
@@ -117,16 +118,16 @@ def test_the_labels_json_from_cmcl_labels_matches_the_h5_keys(tmp_path):
     _vggsound_like(tmp_path, keys)
     rows = [[{"id": "abc_000010_", "name": "rain"}], [{"id": "xyz_000020", "name": "dog"}]]  # the JSON decides
     (tmp_path / "paired.json").write_text(json.dumps(rows))
-    labels = evaluation.cmcl_labels(tmp_path / "paired.json")
+    labels = cmcl.cmcl_labels(tmp_path / "paired.json")
     (tmp_path / "vggsound_s_test_labels.json").write_text(json.dumps(labels))
-    assert evaluation.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [1, 0]
+    assert cmcl.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [1, 0]
     (tmp_path / "vggsound_s_test_labels.json").write_text(json.dumps({keys[0]: "dog", keys[1]: "dog"}))  # whole keys
-    assert evaluation.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [0, 0]
+    assert cmcl.read_features(tmp_path, "vggsound_s", "test")["labels"].tolist() == [0, 0]
 
 
 def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
     with pytest.raises(common.DataError, match="meta.json"):
-        evaluation.read_features(tmp_path, "esc50", "train")
+        cmcl.read_features(tmp_path, "esc50", "train")
     with pytest.raises(common.DataError, match="no such folder"):
         dns.main(["--features", str(tmp_path / "nowhere"), "--tasks", "cmcl", "--out", str(tmp_path / "o")])
 
@@ -342,9 +343,9 @@ def test_recall_protocol_cmcl_is_the_codes_five_subsets(tmp_path):
     a = F.normalize(torch.randn(1500, 16, generator=g), dim=-1)
     b = F.normalize(a + 0.9 * torch.randn(1500, 16, generator=g), dim=-1)
     test = {"x": torch.stack([a, b], 1), "labels": None}
-    step = evaluation.Step("clotho", (0, 1), ("text", "audio"))
+    step = cmcl.Step("clotho", (0, 1), ("text", "audio"))
     model = SimpleNamespace(map=lambda modality, x: x)
-    row = evaluation.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
+    row = cmcl.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
     gen, hits = torch.Generator().manual_seed(7), {"A->B": [], "B->A": []}
     for _ in range(5):
         idx = torch.randperm(1500, generator=gen)[:1000]
@@ -356,8 +357,8 @@ def test_recall_protocol_cmcl_is_the_codes_five_subsets(tmp_path):
         assert row[f"{d} R@1"] == pytest.approx(np.mean([h[0] for h in hits[d]]), abs=1e-4)
         assert row[f"{d} R@10"] == pytest.approx(np.mean([h[1] for h in hits[d]]), abs=1e-4)
     assert row["R@10"] == pytest.approx((row["A->B R@10"] + row["B->A R@10"]) / 2)
-    full = evaluation.evaluate_step(model, step, test, ks=(1, 10))
-    again = evaluation.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
+    full = cmcl.evaluate_step(model, step, test, ks=(1, 10))
+    again = cmcl.evaluate_step(model, step, test, ks=(1, 10), protocol="cmcl", seed=7)
     assert full["R@10"] < row["R@10"] and {k: v for k, v in again.items() if k != "acc"} == {
         k: v for k, v in row.items() if k != "acc"}  # the subsets come from the seed alone (acc: NaN, no classes)
 
@@ -375,7 +376,7 @@ def test_covariance_code_is_the_codes_update_covariance(tmp_path, monkeypatch):
               "--output-cov", "per-task", "--lambda-min-out", "0", "--epochs", "1", "--batch-size", "16",
               "--device", "cpu", "--precision", "fp32", "--out", str(tmp_path / "run")])
     learner = made[0]
-    steps, data, dim = evaluation.read_cmcl_steps(world, "cmcl", "imagebind")
+    steps, data, dim = cmcl.read_cmcl_steps(world, "cmcl", "imagebind")
     Z, Zo, n_bar = {}, {}, 0
     for k, st in enumerate(steps):
         x = data[(st.dataset, "train")]["x"].double()
@@ -402,6 +403,6 @@ def test_inf_in_test_features_is_an_error_not_a_score():
     a = F.normalize(torch.randn(20, 8), dim=-1)
     test = {"x": torch.stack([a, a.clone()], 1), "labels": None}
     test["x"][3, 1, 0] = float("inf")
-    step = evaluation.Step("clotho", (0, 1), ("text", "audio"))
+    step = cmcl.Step("clotho", (0, 1), ("text", "audio"))
     with pytest.raises(common.RunError, match=r"clotho\(T-A\): 1 of 20 audio rows"):
-        evaluation.evaluate_step(SimpleNamespace(map=lambda m, x: x), step, test, ks=(1,))
+        cmcl.evaluate_step(SimpleNamespace(map=lambda m, x: x), step, test, ks=(1,))

@@ -298,7 +298,7 @@ def _features(tmp_path, **arrays):
 def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says):
     import numpy as np
 
-    import eval as evaluation
+    from plumbing import cmcl
     make = {"width": dict(text=np.ones((4, 5), "float32")), "rows": dict(text=np.ones((3, 3), "float32")),
             "pickled": dict(vision=np.array([{"a": 1}] * 4, dtype=object)),
             "strings": dict(vision=np.array([["a"] * 3] * 4)),
@@ -310,7 +310,7 @@ def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says
         (folder / "vision.npy").unlink()
         torch.save({"x": argparse_namespace()}, folder / "vision.pt")
     with pytest.raises((common.DataError, common.UnsafeFileError), match=says) as e:
-        evaluation.read_features(tmp_path, "toy", "test")
+        cmcl.read_features(tmp_path, "toy", "test")
     assert "weights_only=False" not in str(e.value)
 
 
@@ -321,7 +321,7 @@ def test_bad_h5_feature_files_are_one_message_naming_the_file(tmp_path, case, sa
     import h5py
     import numpy as np
 
-    import eval as evaluation
+    from plumbing import cmcl
     path = tmp_path / "ucf101_test_imagebind.h5"
     if case == "empty-file":
         path.write_bytes(b"")
@@ -335,7 +335,7 @@ def test_bad_h5_feature_files_are_one_message_naming_the_file(tmp_path, case, sa
                 f.create_dataset("a", data=np.ones((2, 4)))
                 f.create_dataset("b", data=np.ones((2, 5)))
     with pytest.raises(common.DataError, match=f"{path}: .*{says}"):
-        evaluation._h5_rows(path)
+        cmcl._h5_rows(path)
 
 
 def test_resume_advice_is_true(tmp_path, stopped, tiny):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import common
 import dns
-import eval as evaluation
 import lab
+from plumbing import cmcl
 
 # =============================================================================
 # Demo on CLIP features (the lab: 4 task domains, tiny backbone, seeds lab.SEEDS)
@@ -54,22 +54,22 @@ def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
 
 
 def demo_row(results: dict) -> dict:
-    """One seed of one mode (both demos): evaluation.cmcl_row (final Acc / R@10,
+    """One seed of one mode (both demos): cmcl.cmcl_row (final Acc / R@10,
     their BWT, the drift of the old tasks' test score matrices, % relative)
     and the R@10 matrix."""
-    return evaluation.cmcl_row(results) | {"R": results["continual"]["matrices"]["R@10"]}
+    return cmcl.cmcl_row(results) | {"R": results["continual"]["matrices"]["R@10"]}
 
 
 def _paper_gain(column: int) -> str:
-    """CMCL's main table, ImageBind: DNS - vanilla in one column (eval.CMCL_PAPER)."""
-    return f"{evaluation.CMCL_PAPER['ImageBind DNS'][column] - evaluation.CMCL_PAPER['ImageBind vanilla'][column]:+.2f}"
+    """CMCL's main table, ImageBind: DNS - vanilla in one column (cmcl.CMCL_PAPER)."""
+    return f"{cmcl.CMCL_PAPER['ImageBind DNS'][column] - cmcl.CMCL_PAPER['ImageBind vanilla'][column]:+.2f}"
 
 
 def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2,
                 drift: str = "old-score") -> list[dict]:
     """The paper's claims as paired per-seed differences, in both modes;
     directions fixed before the seeds ran. Paper: ImageBind, vanilla 47.32 acc
-    / -5.72 BWT, DNS 52.52 / -0.02 (its main table, eval.CMCL_PAPER);
+    / -5.72 BWT, DNS 52.52 / -0.02 (its main table, cmcl.CMCL_PAPER);
     paper_r10: what it says of BWT of R@10 and final R@10 (CMCL's setting:
     -3.34 -> -1.07, 38.56 -> 40.89, so +2.27, +2.33)."""
     def d(a, b, key):  # per seed, a - b
@@ -151,8 +151,8 @@ CMCL_DEMO_MODES = DEMO_MODES
 
 def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
     """One panel per column of the demo's table (lab.bar_panels), the paper's
-    ImageBind vanilla / DNS numbers (eval.CMCL_PAPER) beside ours where it has one."""
-    vanilla, ours = evaluation.CMCL_PAPER["ImageBind vanilla"], evaluation.CMCL_PAPER["ImageBind DNS"]
+    ImageBind vanilla / DNS numbers (cmcl.CMCL_PAPER) beside ours where it has one."""
+    vanilla, ours = cmcl.CMCL_PAPER["ImageBind vanilla"], cmcl.CMCL_PAPER["ImageBind DNS"]
     paper = {k: (vanilla[i], ours[i]) for i, k in enumerate(("Acc", "BWT_A", "R@10", "BWT_R@10"))}
     units = {"Acc": "final Acc (%)", "BWT_A": "BWT of Acc (points)", "R@10": "final R@10 (%)",
              "BWT_R@10": "BWT of R@10 (points)", "drift %": "old-pair score drift (% rel.)"}
@@ -193,4 +193,4 @@ def main(argv=None):
     cfg = common.parse_config(dns.DNSConfig, argv, **DEMO)
     if cfg.demo_cmcl:
         return run_cmcl_demo(cfg)
-    return run_demo(dns.resolve(cfg))
+    return run_demo(cmcl.resolve(cfg))
