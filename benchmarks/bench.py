@@ -1,8 +1,14 @@
 """Speed and memory of every method and of the evaluation, as ratios against
 open_clip (or plain CLIP fine-tuning) measured in the same run.
 
-    python benchmarks/bench.py --quick      # within ~3 minutes on 2 CPU cores
-    python benchmarks/bench.py              # full shapes (slow on CPU; meant for a GPU)
+    python benchmarks/bench.py --quick      # within ~3 minutes on 2 CPU cores (sections 1-5, ViT-B/32 steps)
+    python benchmarks/bench.py              # every section, full shapes (slow on CPU; meant for a GPU)
+
+--quick measures small shapes of sections 1-5 (text, zero-shot, the four
+goal methods' steps on ViT-B/32, DNS, loop, retrieval); the ViT-B/16 steps and
+sections 6-9 (peak memory, row check, large manifest, gradient accumulation)
+run in the full run, or alone with --only (each with its own --out in
+docs/benchmarks.md), --quick --only NAME for their small shapes.
 
 CPU by default, CUDA when present (unchanged code). Every comparison first
 checks that both sides compute the same result, then times them with warm-up
@@ -183,8 +189,9 @@ def bench_text(quick):
             with torch.no_grad(), common.autocast(DEVICE):
                 model.encode_text(tokens, normalize=True)
 
-        t_o, s_o = timeit(ours, repeat=2 if quick else 5)
-        t_r, s_r = timeit(ref, repeat=2 if quick else 5)
+        # --quick: no warm-up run, the check above ran both sides once already
+        t_o, s_o = timeit(ours, warmup=0 if quick else 1, repeat=2 if quick else 5)
+        t_r, s_r = timeit(ref, warmup=0 if quick else 1, repeat=2 if quick else 5)
         record(f"encode_text, {label} ({int(lengths.min())}-{int(lengths.max())} tokens, batch {n})", t_o, t_r,
                kind="speedup", goal=3.0, spread=s_o, baseline_spread=s_r, note=f"max abs diff {err:.1e}")
 
@@ -344,10 +351,10 @@ METHOD_STEPS = {
     "ERCLIP RT+P (6 sentences/caption)": (None, _erclip("rt", 1.0), _erclip_extra),
 }
 QUICK_STEPS = 4  # --quick times the first four (the ones with goals) ...
-# ... and on ViT-B/16 only the two whose floors hold real work (m2/m3-Mix's extra work is one (B, B)
-# product on any backbone), to keep --quick within its 3 minutes on 2 CPU cores
-QUICK_B16 = ("ERCLIP M+P (6 sentences/caption)", "C-CLIP (LoRA + CKC, old model)")
 STEP_BACKBONES = ("ViT-B-32", "ViT-B-16")
+QUICK_BACKBONES = ("ViT-B-32",)  # ... on ViT-B/32 only, to keep --quick within its 3 minutes on 2 CPU cores
+QUICK_SECTIONS = ("text", "zeroshot", "steps", "dns", "loop", "retrieval")  # --quick without --only
+SECTIONS = (*QUICK_SECTIONS, "memory", "rowcheck", "manifest", "accum")
 FLOOR_GOAL = 1.10  # method step / (plain step + the method's required extra work, timed alone)
 
 
@@ -380,8 +387,7 @@ def bench_steps(quick, backbone, batch=None, repeat=None, methods=None):
     precision = "fp16" if DEVICE.type == "cuda" else "fp32"
     b = batch or step_batch(quick, backbone)
     repeat = repeat or (2 if quick else 5)
-    names = methods or (list(QUICK_B16) if quick and backbone == "ViT-B-16" else
-                        list(METHOD_STEPS)[:QUICK_STEPS if quick else None])
+    names = methods or list(METHOD_STEPS)[:QUICK_STEPS if quick else None]
     model, tok = random_model(backbone)
     batch = fake_batch(model, tok, b)
     plain = make_step(common.ClipFineTune(model), batch, precision)
@@ -832,9 +838,9 @@ def bench_accum(quick, backbone):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--quick", action="store_true", help="small shapes: ~3 minutes on 2 CPU cores")
-    p.add_argument("--only", default="", help="comma list of sections: text,zeroshot,steps,dns,loop,retrieval,memory,"
-                                                "rowcheck,manifest,accum")
+    p.add_argument("--quick", action="store_true", help="small shapes of sections 1-5, ViT-B/32 steps: ~3 minutes "
+                                                        "on 2 CPU cores (with --only: those sections, small shapes)")
+    p.add_argument("--only", default="", help="comma list of sections: " + ",".join(SECTIONS))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
@@ -847,14 +853,14 @@ def main(argv=None):
     if a.child_accum:
         return _accum_child(a.child_accum[0], a.child_accum[1], *map(int, a.child_accum[2:]))
     import tempfile
-    sections = set(a.only.split(",")) if a.only else {"text", "zeroshot", "steps", "dns", "loop",
-                                                                 "retrieval", "memory", "rowcheck", "manifest", "accum"}
+    sections = set(a.only.split(",")) if a.only else set(QUICK_SECTIONS if a.quick else SECTIONS)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name, run in (("text", lambda: bench_text(a.quick)),
                           ("zeroshot", lambda: bench_zero_shot(a.quick)),
-                          ("steps", lambda: [bench_steps(a.quick, bb) for bb in STEP_BACKBONES]),
+                          ("steps", lambda: [bench_steps(a.quick, bb)
+                                             for bb in (QUICK_BACKBONES if a.quick else STEP_BACKBONES)]),
                           ("dns", lambda: bench_dns(a.quick)),
                           ("loop", lambda: bench_loop(a.quick, "ViT-B-32", tmp)),
                           ("retrieval", lambda: bench_retrieval(a.quick)),
