@@ -1,14 +1,15 @@
 """Speed and memory of every method and of the evaluation, as ratios against
 open_clip (or plain CLIP fine-tuning) measured in the same run.
 
-    python benchmarks/bench.py --quick      # within ~3 minutes on 2 CPU cores (sections 1-5, ViT-B/32 steps)
+    python benchmarks/bench.py --quick      # within ~3 minutes on 2 CPU cores (sections 1-3b, 5)
     python benchmarks/bench.py              # every section, full shapes (slow on CPU; meant for a GPU)
 
---quick measures small shapes of sections 1-5 (text, zero-shot, the four
-goal methods' steps on ViT-B/32, DNS, loop, retrieval); the ViT-B/16 steps and
-sections 6-9 (peak memory, row check, large manifest, gradient accumulation)
-run in the full run, or alone with --only (each with its own --out in
-docs/benchmarks.md), --quick --only NAME for their small shapes.
+--quick measures small shapes of sections 1, 2, 3, 3b and 5 (text, zero-shot,
+the four goal methods' steps and floors on ViT-B/32, DNS, retrieval); the
+ViT-B/16 steps, the loop against open_clip_train (4) and sections 6-9 (peak
+memory, row check, large manifest, gradient accumulation) run in the full
+run, or alone with --only (docs/benchmarks.md), --quick --only NAME for
+their small shapes.
 
 CPU by default, CUDA when present (unchanged code). Every comparison first
 checks that both sides compute the same result, then times them with warm-up
@@ -353,8 +354,8 @@ METHOD_STEPS = {
 QUICK_STEPS = 4  # --quick times the first four (the ones with goals) ...
 STEP_BACKBONES = ("ViT-B-32", "ViT-B-16")
 QUICK_BACKBONES = ("ViT-B-32",)  # ... on ViT-B/32 only, to keep --quick within its 3 minutes on 2 CPU cores
-QUICK_SECTIONS = ("text", "zeroshot", "steps", "dns", "loop", "retrieval")  # --quick without --only
-SECTIONS = (*QUICK_SECTIONS, "memory", "rowcheck", "manifest", "accum")
+QUICK_SECTIONS = ("text", "zeroshot", "steps", "dns", "retrieval")  # --quick without --only
+SECTIONS = ("text", "zeroshot", "steps", "dns", "loop", "retrieval", "memory", "rowcheck", "manifest", "accum")
 FLOOR_GOAL = 1.10  # method step / (plain step + the method's required extra work, timed alone)
 
 
@@ -838,8 +839,9 @@ def bench_accum(quick, backbone):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--quick", action="store_true", help="small shapes of sections 1-5, ViT-B/32 steps: ~3 minutes "
-                                                        "on 2 CPU cores (with --only: those sections, small shapes)")
+    p.add_argument("--quick", action="store_true", help="small shapes of text,zeroshot,steps (ViT-B/32),dns,"
+                                                        "retrieval: ~3 minutes on 2 CPU cores (with --only: the "
+                                                        "sections named, small shapes)")
     p.add_argument("--only", default="", help="comma list of sections: " + ",".join(SECTIONS))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
