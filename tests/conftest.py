@@ -1,13 +1,38 @@
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# pytest.ini runs the suite in pytest-xdist workers (-n auto: one per core). Each worker gets a cache folder of
+# its own (CLIPFT_CACHE, read by plumbing.base at import, so set before the lab loads; the processes a test starts
+# inherit it), removed when the worker ends: no cached weights, classifier or row check is shared between workers.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    WORKER_CACHE = tempfile.mkdtemp(prefix=f"clipft-cache-{WORKER}-")
+    os.environ["CLIPFT_CACHE"] = WORKER_CACHE
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lab  # noqa: E402,F401  the synthetic world and the tiny backbone register themselves with common and eval
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# one torch thread per worker (the workers fill the cores); without xdist (-p no:xdist) two, as before
+torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
+
+
+def pytest_unconfigure(config):
+    if WORKER:
+        shutil.rmtree(WORKER_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _seeds_reset():
+    """A demo run with --seeds leaves lab.seeds() at its seeds (its checks read them after main()); every
+    test after it starts on lab.SEEDS again."""
+    yield
+    lab.take_seeds_flag([])
 
 
 @pytest.fixture(scope="session")

@@ -348,7 +348,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every mode is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world(lambda k: 48 if k.startswith("task-") or k == "zs-test" else None)
     out = tmp_path / "demo"
-    dns.main(["--demo", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
+    dns.main(["--demo", "--seeds", "0,1,2", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
               str(tmp_path / "data"), "--out", str(out)])
     check_demo_results(out, "dns-demo.png", dns_demo.DEMO_MODES.values(), min_claims=10)
 

@@ -360,7 +360,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every variant is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world({"train": 64, "test": 40, "zs-test": 48}.get)
     out = tmp_path / "demo"
-    erclip.main(["--demo", "--processes", "1", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
+    erclip.main(["--demo", "--seeds", "0,1,2", "--processes", "1", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                        str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "erclip-demo.png", ("M", "M+P", "RT+P", "RT+P own lr"), min_claims=8,
                                checks=erclip_demo.CHECK_ONLY)

@@ -445,7 +445,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every method is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world({"train": 64, "test": 40, "zs-test": 48}.get)
     out = tmp_path / "demo"
-    m2mix.main(["--demo", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
+    m2mix.main(["--demo", "--seeds", "0,1,2", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                 str(tmp_path / "data"), "--out", str(out)])
     check_demo_results(out, "m2mix-demo.png", ("FT", "m2-Mix", "m3-Mix"), min_claims=6)
 
