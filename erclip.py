@@ -3,80 +3,47 @@
 Hoang-Bao Le, Allie Tran, Binh T. Nguyen, Liting Zhou, Cathal Gurrin.
 arXiv:2610.29939, https://arxiv.org/abs/2610.29939. No authors' code is public.
 
-What it implements
-------------------
-Training-only sentence pathway + preservation loss (Sec. 3). A long caption L
-is split into sentences s_1..s_N; every sentence of the batch goes through the
-SHARED text encoder in one padded batch, e_i = f_text(s_i); the sentence
-embeddings are fused per caption into l and contrasted with the image. A
-frozen copy of the initial model anchors the image and short-caption
-embeddings. At test time the model is a plain CLIP (77-token truncation).
-The paper's displayed equations are unnumbered; numbered here in order:
+Sec. 3: a training-only sentence pathway and a preservation loss. A long caption's sentences go
+through the SHARED text encoder in one padded batch (e_i), fused into l, contrasted with the image;
+a frozen initial copy anchors image and short caption. Plain CLIP at test. Equation numbers ours:
 
   Sec. 3.1  z_mean = 1/N sum_i e_i                                   (M)
   Eq. (1)   H = TBlock(E + P),  w_i = softmax_i g(h_i),  z_attn = sum_i w_i e_i
   Eq. (2)   z_long = z_mean + gamma (z_attn - z_mean),  l = z_long / ||z_long||   (RT)
-  Eq. (3)   L_clip(V, Y) = 1/2 [CE_eps(V Y^T / tau, I) + CE_eps(Y V^T / tau, I)]
+  Eq. (3)   L_short = L_clip(V, T_short),  L_long = L_clip(V, l),  with
+            L_clip(V, Y) = 1/2 [CE_eps(V Y^T / tau, I) + CE_eps(Y V^T / tau, I)]
   Eq. (4)   L_pres = 1/(2B) sum_b [(1 - v_b . v0_b) + (1 - t_b . t0_b)]
             L = L_short + alpha L_long + lambda_p L_pres
-            with L_short = L_clip(V, T_short), L_long = L_clip(V, l).
-
-Variants (Sec. 4, Table 2): M = --fusion mean --lambda-p 0; M+P = --fusion mean
-(default); RT+P = --fusion rt; v1 ablations: --fusion lstm / --fusion transformer
-(with --lambda-p 0, as in Table 2).
 
 Code name -> paper symbol
--------------------------
-  img, txt             v_b, t_b   image / short-caption embeddings (L2-normalised)
-  img0, txt0           v0_b, t0_b the frozen initial model's embeddings
-  sentence_emb, E      e_i, E     sentence embeddings, (B, N, d) padded + mask
-  gamma                gamma      gate of the residual fusion, initialised 0
-  pos_embedding        P          learned sentence positions
-  scorer               g          sentence scorer
-  long_emb             l          fused long-caption embedding (normalised)
-  logit_scale          1/tau      the multiplier (exp of the model's parameter)
-  label_smoothing      eps        of CE_eps
-  teacher              the frozen copy of the initial CLIP
+  img, txt          v_b, t_b     image / short-caption embeddings (L2-normalised)
+  img0, txt0        v0_b, t0_b   the same from the teacher, the frozen copy of the initial CLIP
+  sentence_emb, E   e_i, E       sentence embeddings, (B, N, d) padded + mask
+  long_emb          l            fused long-caption embedding (normalised)
+  gamma, pos_embedding, scorer   gamma (gate, initialised 0), P (sentence positions), g (scorer)
+  logit_scale, label_smoothing   1/tau (exp of the model's parameter), eps of CE_eps
 
 Deviations and choices (paper location in brackets; at length in docs/erclip.md)
--------------------------------------------------------------------------------
  1. eps of CE_eps is not printed [Sec. 3.2]: default --label-smoothing 0.1.
  2. AdamW betas/eps are not printed [Sec. 4]: CLIP's (0.9, 0.98), 1e-6.
- 3. The temperature stays FIXED at the backbone's [Sec. 4.3: a learned one
-    was "not tested"]; --learn-temperature trains it.
+ 3. The temperature stays FIXED [Sec. 4.3: a learned one "not tested"]; --learn-temperature.
  4. Sentence embeddings are L2-normalised before fusion [Sec. 3.1 leaves it open].
- 5. TBlock / g / P are not specified [Sec. 3.1]: one pre-norm Transformer
-    layer (d/64 heads, FFN 4d); g = Linear-GELU-Linear; P = 64 learned positions.
- 6. The v1 fusions have no equations [Tab. 2]: LSTM state at the last real
-    sentence; v1 Transformer = Eq. (1) with z_attn replacing z_mean.
- 7. Sentences end at a '.' followed by whitespace or the end [Sec. 3.1]:
-    decimals stay whole, '!' / '?' do not split (eval.split_sentences).
+ 5. TBlock / g / P unspecified [Sec. 3.1]: 1 pre-norm layer; Linear-GELU-Linear; 64 positions.
+ 6. The v1 fusions have no equations [Tab. 2]: LSTM's last state; Transformer: z_attn for z_mean.
+ 7. Sentences end at a '.' + whitespace or the end [Sec. 3.1] (eval.split_sentences).
  8. No sentence cap in the paper; --max-sentences K keeps the first K (counted).
- 9. Training manifest [Sec. 4]: first COCO caption + first ShareGPT4V record per
-    image; the ShareGPT4V-1k test images are left out of the pool.
-10. The teacher is a frozen copy made at construction, not checkpointed; on
-    resume it is rebuilt from the same initial weights.
-11. The fusion trains with the encoders' lr [Sec. 4: one lr]. With gamma = 0 at
-    the start the scorer and TBlock get exactly zero gradient, and |gamma| <=
-    the sum of the lr schedule (~8e-4 over the paper's 312 steps), so RT+P
-    equals M+P to the printed digit unless --fusion-lr gives it its own lr.
-12. Under DDP each rank fuses its own sentences; embeddings are gathered with
-    gradient, so every loss is over the global batch.
-13. Evaluation protocols [Sec. 4]: COCO 5k = first 5 captions per image
-    (Long-CLIP's; coco-all keeps all); Urban1K = first line (eval.py E1, E2).
-14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): their schedules,
-    prefixes and stand-ins are ours (docs/erclip.md, "Sweeps").
+ 9. Training set [Sec. 4]: first COCO caption + first ShareGPT4V record per image, no test image.
+10. The teacher is a frozen copy made at construction, not checkpointed: rebuilt on resume.
+11. The fusion trains at the encoders' lr [Sec. 4]: gamma = 0, so RT+P = M+P; --fusion-lr.
+12. Under DDP each rank fuses its own sentences; gathered with gradient: the global batch.
+13. Evaluation [Sec. 4]: COCO 5k = first 5 captions (coco-all: all); Urban1K = first line.
+14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): schedules, prefixes, stand-ins are ours.
 
-Commands
---------
-  one GPU (paper, ViT-B/16, M+P):
-    python erclip.py --backbone ViT-B/16 --train-data coco-sharegpt4v --data-root data --out runs/erclip-b16-mp
-  RT+P / M:   add --fusion rt   /   --lambda-p 0
-  torchrun:   torchrun --nproc_per_node 4 erclip.py --backbone ViT-B/16 --train-data coco-sharegpt4v
-  sweeps (Sec. 4.3 Fig. 3, Sec. 4.4; NAME: epochs | lambda-p | data-size | ablations):
-    python erclip.py --sweep NAME --backbone ViT-B/16 --train-data coco-sharegpt4v --out runs/erclip-b16
-  the lab (synthetic world, tiny backbone, 2 CPU cores; lab/demos/erclip.py, erclip_sweeps.py):
-    python erclip.py --demo                 python erclip.py --demo --sweep NAME
+Commands (Tab. 2's variants: M+P the default; RT+P --fusion rt; M --lambda-p 0; v1 ablations
+--fusion lstm | transformer with --lambda-p 0)
+  python erclip.py --backbone ViT-B/16 --train-data coco-sharegpt4v --out runs/erclip-b16-mp
+  DDP: torchrun --nproc_per_node 4 erclip.py ...;  sweeps (Sec. 4.3 Fig. 3, 4.4): add --sweep NAME,
+  NAME: epochs | lambda-p | data-size | ablations;  the lab: python erclip.py --demo [--sweep NAME]
 """
 from __future__ import annotations
 
@@ -86,6 +53,8 @@ import sys
 from pathlib import Path
 
 from plumbing import flags, published  # torch-free: the settings, their parser; the papers' numbers
+
+TRAIN_POOL = "coco-sharegpt4v"  # the paper's training pair pool (Sec. 4), --train-data's name
 
 
 # =============================================================================
@@ -98,28 +67,32 @@ class ERCLIPConfig(flags.Config):
     warmup: int = flags.arg(200, "linear warm-up steps, then cosine")           # Sec. 4
     batch_size: int = flags.arg(64, "global batch size")                        # Sec. 4
     epochs: int = flags.arg(1, "epochs (the paper's fixed budget)")             # Sec. 4, 4.3
-    label_smoothing: float = flags.arg(0.1, "eps of CE_eps (not printed; ours)")  # Sec. 3.2, deviation 1
+    label_smoothing: float = flags.arg(0.1, "eps of CE_eps (not printed; ours)")  # deviation 1
     alpha: float = flags.arg(1.0, "weight of L_long")                           # Sec. 4
     lambda_p: float = flags.arg(1.0, "weight of L_pres (0: variant M)")         # Sec. 4
-    fusion: str = flags.arg("mean", "mean (M) | rt (residual Transformer) | lstm / transformer (v1 ablations)",
-                            choices=("mean", "rt", "lstm", "transformer"))      # Sec. 3.1, Tab. 2
-    max_sentences: int = flags.arg(0, "keep at most K sentences per caption, count the rest (0: all; ours)")
+    fusion: str = flags.arg("mean", "mean (M) | rt (residual Transformer) | lstm / transformer (v1 "
+                            "ablations)", choices=("mean", "rt", "lstm", "transformer"))  # Tab. 2
+    max_sentences: int = flags.arg(0, "keep at most K sentences per caption, count the rest "
+                                   "(0: all; ours)")
     fusion_lr: float = flags.arg(0.0, "lr of the fusion module (0: the encoders' lr; ours)")
-    learn_temperature: bool = flags.arg(False, "train logit_scale (the paper keeps it fixed, Sec. 4.3)")
-    train_pairs: int = flags.arg(0, "training pairs (0: 20000 for coco-sharegpt4v [Sec. 4], whole split for synthetic)")
-    coco_captions: str = flags.arg("", "captions_train2017.json ('': DATA_ROOT/coco/annotations/...)")
-    sharegpt4v: str = flags.arg("", "ShareGPT4V json ('': DATA_ROOT/sharegpt4v/share-captioner_...json)")
-    eval_tasks: str = flags.arg("auto", "comma list for eval.evaluate; auto: the paper's (or synthetic) set; none")
+    learn_temperature: bool = flags.arg(False, "train logit_scale (the paper keeps it fixed, "
+                                        "Sec. 4.3)")
+    train_pairs: int = flags.arg(0, "training pairs (0: 20000 for coco-sharegpt4v [Sec. 4], whole "
+                                 "split for synthetic)")
+    coco_captions: str = flags.arg("", "captions_train2017.json "
+                                   "('': DATA_ROOT/coco/annotations/...)")
+    sharegpt4v: str = flags.arg("", "ShareGPT4V json ('': "
+                                "DATA_ROOT/sharegpt4v/share-captioner_...json)")
+    eval_tasks: str = flags.arg("auto", "comma list for eval.evaluate; auto: the paper's (or "
+                                "synthetic) set; none")
     eval_base: bool = flags.arg(True, "also evaluate the model before fine-tuning")
-    demo: bool = flags.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny backbone)")
-    sweep: str = flags.arg("", "run one of the paper's sweeps (Sec. 4.3-4.4; with --demo: on the lab)",
-                           choices=("", "epochs", "lambda-p", "data-size", "ablations"))
+    demo: bool = flags.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny "
+                           "backbone)")
+    sweep: str = flags.arg("", "run one of the paper's sweeps (Sec. 4.3-4.4; with --demo: on the "
+                           "lab)", choices=("", "epochs", "lambda-p", "data-size", "ablations"))
 
 
-TRAIN_POOL = "coco-sharegpt4v"
-
-
-if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below
     flags.answer_early(ERCLIPConfig)
 
 import torch
@@ -128,17 +101,12 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
+from plumbing import sweeps
 
 
 # =============================================================================
 # Losses and fusion
 # =============================================================================
-# Sec. 3.1: split a long caption on sentence-final periods (deviation 7). The
-# splitter lives in eval.py because its 'sentence-mean' text mode must split
-# test captions exactly as training does; erclip.split_sentences is that function.
-split_sentences = evaluation.split_sentences
-
-
 def pad_sentences(sentence_emb, counts, n_max: int | None = None):
     """Scatters one flat batch of sentence embeddings into a padded tensor.
     sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with
@@ -148,7 +116,7 @@ def pad_sentences(sentence_emb, counts, n_max: int | None = None):
     counts = counts.to(sentence_emb.device)
     owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)  # (S,)
     start = torch.cumsum(counts, 0) - counts  # (B,) offset of each caption's first sentence
-    pos = torch.arange(len(owner), device=counts.device) - start[owner]  # (S,) index within its caption
+    pos = torch.arange(len(owner), device=counts.device) - start[owner]  # (S,) index in its caption
     n = max(n_max, 1) if n_max is not None else int(counts.max().clamp(min=1))
     E = sentence_emb.new_zeros(len(counts), n, sentence_emb.shape[-1])
     E[owner, pos] = sentence_emb
@@ -171,8 +139,9 @@ class ResidualTransformerFusion(nn.Module):
 
     def __init__(self, dim: int, max_positions: int = 64, residual: bool = True):
         super().__init__()
-        self.block = nn.TransformerEncoderLayer(dim, max(1, dim // 64), 4 * dim, dropout=0.0, activation="gelu",
-                                                batch_first=True, norm_first=True)  # TBlock (deviation 5)
+        self.block = nn.TransformerEncoderLayer(  # TBlock (deviation 5)
+            dim, max(1, dim // 64), 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
+            norm_first=True)
         self.pos_embedding = nn.Parameter(0.01 * torch.randn(max_positions, dim))  # P
         self.scorer = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))  # g
         self.residual = residual
@@ -181,7 +150,8 @@ class ResidualTransformerFusion(nn.Module):
     def forward(self, E, mask):
         pos = torch.arange(E.shape[1], device=E.device).clamp(max=len(self.pos_embedding) - 1)
         # Eq. (1): H = TBlock(E + P), w_i = softmax_i g(h_i), z_attn = sum_i w_i e_i
-        H = self.block(E + self.pos_embedding[pos].to(E.dtype), src_key_padding_mask=~mask)  # (B, N, d)
+        H = self.block(E + self.pos_embedding[pos].to(E.dtype),
+                       src_key_padding_mask=~mask)  # (B, N, d)
         scores = self.scorer(H).squeeze(-1).float().masked_fill(~mask, -float("inf"))  # (B, N)
         w = torch.softmax(scores, dim=1)
         z_attn = (w.unsqueeze(-1) * E.float()).sum(1)  # (B, d)
@@ -203,7 +173,8 @@ class LSTMFusion(nn.Module):
 
     def forward(self, E, mask):
         lengths = mask.sum(1).clamp(min=1).cpu()
-        packed = nn.utils.rnn.pack_padded_sequence(E.float(), lengths, batch_first=True, enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(E.float(), lengths, batch_first=True,
+                                                   enforce_sorted=False)
         _, (h, _) = self.lstm(packed)
         return h[-1]  # (B, d)
 
@@ -220,7 +191,8 @@ def preservation_loss(img, img0, txt, txt0):
 
 
 @common.float32
-def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lambda_p, label_smoothing):
+def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lambda_p,
+                  label_smoothing):
     """Eqs. (3)-(4): the already-weighted terms of
     L = L_short + alpha L_long + lambda_p L_pres.
     img, txt_short, long_emb: (B, d) normalised v, t, l; img0, txt0: (B, d)
@@ -233,12 +205,17 @@ def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lamb
     else:
         loss_pres = preservation_loss(img, img0, txt_short, txt0)
     # Eq. (4): L = L_short + alpha L_long + lambda_p L_pres
-    return {"loss_short": loss_short, "loss_long": alpha * loss_long, "loss_pres": lambda_p * loss_pres}
+    return {"loss_short": loss_short, "loss_long": alpha * loss_long,
+            "loss_pres": lambda_p * loss_pres}
 
 
 # =============================================================================
 # Model wrapper
 # =============================================================================
+# Sec. 3.1, deviation 7: eval.py's splitter (its 'sentence-mean' mode splits test captions alike)
+split_sentences = evaluation.split_sentences
+
+
 class SentenceCollate(common.Collate):
     """common.Collate plus the sentence pathway's tokens: every sentence of
     the batch in one (S, context) tensor, captions back to back, with
@@ -262,8 +239,9 @@ class SentenceCollate(common.Collate):
         out["sentence_tokens"] = self.tokenizer(sentences)  # (S, context)
         out["sentence_counts"] = torch.tensor(counts)
         out["sentences_dropped"] = torch.tensor(dropped)
-        out["sentence_stats"] = (sum(counts), sum(dropped), max(counts))  # seen, dropped, max per caption
-        out["sentence_count_list"], out["sentence_dropped_list"] = counts, dropped  # per caption (split_batch)
+        # seen, dropped, max per caption; then per caption (split_batch)
+        out["sentence_stats"] = (sum(counts), sum(dropped), max(counts))
+        out["sentence_count_list"], out["sentence_dropped_list"] = counts, dropped
         return out
 
 
@@ -305,13 +283,14 @@ class ERCLIP(common.Method):
         return F.normalize(z_long.float(), dim=-1)
 
     def features(self, batch, ctx=None):
-        replay = getattr(ctx, "replay", False)  # --accum-freq's second pass: nothing counted, no teacher
-        seen, dropped, n_max = batch["sentence_stats"]  # Python ints from SentenceCollate: no host sync
+        replay = getattr(ctx, "replay", False)  # --accum-freq's 2nd pass: no count, no teacher
+        seen, dropped, n_max = batch["sentence_stats"]  # ints from SentenceCollate: no host sync
         self.sentences_seen += 0 if replay else seen
         self.sentences_dropped += 0 if replay else dropped
         f = {"img": self.model.encode_image(batch["image"], normalize=True),  # (b, d)
              "txt": common.encode_text(self.model, batch["text"]),  # (b, d)
-             "long": self.encode_long(batch["sentence_tokens"], batch["sentence_counts"], n_max)}  # (b, d)
+             "long": self.encode_long(batch["sentence_tokens"], batch["sentence_counts"],
+                                      n_max)}  # (b, d)
         if self.teacher is not None and not replay:
             with torch.no_grad():
                 f["img0"] = self.teacher.encode_image(batch["image"], normalize=True)
@@ -319,29 +298,31 @@ class ERCLIP(common.Method):
         return f
 
     def losses(self, f, ctx=None):
-        g = dict(zip(f, common.gather(*f.values())))  # img, txt, long (, img0, txt0): every rank's rows
-        return erclip_losses(g["img"], g["txt"], g["long"], g.get("img0"), g.get("txt0"), self.model.logit_scale.exp(),
-                             self.cfg.alpha, self.cfg.lambda_p, self.cfg.label_smoothing)
+        g = dict(zip(f, common.gather(*f.values())))  # img, txt, long (, img0, txt0) of all ranks
+        return erclip_losses(g["img"], g["txt"], g["long"], g.get("img0"), g.get("txt0"),
+                             self.model.logit_scale.exp(), self.cfg.alpha, self.cfg.lambda_p,
+                             self.cfg.label_smoothing)
 
     @staticmethod
-    def split_batch(batch, k):  # --accum-freq: each micro-batch with its captions' sentences, the batch's padding
+    def split_batch(batch, k):  # --accum-freq: micro-batches with their captions' sentences
+        groups = {"sentence_tokens": "sentence_count_list"}
         return [dict(p, sentence_stats=(len(p["sentence_tokens"]), sum(p["sentence_dropped_list"]),
-                                        batch["sentence_stats"][2]))
-                for p in common.split_batch(batch, k, groups={"sentence_tokens": "sentence_count_list"})]
+                                        batch["sentence_stats"][2]))  # the whole batch's padding
+                for p in common.split_batch(batch, k, groups=groups)]
 
 
 # =============================================================================
 # Training
 # =============================================================================
-# The training manifest builder is shared with longclip.py (same pairs, so the two
-# methods differ only in method): common.coco_sharegpt4v_manifest.
+# Shared with longclip.py (the same pairs, so that the two differ only in method)
 build_train_manifest = common.coco_sharegpt4v_manifest
 
 
 def train_manifest(cfg: ERCLIPConfig) -> Path:
     root = Path(cfg.data_root)
     if cfg.train_data == "synthetic":
-        return common.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
+        return common.lab_hook("synthetic_manifest")(  # the lab's world
+            "train", root, n=cfg.train_pairs or None)
     if cfg.train_data == TRAIN_POOL:
         return build_train_manifest(
             cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
@@ -361,17 +342,24 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
     dataset = common.training_set(cfg, train_manifest(cfg), train_tf, need_long=True)
     net = ERCLIP(model, cfg)
-    lr_of = (lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr) if cfg.fusion_lr else None
-    summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences), lr_of=lr_of,
-                           hooks=hooks, validate=validate)
-    summary.update(variant=variant_name(cfg), train_pairs=len(dataset), skipped_rows=len(dataset.skipped),
-                   sentences_seen=net.sentences_seen, sentences_dropped=net.sentences_dropped)
+    lr_of = ((lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr)
+             if cfg.fusion_lr else None)
+    summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences),
+                           lr_of=lr_of, hooks=hooks, validate=validate)
+    summary.update(variant=variant_name(cfg), train_pairs=len(dataset),
+                   skipped_rows=len(dataset.skipped), sentences_seen=net.sentences_seen,
+                   sentences_dropped=net.sentences_dropped)
     if net.fusion is not None and getattr(net.fusion, "gamma", None) is not None:
         summary["gamma"] = float(net.fusion.gamma.detach())
     if net.sentences_dropped:
         print(f"[erclip] --max-sentences {cfg.max_sentences} dropped {net.sentences_dropped} of "
               f"{net.sentences_seen + net.sentences_dropped} sentences", file=sys.stderr)
     return model, summary
+
+
+def sweep_method() -> sweeps.Method:
+    """What plumbing.sweeps (--sweep; the lab's sweeps) runs of this file, looked up when called."""
+    return sweeps.Method(train_manifest, train_erclip, paper_tables, TRAIN_POOL)
 
 
 # =============================================================================
@@ -384,8 +372,9 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     cols1, cols2 = published.erclip_cols()
     rows1 = [dict(zip(cols1, [f"paper {name}", v, *vals, sum(vals[0::2]) / 4, sum(vals[1::2]) / 4]))
              for (v, name), vals in published.ERCLIP_TABLE1.items() if v == vit]
-    rows2 = [dict(zip(cols2, [f"paper {name}", v, "-" if name == "CLIP" else ("yes" if name.endswith("+P") else "no"),
-                              *vals])) for (v, name), vals in published.ERCLIP_TABLE2.items() if v == vit]
+    rows2 = [dict(zip(cols2, [f"paper {name}", v, "-" if name == "CLIP" else
+                              ("yes" if name.endswith("+P") else "no"), *vals]))
+             for (v, name), vals in published.ERCLIP_TABLE2.items() if v == vit]
     for name, records, lambda_p in ours:
         pres = "-" if name == "CLIP" else ("yes" if lambda_p > 0 else "no")
         r1, r2 = published.erclip_rows(records, name + " (ours)", vit, pres)
@@ -399,11 +388,11 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
 # =============================================================================
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/erclip.py; --sweep: its sweeps)
+    if "--demo" in argv:  # the lab: demo and sweeps (lab/demos/erclip.py, erclip_sweeps.py)
         from lab.demos import erclip as demo
         return demo.main(argv)
     cfg = common.parse_config(ERCLIPConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab registers its world
+    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     root = Path(cfg.data_root)
     cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
@@ -411,21 +400,20 @@ def main(argv=None):
         cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"],
         "COCO train2017 captions + ShareGPT4V descriptions, Sec. 4")
     if cfg.sweep:  # Sec. 4.3-4.4 in the real setting: the single run's preflight, then every run
-        from lab.demos import erclip_sweeps
         common.check_device(cfg)
-        return erclip_sweeps.run_sweep(cfg)
+        return sweeps.run_sweep(sweep_method(), cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
                                  published.ERCLIP_SYNTHETIC_TASKS)
     rank = common.dist_info()[0]
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
-    common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model is loaded
+    common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
     model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)
     base = []
-    if tasks and cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
+    if tasks and cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it
         base = common.kept_result(cfg, "base", lambda: evaluation.evaluate(
             model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
             weights="before fine-tuning"))
@@ -434,17 +422,19 @@ def main(argv=None):
     if rank != 0:
         return summary
     if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated
-        print(f"[erclip] stopped at step {summary['stopped_at']}; checkpoint {summary['checkpoint']}; continue with "
-              f"--resume latest", file=sys.stderr)
+        print(f"[erclip] stopped at step {summary['stopped_at']}; checkpoint "
+              f"{summary['checkpoint']}; continue with --resume latest", file=sys.stderr)
         return {"summary": summary}
-    tuned = evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
+    tuned = evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root,
+                                model_name=cfg.backbone,
                                 weights=str(Path(cfg.out) / "model.pt")) if tasks else []
     name, vit = variant_name(cfg), published.vit_key(cfg.backbone)
     if cfg.train_data == "synthetic":
         text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}"
                            for title, r in (("CLIP", base), (f"ERCLIP {name}", tuned)) if r)
     else:
-        text = paper_tables(([("CLIP", base, 0.0)] if base else []) + [(name, tuned, cfg.lambda_p)], vit)
+        ours = ([("CLIP", base, 0.0)] if base else []) + [(name, tuned, cfg.lambda_p)]
+        text = paper_tables(ours, vit)
     print(text)
     common.write_results(cfg.out, {"variant": name, "manifest": str(manifest), "summary": summary,
                                    "base": base, "tuned": tuned, "tables": text}, cfg)

@@ -20,7 +20,8 @@ is honestly not resolved at this size.
                   machine_info (what a result ran on)
   lab/calibrate.py  each demo's settings, chosen once on 'val' with a pilot seed
   lab/figures.py  matplotlib figures (Agg)
-  lab/runs.py     sweep plumbing: one folder per run, data prefixes, snapshots
+  lab/runs.py     a demo's --out held, scratch run folders, runs in parallel processes
+                  (one folder per sweep run, data prefixes, snapshots: plumbing/sweeps.py)
   lab/report.py   the docs' demo sections, printed from a results file
   lab/demos/      one module per method's demo; erclip_sweeps.py
   lab/__main__.py python -m lab eval|export: those commands on the lab
@@ -37,10 +38,9 @@ on the lab's tiny model.
 import common
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
-from lab.runs import (PROCESSES, EpochSnapshots, drop_weights, hold_out, prefix_manifest, remove_run_folder, run_jobs,
-                      scratch_run, sweep_run, take_processes_flag)
-from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo,
-                       run_seeds, seeds, take_seeds_flag, verdict)
+from lab.runs import PROCESSES, hold_out, run_jobs, scratch_run, take_processes_flag
+from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
+                       take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
 from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pretrain_tiny, retrieval_report,
                       zero_shot_report)

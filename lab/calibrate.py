@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from plumbing.sweeps import drop_weights
 import common
 import lab
 
@@ -129,7 +130,7 @@ def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
         vcfg = dataclasses.replace(cfg, method="full", tasks=_val_tasks(data_root, long=False), unseen="",
                                    zero_shot="", out=f"{out}/full-{len(rows)}", overwrite=True, **setting)
         summary = cclip.run(vcfg)
-        lab.drop_weights(vcfg.out)
+        drop_weights(vcfg.out)
         R = _r_at_1(summary["matrices"])
         rows.append({"setting": setting, "R@1": R, "check": continual_passes(R)})
         print(f"[calibrate cclip] {setting}: {rows[-1]['check']}", file=sys.stderr)

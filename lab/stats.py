@@ -22,16 +22,14 @@ number is kept.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import open_clip
-import torch
 
 import common
+from plumbing.runfolder import machine_info  # noqa: F401 (lab.machine_info)
 
 # =============================================================================
 # 5. Seeds, paired statistics, claims
@@ -148,19 +146,6 @@ def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model")
             row[c] = f"{vals.mean():.1f} ± {vals.std(ddof=1):.1f}" if len(vals) > 1 else f"{vals[0]:.1f}"
         rows.append(row)
     return common.markdown_table(rows, [first, *columns])
-
-
-def machine_info() -> dict:
-    """What a result was measured on (results files record it)."""
-    import platform
-    cpu = platform.processor()
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}
 
 
 def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,

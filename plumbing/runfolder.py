@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import open_clip
 import torch
 
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
@@ -394,3 +395,16 @@ def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: i
         _truncate_metrics(out / "metrics.jsonl", step)
         print(f"resumed from {ck} at step {step}", file=sys.stderr)
     return step, state.get("skipped_steps", 0), data_change
+
+
+def machine_info() -> dict:
+    """What a result was measured on (results files record it)."""
+    import platform
+    cpu = platform.processor()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}

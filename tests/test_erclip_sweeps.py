@@ -1,4 +1,4 @@
-"""ERCLIP's sweeps (erclip.py --sweep, lab/demos/erclip_sweeps.py): per-run folders and
+"""ERCLIP's sweeps (erclip.py --sweep: plumbing/sweeps.py, lab/demos/erclip_sweeps.py): per-run folders and
 resume by skipping finished runs, pool prefixes, per-epoch checkpoints that
 leave the run unchanged, every demo sweep's results file on a shrunken
 world, and the real-setting sweeps on a manifest the lab writes."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import published, runfolder
+from plumbing import published, runfolder, sweeps
 import socket
 import common
 import erclip
@@ -18,7 +18,7 @@ from lab.demos import erclip as erclip_demo
 from lab.demos import erclip_sweeps
 
 
-# ----------------------------------------------------------------------------- generic helpers (lab.py)
+# ----------------------------------------------------------------------------- generic helpers (plumbing/sweeps.py)
 def test_sweep_run_skips_finished_runs_and_restarts_unfinished_ones(tmp_path):
     calls = []
 
@@ -27,26 +27,26 @@ def test_sweep_run_skips_finished_runs_and_restarts_unfinished_ones(tmp_path):
         (folder / "trained.txt").write_text("x")
         return {"value": len(calls)}
 
-    first = lab.sweep_run(tmp_path, "a-seed0", fn)
+    first = sweeps.sweep_run(tmp_path, "a-seed0", fn)
     assert first == {"run": "a-seed0", "value": 1} and (tmp_path / "a-seed0" / "run.json").exists()
-    assert lab.sweep_run(tmp_path, "a-seed0", fn) == first and calls == ["a-seed0"]  # finished: skipped
+    assert sweeps.sweep_run(tmp_path, "a-seed0", fn) == first and calls == ["a-seed0"]  # finished: skipped
     stale = tmp_path / "b-seed0"  # a run that crashed: folder without run.json
     stale.mkdir()
     (stale / "half-written.pt").write_text("partial")
-    assert lab.sweep_run(tmp_path, "b-seed0", fn)["value"] == 2
+    assert sweeps.sweep_run(tmp_path, "b-seed0", fn)["value"] == 2
     assert not (stale / "half-written.pt").exists() and calls == ["a-seed0", "b-seed0"]
 
 
 def test_prefix_manifest_is_a_prefix_of_one_order_with_absolute_images(tmp_path):
     src = lab.synthetic_manifest("train", tmp_path / "data", n=12)
     rows = common.read_manifest(src)
-    five = lab.prefix_manifest(src, 5, tmp_path / "elsewhere" / "p5.jsonl")
-    ten = lab.prefix_manifest(src, 10, tmp_path / "elsewhere" / "p10.jsonl")
+    five = sweeps.prefix_manifest(src, 5, tmp_path / "elsewhere" / "p5.jsonl")
+    ten = sweeps.prefix_manifest(src, 10, tmp_path / "elsewhere" / "p10.jsonl")
     got5, got10 = common.read_manifest(five), common.read_manifest(ten)
     assert [r["caption"] for r in got5] == [r["caption"] for r in got10[:5]] == [r["caption"] for r in rows[:5]]
     ds = common.ManifestDataset(ten, need_long=True)  # images resolve from the new folder
     assert len(ds) == 10 and ds.image_file(ds.rows[3]).resolve() == (src.parent / rows[3]["image"]).resolve()
-    assert len(common.read_manifest(lab.prefix_manifest(src, 50, tmp_path / "all.jsonl"))) == 12
+    assert len(common.read_manifest(sweeps.prefix_manifest(src, 50, tmp_path / "all.jsonl"))) == 12
 
 
 def _train(tmp_path, name, hooks=None, **kw):
@@ -61,7 +61,7 @@ def _train(tmp_path, name, hooks=None, **kw):
 
 def test_epoch_snapshots_save_every_epoch_and_leave_the_run_unchanged(tmp_path):
     plain, summary = _train(tmp_path, "plain", fusion="rt")
-    on_disk = lab.EpochSnapshots(tmp_path / "disk", "tiny", steps_per_epoch=2)
+    on_disk = sweeps.EpochSnapshots(tmp_path / "disk", "tiny", steps_per_epoch=2)
     (tmp_path / "disk").mkdir()
     snapped, _ = _train(tmp_path, "disk", hooks=on_disk, fusion="rt")
     assert summary["steps"] == 6 and [p.name for p in on_disk.snapshots] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
@@ -72,7 +72,7 @@ def test_epoch_snapshots_save_every_epoch_and_leave_the_run_unchanged(tmp_path):
     assert not torch.equal(first["visual.conv1.weight"], last["visual.conv1.weight"])
     model, _, _, _ = common.load_model("tiny", str(on_disk.snapshots[0]))  # loadable as a checkpoint
     assert torch.equal(model.state_dict()["visual.conv1.weight"], first["visual.conv1.weight"])
-    in_memory = lab.EpochSnapshots(None, "tiny", steps_per_epoch=2)
+    in_memory = sweeps.EpochSnapshots(None, "tiny", steps_per_epoch=2)
     _train(tmp_path, "memory", hooks=in_memory, fusion="rt")
     assert len(in_memory.snapshots) == 3 and not list((tmp_path / "memory").glob("epoch*"))
     for saved, kept in zip(on_disk.snapshots, in_memory.snapshots):
@@ -84,7 +84,7 @@ SWEEP_ROWS = {  # on the shrunken grids below
     "epochs": [f"{v} epoch {k}" for v in ("M", "M+P", "RT+P", "RT+P own lr") for k in (1, 2)],
     "lambda-p": ["lambda_p=0", "lambda_p=0.5", "lambda_p=2"],
     "data-size": ["N=16", "N=40", "N=400"],
-    "ablations": list(erclip_sweeps.VARIANTS),
+    "ablations": list(sweeps.VARIANTS),
 }
 
 
@@ -95,9 +95,9 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     of every row, the claims, the figure, one folder per run with its record
     and no weights, and a second start that trains nothing."""
     shrink_world({"train": 48, "test": 16, "zs-test": 24}.get)
-    monkeypatch.setattr(erclip_sweeps, "EPOCHS", 2)
+    monkeypatch.setattr(sweeps, "EPOCHS", 2)
     monkeypatch.setattr(erclip_sweeps, "DEMO_EPOCH_POOL", 8)
-    monkeypatch.setattr(erclip_sweeps, "LAMBDAS", (0.0, 0.5, 2.0))
+    monkeypatch.setattr(sweeps, "LAMBDAS", (0.0, 0.5, 2.0))
     monkeypatch.setattr(erclip_sweeps, "DEMO_DATA_SIZES", (16, 40, 400))
     out = tmp_path / "demo"
     argv = ["--demo", "--seeds", "0,1,2", "--processes", "1", "--sweep", name, "--steps", "0" if name == "epochs" else "1",
@@ -147,7 +147,7 @@ def _real_argv(tmp_path, name, *extra):
 
 
 def test_real_epochs_sweep_on_a_manifest_fixture(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(erclip_sweeps, "EPOCHS", 3)
+    monkeypatch.setattr(sweeps, "EPOCHS", 3)
     argv = _real_argv(tmp_path, "epochs")
     result = erclip.main(argv)
     root = tmp_path / "runs" / "sweep-epochs"
@@ -195,7 +195,7 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
 
 def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
     cfg = common.parse_config(erclip.ERCLIPConfig, _real_argv(tmp_path, "data-size", "--steps", "1"))
-    result = erclip_sweeps.run_sweep(cfg, sizes=(8, 12, 1000))
+    result = sweeps.run_sweep(erclip.sweep_method(), cfg, sizes=(8, 12, 1000))
     assert [r["summary"]["train_pairs"] for r in result["runs"]] == [8, 12, 16]
     firsts = [common.read_manifest(tmp_path / "runs" / "sweep-data-size" / r["run"] / "pairs.jsonl")[0]["caption"]
               for r in result["runs"]]
@@ -213,12 +213,12 @@ def _records(value):
 def test_real_sweep_tables_put_the_papers_numbers_beside_ours():
     base = _records(40.0)
     lam = [{"run": f"lambda_p={x:g}-seed0", "overrides": {"lambda_p": x}, "measures": [_records(50.0 + x)]}
-           for x in erclip_sweeps.LAMBDAS]
-    text = erclip_sweeps.sweep_tables("lambda-p", base, lam, "B/32")
+           for x in sweeps.LAMBDAS]
+    text = sweeps.sweep_tables("lambda-p", base, lam, "B/32")
     assert "| 0 | 50.00 | 50.00 | 50.00 | 50.00 | 60.00 | 60.00 | 60.00 | 50.00 | 50.00 | 58.20 |" in text
     assert "| 2 | 52.00 |" in text and text.rstrip().endswith("| 60.80 |") and "58.2 -> 60.8" in text
-    abl = [{"run": f"{v}-seed0", "overrides": dict(erclip_sweeps.VARIANTS[v]), "measures": [_records(50.0)]}
-           for v in erclip_sweeps.VARIANTS]
-    text = erclip_sweeps.sweep_tables("ablations", base, abl, "B/16")
+    abl = [{"run": f"{v}-seed0", "overrides": dict(sweeps.VARIANTS[v]), "measures": [_records(50.0)]}
+           for v in sweeps.VARIANTS]
+    text = sweeps.sweep_tables("ablations", base, abl, "B/16", erclip.paper_tables)
     assert "| paper RT+P | B/16 | yes | 65.46 |" in text and "| RT (ours) | B/16 | no | 50.00 |" in text
     assert "| L_short only (ours) | B/16 | no |" in text and "not run" in text

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import runfolder
+from plumbing import runfolder, sweeps
 import socket
 from plumbing import base
 import common
@@ -102,13 +102,13 @@ def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_pa
     _held_by_another_live_process(run)
     (run / "checkpoints").mkdir()
     with pytest.raises(common.RunError, match="another live process .* not deleting it"):
-        lab.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
+        sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
     with pytest.raises(common.RunError, match="not deleting it"):
         with lab.scratch_run(run):
             pass
     assert (run / "checkpoints").is_dir()  # the live run's files are untouched
     (run / runfolder.LOCK).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname()}))
-    assert lab.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})["x"] == 1  # stale: cleared
+    assert sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})["x"] == 1  # stale: cleared
 
 
 def test_a_second_sweep_or_demo_into_the_same_out_stops_at_once(tmp_path, capsys):

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from plumbing.sweeps import drop_weights
 import common
 import dns
 import lab
@@ -45,7 +46,7 @@ def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
         learner.learn(cfg, img, txt, Path(out) / f"task{i + 1}")
     W1, W2 = learner.history
     img2, txt2 = tasks[1]
-    lab.drop_weights(out)
+    drop_weights(out)
 
     def task2_loss(W):
         return float(common.clip_loss(img2 @ W[0].t(), txt2 @ W[1].t(), learner.net.model.logit_scale.exp()))

@@ -1,67 +1,37 @@
-"""ERCLIP's sweeps (Sec. 4.3 Fig. 3, Sec. 4.4): training length, lambda_p,
-data size, and the component ablations (two of them not run in the paper).
-Experiment orchestration, not method: erclip.py's main() dispatches here.
+"""ERCLIP's sweeps on the lab (Sec. 4.3 Fig. 3, Sec. 4.4; erclip.py deviation 14): training length,
+lambda_p, data size, and the component ablations, on the synthetic world with the demo's settings, seeds
+lab.seeds(), claims written before the seeds ran, a figure. The schedules, one run and the real setting's
+sweep are plumbing/sweeps.py; this module holds the lab's part (stand-ins, seeds, claims, figure).
 
-  python erclip.py --sweep NAME --backbone ViT-B/16 --train-data coco-sharegpt4v --out OUT   (real data)
-  python erclip.py --demo --sweep NAME                                                     (the lab)
+  python erclip.py --demo --sweep NAME
 
 NAME: epochs | lambda-p | data-size | ablations. Each run in OUT/sweep-NAME/<run>-seed<k>/ (a sweep
-started again skips finished runs); one results file OUT/sweep-NAME/results.json. The real sweep
-runs the single run's preflight (rows, --out lock, resume settings) before any model is loaded.
-The choices (schedules, the lab's stand-ins) are erclip.py's deviations 14 and 15, discussed in
-docs/erclip.md; the paper's printed points live in eval.py (ERCLIP_LAMBDA_IN, ERCLIP_DATA,
-ERCLIP_EPOCH_CHANGE, ERCLIP_TABLE2)."""
+started again skips finished runs); one results file OUT/sweep-NAME/results.json. The choices (the
+lab's stand-ins) are erclip.py's deviation 14, discussed in docs/erclip.md (15); the paper's printed points
+live in plumbing/published.py (ERCLIP_LAMBDA_IN, ERCLIP_DATA, ERCLIP_EPOCH_CHANGE, ERCLIP_TABLE2)."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from plumbing import manifests
+from plumbing import sweeps
 import common
 import erclip
-import eval as evaluation
 import lab
 from lab import report
 from lab.demos import erclip as demo
 from plumbing import published
 
-# Every run of a sweep starts from the same initial weights in its own folder
-# (lab.sweep_run: a finished run is skipped when the sweep is started again).
-VARIANTS = {"M": dict(fusion="mean", lambda_p=0.0), "M+P": dict(fusion="mean", lambda_p=1.0),
-            "RT+P": dict(fusion="rt", lambda_p=1.0),
-            "RT": dict(fusion="rt", lambda_p=0.0),                         # not run in the paper (Sec. 4.4)
-            "L_short only": dict(fusion="mean", lambda_p=0.0, alpha=0.0)}  # not run in the paper (Sec. 4.4)
-EPOCHS = 5                                      # Sec. 4, 4.3: every run evaluated after each of 5 epochs
-LAMBDAS = (0.0, 0.25, 0.5, 1.0, 2.0)            # Sec. 4.4
-DATA_SIZES = (1000, 5000, 10000, 20000, 50000)  # Sec. 4.4, pairs: prefixes of the COCO image-id order
 # The lab's stand-ins (ours, fixed before the seeds ran): the pool is the world's 'train' split
 # (2,000 scenes), so the paper's sizes scale by 2,000 / 50,000 at the demo's fixed 40 steps; an
 # "epoch" is one pass over the first 256 scenes (8 steps of 32), so the 40 steps are 5 epochs.
 DEMO_DATA_SIZES = (40, 200, 400, 800, 2000)
 DEMO_EPOCH_POOL = 256
-# The paper's printed points: published.ERCLIP_LAMBDA_IN, ERCLIP_DATA (Sec. 4.4), ERCLIP_EPOCH_CHANGE (Sec. 4.3).
-PAPER_LAMBDA_IN, PAPER_DATA = published.ERCLIP_LAMBDA_IN, published.ERCLIP_DATA
-METRIC_COLS = published.erclip_cols()[1][3:]  # Long avg I2T ... IN
-
-
-def sweep_plan(name: str, sizes=DATA_SIZES) -> list[tuple[str, dict]]:
-    """(run name, config overrides) of a sweep, in order; 'train_pairs' means
-    a prefix of the pool."""
-    if name == "epochs":
-        return [(v, dict(VARIANTS[v], epochs=EPOCHS)) for v in ("M", "M+P", "RT+P")]
-    if name == "lambda-p":
-        return [(f"lambda_p={lp:g}", dict(fusion="mean", lambda_p=lp)) for lp in LAMBDAS]
-    if name == "data-size":
-        return [(f"N={n}", dict(VARIANTS["M+P"], train_pairs=n)) for n in sizes]
-    return list(VARIANTS.items())
 
 
 def demo_plan(name: str, sizes, first_seed: bool = True) -> list[tuple[str, dict]]:
@@ -69,142 +39,11 @@ def demo_plan(name: str, sizes, first_seed: bool = True) -> list[tuple[str, dict
     pre-registered RT+P with the fusion's own lr (lab/demos/erclip.py); there
     RT+P at the encoders' lr (M+P by construction) runs on the first seed only,
     as the check (demo.CHECK_ONLY)."""
-    own = [("RT+P own lr", dict(VARIANTS["RT+P"], epochs=EPOCHS, fusion_lr=demo.DEMO_FUSION_LR))]
+    own = [("RT+P own lr", dict(sweeps.VARIANTS["RT+P"], epochs=sweeps.EPOCHS,
+                                fusion_lr=demo.DEMO_FUSION_LR))]
     if name != "epochs":
-        return sweep_plan(name, sizes)
-    return [r for r in sweep_plan(name, sizes) if first_seed or r[0] not in demo.CHECK_ONLY] + own
-
-
-def sweep_one(cfg, root, run: str, overrides: dict, seed: int, pool, initial, measure, keep_weights=True) -> dict:
-    """One run (lab.sweep_run: folder root/run, skipped when finished): a copy
-    of the initial weights (model, train_tf, preprocess, tokenizer), train_erclip
-    with the overrides, then measure(model, preprocess, tokenizer, weights)
-    after training or, in the epochs sweep, on each epoch's checkpoint. pool:
-    the manifest that 'train_pairs' takes a prefix of."""
-    def go(folder):
-        over = dict(overrides)
-        if "train_pairs" in over:
-            over["train_data"] = str(lab.prefix_manifest(pool, over["train_pairs"], folder / "pairs.jsonl"))
-        elif pool is not None:
-            over["train_data"] = str(pool)
-        over["train_pairs"] = 0 if pool is not None else cfg.train_pairs
-        rcfg = dataclasses.replace(cfg, **over, seed=seed, out=str(folder), resume="", stop_at=0, sweep="")
-        model, train_tf, preprocess, tokenizer = initial
-        model = copy.deepcopy(model)  # the same initial weights for every run
-        torch.manual_seed(seed)  # the fusion module's initialisation, as in run_demo
-        hooks = None
-        if "epochs" in overrides:
-            rows = common.ManifestDataset(erclip.train_manifest(rcfg), need_long=True, check_images=False,
-                                          skip_bad=rcfg.skip_bad)
-            hooks = lab.EpochSnapshots(folder if keep_weights else None, cfg.backbone, len(rows) // rcfg.batch_size)
-        model, summary = erclip.train_erclip(rcfg, model, train_tf, tokenizer, hooks=hooks)
-        if hooks is None:
-            measures = [measure(model, preprocess, tokenizer, folder / "model.pt")]
-        else:
-            measures = []
-            for snap in hooks.snapshots:  # the trained model object takes each epoch's weights in turn
-                model.load_state_dict(torch.load(snap, map_location="cpu") if isinstance(snap, Path) else snap)
-                measures.append(measure(model, preprocess, tokenizer, snap if isinstance(snap, Path) else None))
-        if not keep_weights:  # the lab: the numbers are what is kept
-            lab.drop_weights(folder)
-        print(f"[erclip sweep] {run} seed {seed}: trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
-        return {"name": run, "overrides": over, "prefix": overrides.get("train_pairs"), "seed": seed,
-                "summary": summary, "measures": measures}
-    folder = re.sub(r"[^\w.=+-]+", "_", run)  # "L_short only" -> L_short_only
-    return lab.sweep_run(root, f"{folder}-seed{seed}", go)
-
-
-def run_sweep(cfg: erclip.ERCLIPConfig, sizes=None):
-    """--sweep NAME: the real setting (the paper's backbone, data and
-    evaluation tasks; one results file, the paper's layout printed), or with
-    --demo the lab (3 seeds, claims, a figure)."""
-    if cfg.demo:
-        return run_demo_sweep(cfg, sizes)
-    if manifests.dist_info()[1] > 1:
-        raise common.UsageError("--sweep runs its runs one after another in one process (the paper used one GPU); "
-                                "start it with python, not torchrun")
-    if cfg.sweep == "epochs" and cfg.steps:  # every run would stop at the same step, before its epochs' ends
-        raise common.UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; --steps "
-                                f"{cfg.steps} would cut every run short: drop --steps")
-    t0, name = time.time(), cfg.sweep
-    root = Path(cfg.out) / f"sweep-{name}"  # the preflight below locks --out for the sweep's whole length
-    tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
-                                 published.ERCLIP_SYNTHETIC_TASKS)
-    evaluation.check_tasks(tasks, cfg.data_root)
-    sizes = sizes or DATA_SIZES
-    big = dataclasses.replace(cfg, train_pairs=max(sizes)) if cfg.train_data == erclip.TRAIN_POOL else cfg
-    pool = erclip.train_manifest(big) if name == "data-size" else None  # fails at once when the data is missing
-    manifest = pool if pool is not None else erclip.train_manifest(cfg)
-    common.preflight(cfg, [manifest], need_long=True)  # rows, --out, resume settings: before any model is loaded
-
-    def measure(model, preprocess, tokenizer, weights):
-        return evaluation.evaluate(model, preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
-                                   weights=str(weights))
-
-    torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
-    initial = common.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
-    device = common.init_distributed(cfg.device)
-
-    def base(folder):
-        model = copy.deepcopy(initial[0]).to(device)
-        return {"measures": [measure(model, *initial[2:], cfg.pretrained or "pretrained")]}
-    base_records = lab.sweep_run(root, "CLIP", base)["measures"][0]
-    runs = [sweep_one(cfg, root, run, over, cfg.seed, pool, initial, measure) for run, over in sweep_plan(name, sizes)]
-    text = sweep_tables(name, base_records, runs, published.vit_key(cfg.backbone))
-    print(text)
-    common.write_results(root, {"sweep": name, "base": base_records, "runs": runs, "tables": text,
-                                "config": dataclasses.asdict(cfg), "machine": lab.machine_info(),
-                                "wall_seconds": time.time() - t0})
-    return {"base": base_records, "runs": runs, "tables": text}
-
-
-def _metrics(records) -> dict:
-    """Table 2's metrics of one evaluation, plus the means of I2T and T2I ('Long avg', 'COCO')."""
-    row = published.erclip_rows(records, "", "")[1]
-    for key in ("Long avg", "COCO"):
-        i2t, t2i = row[f"{key} I2T"], row[f"{key} T2I"]
-        row[key] = None if None in (i2t, t2i) else (i2t + t2i) / 2
-    return row
-
-
-def sweep_tables(name: str, base: list, runs: list[dict], vit: str) -> str:
-    """The real setting's sweep in the paper's layout, the paper's printed
-    numbers beside ours (Fig. 3 prints none: Sec. 4.3's ranges instead)."""
-    if name == "ablations":
-        return ("Component ablations (Sec. 4.4): the paper's Table 2 rows beside ours; RT (no L_pres) and "
-                "L_short only (alpha = 0) are the two runs the paper names as not run.\n\n"
-                + erclip.paper_tables([("CLIP", base, 0.0)] + [(r["run"].rsplit("-seed", 1)[0], r["measures"][0],
-                                                         r["overrides"]["lambda_p"]) for r in runs], vit))
-    cols = METRIC_COLS + ["Long avg", "COCO"]
-    if name == "epochs":
-        rows = [{"variant": "CLIP", "epoch": 0, **_metrics(base)}]
-        change = []
-        for r in runs:
-            v = r["run"].rsplit("-seed", 1)[0]
-            per = [_metrics(m) for m in r["measures"]]
-            rows += [{"variant": v, "epoch": k, **m} for k, m in enumerate(per, 1)]
-            change.append({"variant": v, **{c: per[-1][c] - per[0][c] if per[0][c] is not None and per[-1][c]
-                                            is not None else None for c in ("Long avg", "COCO", "C10", "IN")}})
-        change.append({"variant": "paper (Sec. 4.3)", **published.ERCLIP_EPOCH_CHANGE})
-        return (f"Fig. 3 (Sec. 4.3): R@1 and zero-shot top-1 (%) after each epoch, ViT {vit}\n\n"
-                + common.markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
-                + f"\n\nChange from epoch 1 to epoch {len(runs[0]['measures'])} (points)\n\n"
-                + common.markdown_table(change, ["variant", "Long avg", "COCO", "C10", "IN"], "{:+.2f}"))
-    if name == "lambda-p":
-        rows = [{"lambda_p": "CLIP", **_metrics(base)}] + [
-            {"lambda_p": f"{r['overrides']['lambda_p']:g}", **_metrics(r["measures"][0]),
-             "paper IN": PAPER_LAMBDA_IN.get(r["overrides"]["lambda_p"], "-")} for r in runs]
-        return (f"Preservation weight (Sec. 4.4), M, ViT {vit}; paper: ImageNet rises monotonically 58.2 -> 60.8, "
-                f"long and COCO R@1 rise by up to 1.3 and plateau for lambda_p >= 0.5, C10 within 0.4\n\n"
-                + common.markdown_table(rows, ["lambda_p", *cols, "paper IN"], "{:.2f}"))
-    rows = [{"pairs": "CLIP", **_metrics(base)}]
-    for r in runs:
-        paper = PAPER_DATA.get(r["prefix"], {})
-        rows.append({"pairs": r["prefix"], "used": r["summary"]["train_pairs"], **_metrics(r["measures"][0]),
-                     **{f"paper {k}": paper.get(k, "-") for k in ("long", "COCO", "IN")}})
-    return (f"Data size (Sec. 4.4), M+P, ViT {vit}, prefixes of one pool order; R@1 'long' / 'COCO' = mean of "
-            f"I2T and T2I\n\n" + common.markdown_table(
-                rows, ["pairs", "used", *cols, "paper long", "paper COCO", "paper IN"], "{:.2f}"))
+        return sweeps.sweep_plan(name, sizes)
+    return [r for r in sweeps.sweep_plan(name, sizes) if first_seed or r[0] not in demo.CHECK_ONLY] + own
 
 
 # --- the lab: --demo --sweep NAME (the demo's settings, lab.SEEDS, claims fixed before the runs) ---
@@ -231,7 +70,7 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
         return lab.paired(rows, a, b, key, base)
 
     if name == "epochs":
-        last = EPOCHS
+        last = sweeps.EPOCHS
         out = [lab.claim(f"long R@1 falls from epoch 1 to {last}, {v} (epoch {last} - epoch 1)",
                          published.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
@@ -252,8 +91,8 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
             lab.claim(f"... and reaches M+P by epoch 2 (RT+P own lr - M+P at epoch 2, {ZS}; equal within 1 point)",
                       "CIFAR-10, Fig. 3", d("RT+P own lr epoch 2", "M+P epoch 2", "background"), "=", margin=1.0)]
     if name == "lambda-p":
-        lp = [f"lambda_p={x:g}" for x in LAMBDAS]
-        lo, hi = PAPER_LAMBDA_IN[0.0], PAPER_LAMBDA_IN[2.0]
+        lp = [f"lambda_p={x:g}" for x in sweeps.LAMBDAS]
+        lo, hi = sweeps.PAPER_LAMBDA_IN[0.0], sweeps.PAPER_LAMBDA_IN[2.0]
         return [lab.claim(f"zero-shot rises from lambda_p 0 to 2 ({ZS})",
                           f"ImageNet {demo.rounded(hi - lo)} ({lo} -> {hi})", d(lp[-1], lp[0], "background"), "+")] + [
             lab.claim(f"... monotonically: lambda_p {a[9:]} -> {b[9:]} ({ZS})", "monotone", d(b, a, "background"), "+")
@@ -265,7 +104,7 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
     if name == "data-size":
         n = [f"N={x}" for x in DEMO_DATA_SIZES]
         def change(k, a, b, text="{a} -> {b}"):  # the paper's printed points at a and b pairs
-            x, y = PAPER_DATA[a][k], PAPER_DATA[b][k]
+            x, y = sweeps.PAPER_DATA[a][k], sweeps.PAPER_DATA[b][k]
             return f"{demo.rounded(y - x)} ({text.format(a=x, b=y)})"
         return [lab.claim("long R@1 rises up to the 10k stand-in (N=400 - N=40)",
                           change("long", 1000, 10000, "{a} at 1k -> {b} at 10k"),
@@ -306,20 +145,23 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
         return np.array([[base[key] if r == "CLIP" else rows[r][i][key] for r in names]
                          for i in range(len(lab.seeds()))])
     if name == "epochs":
-        xs, series = list(range(EPOCHS + 1)), {v: ["CLIP"] + [f"{v} epoch {k}" for k in range(1, EPOCHS + 1)]
+        epochs = sweeps.EPOCHS
+        xs, series = list(range(epochs + 1)), {v: ["CLIP"] + [f"{v} epoch {k}" for k in range(1, epochs + 1)]
                                                for v in ("M", "M+P", "RT+P own lr")}  # RT+P: one seed, = M+P
         paper, xlabel = {}, f"epoch (1 epoch = {DEMO_EPOCH_POOL} pairs = 8 steps; 0 = CLIP)"
     elif name == "lambda-p":
-        xs, series = list(LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in LAMBDAS]}
-        paper = {"paper Sec. 4.4: ImageNet top-1 (%)": (list(PAPER_LAMBDA_IN), list(PAPER_LAMBDA_IN.values()))}
+        xs, series = list(sweeps.LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in sweeps.LAMBDAS]}
+        paper = {"paper Sec. 4.4: ImageNet top-1 (%)": (list(sweeps.PAPER_LAMBDA_IN),
+                                                         list(sweeps.PAPER_LAMBDA_IN.values()))}
         xlabel = "lambda_p (weight of L_pres)"
     elif name == "data-size":
         xs, series = list(DEMO_DATA_SIZES), {"M+P": [f"N={x}" for x in DEMO_DATA_SIZES]}
-        paper = {f"paper {k}": ([n for n in PAPER_DATA if k in PAPER_DATA[n]], [v[k] for v in PAPER_DATA.values()
-                                                                                 if k in v]) for k in ("long", "COCO", "IN")}
+        data = sweeps.PAPER_DATA
+        paper = {f"paper {k}": ([n for n in data if k in data[n]], [v[k] for v in data.values() if k in v])
+                 for k in ("long", "COCO", "IN")}
         xlabel = "training pairs (prefix of one order)"
     else:
-        xs, series = ["CLIP", *VARIANTS], {"ours": ["CLIP", *VARIANTS]}
+        xs, series = ["CLIP", *sweeps.VARIANTS], {"ours": ["CLIP", *sweeps.VARIANTS]}
         paper = {f"paper Tab. 2 B/16 {k}": (["CLIP", "M", "M+P", "RT+P"], [published.ERCLIP_TABLE2[("B/16", v)][i]
                                                                           for v in ("CLIP", "M", "M+P", "RT+P")])
                  for k, i in (("long avg T2I", 1), ("ImageNet", 6))}
@@ -335,17 +177,18 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
 
 
 def demo_sweep_job(cfg: erclip.ERCLIPConfig, root, run: str, overrides: dict, seed: int, pool) -> dict:
-    """One run of a demo sweep (a lab.run_jobs job): sweep_one from freshly loaded pretrained weights, measured
-    by the demo's demo_measure, weights dropped."""
+    """One run of a demo sweep (a lab.run_jobs job): sweeps.sweep_one from freshly loaded pretrained weights,
+    measured by the demo's demo_measure, weights dropped."""
     def measure(model, preprocess, tokenizer, weights):
         return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
     initial = common.load_model(cfg.backbone, cfg.pretrained)
-    return sweep_one(cfg, root, run, overrides, seed, pool, initial, measure, keep_weights=False)
+    return sweeps.sweep_one(erclip.sweep_method(), cfg, root, run, overrides, seed, pool, initial, measure,
+                            keep_weights=False)
 
 
 def demo_sweep_base(cfg: erclip.ERCLIPConfig, root) -> dict:
     """The pretrained weights measured (a job too: one torch thread, as every run)."""
-    return lab.sweep_run(root, "CLIP", lambda folder: {"measures": [demo.measure_pretrained(cfg)]})["measures"][0]
+    return sweeps.sweep_run(root, "CLIP", lambda folder: {"measures": [demo.measure_pretrained(cfg)]})["measures"][0]
 
 
 def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PROCESSES):
@@ -356,7 +199,7 @@ def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PR
     t0, name = time.time(), cfg.sweep
     root = lab.hold_out(Path(cfg.out) / f"sweep-{name}")
     full = lab.synthetic_manifest("train", cfg.data_root)
-    pool = {"epochs": lambda: lab.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
+    pool = {"epochs": lambda: sweeps.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
             "data-size": lambda: full}.get(name, lambda: None)()
     base = lab.run_jobs(demo_sweep_base, [(cfg, root)], 1)[0]
     jobs = [(cfg, root, run, over, seed, pool) for k, seed in enumerate(lab.seeds())
