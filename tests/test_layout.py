@@ -35,14 +35,14 @@ LAYERS = (
     ("the lab: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
     ("benchmarks", ("benchmarks",)),
 )
-# Lines at most (the targets): method files, and the two shared modules
-# (a ratchet: today's sizes, which the targets - method files <= 450, dns.py <= 550, the first
-# definition within 110 lines, lines <= 100 characters, common.py <= 1,300, eval.py <= 1,100 - lower as the
-# files are moved and wrapped; gmc.py meets them, m2mix.py meets all but the length and the first definition)
-METHOD_LINES = {"erclip": 460, "longclip": 460, "m2mix": 495, "cclip": 460, "dns": 700, "gmc": 390}
-FIRST_DEF = {"erclip": 160, "longclip": 160, "m2mix": 170, "cclip": 160, "dns": 160, "gmc": 110}
-LINE_WIDTH = {"erclip": 120, "longclip": 120, "m2mix": 100, "cclip": 128, "dns": 121, "gmc": 100}
-SHARED_LINES = {"common": 1460, "eval": 1890}
+# Lines at most (the targets): method files, and the two shared modules. A ratchet at today's sizes;
+# the targets (method files <= 450, dns.py <= 550, the first definition within 110 lines, lines
+# <= 100 characters, common.py <= 1,300, eval.py <= 1,100) lower it as files are moved and wrapped. Met:
+# erclip, dns, gmc, m2mix (but its first definition), eval; not yet: longclip, cclip, common.
+METHOD_LINES = {"erclip": 445, "longclip": 460, "m2mix": 396, "cclip": 460, "dns": 528, "gmc": 387}
+FIRST_DEF = {"erclip": 110, "longclip": 127, "m2mix": 147, "cclip": 157, "dns": 110, "gmc": 110}
+LINE_WIDTH = {"erclip": 100, "longclip": 120, "m2mix": 100, "cclip": 128, "dns": 100, "gmc": 100}
+SHARED_LINES = {"common": 1400, "eval": 1056}
 
 
 def module_name(path: Path) -> str:
