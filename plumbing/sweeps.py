@@ -142,7 +142,7 @@ VARIANTS = {"M": dict(fusion="mean", lambda_p=0.0), "M+P": dict(fusion="mean", l
 EPOCHS = 5                                      # Sec. 4, 4.3: every run evaluated after each of 5 epochs
 LAMBDAS = (0.0, 0.25, 0.5, 1.0, 2.0)            # Sec. 4.4
 DATA_SIZES = (1000, 5000, 10000, 20000, 50000)  # Sec. 4.4, pairs: prefixes of the COCO image-id order
-# The paper's printed points: eval.ERCLIP_LAMBDA_IN, ERCLIP_DATA (Sec. 4.4), ERCLIP_EPOCH_CHANGE (Sec. 4.3).
+# The paper's printed points: published.ERCLIP_LAMBDA_IN, ERCLIP_DATA (Sec. 4.4), ERCLIP_EPOCH_CHANGE (Sec. 4.3).
 PAPER_LAMBDA_IN, PAPER_DATA = published.ERCLIP_LAMBDA_IN, published.ERCLIP_DATA
 METRIC_COLS = published.erclip_cols()[1][3:]  # Long avg I2T ... IN
 
