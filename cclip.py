@@ -1,22 +1,24 @@
 """C-CLIP: Multimodal Continual Learning for Vision-Language Model.
 
-Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025.
-https://proceedings.iclr.cc/paper_files/paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
-The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5 settings).
+Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025. https://proceedings.iclr.cc/paper_files/
+paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
+The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5).
 
 What this file implements
   Sec. 4.1  LoRA integration: at task t both encoders' backbone {theta, phi} is frozen, new rank-r
             adapters train and are folded in at the end of the task:
               theta_t = theta_{t-1} + alpha * DeltaW_t,   alpha = 0.5.
-  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the NEW model's embeddings,
-            targets from the frozen OLD model (end of task t-1); image and text rows stacked (2N rows):
+  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the NEW model's
+            embeddings, targets from the frozen OLD model (end of task t-1); image and text rows
+            stacked (2N rows):
               p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
               a_i = softmax_j(s p_i . z_j)_i,     b_i = softmax_j(s z_i . p_j)_i
               L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
-                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)   (both directions SUMMED);   L = L_CLIP + L_CKC
+                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)   (both directions SUMMED)
+              L = L_CLIP + L_CKC
   Sec. 3    The VLCL protocol: after every task R@1 both ways on every task's test set, unseen-set
-            retrieval, zero-shot classification; R[i][j] (row 0 = before training), BWT, forgetting,
-            PD = acc(pretrained) - acc(final) (common.run_continual, as dns.py).
+            retrieval, zero-shot classification; R[i][j] (row 0 = before training), BWT,
+            forgetting, PD = acc(pretrained) - acc(final) (common.run_continual, as dns.py).
   Sec. 5.2.1 Ablations by --method: full | lora | ckc | cclip (LoRA + CKC).
 
 Code name -> paper symbol
@@ -25,45 +27,34 @@ Code name -> paper symbol
   LoRA.A (r, in), LoRA.B (out, r) A, B;  DeltaW = (lora_alpha / r) * B @ A
   merge_alpha                    alpha (integration coefficient, Sec. 4.1)
   projector                      h_psi (Sec. 4.2)
-  p_img, p_txt / z_img, z_txt    h_psi(f_theta(v)), h_psi(g_phi(c)) / f_{theta^{t-1}}(v), g_{phi^{t-1}}(c)
+  p_img, p_txt / z_img, z_txt    h_psi(f_theta(v)), h_psi(g_phi(c)) / f_{theta^{t-1}}(v), g_..(c)
   logit_scale                    s = 1 / tau
   R[i][j] (continual.json)       R@1 on task j after tasks 1..i
 
-Deviations (no official code: "research code" = the first author's github.com/SmallPigPeppa/clip-lightning,
-clip_openai/; "KoyoImai" = the reimplementation github.com/KoyoImai/C-CLIP; each discussed in docs/cclip.md)
-  1. alpha = 0.5 merge at every task (Sec. 4.1); the research code merges at full strength, then interpolates
-     whole checkpoints (a_mix.py / a_mix.sh: 1:1 after task 2, 2:1 old:new later): --merge-schedule research.
-  2. LoRA acts on the attention: parametrizations of in_proj_weight, out_proj.weight, c_fc, c_proj in both
-     towers (the research code's peft out_proj adapters never act): --lora-targets.
-  3. LoRA dropout masks A's input columns, one mask per step (a parametrization sees no activations);
-     default 0 (research code, KoyoImai: 0.1): --lora-dropout 0.1.
-  4. Only adapters and h_psi train (Sec. 4.1); --train-rest also trains every unadapted weight (research code).
-  5. h_psi sees unnormalised embeddings, one call per modality; CKC's temperature is the current logit_scale
-     (the paper gives none; KoyoImai: 0.07). Not offered.
+Deviations (no official code: "research code" = the first author's SmallPigPeppa/clip-lightning,
+clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in docs/cclip.md)
+  1. alpha = 0.5 merge every task (Sec. 4.1); research code: full, then a_mix: --merge-schedule.
+  2. LoRA on the attention too: parametrizations of in_proj, out_proj, c_fc, c_proj: --lora-targets.
+  3. LoRA dropout masks A's input columns, one mask per step; default 0 (others 0.1).
+  4. Only adapters and h_psi train (Sec. 4.1); --train-rest also the rest (research code).
+  5. h_psi on unnormalised embeddings, per modality; CKC's temperature the current logit_scale.
   6. Features are gathered over ranks before both losses (the research code does not).
-  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); weight decay 0.2 (Sec. 5; research code: --wd 0.1).
-  8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale frozen in lora / cclip, at --lr in
-     full / ckc and with --train-rest (research code: the text lr).
-  9. Zero-shot PD on ImageNet, CIFAR-100 (2 of Sec. 3.2's 6); add more: --zero-shot ...,imagefolder:<path>.
- 10. L_CKC as printed, the SUM of both directions; the research code and KoyoImai average: --ckc-directions mean.
- 11. Image and text rows stacked along the batch (2N x 2N), as printed; KoyoImai: along the features. Not offered.
- 12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one across tasks. Not offered.
- 13. Per-step cosine to 0 after --warmup; the research code steps pl_bolts' LinearWarmupCosineAnnealingLR per epoch
-     (5 warm-up epochs, start and floor 1 % of the image lr; up to 0.198 apart) and trains h_psi at the image
-     lr: --schedule research --projector-lr image. 14. Decay on every parameter (research code): --decay-all.
+  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); weight decay 0.2 (research code: 0.1).
+  8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale per method.
+  9. Zero-shot PD on ImageNet, CIFAR-100 (2 of Sec. 3.2's 6); more: --zero-shot imagefolder:<path>.
+ 10. L_CKC as printed, the SUM of both directions; the research code's mean: --ckc-directions.
+ 11. Image and text rows stacked along the batch (2N x 2N), as printed; KoyoImai: the features.
+ 12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one.
+ 13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
+ 14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
 
-Commands (the paper's 8 tasks as data/vlcl/<name>/{train,test}.jsonl, the unseen set data/vlcl/havg/test.jsonl)
-  python -m plumbing.vlcl [--source research|koyoimai]                        # builds them from their public sources
-  python cclip.py --tasks vlcl --out runs/cclip                       # one GPU
-  torchrun --nproc_per_node 8 cclip.py --tasks vlcl --out runs/cclip  # global batch split, features gathered
-  python cclip.py --tasks vlcl --out runs/cclip --resume latest       # continue (at a task boundary or mid-task)
-  python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5 --lr-text 1e-4  # your own
-  python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest  # deviations 3, 4, 7, 10
-  python cclip.py --demo  # the lab (lab/demos/cclip.py): 4 synthetic domains + an unseen one, tiny backbone, CPU
+Commands (the 8 tasks as data/vlcl/<name>/{train,test}.jsonl, unseen: data/vlcl/havg/test.jsonl)
+  python -m plumbing.vlcl [--source research|koyoimai]     # builds them from their public sources
+  python cclip.py --tasks vlcl --out runs/cclip [--resume latest]    # one GPU (torchrun: DDP)
+  python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5  # your own
+  python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
+  python cclip.py --demo  # the lab (lab/demos/cclip.py): 4 synthetic domains + an unseen one, CPU
 """
-# =============================================================================
-# Imports
-# =============================================================================
 from __future__ import annotations
 
 import copy
@@ -72,18 +63,12 @@ import math
 import sys
 from pathlib import Path
 
-from plumbing import flags  # torch-free: the settings and their parser (--help answers before torch loads)
+from plumbing import flags  # torch-free: the settings and their parser (--help before torch loads)
 
 
 # =============================================================================
 # Config
 # =============================================================================
-PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
-# (image lr, text lr) per task (Sec. 5.2.3; COCO's printed, the others from the research code, lexica, kream and
-# sketch our assumption: docs/cclip.md, "Per-task learning rates")
-PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
-                  **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
-PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six that eval.py loads by name
 DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.c_proj.weight"
 METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 
@@ -91,53 +76,66 @@ METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 @dataclasses.dataclass(frozen=True)
 class CClipConfig(flags.Config):
     backbone: str = flags.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
-    method: str = flags.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)", choices=METHODS)
-    tasks: str = flags.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), 'synthetic' "
-                                   "(the lab's 4 domains; 'synthetic-long': long captions), name=train[:test],... "
-                                   "in order; 'auto': vlcl under --data-root, else synthetic with --backbone tiny")
-    unseen: str = flags.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / the "
-                                    "lab's; '' = none)")
-    zero_shot: str = flags.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,cifar100 for "
-                                       "vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
+    method: str = flags.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)",
+                            choices=METHODS)
+    tasks: str = flags.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}"
+                           ".jsonl), 'synthetic' (the lab's 4 domains; 'synthetic-long': long "
+                           "captions), name=train[:test],... in order; 'auto': vlcl under "
+                           "--data-root, else synthetic with --backbone tiny")
+    unseen: str = flags.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's "
+                            "havg / the lab's; '' = none)")
+    zero_shot: str = flags.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': "
+                               "imagenet,cifar100 for vlcl, deviation 9 / the lab's synthetic-* "
+                               "sets; '' = none)")
     # LoRA integration (Sec. 4.1)
     lora_rank: int = flags.arg(16, "LoRA rank r (Sec. 5)")
-    lora_alpha: float = flags.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A (research code)")
-    lora_dropout: float = flags.arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
-    lora_targets: str = flags.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, both towers")
+    lora_alpha: float = flags.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A "
+                                  "(research code)")
+    lora_dropout: float = flags.arg(0.0, "dropout on the adapter's input features (ours, "
+                                    "deviation 3)")
+    lora_targets: str = flags.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, "
+                                  "both towers")
     merge_alpha: float = flags.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    merge_schedule: str = flags.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: a_mix.sh "
-                                             "(deviation 1)", choices=("alpha", "research"))
-    train_rest: bool = flags.arg(False, "also train non-adapted weights, like the research code (deviation 4)")
+    merge_schedule: str = flags.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | "
+                                    "research: a_mix.sh (deviation 1)",
+                                    choices=("alpha", "research"))
+    train_rest: bool = flags.arg(False, "also train non-adapted weights, like the research code "
+                                 "(deviation 4)")
     # CKC (Sec. 4.2)
     proj_hidden: int = flags.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
     ckc_weight: float = flags.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
-    ckc_directions: str = flags.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. 4.2) | mean: "
-                                           "their mean, the research code (deviation 10)", choices=("sum", "mean"))
+    ckc_directions: str = flags.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. "
+                                    "4.2) | mean: their mean, the research code (deviation 10)",
+                                    choices=("sum", "mean"))
     # optimisation (Sec. 5)
     epochs: int = flags.arg(40, "epochs per task (Sec. 5)")
     batch_size: int = flags.arg(1024, "global batch (Sec. 5)")
     lr: float = flags.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
     lr_image: float = flags.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
     lr_text: float = flags.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = flags.arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets (Sec. 5.2.3)",
-                               choices=("paper", "none"))
+    lr_preset: str = flags.arg("paper", "'paper': per-task (image, text) lrs for the paper's "
+                               "datasets (Sec. 5.2.3)", choices=("paper", "none"))
     wd: float = flags.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = flags.arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = flags.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
-    schedule: str = flags.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, from and to 1 "
-                                       "% (deviation 13)", choices=("paper", "research"))
-    projector_lr: str = flags.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research code)",
-                                  choices=("lr", "image"))
-    out: str = flags.arg("runs/cclip", "output folder: continual.json, results.json, per-task folders, model.pt")
+    schedule: str = flags.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per "
+                              "epoch, from and to 1 % (deviation 13)",
+                              choices=("paper", "research"))
+    projector_lr: str = flags.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's "
+                                  "(research code)", choices=("lr", "image"))
+    out: str = flags.arg("runs/cclip", "output folder: continual.json, results.json, per-task "
+                         "folders, model.pt")
     resume: str = flags.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
-    eval_n: int = flags.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n scenes (0: all)")
+    eval_n: int = flags.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their "
+                            "first n scenes (0: all)")
     threads: int = flags.arg(0, "ours: CPU threads for torch (0: torch's default)")
-    stop_after_tasks: int = flags.arg(0, "ours: leave after this many tasks as if interrupted (tests resume)")
+    stop_after_tasks: int = flags.arg(0, "ours: leave after this many tasks as if interrupted "
+                                      "(tests resume)")
     demo: bool = flags.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
 
-if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (2-5 s)
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below
     flags.answer_early(CClipConfig)
 
 import torch
@@ -148,6 +146,7 @@ from torch.nn.utils import parametrize
 import common
 import eval as evaluation
 from plumbing import cclip_tasks, wise_ft
+from plumbing.cclip_tasks import PAPER_TASKS, resolve_eval_sets, resolve_tasks, task_lrs
 
 
 # =============================================================================
@@ -165,16 +164,17 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
         b_i = exp(s z_i.p_i) / sum_{j=1}^{2N} exp(s z_i.p_j)      old -> new
         L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
               = CE(s p z^T, arange(2N)) + CE(s z p^T, arange(2N))
-    directions="sum" is that printed form; "mean" halves it (the research code's average of the two
-    directions, deviation 10), which equals common.clip_loss(p, z, s). Row i's positive is the old embedding
-    of the same image (text); the other 2N - 1 old embeddings, of both modalities, are its negatives."""
+    directions="sum" is that printed form; "mean" halves it (the research code's average of the
+    two directions, deviation 10), which equals common.clip_loss(p, z, s). Row i's positive is the
+    old embedding of the same image (text); the other 2N - 1 old embeddings, of both modalities,
+    are its negatives."""
     if directions not in ("sum", "mean"):
         raise ValueError(f"directions is 'sum' or 'mean', not {directions!r}")
-    p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D): image rows, then text rows
+    p = F.normalize(torch.cat([p_img, p_txt]).float(), dim=-1)  # (2N, D): image rows, then text
     z = F.normalize(torch.cat([z_img, z_txt]).float(), dim=-1)  # (2N, D)
     logits = logit_scale * p @ z.t()  # (2N, 2N): s p_i . z_j
     labels = torch.arange(len(p), device=p.device)  # the positive of row i is column i
-    # Sec. 4.2: -1/(2N) sum_i log a_i (rows: new -> old) and -1/(2N) sum_i log b_i (columns: old -> new)
+    # Sec. 4.2: -1/(2N) sum_i log a_i (rows: new -> old), -1/(2N) sum_i log b_i (cols: old -> new)
     new_to_old, old_to_new = F.cross_entropy(logits, labels), F.cross_entropy(logits.t(), labels)
     # Sec. 4.2: L_CKC = the two summed (as printed); "mean": their average (deviation 10)
     total = new_to_old + old_to_new
@@ -188,9 +188,11 @@ class LoRA(nn.Module):
     """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
 
     Because it replaces the weight tensor itself, it acts wherever the weight is read, including
-    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter changes nothing."""
+    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter
+    changes nothing."""
 
-    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float,
+                 dropout: float = 0.0):
         super().__init__()
         self.A = nn.Parameter(torch.empty(rank, in_features))  # (r, in)
         self.B = nn.Parameter(torch.zeros(out_features, rank))  # (out, r)
@@ -205,7 +207,8 @@ class LoRA(nn.Module):
     def forward(self, weight):
         if isinstance(self.dropout, nn.Identity) or not self.training:
             return weight + self.delta().to(weight.dtype)
-        mask = self.dropout(torch.ones(self.A.shape[1], device=self.A.device, dtype=self.A.dtype))  # (in,)
+        mask = self.dropout(torch.ones(self.A.shape[1], device=self.A.device,
+                                       dtype=self.A.dtype))  # (in,)
         return weight + (self.scale * (self.B @ (self.A * mask))).to(weight.dtype)  # deviation 3
 
 
@@ -222,13 +225,15 @@ def _targets(model, targets):
 
 def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
              targets=tuple(DEFAULT_TARGETS.split(","))):
-    """Freezes every weight of `model` and adds zero-initialised LoRA adapters (Sec. 4.1) to each 2-D
-    parameter whose name ends in one of `targets` (default: attention in/out and MLP weights of both towers).
-    The outputs are unchanged until the adapters train. Returns the list of adapted parameter names."""
+    """Freezes every weight of `model` and adds zero-initialised LoRA adapters (Sec. 4.1) to each
+    2-D parameter whose name ends in one of `targets` (default: attention in/out and MLP weights of
+    both towers). The outputs are unchanged until the adapters train. Returns the list of adapted
+    parameter names."""
     model.requires_grad_(False)
     found = _targets(model, tuple(targets))
     if not found:
-        raise ValueError(f"add_lora: no plain parameter ends in any of {targets} (already adapted? merge first)")
+        raise ValueError(f"add_lora: no plain parameter ends in any of {targets} (already adapted? "
+                         f"merge first)")
     for mod, p_name, _ in found:
         w = getattr(mod, p_name)
         lora = LoRA(w.shape[0], w.shape[1], rank, alpha, dropout).to(w.device)
@@ -238,9 +243,9 @@ def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
 
 @torch.no_grad()
 def merge_lora(model, coef: float = 0.5):
-    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (Sec. 4.1, coef = alpha), and removes
-    the parametrizations: the model is a plain open_clip model again, its state_dict has the original keys, and
-    every weight is trainable."""
+    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (Sec. 4.1, coef = alpha),
+    and removes the parametrizations: the model is a plain open_clip model again, its state_dict
+    has the original keys, and every weight is trainable."""
     for mod in list(model.modules()):
         if not parametrize.is_parametrized(mod):
             continue
@@ -250,7 +255,7 @@ def merge_lora(model, coef: float = 0.5):
             if len(loras) != len(plist):
                 raise ValueError(f"merge_lora: {p_name} carries a parametrization that is not LoRA")
             theta = plist.original
-            merged = theta + coef * sum(lora.delta() for lora in loras)  # Sec. 4.1: theta + alpha * DeltaW
+            merged = theta + coef * sum(lora.delta() for lora in loras)  # Sec. 4.1: + alpha DW
             parametrize.remove_parametrizations(mod, p_name, leave_parametrized=False)
             getattr(mod, p_name).copy_(merged)
     model.requires_grad_(True)
@@ -265,8 +270,9 @@ def projector(dim: int, hidden: int = 2048):
 
 
 class CClip(common.Method):
-    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC when a projector and the old model
-    are given; features / losses as common.Method (forward: the named, already-weighted loss terms)."""
+    """One task's training step: L_CLIP on the (adapted) model, plus L_CKC when a projector and the
+    old model are given; features / losses as common.Method (forward: the named, already-weighted
+    loss terms)."""
 
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
@@ -274,17 +280,19 @@ class CClip(common.Method):
                  label_smoothing: float = 0.0, ckc_directions: str = "sum"):
         super().__init__()
         self.model, self.teacher, self.projector = model, teacher, projector
-        self.ckc_weight, self.label_smoothing, self.ckc_directions = ckc_weight, label_smoothing, ckc_directions
+        self.ckc_weight, self.label_smoothing = ckc_weight, label_smoothing
+        self.ckc_directions = ckc_directions
         if teacher is not None:
             teacher.requires_grad_(False).eval()
 
     def features(self, batch, ctx=None):
         f = {"img": self.model.encode_image(batch["image"]),  # (b, D) f_theta(v), unnormalised
-             "txt": common.encode_text(self.model, batch["text"], normalize=False)}  # (b, D) g_phi(c)
+             "txt": common.encode_text(self.model, batch["text"], normalize=False)}  # g_phi(c)
         if self.projector is not None and not getattr(ctx, "replay", False):
             with torch.no_grad():
                 f["z_img"] = self.teacher.encode_image(batch["image"])  # (b, D) f_{theta^{t-1}}(v)
-                f["z_txt"] = common.encode_text(self.teacher, batch["text"], normalize=False)  # (b, D)
+                f["z_txt"] = common.encode_text(self.teacher, batch["text"],
+                                                normalize=False)  # (b, D) g_{phi^{t-1}}(c)
         return f
 
     def losses(self, f, ctx=None):
@@ -292,10 +300,11 @@ class CClip(common.Method):
         scale = self.model.logit_scale.exp()
         losses = {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
         if self.projector is not None:
-            p_img, p_txt = self.projector(f["img"]), self.projector(f["txt"])  # (b, D) each, deviation 5
+            p_img, p_txt = self.projector(f["img"]), self.projector(f["txt"])  # (b, D), deviation 5
             p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, f["z_img"], f["z_txt"])
             # Sec. 4.2: L = L_CLIP + L_CKC
-            losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale, self.ckc_directions)
+            losses["loss_ckc"] = self.ckc_weight * ckc_loss(p_img, p_txt, z_img, z_txt, scale,
+                                                            self.ckc_directions)
         return losses
 
 
@@ -304,38 +313,6 @@ class CClip(common.Method):
 # =============================================================================
 class Interrupted(Exception):
     """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
-
-
-def resolve_tasks(cfg) -> list[common.Task]:
-    if cfg.tasks == "synthetic-long":  # ours: the lab's 4 domain tasks, trained and tested on their long captions
-        return [common.Task(*t) for t in common.lab_hook("long_task_manifests")(cfg.data_root)]
-    if cfg.tasks == "vlcl":
-        root = Path(cfg.data_root) / "vlcl"
-        spec = ",".join(f"{n}={root / n / 'train.jsonl'}:{root / n / 'test.jsonl'}" for n in PAPER_TASKS)
-        return common.parse_tasks(spec, cfg.data_root)
-    return common.parse_tasks(cfg.tasks, cfg.data_root)
-
-
-def resolve_eval_sets(cfg):
-    """(unseen retrieval set or None, zero-shot classification sets)."""
-    unseen = cfg.unseen
-    if unseen == "auto":
-        unseen = {"synthetic": "synthetic-unseen", "synthetic-long": "synthetic-unseen-long",
-                  "vlcl": str(Path(cfg.data_root) / "vlcl" / "havg" / "test.jsonl")}.get(cfg.tasks, "")
-    if cfg.zero_shot != "auto":
-        zero_shot = [z for z in cfg.zero_shot.split(",") if z]
-    elif cfg.tasks.startswith("synthetic"):  # the lab's sets (registered in eval when the lab is loaded)
-        zero_shot = [z for z in evaluation.CLASSIFICATION_TASKS if z.startswith("synthetic-")]
-    else:  # vlcl: deviation 9; a sequence of your own: none
-        zero_shot = list(PAPER_ZERO_SHOT) if cfg.tasks == "vlcl" else []
-    return unseen or None, zero_shot
-
-
-def task_lrs(cfg, task_name: str):
-    """(image lr, text lr): the paper's preset for its datasets (Sec. 5.2.3), else --lr-image / --lr-text (0: --lr)."""
-    if cfg.lr_preset == "paper" and task_name.lower() in PAPER_TASK_LRS:
-        return PAPER_TASK_LRS[task_name.lower()]
-    return cfg.lr_image or cfg.lr, cfg.lr_text or cfg.lr
 
 
 def make_lr_of(cfg, lr_image, lr_text):
@@ -352,7 +329,8 @@ def make_lr_of(cfg, lr_image, lr_text):
 
 
 def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
-    """The continual sequence for one method; returns the summary (first_row: row 0, when the caller has it)."""
+    """The continual sequence for one method; returns the summary (first_row: row 0, when the
+    caller has it)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
@@ -363,8 +341,8 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
               "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
-    model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained, device=device,
-                                                            cache_dir=cfg.cache_dir)
+    model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
+                                                            device=device, cache_dir=cfg.cache_dir)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
 
@@ -372,10 +350,11 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         if cfg.stop_after_tasks and i >= cfg.stop_after_tasks:
             raise Interrupted(f"stopped before task {i + 1} (--stop-after-tasks)")
         torch.manual_seed(cfg.seed + i)  # fresh adapters / projector, the same on resume
-        teacher = copy.deepcopy(model) if use_ckc else None  # the model as it was at the end of task i-1
+        teacher = copy.deepcopy(model) if use_ckc else None  # the model at the end of task i-1
         previous = copy.deepcopy(model.state_dict()) if cfg.merge_schedule == "research" else None
         if use_lora:
-            add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","))
+            add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                     cfg.lora_targets.split(","))
             if cfg.train_rest:  # deviation 4: everything but the adapted (frozen) originals trains
                 for name, p in model.named_parameters():
                     p.requires_grad_(not name.endswith(".original"))
@@ -383,27 +362,35 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
         net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
         lr_image, lr_text = task_lrs(cfg, task.name)
-        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "", train_data=task.train)
+        task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
+                                       train_data=task.train)
         dataset = common.training_set(cfg, task.train, train_tf)
-        schedule = (cclip_tasks.epoch_warmup_cosine(len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs,
-                    0.01 * lr_image, 0.01 * lr_image) if cfg.schedule == "research" else None)  # deviation 13
+        schedule = (cclip_tasks.epoch_warmup_cosine(  # deviation 13
+            len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs, 0.01 * lr_image,
+            0.01 * lr_image) if cfg.schedule == "research" else None)
         summary = common.train(task_cfg, net, dataset, common.Collate(tokenizer),
-                               lr_of=make_lr_of(cfg, lr_image, lr_text), export=False, schedule=schedule)
+                               lr_of=make_lr_of(cfg, lr_image, lr_text), export=False,
+                               schedule=schedule)
         if "stopped_at" in summary:
-            raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} (--stop-at)")
-        if use_lora:  # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (deviation 1)
+            raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} "
+                              f"(--stop-at)")
+        # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (dev. 1)
+        if use_lora:
             merge_lora(model, 1.0 if cfg.merge_schedule == "research" else cfg.merge_alpha)
-        if cfg.merge_schedule == "research" and i > 0:  # a_mix.py: new share 1/2 after task 2, 1/3 after later ones
-            model.load_state_dict(wise_ft.interpolate_weights(previous, model.state_dict(), 1 / (1 + min(i, 2))))
+        # a_mix.py: new share 1/2 after task 2, 1/3 after later ones
+        if cfg.merge_schedule == "research" and i > 0:
+            model.load_state_dict(wise_ft.interpolate_weights(previous, model.state_dict(),
+                                                                 1 / (1 + min(i, 2))))
         model.requires_grad_(True)
         if rank == 0:
-            common.save_model(model, Path(task_out) / "model.pt", cfg.backbone, source=f"cclip task {i + 1}")
+            common.save_model(model, Path(task_out) / "model.pt", cfg.backbone,
+                              source=f"cclip task {i + 1}")
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
-    def evaluate():  # one row of the matrices (Sec. 3.3): R@1 both ways per task, 'R@1' their mean; scalars
+    def evaluate():  # a row of the matrices (Sec. 3.3): R@1 per task both ways, 'R@1' their mean
         names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
-        records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root, device=device,
-                                      synthetic_n=cfg.eval_n or None)
+        records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root,
+                                      device=device, synthetic_n=cfg.eval_n or None)
         row = evaluation.continual_row(records, names, zero_shot=extra)
         i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
         row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
@@ -413,18 +400,20 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         if rank == 0:
             common.save_model(model, path, cfg.backbone, source="cclip task boundary")
 
-    if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (with any resume overrides)
+    if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)
         common.write_config(cfg, out)
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state,
         lambda path: model.load_state_dict(common.load_weights_only(path, map_location=device)),
-        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr), first_row=first_row)
+        resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr),
+        first_row=first_row)
     if rank == 0:
         common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
         if cfg.export:  # the merged model, in open_clip's hub layout
             common.export_open_clip(model, cfg.export, cfg.backbone)
-        common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks], **summary}, cfg)
+        common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks],
+                                   **summary}, cfg)
     return summary
 
 
@@ -439,10 +428,12 @@ def main(argv=None):
     cfg = common.parse_config(CClipConfig, argv)
     if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
-    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
+    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS
+             for s in ("train", "test")]
     cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python -m plumbing.vlcl builds them)")
-    common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # every task, before any model
+                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python "
+                              "-m plumbing.vlcl builds them)")
+    common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # before a model
     try:
         summary = run(cfg)
     except Interrupted as e:

@@ -7,10 +7,12 @@ world), training_sets (ERCLIP's COCO + ShareGPT4V set), runfolder (the --out loc
 Above common, below eval (eval imports the first and last): m2mix_analysis (m2-Mix's geometry, ECE, SIMAT
 score and tables), train_manifests (the Karpathy / COCO training manifests, m2mix.py's choice of them) and
 wise_ft (WiSE-FT's weight interpolation). Above common and eval: export, vlcl (C-CLIP's benchmark
-builder), cclip_tasks (C-CLIP's research schedule), write_shards, mosei (GMC's MOSEI reader) and cmcl
-(DNS's plumbing: frozen CLIP features and the maps' evaluation; CMCL's feature readers, step plan and
-tables; the drivers; the projection's activation form and operation counts). tests/test_layout.py holds
-the order.
+builder), cclip_tasks (C-CLIP's task list, evaluation sets, per-task learning rates, research schedule),
+write_shards, mosei (GMC's MOSEI reader), cmcl (DNS's plumbing: frozen CLIP features and the maps'
+evaluation; CMCL's feature readers, step plan and tables; the drivers; the projection's activation form and
+operation counts), sweeps (ERCLIP's sweeps on real data and the folder plumbing of every sweep: one folder
+per run, data prefixes, per-epoch snapshots) and longclip_data (Long-CLIP's training manifests, its short
+caption, an erclip.py results file read back). tests/test_layout.py holds the order.
 
 The method files (erclip.py, longclip.py, m2mix.py, cclip.py, dns.py, gmc.py) sit on common.py and eval.py;
 this package is their plumbing. Its commands run from the repository's root:

@@ -18,9 +18,9 @@ from torch.nn.utils import parametrize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
+from plumbing import cclip_tasks  # noqa: E402
 import common  # noqa: E402
 import lab  # noqa: E402
-from plumbing import cclip_tasks  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
 from plumbing import wise_ft  # noqa: E402
 
@@ -279,9 +279,9 @@ def test_ckc_pulls_the_new_embeddings_toward_the_old_ones(tiny):
 
 def test_lr_of_splits_the_encoders_and_the_paper_preset():
     cfg = common.parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
-    assert cclip.task_lrs(cfg, "COCO") == (5e-7, 4e-5)  # Sec. 5.2.3 preset
-    assert cclip.task_lrs(cfg, "mine") == (2e-6, 3e-5)
-    lr_of = cclip.make_lr_of(cfg, *cclip.task_lrs(cfg, "flickr30k"))
+    assert cclip_tasks.task_lrs(cfg, "COCO") == (5e-7, 4e-5)  # Sec. 5.2.3 preset
+    assert cclip_tasks.task_lrs(cfg, "mine") == (2e-6, 3e-5)
+    lr_of = cclip.make_lr_of(cfg, *cclip_tasks.task_lrs(cfg, "flickr30k"))
     assert lr_of("model.visual.transformer.resblocks.0.attn.parametrizations.in_proj_weight.0.A") == 8.6e-6
     assert lr_of("model.transformer.resblocks.0.mlp.c_fc.parametrizations.weight.0.B") == 1.3e-4
     assert lr_of("model.token_embedding.weight") == 1.3e-4
@@ -370,10 +370,10 @@ def test_real_runs_evaluate_no_synthetic_set_by_default(tmp_path):
     a.write_text("")
     assert any(z.startswith("synthetic-") for z in cclip.evaluation.CLASSIFICATION_TASKS)
     vlcl = common.parse_config(cclip.CClipConfig, ["--tasks", "vlcl", "--data-root", str(tmp_path)])
-    assert cclip.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"), ["imagenet", "cifar100"])
+    assert cclip_tasks.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"), ["imagenet", "cifar100"])
     mine = common.parse_config(cclip.CClipConfig, ["--tasks", f"a={a}"])
-    assert cclip.resolve_eval_sets(mine) == (None, [])
-    unseen, zero_shot = cclip.resolve_eval_sets(common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
+    assert cclip_tasks.resolve_eval_sets(mine) == (None, [])
+    unseen, zero_shot = cclip_tasks.resolve_eval_sets(common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
     assert unseen == "synthetic-unseen" and zero_shot and all(z.startswith("synthetic-") for z in zero_shot)
 
 
@@ -382,7 +382,7 @@ def test_synthetic_long_tasks_come_from_the_lab(tmp_path, shrink_world):
     shrink_world(lambda k: 8 if k.startswith("task-") else None)
     cfg = common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic-long", "--data-root", str(tmp_path)])
     short = common.parse_tasks("synthetic", str(tmp_path))
-    tasks = cclip.resolve_tasks(cfg)
+    tasks = cclip_tasks.resolve_tasks(cfg)
     assert [t.name for t in tasks] == [t.name for t in short]
     for t, s in zip(tasks, short):
         long_rows, rows = common.read_manifest(t.train), common.read_manifest(s.train)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from plumbing import longclip_data
 import common
 import lab
 import eval as evaluation
@@ -220,10 +221,10 @@ def test_collate_short_caption_modes(tiny_random):
     items = [{"image": eval_tf(lab.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
               "index": i} for i, s in enumerate(scenes)]
     first = longclip.LongCaptionCollate(tok, "first-sentence")(items)
-    assert first["caption"] == [longclip.first_sentence(s["long_caption"]) for s in scenes]
+    assert first["caption"] == [longclip_data.first_sentence(s["long_caption"]) for s in scenes]
     assert torch.equal(first["text"], tok(first["caption"])) and first["long_text"].shape == (2, TINY_WINDOW)
     assert longclip.LongCaptionCollate(tok, "caption")(items)["caption"] == [s["caption"] for s in scenes]
-    assert longclip.first_sentence("The image shows a cat. It sleeps.\nOn a mat.") == "The image shows a cat"
+    assert longclip_data.first_sentence("The image shows a cat. It sleeps.\nOn a mat.") == "The image shows a cat"
 
 
 # ----------------------------------------------------------------------------- saving, loading, resume
@@ -302,7 +303,7 @@ def test_sharegpt4v_manifest_on_a_fixture(tmp_path):
     sg = root / "sharegpt4v" / "sg.json"
     sg.parent.mkdir(parents=True)
     sg.write_text(json.dumps(records))
-    path = longclip.sharegpt4v_manifest(sg, root / "longclip", holdout=1)
+    path = longclip_data.sharegpt4v_manifest(sg, root / "longclip", holdout=1)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["caption"], r["long_caption"]) for r in rows] == [
         ("The image shows a dog", "The image shows a dog. It runs. On grass."),
@@ -320,14 +321,14 @@ def test_sharegpt4v_manifest_is_rebuilt_when_its_json_changes(tmp_path, capsys):
         return {"image": image, "conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": text}]}
     sg = tmp_path / "sg.json"
     sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/1.jpg", "First. One.")]))
-    path = longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1)
+    path = longclip_data.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1)
     assert json.loads((tmp_path / "longclip" / (path.name + ".json")).read_text())["sources"] == \
         common.source_stamp({"sharegpt4v": sg})
-    assert longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
+    assert longclip_data.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
     assert "rebuilding" not in capsys.readouterr().err  # the same json: reused
     sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/2.jpg", "Changed. Two."),
                               rec("coco/train2017/3.jpg", "Three.")]))
-    assert longclip.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
+    assert longclip_data.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
     assert "rebuilding it" in capsys.readouterr().err
     assert [json.loads(line)["caption"] for line in path.read_text().splitlines()] == ["Changed", "Three."]
 

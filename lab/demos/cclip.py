@@ -15,11 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from plumbing.cclip_tasks import resolve_eval_sets, resolve_tasks
 import cclip
 import common
 import eval as evaluation
 import lab
-from cclip import CClipConfig, resolve_eval_sets, resolve_tasks, run
+from cclip import CClipConfig, run
 from plumbing import published
 
 # Demo-only settings (ours, not the paper's): tiny backbone, the 4 synthetic

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plumbing import longclip_data
 import common
 import lab
 import longclip
@@ -160,7 +161,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
     short_window = longclip.original_context(cfg.backbone)
     base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]
-    manifest = longclip.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
+    manifest = longclip_data.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
     runs, names = {ERCLIP_NAME: []}, {}
     for seed in lab.seeds():
         with lab.scratch_run(out / f"ERCLIP-MP-seed{seed}") as run_out:
