@@ -18,7 +18,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lab  # noqa: E402,F401  the synthetic world and the tiny backbone register themselves with common and eval
-# one torch thread per worker (the workers fill the cores); without xdist (-p no:xdist) two, as before
+# one torch thread per worker (the workers fill the cores); serially (-n 0) two, as before (the test modules that
+# set one thread at import still do)
 torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
 
 
