@@ -542,7 +542,8 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def _check(self, r):
         cap = self._caption(r)
-        for name, value in ((self.caption_key, cap), ("long_caption", r.get("long_caption") if self.need_long else "x")):
+        for name, value in ((self.caption_key, cap),
+                            ("long_caption", r.get("long_caption") if self.need_long else "x")):
             if not isinstance(value, str):
                 return f"no {name}" if value is None else f"{name} is not text ({type(value).__name__} {value!r:.40})"
             if not value.strip():
@@ -1079,8 +1080,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         _atomic_save({"net": checkpoint_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                       "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step, "skipped_steps": int(n_skipped),
                       "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg),
-                      "resume_overrides": overrides, "data": data},
-                     out / "checkpoints" / f"{tag}.pt")
+                      "resume_overrides": overrides, "data": data}, out / "checkpoints" / f"{tag}.pt")
 
     from tqdm.auto import tqdm
     bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)

@@ -346,7 +346,7 @@ def _sharegpt4v_1k(root, strict=False):
 def _docci(root, strict=False):
     root = Path(root)
     js = _require(root / "docci/docci_descriptions.jsonlines", "docci", root)
-    recs = [json.loads(l) for l in js.read_text(encoding="utf-8").splitlines() if l.strip()]
+    recs = [json.loads(line) for line in js.read_text(encoding="utf-8").splitlines() if line.strip()]
     recs = [r for r in recs if r["split"] == "test"]
     return _finish("docci", [root / "docci/images" / r["image_file"] for r in recs],
                    [" ".join(r["description"].split()) for r in recs], range(len(recs)),

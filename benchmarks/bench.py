@@ -590,7 +590,7 @@ def bench_loop(quick, backbone, tmp):
     cfg = common.Config(steps=steps + 1, batch_size=b, lr=1e-6, workers=0, precision=precision,
                         out=str(tmp / "ours"), save_every=0, log_every=1, device=str(DEVICE))
     common.train(cfg, lab.ClipFineTune(model), data, common.Collate(tok), export=False)
-    ours = [json.loads(l)["sec_per_step"] for l in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()][1:]
+    ours = [json.loads(line)["sec_per_step"] for line in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()][1:]
 
     # open_clip_train: the same model, data, batch, precision and plain CLIP loss
     torch.manual_seed(0)
@@ -790,7 +790,8 @@ def bench_manifest(quick, tmp: Path):
         out[kind] = max(loader)
         del loader, rows
     record(f"DataLoader worker private memory, {n}-row manifest: packed rows vs dicts", out["packed"], out["dicts"],
-           kind="cost", goal=0.25, unit="MiB", note=f"50,000 random rows read per worker; manifest read in {build:.1f}s")
+           kind="cost", goal=0.25, unit="MiB",
+           note=f"50,000 random rows read per worker; manifest read in {build:.1f}s")
 
 
 def _accum_child(method, backbone, b, k):

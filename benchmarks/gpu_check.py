@@ -11,9 +11,10 @@ What it runs, in order (each section is skipped with a message when the time
 budget --budget would be exceeded):
   1. per method (plain CLIP, ERCLIP M+P and RT+P, m2-Mix, m3-Mix, C-CLIP with
      LoRA + the old model, DNS with gradient- and update-mode projection on
-     ViT-B/16 features, Long-CLIP with its stretched window and batch PCA): --steps steps of common.train_step in fp16 autocast
-     with a GradScaler and fused AdamW, the same steps in fp32 from the same
-     weights, the losses compared; seconds per step; peak memory
+     ViT-B/16 features, Long-CLIP with its stretched window and batch PCA):
+     --steps steps of common.train_step in fp16 autocast with a GradScaler
+     and fused AdamW, the same steps in fp32 from the same weights, the
+     losses compared; seconds per step; peak memory
      (torch.cuda.max_memory_allocated over the fp16 steps, optimizer state
      included)
   2. a forced overflow (an injected inf gradient) with fused AdamW, with and
@@ -538,7 +539,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"info": info, "results": results}, indent=1, default=str))
     print(f"\n{info['device']}, torch {info['torch']}, {a.backbone} (random weights), batch {a.batch_size}, "
           f"{info['seconds']:.0f}s; {out}")
-    print(common.markdown_table(summary_rows(results), ["check", "ok", "s/step", "peak MiB", "fp32 peak MiB", "detail"]))
+    print(common.markdown_table(summary_rows(results),
+                                ["check", "ok", "s/step", "peak MiB", "fp32 peak MiB", "detail"]))
     bench = next((r for r in results if r["check"].startswith("bench.py") and r.get("table")), None)
     if bench:
         print("\nbench.py --quick:\n" + bench["table"])

@@ -39,16 +39,16 @@ import common
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import PROCESSES, hold_out, run_jobs, scratch_run, take_processes_flag
-from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
-                       take_seeds_flag, verdict)
+from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo,
+                       run_seeds, seeds, take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
 from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pretrain_tiny, retrieval_report,
                       zero_shot_report)
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
                        Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
-                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest, world_fingerprint,
-                       synthetic_multimodal, task_manifests, world_split)
+                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest,
+                       world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
 common.LAB_HOOKS.update(  # what common.py and the method files look up by name (common.lab_hook)
     tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,

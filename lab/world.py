@@ -344,7 +344,8 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
 
 def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[str, Path, Path]]:
     """The continual domains in order: (name, train manifest, test manifest)."""
-    return [(d, synthetic_manifest(f"task-{d}", data_root, n_train), synthetic_manifest(f"task-{d}-test", data_root, n_test))
+    return [(d, synthetic_manifest(f"task-{d}", data_root, n_train),
+             synthetic_manifest(f"task-{d}-test", data_root, n_test))
             for d in TASK_DOMAINS]
 
 
@@ -476,7 +477,8 @@ def classification_set(name: str, root, n=None) -> evaluation.ClassificationSet:
     ds = common.ManifestDataset(synthetic_manifest("zs-test", root, n), check_images=False, extra=(column,))
     return evaluation.ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
                                         torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
-                                        protocol=f"synthetic world, zs-test split, {column} ({len(classnames)} classes)")
+                                        protocol=f"synthetic world, zs-test split, {column} "
+                                                 f"({len(classnames)} classes)")
 
 
 def classification_tasks() -> dict:

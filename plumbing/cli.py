@@ -84,7 +84,7 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
         return f"{e.strerror or e}{where}", 1
     if isinstance(e, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)) or (
             isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
-        why = next((l for l in str(e).splitlines() if l.strip() and "weights_only" not in l), "")[:200]
+        why = next((line for line in str(e).splitlines() if line.strip() and "weights_only" not in line), "")[:200]
         return (f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {why}); "
                 f"run with --debug to see which"), 1
     return None, 1
@@ -101,7 +101,8 @@ def interrupted_message(signum: int) -> tuple[str, int]:
         return f"interrupted (signal {signum}) before training saved anything in {out or '--out'}; nothing to resume", \
             128 + signum
     return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
-            f"run with (finished training is not repeated, the evaluation is):\n  {runfolder.resume_command()}"), 128 + signum
+            f"run with (finished training is not repeated, the evaluation is):\n  {runfolder.resume_command()}"), \
+        128 + signum
 
 
 class StopSignals:

@@ -45,7 +45,8 @@ class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
     # model
     backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
-    pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, or a checkpoint path")
+    pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, "
+                              "or a checkpoint path")
     cache_dir: str = arg("", "where open_clip looks for / stores downloaded weights")
     # data
     data_root: str = arg("data", "root of every benchmark folder (see README)")
@@ -131,8 +132,8 @@ class TowerConfig(Config):
 # stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
 COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every",
-          "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha", "fusion_lr",
-          "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
+          "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha",
+          "fusion_lr", "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
 
 
@@ -160,7 +161,8 @@ def parse_config(cls, argv=None, **overrides):
         if f.type in ("bool", bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
-            typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            typ = {"int": int, "float": float, "str": str}.get(
+                f.type if isinstance(f.type, str) else f.type.__name__, str)
             if f.name in POSITIVE + COUNTS + UNIT:
                 typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
             p.add_argument(name, *f.metadata.get("aliases", ()), type=f.metadata.get("type", typ), default=default,

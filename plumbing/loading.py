@@ -61,10 +61,12 @@ def foreign_checkpoint(path, cache_dir) -> tuple[str, int | None]:
         return str(path), None
     if "positional_embedding_res" in sd:
         sd = dict(sd)
-        sd["positional_embedding"] = torch.cat([sd["positional_embedding"][:20], sd.pop("positional_embedding_res")[20:]])
+        sd["positional_embedding"] = torch.cat([sd["positional_embedding"][:20],
+                                                sd.pop("positional_embedding_res")[20:]])
         what.append("Long-CLIP's split positional embedding")
     extra = [k for k in sd if k.split(".")[0] in ("text_projection_mix", "shared_projection1", "shared_projection2",
-                                                  "prompts_weights", "input_resolution", "context_length", "vocab_size")]
+                                                  "prompts_weights", "input_resolution", "context_length",
+                                                  "vocab_size")]
     sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items() if k not in extra}
     out = Path(cache_dir) / "converted" / f"{Path(path).stem}-{os.stat(path).st_size}-{int(os.stat(path).st_mtime)}.pt"
     if not zipfile.is_zipfile(out):  # none yet, or cut short: (re)written whole

@@ -187,7 +187,8 @@ def m2mix_table1(records, paper_tables=None, metrics=published.M2MIX_TABLE1_METR
         paper = (published.M2MIX_TABLE1 if paper_tables is None else paper_tables).get(task, {})
         rows = []
         for name in dict.fromkeys([*(n for n in ("ZS", "FT") if n in models), *paper, *models]):
-            row, ours_row = {"method": name}, {**models.get(name, {}), **({"simat": simat[name]} if name in simat else {})}
+            row, ours_row = {"method": name}, {**models.get(name, {}),
+                                               **({"simat": simat[name]} if name in simat else {})}
             for m in metrics:
                 ours, theirs = ours_row.get(m), paper.get(name, {}).get(m)
                 digits = 1 if "R@" in m or m == "simat" else 2 if "ece" in m else 3

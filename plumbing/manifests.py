@@ -152,7 +152,8 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
 
 def image_check_cache(manifest) -> Path:
     """Where the row check remembers a manifest's decoded images (CLIPFT_CACHE/image-checks/)."""
-    return base.CACHE_DIR / "image-checks" / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json"
+    return (base.CACHE_DIR / "image-checks"
+            / f"{hashlib.sha1(str(Path(manifest).resolve()).encode()).hexdigest()[:16]}.json")
 
 
 IMAGE_SAMPLE = 1000  # --check-images sample: rows decoded before training (a fixed seeded choice)

@@ -1,6 +1,7 @@
 """The run folder (--out) of every script: one run per folder (a lock naming its process and host), leftovers of
 a killed run removed, an old run refused or cleared (--overwrite), and --resume's settings compared with the
-run's (--override-resume). common's train and preflight call them; it imports plumbing.base and plumbing.loading only."""
+run's (--override-resume). common's train and preflight call them; it imports plumbing.base and
+plumbing.loading only."""
 import dataclasses
 import pickle
 import random
@@ -402,7 +403,7 @@ def machine_info() -> dict:
     import platform
     cpu = platform.processor()
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -119,7 +119,8 @@ class ShardSet:
     def fingerprint(self) -> dict:
         """What common.data_fingerprint stores for a resume check: the epoch's samples, and a sha256 of the
         shards' names, byte sizes and sample counts (a resume on other shards is refused)."""
-        h = hashlib.sha256(json.dumps([(str(p), p.stat().st_size, n) for p, n in zip(self.shards, self.sizes)]).encode())
+        h = hashlib.sha256(json.dumps([(str(p), p.stat().st_size, n)
+                                       for p, n in zip(self.shards, self.sizes)]).encode())
         return {"rows": self.num_samples, "manifest": self.pattern, "sha256": h.hexdigest()}
 
     def loader(self, batch: int, collate, seed: int, rank: int, world: int, workers: int, steps_per_epoch: int,

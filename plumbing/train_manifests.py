@@ -22,8 +22,8 @@ def karpathy_images(dataset: str, data_root) -> list[dict]:
     if not ann.exists():
         raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
     image_dir = root / "images" if dataset == "flickr30k" else root
-    return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"], "imgid": im.get("imgid"),
-             "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
+    return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"],
+             "imgid": im.get("imgid"), "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
             for im in json.loads(ann.read_text())["images"]]
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def command_line(argv=None) -> argparse.Namespace:
-    """python -m plumbing.write_shards's settings (standard library only: --help and flag errors answer before torch loads)."""
+    """python -m plumbing.write_shards's settings (standard library only: --help and flag errors answer
+    before torch loads)."""
     p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
                                 allow_abbrev=False)
     p.add_argument("manifest", help="a JSONL / CSV manifest (image path relative to it, caption, ...)")

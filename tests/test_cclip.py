@@ -370,7 +370,8 @@ def test_real_runs_evaluate_no_synthetic_set_by_default(tmp_path):
     a.write_text("")
     assert any(z.startswith("synthetic-") for z in cclip.evaluation.CLASSIFICATION_TASKS)
     vlcl = common.parse_config(cclip.CClipConfig, ["--tasks", "vlcl", "--data-root", str(tmp_path)])
-    assert cclip_tasks.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"), ["imagenet", "cifar100"])
+    assert cclip_tasks.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"),
+                                                   ["imagenet", "cifar100"])
     mine = common.parse_config(cclip.CClipConfig, ["--tasks", f"a={a}"])
     assert cclip_tasks.resolve_eval_sets(mine) == (None, [])
     unseen, zero_shot = cclip_tasks.resolve_eval_sets(common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
@@ -419,7 +420,8 @@ def test_research_merge_schedule_is_a_mix_of_the_full_merge(tmp_path):
 
 
 def test_interpolate_weights_new_by_its_share(tiny):
-    """The research schedule's mixing is plumbing.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 = 2:1 old:new."""
+    """The research schedule's mixing is plumbing.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 =
+    2:1 old:new."""
     model = copy.deepcopy(tiny[0])
     old = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     now = {k: v.clone() for k, v in model.state_dict().items()}

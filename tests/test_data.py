@@ -20,7 +20,7 @@ def test_manifest_dataset_reads_jsonl_and_csv(tmp_path):
     ds = common.ManifestDataset(man, need_long=True, extra=("shape",))
     item = ds[0]
     assert isinstance(item["image"], Image.Image) and item["caption"] and item["long_caption"]
-    rows = [json.loads(l) for l in man.read_text().splitlines()]
+    rows = [json.loads(line) for line in man.read_text().splitlines()]
     tsv = man.parent / "m.tsv"
     tsv.write_text("filepath\ttitle\n" + "".join(f"{r['image']}\t{r['caption']}\n" for r in rows))
     ds2 = common.ManifestDataset(tsv)
@@ -40,7 +40,8 @@ def _good_image(tmp_path):
 
 def test_missing_column_lists_available(tmp_path):
     p = _one_row_manifest(tmp_path, image=_good_image(tmp_path), text_long="x")
-    with pytest.raises(common.DataError, match=r"missing column\(s\) \['caption'\]; available: \['image', 'text_long'\]"):
+    with pytest.raises(common.DataError,
+                       match=r"missing column\(s\) \['caption'\]; available: \['image', 'text_long'\]"):
         common.ManifestDataset(p)
     p = _one_row_manifest(tmp_path, image="ok.png", caption="a")
     with pytest.raises(common.DataError, match="long_caption"):
@@ -57,7 +58,8 @@ def test_bad_rows_name_file_and_line(tmp_path, problem):
                  "empty": {"image": good, "caption": "  "}}[problem])
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(common.DataError, match=rf"m.jsonl:3: .*{ {'missing': 'not found', 'corrupt': 'undecodable', 'empty': 'empty caption'}[problem] }"):
+    with pytest.raises(common.DataError, match=rf"m.jsonl:3: .*"
+                       rf"{ {'missing': 'not found', 'corrupt': 'undecodable', 'empty': 'empty caption'}[problem] }"):
         common.ManifestDataset(p)
     ds = common.ManifestDataset(p, skip_bad=True)
     assert len(ds) == 2 and len(ds.skipped) == 1 and "m.jsonl:3" in ds.skipped[0]
@@ -153,7 +155,8 @@ def test_an_unchanged_image_is_decoded_once_per_process(tmp_path, monkeypatch):
     monkeypatch.setattr(manifests, "_DECODED", {})
     good = _good_image(tmp_path)
     p = tmp_path / "m.jsonl"
-    p.write_text(json.dumps({"image": good, "caption": "a"}) + "\n" + json.dumps({"image": good, "caption": "b"}) + "\n")
+    p.write_text(json.dumps({"image": good, "caption": "a"}) + "\n"
+                 + json.dumps({"image": good, "caption": "b"}) + "\n")
     common.ManifestDataset(p)
     common.ManifestDataset(p)
     assert decoded == [str(tmp_path / good)]

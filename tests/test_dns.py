@@ -121,7 +121,8 @@ def test_code_loss_and_biases_in_the_step():
     """--loss code --bias: the step returns loss_code, the biases train and
     the projection hook leaves them alone (deviation 4)."""
     g = torch.Generator().manual_seed(9)
-    img, txt = F.normalize(torch.randn(8, 16, generator=g), dim=-1), F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    img, txt = (F.normalize(torch.randn(8, 16, generator=g), dim=-1),
+                F.normalize(torch.randn(8, 16, generator=g), dim=-1))
     net = dns.DNSNet(16, math.log(30.0), loss="code", bias=True)
     losses = net({"img": img, "txt": txt})
     assert list(losses) == ["loss_code"]  # identity maps, zero biases: the code's loss on the raw features
@@ -148,7 +149,8 @@ def test_defaults_follow_the_paper():
 # --- (c) reduction to plain CLIP ----------------------------------------------
 def test_identity_maps_give_the_clip_loss():
     g = torch.Generator().manual_seed(4)
-    img, txt = F.normalize(torch.randn(8, 16, generator=g), dim=-1), F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    img, txt = (F.normalize(torch.randn(8, 16, generator=g), dim=-1),
+                F.normalize(torch.randn(8, 16, generator=g), dim=-1))
     net = dns.DNSNet(16, math.log(30.0))
     losses = net({"img": img, "txt": txt})
     assert losses["loss_clip"].item() == pytest.approx(common.clip_loss(img, txt, torch.tensor(30.0)).item(), rel=1e-6)
@@ -172,7 +174,8 @@ def test_zero_projectors_train_exactly_like_vanilla(tmp_path, mode):
 # --- (d) gradients, (e) bf16 ---------------------------------------------------
 def test_gradients_only_on_the_two_maps():
     g = torch.Generator().manual_seed(5)
-    img, txt = F.normalize(torch.randn(8, 16, generator=g), dim=-1), F.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    img, txt = (F.normalize(torch.randn(8, 16, generator=g), dim=-1),
+                F.normalize(torch.randn(8, 16, generator=g), dim=-1))
     net = dns.DNSNet(16, math.log(1 / 0.07))
     net({"img": img, "txt": txt})["loss_clip"].backward()
     assert sorted(n for n, _ in net.named_parameters()) == ["model.W_img", "model.W_txt"]
@@ -269,7 +272,8 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     model.eval()
     manifest = lab.synthetic_manifest("task-photo-test", tmp_path, n=6)
     key = {"manifest": str(manifest)}
-    first = evaluation.cached(tmp_path / "cache", key, lambda: cmcl.manifest_features(model, preprocess, tok, manifest, "shape"))
+    first = evaluation.cached(tmp_path / "cache", key,
+                              lambda: cmcl.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = evaluation.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
     rows = common.read_manifest(manifest)
     with torch.no_grad():
@@ -292,7 +296,8 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
                               "labels": cs.labels}}
     ours = cmcl.evaluate_maps(dns.DualMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
     ref = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, [str(manifest)], tmp_path)}
-    ref_zs = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
+    ref_zs = {r["metric"]: r["value"]
+              for r in evaluation.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
     for metric in ("i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10"):
         assert ours["per_task"][metric] == [ref[metric]]
     assert ours["scalars"]["synthetic-color_top1"] == ref_zs["top1"]

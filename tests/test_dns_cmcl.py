@@ -225,7 +225,8 @@ def test_projectors_span_every_past_partner_and_input(tmp_path):
 def _low_rank_world(tmp_path):
     """Three modalities, three datasets pairing them, noise-free features on
     rank-6 subspaces of R^24 (the guarantee is exact there), our layout."""
-    datasets = {"one": (("vision", "text"), True), "two": (("text", "audio"), True), "three": (("vision", "audio"), False)}
+    datasets = {"one": (("vision", "text"), True), "two": (("text", "audio"), True),
+                "three": (("vision", "audio"), False)}
     return lab.synthetic_multimodal(tmp_path / "world", "ours", datasets=datasets, dim=24, n_train=128, n_test=64,
                                     latent=12, active=6, noise=0.0)
 

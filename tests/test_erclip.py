@@ -262,7 +262,8 @@ def _fixture_pool(tmp_path):
     for im in images:
         Image.new("RGB", (8, 8), (im["id"], 0, 0)).save(root / "coco" / "train2017" / im["file_name"])
     annotations = [{"image_id": 25, "id": 1, "caption": "first of 25."}, {"image_id": 9, "id": 2, "caption": "nine A."},
-                   {"image_id": 25, "id": 0, "caption": "second of 25."}, {"image_id": 9, "id": 3, "caption": "nine B."},
+                   {"image_id": 25, "id": 0, "caption": "second of 25."},
+                   {"image_id": 9, "id": 3, "caption": "nine B."},
                    {"image_id": 30, "id": 4, "caption": "thirty."}, {"image_id": 4, "id": 5, "caption": "four."},
                    {"image_id": 77, "id": 6, "caption": "seventy-seven."}]
     ann = root / "coco" / "annotations" / "captions_train2017.json"
@@ -360,8 +361,8 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every variant is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world({"train": 64, "test": 40, "zs-test": 48}.get)
     out = tmp_path / "demo"
-    erclip.main(["--demo", "--seeds", "0,1,2", "--processes", "1", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
-                       str(tmp_path / "data"), "--out", str(out)])
+    erclip.main(["--demo", "--seeds", "0,1,2", "--processes", "1", "--steps", "2", "--warmup", "1",
+                 "--batch-size", "16", "--data-root", str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "erclip-demo.png", ("M", "M+P", "RT+P", "RT+P own lr"), min_claims=8,
                                checks=erclip_demo.CHECK_ONLY)
     verdicts = {c["claim"]: c["verdict"] for c in saved["claims"]}

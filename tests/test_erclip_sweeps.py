@@ -51,8 +51,8 @@ def test_prefix_manifest_is_a_prefix_of_one_order_with_absolute_images(tmp_path)
 
 def _train(tmp_path, name, hooks=None, **kw):
     cfg = erclip.ERCLIPConfig(backbone="tiny", pretrained="random", workers=0, precision="fp32", device="cpu",
-                              train_data="synthetic", data_root=str(tmp_path / "data"), train_pairs=8, batch_size=4, epochs=3, warmup=1,
-                              lr=1e-4, save_every=0, log_every=1, out=str(tmp_path / name), **kw)
+                              train_data="synthetic", data_root=str(tmp_path / "data"), train_pairs=8, batch_size=4,
+                              epochs=3, warmup=1, lr=1e-4, save_every=0, log_every=1, out=str(tmp_path / name), **kw)
     torch.manual_seed(0)
     model, train_tf, _, tok = common.load_model("tiny", "random")
     torch.manual_seed(0)
@@ -100,8 +100,8 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     monkeypatch.setattr(sweeps, "LAMBDAS", (0.0, 0.5, 2.0))
     monkeypatch.setattr(erclip_sweeps, "DEMO_DATA_SIZES", (16, 40, 400))
     out = tmp_path / "demo"
-    argv = ["--demo", "--seeds", "0,1,2", "--processes", "1", "--sweep", name, "--steps", "0" if name == "epochs" else "1",
-            "--warmup", "1", "--batch-size",
+    argv = ["--demo", "--seeds", "0,1,2", "--processes", "1", "--sweep", name,
+            "--steps", "0" if name == "epochs" else "1", "--warmup", "1", "--batch-size",
             "8", "--data-root", str(tmp_path / "data"), "--out", str(out)]
     erclip.main(argv)
     root = out / f"sweep-{name}"
@@ -206,7 +206,8 @@ def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
 
 
 def _records(value):
-    recs = [{"task": t, "metric": m, "value": value} for t in published.ERCLIP_LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
+    recs = [{"task": t, "metric": m, "value": value}
+            for t in published.ERCLIP_LONG_SETS + ("coco",) for m in ("i2t_R@1", "t2i_R@1")]
     return recs + [{"task": t, "metric": "top1", "value": value + 10} for t in ("cifar10", "cifar100", "imagenet")]
 
 

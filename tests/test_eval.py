@@ -485,7 +485,8 @@ def test_evaluate_checkpoints_sequence(tmp_path, tiny_random):
     cks = []
     for i in range(3):  # three different weights: the model nudged between 'tasks'
         with torch.no_grad():
-            m.text_projection.add_(0.1 * torch.randn(m.text_projection.shape, generator=torch.Generator().manual_seed(i)))
+            m.text_projection.add_(0.1 * torch.randn(m.text_projection.shape,
+                                                     generator=torch.Generator().manual_seed(i)))
         cks.append(str(common.save_model(m, tmp_path / f"ck{i}.pt", "tiny")))
     tasks = ["synthetic-task-photo", "synthetic-task-night"]
     s = ev.evaluate_checkpoints("tiny", cks, tasks, ("synthetic-shape",), tmp_path, synthetic_n=8, batch_size=8)

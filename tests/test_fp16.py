@@ -94,7 +94,8 @@ def test_the_overflow_check_catches_a_broken_skip_or_scale_update(monkeypatch, b
     if broken == "step":  # step even when an inf was found
         monkeypatch.setattr(torch.amp.GradScaler, "_maybe_opt_step", lambda self, opt, state, *a, **k: opt.step())
     else:  # never lower the scale
-        monkeypatch.setattr(torch.amp.GradScaler, "update", lambda self, new_scale=None: self._per_optimizer_states.clear())
+        monkeypatch.setattr(torch.amp.GradScaler, "update",
+                            lambda self, new_scale=None: self._per_optimizer_states.clear())
     r = gpu_check.overflow_check(_dns_case(), "cpu", fused=False)
     assert not r["ok"]
     expected = ["changed", "non-finite"] if broken == "step" else ["not halved", "expected [False, True, False]"]
@@ -182,8 +183,8 @@ def test_overflow_in_the_loop_is_skipped_logged_checkpointed_and_resumes_identic
     assert r["max_weight_diff"] == 0.0
     fp32 = common.warmup_cosine(1, 3)
     assert r["lr"] == pytest.approx([1e-5 * fp32(s) for s in (1, 2, 3)])  # the schedule of a run without skips
-    lines = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
-    assert [l["skipped_steps"] for l in lines] == [0, 1, 1] and "loss_overflow" in lines[1]
+    lines = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [rec["skipped_steps"] for rec in lines] == [0, 1, 1] and "loss_overflow" in lines[1]
 
 
 def test_an_fp32_checkpoint_continues_in_fp16_at_the_default_scale(tmp_path, capsys):

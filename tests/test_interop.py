@@ -34,7 +34,8 @@ def _inputs(model, n=3):
 def _gap(a, b, image, tokens_a, tokens_b=None):
     with torch.no_grad():
         return max((a.encode_image(image) - b.encode_image(image)).abs().max().item(),
-                   (a.encode_text(tokens_a) - b.encode_text(tokens_a if tokens_b is None else tokens_b)).abs().max().item())
+                   (a.encode_text(tokens_a)
+                    - b.encode_text(tokens_a if tokens_b is None else tokens_b)).abs().max().item())
 
 
 @pytest.fixture
@@ -86,14 +87,16 @@ def test_the_transformers_export_gives_our_features_and_tokens(trained, tmp_path
                           "--format", "transformers"])
     hf = transformers.CLIPModel.from_pretrained(str(folder)).eval()
     config = json.loads((folder / "config.json").read_text())
-    assert config["text_config"]["max_position_embeddings"] == 40 and config["text_config"]["hidden_act"] == "quick_gelu"
+    assert (config["text_config"]["max_position_embeddings"] == 40
+            and config["text_config"]["hidden_act"] == "quick_gelu")
     image, captions = _inputs(model)
     ids = transformers.CLIPTokenizer.from_pretrained(str(folder))(captions, padding="max_length", max_length=40,
                                                                    truncation=True, return_tensors="pt").input_ids
     mine = tok(captions)
     assert all(torch.equal(a[: int(m.argmax()) + 1], m[: int(m.argmax()) + 1]) for a, m in zip(ids, mine))
     with torch.no_grad():
-        assert (ours.encode_image(image) - export.hf_features(hf.get_image_features(pixel_values=image))).abs().max() <= 1e-5
+        assert (ours.encode_image(image)
+                - export.hf_features(hf.get_image_features(pixel_values=image))).abs().max() <= 1e-5
         assert (ours.encode_text(mine) - export.hf_features(hf.get_text_features(input_ids=ids))).abs().max() <= 1e-5
 
 
@@ -104,7 +107,8 @@ def test_a_training_run_exports_when_asked(tmp_path):
                         device="cpu", export=str(tmp_path / "hub"))
     summary = common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok))
     assert summary["export"] == str(tmp_path / "hub") and (tmp_path / "hub" / "open_clip_model.safetensors").is_file()
-    assert (tmp_path / "run" / "model.safetensors").is_file() and (tmp_path / "run" / "model.safetensors.json").is_file()
+    assert ((tmp_path / "run" / "model.safetensors").is_file()
+            and (tmp_path / "run" / "model.safetensors.json").is_file())
 
 
 # ----------------------------------------------------------------------------- CLIP_benchmark's files

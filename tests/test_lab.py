@@ -50,7 +50,8 @@ def test_captions_fit_or_overflow_the_context_like_clip():
         scenes = lab.world_split(domain, 300, 0)
         assert max(len(tok.encode(s["caption"])) + 2 for s in scenes) <= ctx  # short captions fit the window
         long_len = [len(tok.encode(s["long_caption"])) + 2 for s in scenes]
-        assert sum(l > ctx for l in long_len) == len(scenes)  # every long caption loses sentences to truncation
+        # every long caption loses sentences to truncation
+        assert sum(length > ctx for length in long_len) == len(scenes)
         n_sent = [s["long_caption"].count(". ") + 1 for s in scenes]
         if domain.captions == "coco":
             assert 5 <= min(n_sent) and max(n_sent) <= 10  # ShareGPT4V-like sentence counts
@@ -118,7 +119,8 @@ def test_a_shortened_recipe_end_to_end(tmp_path, monkeypatch):
         tiny.load_shipped(path)
     monkeypatch.setattr(tiny, "TINY_PRETRAIN", recipe)
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", tmp_path / "empty")
-    import contextlib, io
+    import contextlib
+    import io
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         cached = tiny.pretrain_tiny()
@@ -166,7 +168,8 @@ def test_paired_statistics_and_verdicts():
     built = lab.claim("y", "~0", [0.0], "=", margin=1.0, by_construction=why)  # a check on one seed
     assert built["verdict"] == "by construction" and built["why"] == why and built["n_seeds"] == 1
     assert lab.claim("y", "~0", [0.1, -0.2, 0.0], "=", margin=1.0, by_construction=why)["verdict"] == "by construction"
-    assert lab.claim("y", "~0", [0.0, 2.5], "=", margin=1.0, by_construction=why)["verdict"] == "construction check failed"
+    assert (lab.claim("y", "~0", [0.0, 2.5], "=", margin=1.0, by_construction=why)["verdict"]
+            == "construction check failed")
 
 
 def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path):

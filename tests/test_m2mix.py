@@ -356,7 +356,8 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
         assert n not in on_grid and torch.equal(dict(model.named_parameters())[n], before[n]), n
     seen = {}
     monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
-    monkeypatch.setattr(train_manifests, "train_manifest", lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
+    monkeypatch.setattr(train_manifests, "train_manifest",
+                        lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
     cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_zs=False, device="cpu",
                             data_root=str(tmp_path), out=str(tmp_path / "run"))
     m2mix.finetune(cfg)
@@ -457,7 +458,8 @@ def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, sh
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
     assert common.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
-    assert train_manifests.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path) == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl"
+    assert (train_manifests.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path)
+            == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl")
     monkeypatch.delitem(common.LAB_HOOKS, "synthetic_manifest")
     with pytest.raises(common.UsageError, match="import lab"):
         train_manifests.train_manifest(cfg)

@@ -73,7 +73,7 @@ def test_metrics_have_each_step_once_after_resume(tmp_path):
         f.write("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (4, 5)) + '{"step": 6, "lo')
     common.train(_cfg(tmp_path, steps=6, resume="latest"), lab.ClipFineTune(_tiny()[0]), data,
                  common.Collate(tok), export=False)
-    steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
@@ -148,7 +148,7 @@ def test_checkpoint_loads_weights_only_and_tampered_one_is_refused(tmp_path):
 def test_skipped_rows_are_all_in_the_summary(tmp_path):
     _, train_tf, tok = _tiny()
     man = lab.synthetic_manifest("test", tmp_path / "data", n=24)
-    rows = [json.loads(l) for l in man.read_text().splitlines()]
+    rows = [json.loads(line) for line in man.read_text().splitlines()]
     for i in (3, 10, 17):
         rows[i]["image"] = "absent.png"
     bad = man.parent / "bad.jsonl"
@@ -168,7 +168,8 @@ def test_nan_at_step_k_is_named_and_never_saved(tmp_path):
     """The NaN at step 3 is read at the next check (a save at step 6 or the
     log at step 5), which names step 3; the checkpoint of step 3 is kept."""
     _, train_tf, tok = _tiny()
-    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 4: .*loss_bad.*last good checkpoint, .*last.pt, is kept"):
+    with pytest.raises(FloatingPointError,
+                       match=r"non-finite loss at step 4: .*loss_bad.*last good checkpoint, .*last.pt, is kept"):
         common.train(_cfg(tmp_path, steps=10, log_every=5, save_every=3), _NanAtStep3(_tiny()[0]),
                      _data(tmp_path, train_tf), common.Collate(tok))
     ck = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)

@@ -270,8 +270,8 @@ def test_each_tower_pretrains_on_its_own_modality_and_loads(tmp_path, monkeypatc
 def test_unimodal_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     shrink_world({"train": 64, "test": 40}.get)
     out = tmp_path / "demo"
-    m2mix.main(["--demo-unimodal", "--seeds", "0,1,2", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
-                str(tmp_path / "data"), "--out", str(out)])
+    m2mix.main(["--demo-unimodal", "--seeds", "0,1,2", "--steps", "2", "--warmup", "1", "--batch-size", "16",
+                "--data-root", str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "m2mix-unimodal-demo.png", ("ZS", "FT", "m2-Mix", "m3-Mix"), min_claims=8)
     assert saved["claims"][0]["direction"] == "range" and saved["claims"][0]["interval"] == [-1.0, 1.0]
 

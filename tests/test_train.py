@@ -34,8 +34,8 @@ def test_train_writes_logs_and_checkpoint(tmp_path):
     summary = common.train(_cfg(tmp_path), lab.ClipFineTune(model), _data(tmp_path, pre), common.Collate(tok))
     out = tmp_path / "run"
     assert summary["steps"] == 6
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == list(range(1, 7)) and "loss_clip" in lines[0]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in lines] == list(range(1, 7)) and "loss_clip" in lines[0]
     assert json.loads((out / "config.json").read_text())["batch_size"] == 8
     assert (out / "checkpoints" / "last.pt").exists() and (out / "model.pt").exists()
     assert model.logit_scale.item() <= common.LOGIT_SCALE_MAX + 1e-6

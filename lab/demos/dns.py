@@ -124,7 +124,8 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
-            f"{list(lab.seeds())}, lr {cfg.lr:g}, {cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g} (optimiser: the "
+            f"{list(lab.seeds())}, lr {cfg.lr:g}, {cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g} "
+            f"(optimiser: the "
             f"paper's; backbone and world: ours). Acc = per-task shape classification %, R@10 % = mean of I2T, "
             f"T2I; BWT = mean over old tasks of final - right after; drift = relative change of an old task's test "
             f"score matrix from right after it to the end (%). CLIP = identity maps. Guarantee on low-rank features "

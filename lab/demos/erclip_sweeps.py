@@ -48,7 +48,8 @@ def demo_plan(name: str, sizes, first_seed: bool = True) -> list[tuple[str, dict
 
 # --- the lab: --demo --sweep NAME (the demo's settings, lab.SEEDS, claims fixed before the runs) ---
 DEMO_SWEEP_NOTES = {
-    "epochs": f"M, M+P, RT+P own lr, and RT+P (M+P by construction) on the first seed as the check; an epoch is one pass over the first {DEMO_EPOCH_POOL} scenes of "
+    "epochs": f"M, M+P, RT+P own lr, and RT+P (M+P by construction) on the first seed as the check; an epoch is "
+              f"one pass over the first {DEMO_EPOCH_POOL} scenes of "
               f"'train' (8 steps of 32), so the 40 steps are 5 epochs (cosine over all 40); the weights saved after "
               f"each epoch are evaluated; epoch 0 is CLIP",
     "lambda-p": "M (mean fusion) with lambda_p 0, 0.25, 0.5, 1, 2 on the whole 'train' split (2,000 scenes)",
@@ -75,14 +76,17 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
                          published.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
                for v in ("M", "M+P", "RT+P own lr")]
-        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}", "COCO " + published.ERCLIP_EPOCH_CHANGE["COCO"],
+        out += [lab.claim(f"short R@1 rises from epoch 1 to {last}, {v}",
+                          "COCO " + published.ERCLIP_EPOCH_CHANGE["COCO"],
                           d(f"{v} epoch {last}", f"{v} epoch 1", "short"), "+") for v in ("M", "M+P", "RT+P own lr")]
         drift_m = d(f"M epoch {last}", "M epoch 1", "background")
         drift_p = d(f"M+P epoch {last}", "M+P epoch 1", "background")
         return out + [
-            lab.claim(f"zero-shot falls from epoch 1 to {last} without P (M, {ZS})", "CIFAR-10 -1.2 to -1.8", drift_m, "-"),
+            lab.claim(f"zero-shot falls from epoch 1 to {last} without P (M, {ZS})", "CIFAR-10 -1.2 to -1.8",
+                      drift_m, "-"),
             lab.claim(f"P limits that drift ((M+P) - M change from epoch 1 to {last}, {ZS})",
-                      "CIFAR-10 B/32: -0.5 with P against -1.2 to -1.8 without", [p - m for p, m in zip(drift_p, drift_m)], "+"),
+                      "CIFAR-10 B/32: -0.5 with P against -1.2 to -1.8 without",
+                      [p - m for p, m in zip(drift_p, drift_m)], "+"),
             lab.claim(f"RT+P reaches M+P by epoch 2 (RT+P - M+P at epoch 2, {ZS}; equal within 1 point)",
                       "CIFAR-10, Fig. 3", d("RT+P epoch 2", "M+P epoch 2", "background"), "=", margin=1.0,
                       by_construction=demo.BY_CONSTRUCTION),
@@ -128,7 +132,8 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
                   by_construction="at the encoders' lr the zero-initialised gate cannot move: RT is M "
                                   "(erclip.py deviation 11)"),
         lab.claim(f"P recovers zero-shot for RT too (RT+P - RT, {ZS})", f"not run; predicted like M+P - M (IN "
-                  f"{demo.rounded(min(back))} to {demo.rounded(max(back))}, every fusion)", d("RT+P", "RT", "background"), "+"),
+                  f"{demo.rounded(min(back))} to {demo.rounded(max(back))}, every fusion)",
+                  d("RT+P", "RT", "background"), "+"),
         lab.claim("L_short only raises long R@1 less than M (M - L_short only, long)", "not run; predicted > 0 "
                   "(L_long carries the gain)", d("M", "L_short only", "long"), "+"),
         lab.claim(f"L_short only still erodes zero-shot (L_short only - CLIP, {ZS})", "not run; predicted < 0 "

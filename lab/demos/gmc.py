@@ -109,10 +109,11 @@ def run_demo(cfg: gmc.GMCConfig) -> dict:
             runs[gmc.METHOD_NAMES[method]].append({**with_means(r["test"]), "seed": seed,
                                                    "train_seconds": r["summary"]["train_seconds"]})
             print(f"[gmc demo] seed {seed} {method}: {r['summary']['train_seconds']:.0f}s", file=sys.stderr)
-    head = (f"GMC + m2-Mix demo (m2-Mix Sec. 5.5): the lab's sentiment world (lab/sentiment.py; {len(splits['train']['label'])} "
-            f"train / {len(splits['test']['label'])} test clips, {fixed.get('train/audio', 0)} -inf audio values set to 0 "
-            f"in train), seeds {list(lab.seeds())}, {cfg.steps} steps x batch {cfg.batch_size}, {cfg.layers} layer(s) "
-            f"per transformer (demo settings, not the paper's). Test accuracy (%), align, unif; mean ± std over seeds.")
+    head = (f"GMC + m2-Mix demo (m2-Mix Sec. 5.5): the lab's sentiment world (lab/sentiment.py; "
+            f"{len(splits['train']['label'])} train / {len(splits['test']['label'])} test clips, "
+            f"{fixed.get('train/audio', 0)} -inf audio values set to 0 in train), seeds {list(lab.seeds())}, "
+            f"{cfg.steps} steps x batch {cfg.batch_size}, {cfg.layers} layer(s) per transformer "
+            f"(demo settings, not the paper's). Test accuracy (%), align, unif; mean ± std over seeds.")
     found = claims(runs)
     cols = ["Full acc", "partial acc", "partial align x100", "partial unif x100", "Full unif x100", "T acc", "V acc",
             "A acc"]

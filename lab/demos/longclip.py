@@ -77,7 +77,8 @@ def demo_paper_numbers() -> dict:
     out = {}
     for other in ("CLIP", "M+P"):
         out[other] = " / ".join(
-            f"{_paper_long_avg(published.PUBLISHED_LONGCLIP[longclip.openai_name(f'ViT-{v}')]) - _paper_long_avg(published.ERCLIP_TABLE1[(v, other)]):+.1f}"
+            f"""{_paper_long_avg(published.PUBLISHED_LONGCLIP[longclip.openai_name(f'ViT-{v}')])
+                 - _paper_long_avg(published.ERCLIP_TABLE1[(v, other)]):+.1f}"""
             for v in ("B/16", "L/14"))
     return out
 
@@ -131,7 +132,8 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
         for v in vals:
             ax.scatter(xs, v, s=8, color="black", zorder=3)
     ax.set_xticks(np.arange(len(metrics)), [t for _, t in metrics], fontsize=8)
-    ax.set(ylabel="% (R@1: mean of I2T and T2I; top-1)", title="lab world, tiny CLIP: same-budget Long-CLIP vs ERCLIP M+P")
+    ax.set(ylabel="% (R@1: mean of I2T and T2I; top-1)",
+           title="lab world, tiny CLIP: same-budget Long-CLIP vs ERCLIP M+P")
     ax.legend(fontsize=8)
     fig.suptitle(caption, fontsize=8)
     return lab.save_figure(fig, path)
