@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import common
-from plumbing.runfolder import machine_info  # noqa: F401 (lab.machine_info)
+from plumbing.runfolder import machine_info
 
 # =============================================================================
 # 5. Seeds, paired statistics, claims
