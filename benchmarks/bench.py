@@ -15,8 +15,8 @@ CPU by default, CUDA when present (unchanged code). Every comparison first
 checks that both sides compute the same result, then times them with warm-up
 and the median of repeated runs (the spread is reported). Ratios, not seconds,
 are the claims: these machines are shared and noisy. Writes
-benchmarks/results.json (one record per measurement) and prints a markdown
-table.
+benchmarks/results.json (one record per measurement; --quick and --only:
+benchmarks/results-partial.json) and prints a markdown table.
 
 Floors (section 3): a method's step is also compared with the least it can
 cost, the plain step plus the method's required extra work timed alone in
@@ -845,7 +845,9 @@ def main(argv=None):
                                                         "retrieval: ~3 minutes on 2 CPU cores (with --only: the "
                                                         "sections named, small shapes)")
     p.add_argument("--only", default="", help="comma list of sections: " + ",".join(SECTIONS))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    p.add_argument("--out", default="", help="the records file (default: benchmarks/results.json for the full "
+                                             "run, benchmarks/results-partial.json for --quick or --only, so "
+                                             "that a short run never replaces the full run's records)")
     p.add_argument("--child-retrieval", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--child-accum", nargs=4, help=argparse.SUPPRESS)
@@ -890,8 +892,15 @@ def main(argv=None):
           f"{'quick' if a.quick else 'full'} mode, {time.time() - t0:.0f}s")
     print(common.markdown_table(rows, ["measurement", "ours", "baseline", "ratio", "goal", "met", "ratio to floor",
                                        "floor goal", "floor met"]))
-    write_records(a.out)
+    out = a.out or default_out(a.quick, a.only)
+    write_records(out)
+    print(f"records: {out}")
     return RECORDS
+
+
+def default_out(quick: bool, only: str) -> str:
+    """Where the records go without --out: the committed benchmarks/results.json holds the full run's only."""
+    return str(ROOT / "benchmarks" / ("results-partial.json" if quick or only else "results.json"))
 
 
 def _cpu_seconds() -> float:

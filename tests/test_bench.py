@@ -85,3 +85,11 @@ def test_flop_count_includes_cpu_attention():
     q = torch.randn(1, 1, 16, 8)
     n = bench.count_flops(lambda: F.scaled_dot_product_attention(q, q, q))
     assert n == 2 * 2 * 16 * 16 * 8
+
+
+def test_a_short_run_keeps_the_full_runs_records_file():
+    """--quick and --only write benchmarks/results-partial.json unless --out says otherwise; only the full run
+    writes the committed benchmarks/results.json."""
+    assert bench.default_out(False, "") == str(bench.ROOT / "benchmarks" / "results.json")
+    for quick, only in ((True, ""), (False, "dns"), (True, "dns")):
+        assert bench.default_out(quick, only) == str(bench.ROOT / "benchmarks" / "results-partial.json")
