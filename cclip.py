@@ -4,32 +4,19 @@ Wenzhuo Liu, Fei Zhu, Longhui Wei, Qi Tian. ICLR 2025. https://proceedings.iclr.
 paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
 The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5).
 
-What this file implements
-  Sec. 4.1  LoRA integration: at task t both encoders' backbone {theta, phi} is frozen, new rank-r
-            adapters train and are folded in at the end of the task:
-              theta_t = theta_{t-1} + alpha * DeltaW_t,   alpha = 0.5.
-  Sec. 4.2  Contrastive knowledge consolidation (CKC): a projector h_psi on the NEW model's
-            embeddings, targets from the frozen OLD model (end of task t-1); image and text rows
-            stacked (2N rows):
-              p = normalise([h(f(v)); h(g(c))]),  z = normalise([f_old(v); g_old(c)])
-              a_i = softmax_j(s p_i . z_j)_i,     b_i = softmax_j(s z_i . p_j)_i
-              L_CKC = -1/(2N) sum_{i=1}^{2N} (log a_i + log b_i)
-                    = CE(s p z^T, I_2N) + CE(s z p^T, I_2N)   (both directions SUMMED)
-              L = L_CLIP + L_CKC
-  Sec. 3    The VLCL protocol: after every task R@1 both ways on every task's test set, unseen-set
-            retrieval, zero-shot classification; R[i][j] (row 0 = before training), BWT,
-            forgetting, PD = acc(pretrained) - acc(final) (common.run_continual, as dns.py).
-  Sec. 5.2.1 Ablations by --method: full | lora | ckc | cclip (LoRA + CKC).
+Implements (each equation written out once, in the docstring of the function named)
+  Sec. 4.1    LoRA integration (frozen backbone, fresh adapters, merged): LoRA, add_lora, merge_lora
+  Sec. 4.2    contrastive knowledge consolidation (CKC) toward the old model: projector, ckc_loss;
+              L = L_CLIP + L_CKC, one task's step: CClip.losses
+  Sec. 3      VLCL protocol (R[i][j], BWT, forgetting, unseen R@1, zero-shot PD): run (as dns.py)
+  Sec. 5.2.1  ablations by --method: full | lora | ckc | cclip (LoRA + CKC)
 
 Code name -> paper symbol
-  model.visual / text tower      f_theta / g_phi (the new model)
-  teacher                        f_{theta^{t-1}}, g_{phi^{t-1}} (frozen old model)
-  LoRA.A (r, in), LoRA.B (out, r) A, B;  DeltaW = (lora_alpha / r) * B @ A
-  merge_alpha                    alpha (integration coefficient, Sec. 4.1)
-  projector                      h_psi (Sec. 4.2)
+  model / teacher                f_theta, g_phi (new model) / f_{theta^{t-1}}, g_{phi^{t-1}} (old)
+  LoRA.A (r, in), LoRA.B (out, r) A, B (LoRA.scale = lora_alpha / r); merge_alpha: alpha (Sec. 4.1)
+  projector, logit_scale         h_psi (Sec. 4.2), s = 1 / tau
   p_img, p_txt / z_img, z_txt    h_psi(f_theta(v)), h_psi(g_phi(c)) / f_{theta^{t-1}}(v), g_..(c)
-  logit_scale                    s = 1 / tau
-  R[i][j] (continual.json)       R@1 on task j after tasks 1..i
+  R[i][j] (continual.json)       R@1 on task j after tasks 1..i (row 0: before training)
 
 Deviations (no official code: "research code" = the first author's SmallPigPeppa/clip-lightning,
 clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in docs/cclip.md)
@@ -48,12 +35,9 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
 
-Commands (the 8 tasks as data/vlcl/<name>/{train,test}.jsonl, unseen: data/vlcl/havg/test.jsonl)
-  python -m plumbing.vlcl [--source research|koyoimai]     # builds them from their public sources
-  python cclip.py --tasks vlcl --out runs/cclip [--resume latest]    # one GPU (torchrun: DDP)
+Commands (README.md: the 8 tasks, DDP, --resume, --demo; data/vlcl/: python -m plumbing.vlcl)
   python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5  # your own
   python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
-  python cclip.py --demo  # the lab (lab/demos/cclip.py): 4 synthetic domains + an unseen one, CPU
 """
 from __future__ import annotations
 
@@ -64,75 +48,60 @@ import sys
 from pathlib import Path
 
 from plumbing import flags  # torch-free: the settings and their parser (--help before torch loads)
+from plumbing.flags import arg
 
-
-# =============================================================================
-# Config
-# =============================================================================
 DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.c_proj.weight"
-METHODS = ("full", "lora", "ckc", "cclip")  # Sec. 5.2.1 ablation rows
 
 
 @dataclasses.dataclass(frozen=True)
 class CClipConfig(flags.Config):
-    backbone: str = flags.arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
-    method: str = flags.arg("cclip", "full | lora | ckc | cclip (Sec. 5.2.1 ablation)",
-                            choices=METHODS)
-    tasks: str = flags.arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}"
-                           ".jsonl), 'synthetic' (the lab's 4 domains; 'synthetic-long': long "
-                           "captions), name=train[:test],... in order; 'auto': vlcl under "
-                           "--data-root, else synthetic with --backbone tiny")
-    unseen: str = flags.arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's "
-                            "havg / the lab's; '' = none)")
-    zero_shot: str = flags.arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': "
-                               "imagenet,cifar100 for vlcl, deviation 9 / the lab's synthetic-* "
-                               "sets; '' = none)")
+    backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
+    method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
+    tasks: str = arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), "
+                     "'synthetic' (the lab's 4 domains; 'synthetic-long': long captions), "
+                     "name=train[:test],... in order; 'auto': vlcl under --data-root, else "
+                     "synthetic with --backbone tiny")
+    unseen: str = arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / "
+                      "the lab's; '' = none)")
+    zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
+                         "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     # LoRA integration (Sec. 4.1)
-    lora_rank: int = flags.arg(16, "LoRA rank r (Sec. 5)")
-    lora_alpha: float = flags.arg(32.0, "LoRA scale numerator: DeltaW = lora_alpha / r * B A "
-                                  "(research code)")
-    lora_dropout: float = flags.arg(0.0, "dropout on the adapter's input features (ours, "
-                                    "deviation 3)")
-    lora_targets: str = flags.arg(DEFAULT_TARGETS, "parameter-name suffixes that get adapters, "
-                                  "both towers")
-    merge_alpha: float = flags.arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    merge_schedule: str = flags.arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | "
-                                    "research: a_mix.sh (deviation 1)",
-                                    choices=("alpha", "research"))
-    train_rest: bool = flags.arg(False, "also train non-adapted weights, like the research code "
-                                 "(deviation 4)")
+    lora_rank: int = arg(16, "LoRA rank r (Sec. 5)")
+    lora_alpha: float = arg(32.0, "LoRA scale: DeltaW = lora_alpha / r * B A (research code)")
+    lora_dropout: float = arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
+    lora_targets: str = arg(DEFAULT_TARGETS, "parameter-name suffixes adapted, both towers")
+    merge_alpha: float = arg(0.5, "integration coefficient alpha (Sec. 4.1)")
+    merge_schedule: str = arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: "
+                              "a_mix.sh (deviation 1)", choices=("alpha", "research"))
+    train_rest: bool = arg(False, "also train the non-adapted weights (research code, deviation 4)")
     # CKC (Sec. 4.2)
-    proj_hidden: int = flags.arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
-    ckc_weight: float = flags.arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
-    ckc_directions: str = flags.arg("sum", "sum: L_CKC as printed, both directions summed (Sec. "
-                                    "4.2) | mean: their mean, the research code (deviation 10)",
-                                    choices=("sum", "mean"))
+    proj_hidden: int = arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
+    ckc_weight: float = arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
+    ckc_directions: str = arg("sum", "sum: both directions summed, as printed (Sec. 4.2) | mean: "
+                              "the research code's (deviation 10)", choices=("sum", "mean"))
     # optimisation (Sec. 5)
-    epochs: int = flags.arg(40, "epochs per task (Sec. 5)")
-    batch_size: int = flags.arg(1024, "global batch (Sec. 5)")
-    lr: float = flags.arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
-    lr_image: float = flags.arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
-    lr_text: float = flags.arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = flags.arg("paper", "'paper': per-task (image, text) lrs for the paper's "
-                               "datasets (Sec. 5.2.3)", choices=("paper", "none"))
-    wd: float = flags.arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
-    beta2: float = flags.arg(0.99, "AdamW beta2 (Sec. 5)")
-    warmup: int = flags.arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
-    schedule: str = flags.arg("paper", "paper: --warmup, per-step cosine to 0 | research: per "
-                              "epoch, from and to 1 % (deviation 13)",
-                              choices=("paper", "research"))
-    projector_lr: str = flags.arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's "
-                                  "(research code)", choices=("lr", "image"))
-    out: str = flags.arg("runs/cclip", "output folder: continual.json, results.json, per-task "
-                         "folders, model.pt")
-    resume: str = flags.arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
+    epochs: int = arg(40, "epochs per task (Sec. 5)")
+    batch_size: int = arg(1024, "global batch (Sec. 5)")
+    lr: float = arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
+    lr_image: float = arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
+    lr_text: float = arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
+    lr_preset: str = arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets "
+                         "(Sec. 5.2.3)", choices=("paper", "none"))
+    wd: float = arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
+    beta2: float = arg(0.99, "AdamW beta2 (Sec. 5)")
+    warmup: int = arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
+    schedule: str = arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, "
+                        "from and to 1 % (deviation 13)", choices=("paper", "research"))
+    projector_lr: str = arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research "
+                            "code)", choices=("lr", "image"))
+    out: str = arg("runs/cclip", "output: continual.json, results.json, per-task folders, model.pt")
+    resume: str = arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
-    eval_n: int = flags.arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their "
-                            "first n scenes (0: all)")
-    threads: int = flags.arg(0, "ours: CPU threads for torch (0: torch's default)")
-    stop_after_tasks: int = flags.arg(0, "ours: leave after this many tasks as if interrupted "
-                                      "(tests resume)")
-    demo: bool = flags.arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
+    eval_n: int = arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n "
+                      "scenes (0: all)")
+    threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
+    stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
+    demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
 
 if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below

@@ -46,10 +46,8 @@ Deviations (one line each; at length in docs/m2mix.md under the same number)
   T5. Captions padded to 200 tokens, cut to the batch's longest (masked: the code's dynamic padding)
   T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics.
 
-Commands (torchrun, the towers, the code's objective term for term: docs/m2mix.md, at length)
+Commands (--collect, --demo, the towers: README.md; torchrun, the code's objective: docs/m2mix.md)
   python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
-  python m2mix.py --collect runs/ft-f30k,runs/m2-f30k,runs/m3-f30k   (the table; ZS: the first's)
-  python m2mix.py --demo   (lab/demos/m2mix.py: synthetic world, tiny backbone; --demo-unimodal)
 """
 from __future__ import annotations
 
@@ -65,11 +63,10 @@ from plumbing.flags import arg
 @dataclass(frozen=True)
 class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
     # model and data
-    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4: uni-modal towers, "
-                                    "towers.py)")  # Sec. 5.1
+    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4's towers)")  # Sec. 5.1
     train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone "
-                                  "tiny when absent) | flickr30k (Karpathy) | coco (see "
-                                  "--coco-split) | a manifest | synthetic")
+                                  "tiny when absent) | flickr30k (Karpathy) | coco (--coco-split) "
+                                  "| a manifest | synthetic")
     coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy "
                                   "(train+restval -> test)", choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: "
@@ -89,8 +86,7 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     m2_weight: float = arg(0.05, "lambda_1, weight of L_m2")  # Tab. 6; code's largest m2 weight
     uni_weight: float = arg(0.05, "lambda_2, weight of L_uni = (C_V + C_L)/2")  # Tab. 6 range; ours
     vl_weight: float = arg(0.05, "lambda_3, weight of L_VL")  # Tab. 6 range; ours
-    alpha_m2: float = arg(0.0, "Beta(alpha, alpha) of the m2 ratio; 0: 0.5 for m2, "
-                               "0.2 inside m3 (code)")
+    alpha_m2: float = arg(0.0, "Beta parameter, m2 ratio; 0: 0.5 for m2, 0.2 inside m3 (code)")
     alpha_v: float = arg(0.5, "Beta parameter of the V-Mix ratio")  # code
     alpha_l: float = arg(0.5, "Beta parameter of the L-Mix ratio")  # code
     alpha_vl: float = arg(0.5, "Beta parameter of the VL-Mix ratio")  # code
@@ -105,26 +101,21 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     vl_target: str = arg("paper", "paper: I | code: I + I_R", choices=("paper", "code"))
     m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; "
                              "with --m2-own-tau its initial value")
-    m2_own_tau: bool = arg(False, "Algorithm 1: the m2 term gets its own trainable "
-                                  "temperature t2 (deviation 5)")
-    base_tau: float = arg(0.0, "fixed temperature of the CLIP/uni/VL terms (code: 0.01); "
-                               "0: learnable")
+    m2_own_tau: bool = arg(False, "Alg. 1: the m2 term's own trainable temperature t2 (dev. 5)")
+    base_tau: float = arg(0.0, "fixed temperature of CLIP/uni/VL terms (code: 0.01); 0: learnable")
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
-    fp16_weights: bool = arg(False, "the code's fp16 storage: weights and lam rounded to fp16 "
-                                    "(deviation 16)")
+    fp16_weights: bool = arg(False, "weights and lam rounded to fp16, as the code (deviation 16)")
     # evaluation (ours)
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
     eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test "
                            "protocols ('none': no evaluation)")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, "
-                                      "the code's 13 lambdas (deviation 15)",
-                              choices=("ours", "code"))
-    collect: str = arg("", "comma-separated run folders: print Table 1 from their "
-                           "results.json and exit")
-    demo: bool = arg(False, "run the synthetic demo "
-                            "(ZS, FT, m2-Mix, m3-Mix; lab/demos/m2mix.py) and exit")
+                                      "the code's 13 lambdas (dev. 15)", choices=("ours", "code"))
+    collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json "
+                           "(each row from the first run that has it) and exit")
+    demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2-Mix, m3-Mix, synthetic) and exit")
     demo_unimodal: bool = arg(False, "Sec. 5.4's demo: towers pre-trained apart "
                                      "(lab/demos/towers.py) and exit")
 
