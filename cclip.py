@@ -114,7 +114,7 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
-from plumbing import cclip_tasks, wise_ft
+from plumbing import cclip_tasks, models, wise_ft
 from plumbing.cclip_tasks import PAPER_TASKS, resolve_eval_sets, resolve_tasks, task_lrs
 
 
@@ -310,7 +310,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
               "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
-    model, train_tf, eval_tf, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
+    model, train_tf, eval_tf, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
                                                             device=device, cache_dir=cfg.cache_dir)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
@@ -352,7 +352,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
                                                                  1 / (1 + min(i, 2))))
         model.requires_grad_(True)
         if rank == 0:
-            common.save_model(model, Path(task_out) / "model.pt", cfg.backbone,
+            models.save_model(model, Path(task_out) / "model.pt", cfg.backbone,
                               source=f"cclip task {i + 1}")
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
@@ -367,7 +367,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
-            common.save_model(model, path, cfg.backbone, source="cclip task boundary")
+            models.save_model(model, path, cfg.backbone, source="cclip task boundary")
 
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)
@@ -378,9 +378,9 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr),
         first_row=first_row)
     if rank == 0:
-        common.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
+        models.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
         if cfg.export:  # the merged model, in open_clip's hub layout
-            common.export_open_clip(model, cfg.export, cfg.backbone)
+            models.export_open_clip(model, cfg.export, cfg.backbone)
         common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks],
                                    **summary}, cfg)
     return summary
@@ -395,7 +395,7 @@ def main(argv=None):
         from lab.demos import cclip as demo
         return demo.main(argv)
     cfg = common.parse_config(CClipConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
+    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
     needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS
              for s in ("train", "test")]

@@ -100,7 +100,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from plumbing import cmcl
+from plumbing import cmcl, models
 
 
 # =============================================================================
@@ -510,7 +510,7 @@ def main(argv=None):
         from lab.demos import dns as demo  # the lab: world, tiny backbone, seeds (--seeds), claims
         return demo.main(argv)
     cfg = common.parse_config(DNSConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
+    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
     if cfg.export or cfg.lock_image or cfg.lock_text:
         raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it "

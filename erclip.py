@@ -101,7 +101,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import sweeps
+from plumbing import models, sweeps
 
 
 # =============================================================================
@@ -321,7 +321,7 @@ build_train_manifest = common.coco_sharegpt4v_manifest
 def train_manifest(cfg: ERCLIPConfig) -> Path:
     root = Path(cfg.data_root)
     if cfg.train_data == "synthetic":
-        return common.lab_hook("synthetic_manifest")(  # the lab's world
+        return models.lab_hook("synthetic_manifest")(  # the lab's world
             "train", root, n=cfg.train_pairs or None)
     if cfg.train_data == TRAIN_POOL:
         return build_train_manifest(
@@ -392,7 +392,7 @@ def main(argv=None):
         from lab.demos import erclip as demo
         return demo.main(argv)
     cfg = common.parse_config(ERCLIPConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     root = Path(cfg.data_root)
     cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
@@ -409,7 +409,7 @@ def main(argv=None):
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
-    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
+    model, train_tf, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)
     base = []

@@ -159,7 +159,7 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import m2mix_analysis, wise_ft
+from plumbing import m2mix_analysis, models, wise_ft
 
 
 # =============================================================================
@@ -640,7 +640,7 @@ _CLASSIFIER_CACHE: dict = {}
 def _text_fingerprint(model) -> str:
     """Identifies the text tower's current weights (changes when they train)."""
     h = hashlib.sha1()
-    for name, p in common.text_tower(model).named_parameters():
+    for name, p in models.text_tower(model).named_parameters():
         if not name.startswith("visual."):
             p = p.detach().double()
             h.update(f"{name}{tuple(p.shape)}{p.sum().item():.10e}{p.square().sum().item():.10e}".encode())
@@ -778,7 +778,7 @@ def published_numbers(paper: str, backbone: str) -> dict:
     """The paper's CLIP row {(task, metric): value} for this backbone (OpenAI or open_clip spelling), or {}."""
     if paper not in published.PUBLISHED:
         raise ValueError(f"unknown paper {paper!r}; known: {', '.join(published.PUBLISHED)}")
-    openai = {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
+    openai = {v: k for k, v in models.OPENAI_NAMES.items()}.get(backbone, backbone)
     return published.PUBLISHED[paper].get(openai, {})
 
 
@@ -906,7 +906,7 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
                                 f"+ one per task), got {len(checkpoints)}")
     rows, records = [], []
     for i, ck in enumerate(checkpoints):
-        model, _, preprocess, tok = common.load_model(backbone, "" if ck == "pretrained" else ck, device=device)
+        model, _, preprocess, tok = models.load_model(backbone, "" if ck == "pretrained" else ck, device=device)
         recs = evaluate(model, preprocess, tok, [*tasks, *zero_shot], data_root, model_name=backbone, weights=ck,
                         device=device, **kw)
         rows.append(continual_row(recs, tasks, metrics, zero_shot))
@@ -969,7 +969,7 @@ def validator(cfg, preprocess, tasks=()) -> Callable | None:
     short = Path(task).stem if Path(task).is_file() else task
 
     def validate(model):
-        tokenizer = common.get_tokenizer(cfg.backbone, common.text_tower(model).context_length)
+        tokenizer = models.get_tokenizer(cfg.backbone, models.text_tower(model).context_length)
         return {f"{short}/{r['metric']}": r["value"] for r in evaluate(
             model, preprocess, tokenizer, [task], cfg.data_root, model_name=cfg.backbone, weights="during training")}
     return validate
@@ -993,7 +993,7 @@ def main(argv=None):
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
-    if common.wants_lab(a) and not common.LAB_HOOKS:  # eval.py never imports the lab (it sits above)
+    if models.wants_lab(a) and not models.LAB_HOOKS:  # eval.py never imports the lab (it sits above)
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
@@ -1016,12 +1016,12 @@ def main(argv=None):
         print(continual_tables(summary, tasks))
         results.update(continual=summary, records=summary.pop("records"))
     else:
-        model, _, preprocess, tok = common.load_model(a.backbone, a.pretrained, device=device)
+        model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
-            if a.context_length > common.text_tower(model).context_length:
+            if a.context_length > models.text_tower(model).context_length:
                 raise common.UsageError(f"--context-length {a.context_length} is longer than the model's text "
-                                        f"window ({common.text_tower(model).context_length})")
-            tok = common.get_tokenizer(a.backbone, a.context_length)
+                                        f"window ({models.text_tower(model).context_length})")
+            tok = models.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
         if a.wise_ft:
             theta0 = (wise_ft.load_state_dict(a.wise_base) if a.wise_base else
@@ -1043,7 +1043,7 @@ def main(argv=None):
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
     if a.out and a.format == "clip_benchmark" and results.get("records"):  # not with --wise-ft / --continual (above)
-        for name, content in clip_benchmark_files(results["records"], common.resolve_backbone(a.backbone),
+        for name, content in clip_benchmark_files(results["records"], models.resolve_backbone(a.backbone),
                                                   a.pretrained).items():
             common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:

@@ -144,6 +144,7 @@ import torch.nn as nn
 
 import common
 import eval as evaluation
+from plumbing import models
 from plumbing.longclip_data import first_sentence, read_erclip_results, train_manifest
 
 
@@ -204,7 +205,7 @@ def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smo
 # =============================================================================
 def original_context(backbone: str) -> int:
     """The text window of the backbone's open_clip config (77 for CLIP, 24 for tiny)."""
-    cfg = open_clip.get_model_config(common.resolve_backbone(backbone)) or {}
+    cfg = open_clip.get_model_config(models.resolve_backbone(backbone)) or {}
     return int(cfg.get("text_cfg", {}).get("context_length", 77))
 
 
@@ -217,7 +218,7 @@ def stretch_text_window(model, keep: int, factor: int) -> int:
     """Stretches an open_clip model's text tower in place (Eq. (1)): a new positional table,
     context_length and causal mask; it saves and loads as the same open_clip architecture with a
     longer context. Returns the new length."""
-    t = common.text_tower(model)
+    t = models.text_tower(model)
     if getattr(t, "attn_mask", None) is None or getattr(t, "cls_emb", None) is not None \
             or not isinstance(getattr(t, "positional_embedding", None), torch.Tensor):
         raise ValueError("Long-CLIP's stretching needs an open_clip text transformer with a causal "
@@ -264,7 +265,7 @@ class LongCLIP(common.Method):
         self.model, self.cfg = model, cfg
         base = original_context(cfg.backbone)
         self.keep = cfg.keep if cfg.keep >= 0 else default_keep(base)
-        t = common.text_tower(model)
+        t = models.text_tower(model)
         if cfg.stretch:
             if t.context_length != base:
                 raise ValueError(f"the model's text window is {t.context_length}, not "
@@ -307,7 +308,7 @@ def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest, validate=None
     rebuilds the same model); returns (model, tokenizer of its window, summary)."""
     dataset = common.training_set(cfg, manifest, train_tf, need_long=True)
     net = LongCLIP(model, cfg)
-    tokenizer = common.get_tokenizer(cfg.backbone, net.context_length)
+    tokenizer = models.get_tokenizer(cfg.backbone, net.context_length)
     summary = common.train(cfg, net, dataset, LongCaptionCollate(tokenizer, cfg.short_caption),
                            validate=validate)
     summary.update(train_pairs=len(dataset), skipped_rows=len(dataset.skipped),
@@ -333,10 +334,6 @@ def evaluate_windows(model, preprocess, tokenizers: dict, tasks, data_root, **kw
 # =============================================================================
 # Tables (ERCLIP's Tables 1 and 2 layout, written once in eval.py, with the text window)
 # =============================================================================
-def openai_name(backbone: str) -> str:
-    return {v: k for k, v in common.OPENAI_NAMES.items()}.get(backbone, backbone)
-
-
 def paper_tables(ours, backbone: str) -> str:
     """Tables 1 and 2 in ERCLIP's layout plus a window column: the published rows for this backbone
     (ERCLIP's CLIP row, Long-CLIP's row of ERCLIP Tab. 1), then ours: (name, records, window, L_pres
@@ -347,7 +344,7 @@ def paper_tables(ours, backbone: str) -> str:
         rows.append(published.erclip_rows(
             [{"task": t, "metric": m, "value": v} for (t, m), v in clip.items()],
             "paper CLIP (ERCLIP Tab. 1-2)", vit, window=77))
-    vals = published.PUBLISHED_LONGCLIP.get(openai_name(backbone))
+    vals = published.PUBLISHED_LONGCLIP.get(models.openai_name(backbone))
     if vals:
         (cols1, cols2), name = (published.erclip_cols(window=True),
                                 "paper Long-CLIP, ~1M pairs (ERCLIP Tab. 1)")
@@ -368,7 +365,7 @@ def main(argv=None):
         from lab.demos import longclip as demo
         return demo.main(argv)
     cfg = common.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
-    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     sharegpt4v = Path(cfg.data_root) / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     cfg = common.resolve_auto(cfg, "train_data", "sharegpt4v", [cfg.sharegpt4v or sharegpt4v],
@@ -381,9 +378,9 @@ def main(argv=None):
     manifest = train_manifest(cfg)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
-    model, train_tf, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained,
+    model, train_tf, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
                                                                cache_dir=cfg.cache_dir)
-    base_window = common.text_tower(model).context_length
+    base_window = models.text_tower(model).context_length
     device = common.init_distributed(cfg.device)
     base = []
     if tasks and cfg.eval_base and rank == 0:  # before stretching, through its own window (kept)
@@ -404,7 +401,7 @@ def main(argv=None):
     window, short_window = summary["context_length"], original_context(cfg.backbone)
     tokenizers = {window: long_tokenizer}
     if short_window < window:
-        tokenizers[short_window] = common.get_tokenizer(cfg.backbone, short_window)
+        tokenizers[short_window] = models.get_tokenizer(cfg.backbone, short_window)
     tuned = evaluate_windows(model, preprocess, tokenizers, tasks, cfg.data_root,
                              model_name=cfg.backbone,
                              weights=str(Path(cfg.out) / "model.pt")) if tasks else []

@@ -129,7 +129,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import m2mix_analysis, towers, train_manifests
+from plumbing import m2mix_analysis, models, towers, train_manifests
 
 
 # =============================================================================
@@ -321,7 +321,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     """Loads the backbone, evaluates it (ZS), fine-tunes with cfg.method,
     evaluates again; writes results.json and returns it."""
     device = common.init_distributed(cfg.device)
-    model, train_tf, eval_tf, tokenizer = common.load_model(
+    model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
         cache_dir=cfg.cache_dir, **towers.tower_settings(cfg))
     rank = common.dist_info()[0]
@@ -367,7 +367,7 @@ def main(argv=None):
         from lab.demos import m2mix as demo, towers as unimodal
         return (demo if "--demo" in argv else unimodal).main(argv)
     cfg = common.parse_config(M2MixConfig, argv)
-    if common.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     if cfg.collect:
         table = m2mix_analysis.collect(cfg.collect.split(","))

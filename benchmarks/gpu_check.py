@@ -58,6 +58,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
+from plumbing import models  # noqa: E402
 import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 
 METHODS = ("plain", "erclip-m+p", "erclip-rt+p", "m2-mix", "m3-mix", "c-clip", "dns-gradient", "dns-update",
@@ -148,7 +149,7 @@ def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0,
         import longclip
         cfg = longclip.LongCLIPConfig(backbone=backbone)
         net = longclip.LongCLIP(model, cfg)
-        collate = longclip.LongCaptionCollate(common.get_tokenizer(backbone, net.context_length), cfg.short_caption)
+        collate = longclip.LongCaptionCollate(models.get_tokenizer(backbone, net.context_length), cfg.short_caption)
         return Case(method, net.to(device), to_device(collate(data), device))
     raise ValueError(f"unknown method {method!r}; one of {METHODS}")
 
@@ -356,7 +357,7 @@ def resume_check(backbone: str, device, precision: str, tmp, batch_size: int = 8
 
     def run(out, **kw):
         torch.manual_seed(0)
-        model, _, _, tok = common.load_model(backbone, "random")
+        model, _, _, tok = models.load_model(backbone, "random")
         net = OverflowAt(model, {overflow_at})
         summary = common.train(train_config(out, device, precision, steps=steps, batch_size=batch_size, **kw), net,
                                RandomPairs(4 * batch_size, image_size(model)), common.Collate(tok), export=False)
@@ -414,7 +415,7 @@ def _ddp_worker(rank, world, port, tmp, backbone, device_type, precision, batch_
     torch.set_num_threads(1)
     torch.manual_seed(0)
     device = "cpu" if device_type == "cpu" else "auto"  # auto: cuda:<local rank>, NCCL
-    model, _, _, tok = common.load_model(backbone, "random")
+    model, _, _, tok = models.load_model(backbone, "random")
     data = RandomPairs(4 * batch_size, image_size(model))
     summary = common.train(train_config(Path(tmp) / "ddp", device, precision, steps=2, batch_size=batch_size,
                                         log_every=100), lab.ClipFineTune(model), data, common.Collate(tok),
@@ -511,7 +512,7 @@ def main(argv=None) -> int:
             results.append(fn())
 
     torch.manual_seed(0)
-    base, _, _, tok = common.load_model(a.backbone, "random", device=str(device))
+    base, _, _, tok = models.load_model(a.backbone, "random", device=str(device))
     methods = [m for m in a.methods.split(",") if m]
     for m in methods:
         run(f"{m} step", 30, lambda m=m: check_method(m, base, tok, device, batch_size=a.batch_size, steps=a.steps,

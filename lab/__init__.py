@@ -36,6 +36,7 @@ file's main() imports the lab only when its command names the lab, and
 on the lab's tiny model.
 """
 import common
+from plumbing import models
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import PROCESSES, hold_out, run_jobs, scratch_run, take_processes_flag
@@ -50,7 +51,7 @@ from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLOR
                        long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest,
                        world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
-common.LAB_HOOKS.update(  # what common.py and the method files look up by name (common.lab_hook)
+models.LAB_HOOKS.update(  # what common.py, plumbing and the method files look up by name (models.lab_hook)
     tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,
     synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
     long_task_manifests=long_task_manifests,  # cclip.py --tasks synthetic-long

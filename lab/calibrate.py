@@ -37,6 +37,7 @@ from pathlib import Path
 
 from plumbing.sweeps import drop_weights
 import common
+from plumbing import models
 import lab
 
 PILOT_SEED = 99  # not in lab.SEEDS
@@ -82,7 +83,7 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
     import erclip
     from lab.demos import erclip as demo
     cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
-    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     rows = []
     for setting in ERCLIP_GRID + ERCLIP_GRID_2:

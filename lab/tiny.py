@@ -20,7 +20,7 @@ import numpy as np
 import open_clip
 import torch
 
-from plumbing import base
+from plumbing import base, models
 import common
 import eval as evaluation
 from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, render, synthetic_manifest,
@@ -148,7 +148,7 @@ def pretrain_tiny(force: bool = False) -> Path:
     path = base.CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if _cached(path) and not force:
         return path
-    common.register_tiny(TINY_CFG)
+    models.register_tiny(TINY_CFG)
     base.CACHE_DIR.mkdir(parents=True, exist_ok=True)
     import fcntl  # one process writes; others (parallel tests, ranks) wait for its file, saying for whom
     with open(base.CACHE_DIR / f"{path.name}.lock", "a+") as lock:
@@ -166,14 +166,14 @@ def pretrain_tiny(force: bool = False) -> Path:
             return path
         shipped = shipped_path(key)
         if shipped.exists() and not force:
-            model, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None)
+            model, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None)
             model.load_state_dict(load_shipped(shipped))
             model.quick_gelu = False
-            return common.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")
+            return models.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")
         print(f"[lab] no shipped weights for recipe key {key} (lab/weights/): pretraining into the cache; ship "
               f"them with {WRITE_COMMAND}", file=sys.stderr)
         model, _ = _pretrain_tiny(TINY_PRETRAIN, _work_dir(key))
-        return common.save_model(model, path, "tiny", source=f"synthetic world pretraining {TINY_PRETRAIN}")
+        return models.save_model(model, path, "tiny", source=f"synthetic world pretraining {TINY_PRETRAIN}")
 
 
 def _cached(path: Path, say: bool = False) -> bool:
@@ -204,12 +204,12 @@ def _pretrain_tiny(p: dict, out: Path):
     then asked about long ones). Deterministic on one machine. Returns (model, seconds)."""
     t0 = time.time()
     print(f"[lab] pretraining the tiny backbone on the world's alt-text captions ({p})", file=sys.stderr)
-    common.register_tiny(TINY_CFG)
+    models.register_tiny(TINY_CFG)
     torch.manual_seed(p["seed"])
-    model, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None)
+    model, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None)
     with torch.no_grad():
         model.token_embedding.weight.copy_(_token_init(p["seed"], model.token_embedding.weight.shape))
-    tok = open_clip.get_tokenizer(common.TINY_NAME)
+    tok = open_clip.get_tokenizer(models.TINY_NAME)
     scenes = _PretrainScenes(world_split(PRETRAIN, p["n"], seed=100), seed=100)
     cfg = common.Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
                         grad_clip=1.0, precision="fp32", workers=0, out=str(out), save_every=0, log_every=50,

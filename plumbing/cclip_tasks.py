@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import common
+from plumbing import models
 import eval as evaluation
 
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
@@ -21,7 +22,7 @@ PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (
 
 def resolve_tasks(cfg) -> list[common.Task]:
     if cfg.tasks == "synthetic-long":  # ours: the lab's 4 domain tasks, trained and tested on their long captions
-        return [common.Task(*t) for t in common.lab_hook("long_task_manifests")(cfg.data_root)]
+        return [common.Task(*t) for t in models.lab_hook("long_task_manifests")(cfg.data_root)]
     if cfg.tasks == "vlcl":
         root = Path(cfg.data_root) / "vlcl"
         spec = ",".join(f"{n}={root / n / 'train.jsonl'}:{root / n / 'test.jsonl'}" for n in PAPER_TASKS)

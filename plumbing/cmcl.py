@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 import common
+from plumbing import models
 from eval import cached, image_features, load_classification, manifest_retrieval, masked_continual_metrics
 
 
@@ -284,11 +285,11 @@ def frozen_task_features(cfg, tasks, device) -> dict:
     per task the train pairs and the test set, the per-task class prompts, the zero-shot sets."""
     if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
         torch.manual_seed(cfg.seed)
-    model, _, preprocess, tok = common.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
+    model, _, preprocess, tok = models.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
     model.eval()
     weights = (cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}") or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(common.lab_hook("pretrain_tiny")())
+        weights = str(models.lab_hook("pretrain_tiny")())
     elif os.path.isfile(weights):
         weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
     base = {"backbone": cfg.backbone, "weights": weights}
@@ -301,7 +302,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
 
     column, task_clf = "", None
     if cfg.task_classes:
-        classnames, templates, column = common.lab_hook("label_sets")()[cfg.task_classes]
+        classnames, templates, column = models.lab_hook("label_sets")()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],

@@ -40,6 +40,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import common  # noqa: E402
+from plumbing import models  # noqa: E402
 
 BOS, EOS = 49406, 49407  # OpenAI's BPE: <start_of_text>, <end_of_text> (open_clip pools at the EOT token)
 
@@ -62,7 +63,7 @@ def transformers_state(model) -> tuple[dict, dict]:
     """(CLIPConfig kwargs, state_dict) of an open_clip CLIP of the OpenAI architecture (ViT image tower with a
     class token, the built-in text transformer); anything else is refused by the feature check in to_transformers."""
     sd = {k: v.detach().cpu().float() for k, v in model.state_dict().items()}
-    visual, text = model.visual, common.text_tower(model)
+    visual, text = model.visual, models.text_tower(model)
     width_t, width_v = sd["token_embedding.weight"].shape[1], sd["visual.conv1.weight"].shape[0]
     act = "quick_gelu" if getattr(model, "quick_gelu", False) else "gelu"
     config = dict(projection_dim=sd["text_projection"].shape[1], logit_scale_init_value=float(sd["logit_scale"]),
@@ -163,11 +164,11 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
 
 def main(argv=None):
     a = command_line().parse_args(argv)
-    if common.wants_lab(a) and not common.LAB_HOOKS:  # the lab sits above this module: it is never imported here
+    if models.wants_lab(a) and not models.LAB_HOOKS:  # the lab sits above this module: it is never imported here
         raise common.UsageError("--backbone tiny is the lab's: run this command as python -m lab export ARGS")
-    model = common.load_model(a.backbone, a.pretrained)[0]
+    model = models.load_model(a.backbone, a.pretrained)[0]
     if a.format == "open_clip":
-        common.export_open_clip(model, a.out, a.backbone)
+        models.export_open_clip(model, a.out, a.backbone)
     else:
         to_transformers(model, a.out)
     print(f"[export] {a.pretrained} -> {a.out} ({a.format})", file=sys.stderr)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import common
+from plumbing import models
 
 
 def first_sentence(text: str) -> str:
@@ -50,7 +51,7 @@ def train_manifest(cfg) -> Path:
     root = Path(cfg.data_root)
     sharegpt4v = cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     if cfg.train_data == "synthetic":
-        return common.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
+        return models.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
         coco = cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json"
         return common.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)

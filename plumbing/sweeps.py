@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from plumbing import manifests, published, runfolder
+from plumbing import manifests, models, published, runfolder
 import common
 import eval as evaluation
 
@@ -95,7 +95,7 @@ def prefix_manifest(src, n: int, dst) -> Path:
 
 class EpochSnapshots:
     """Hooks for common.train that keep the model's weights after the last
-    step of every epoch: saved (common.save_model) to folder/epoch<k>.pt, or
+    step of every epoch: saved (models.save_model) to folder/epoch<k>.pt, or
     with folder=None kept in memory (the lab's small models). One run thus
     gives the per-epoch checkpoints a training-length sweep evaluates
     afterwards. Reads the weights only (no gradient, no random number), so
@@ -118,7 +118,7 @@ class EpochSnapshots:
             self.snapshots.append({k: v.detach().clone() for k, v in net.model.state_dict().items()})
         else:
             path = Path(self.folder) / f"epoch{self.step // self.steps_per_epoch}.pt"
-            self.snapshots.append(common.save_model(net.model, path, self.backbone, source=f"step {self.step}"))
+            self.snapshots.append(models.save_model(net.model, path, self.backbone, source=f"step {self.step}"))
 
 
 # =============================================================================
@@ -224,7 +224,7 @@ def run_sweep(method: Method, cfg, sizes=None):
                                    weights=str(weights))
 
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
-    initial = common.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
+    initial = models.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
     device = common.init_distributed(cfg.device)
 
     def base(folder):

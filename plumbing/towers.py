@@ -2,7 +2,7 @@
 image tower and a Hugging Face text tower, each with a linear projection to a
 shared embedding, and a learned temperature (m2-Mix, Oh et al., NeurIPS 2023,
 arXiv 2203.03897, Sec. 5.4: BERT + ResNet-50 fine-tuned on Flickr30k). The
-weights are found offline and never downloaded; common.load_model comes here
+weights are found offline and never downloaded; models.load_model comes here
 for a backbone named in SPECS, or for a checkpoint whose sidecar says "towers".
 
   bert-resnet50   timm's resnet50 trunk (torchvision's ImageNet-1k weights,
@@ -210,9 +210,9 @@ def _seeded(seed: int):
 
 def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "", text_weights: str = "",
          image_weights: str = "", seed: int = 0, embed_dim: int = 0, pool: str = "cls"):
-    """(model, train_transform, eval_transform, tokenizer) as common.load_model returns them.
+    """(model, train_transform, eval_transform, tokenizer) as models.load_model returns them.
     pretrained: '' (the towers' pre-trained weights, found offline), 'random', or a checkpoint file that
-    common.save_model wrote for this backbone (its sidecar carries the config and the text tower's folder)."""
+    models.save_model wrote for this backbone (its sidecar carries the config and the text tower's folder)."""
     meta = read_sidecar(pretrained) if pretrained and os.path.isfile(pretrained) else {}
     if pretrained not in ("", "random") and not meta.get("towers"):
         raise UsageError(f"--pretrained {pretrained!r}: for {backbone} give '' (the towers' weights), 'random', or "
@@ -249,7 +249,7 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
         sd = _read_state(pretrained)
         model.load_state_dict(sd)
     model.towers = {"backbone": name, "model_cfg": cfg, "text_dir": str(text_dir)}  # for save_model's sidecar
-    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)  # common.load_model caches it
+    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)  # models.load_model caches it
 
 
 def sidecar(model, path) -> dict:
@@ -268,7 +268,7 @@ def sidecar(model, path) -> dict:
 
 
 def tower_settings(cfg) -> dict:
-    """common.load_model's settings of a towers backbone (load) from m2mix.py's config; none for CLIP."""
+    """models.load_model's settings of a towers backbone (load) from m2mix.py's config; none for CLIP."""
     if not known(cfg.backbone):
         return {}
     if cfg.tower_dim < 0:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import common
+from plumbing import models
 
 
 KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
@@ -64,7 +65,7 @@ def train_manifest(cfg) -> Path:
     """The manifest m2mix.py trains on (cfg: m2mix.M2MixConfig); written under <out>/data/."""
     data_dir = Path(cfg.out) / "data"
     if cfg.train_data == "synthetic":  # the lab registers its world
-        return common.lab_hook("synthetic_manifest")("train", cfg.data_root)
+        return models.lab_hook("synthetic_manifest")("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
         return karpathy_train_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":

@@ -9,7 +9,7 @@ import common
 
 
 def load_state_dict(path) -> dict:
-    """A plain open_clip state_dict from: common.save_model files, training checkpoints (common.train's
+    """A plain open_clip state_dict from: models.save_model files, training checkpoints (common.train's
     {'net': ...}, keys 'model.*'), open_clip / OpenAI .pt/.bin files, or .safetensors. Pickles are read with
     weights_only=True (other objects are refused, not run); OpenAI's TorchScript archives with torch.jit.load."""
     path = str(path)

@@ -39,9 +39,9 @@ def _seeds_reset():
 @pytest.fixture(scope="session")
 def tiny_random():
     """A randomly initialised tiny backbone (no pretraining, instant)."""
-    import common
+    from plumbing import models
     torch.manual_seed(0)
-    return common.load_model("tiny", "random")
+    return models.load_model("tiny", "random")
 
 
 @pytest.fixture

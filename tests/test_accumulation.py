@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import cclip
 import common
+from plumbing import models
 import dns
 import erclip
 import lab
@@ -26,7 +27,7 @@ N = 8  # rows of the whole batch; K = 4 micro-batches of 2
 
 def _tiny():
     torch.manual_seed(0)
-    model, _, _, tok = common.load_model("tiny", "random")
+    model, _, _, tok = models.load_model("tiny", "random")
     return model, tok
 
 
@@ -53,7 +54,7 @@ def _longclip(scope):
     net = longclip.LongCLIP(model, cfg)
     items = [{"image": img, "caption": s["caption"], "long_caption": s["long_caption"]}
              for img, s in zip(_images(), _scenes())]
-    return net, longclip.LongCaptionCollate(common.get_tokenizer("tiny", net.context_length))(items), None
+    return net, longclip.LongCaptionCollate(models.get_tokenizer("tiny", net.context_length))(items), None
 
 
 def _m2mix(method):
@@ -214,7 +215,7 @@ def test_training_with_accumulation_follows_the_one_batch_run(tmp_path):
     start, out = None, {}
     for k in (1, 4):
         torch.manual_seed(0)
-        model, train_tf, _, tok = common.load_model("tiny", "random")
+        model, train_tf, _, tok = models.load_model("tiny", "random")
         start = start or {n: v.clone() for n, v in model.state_dict().items()}
         cfg = common.Config(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                             log_every=1, device="cpu", seed=0, out=str(tmp_path / f"k{k}"), accum_freq=k)
@@ -232,7 +233,7 @@ def _ddp_worker(rank, world, port, tmp, data):
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp / "ddp"), accum_freq=2)
     common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
@@ -246,7 +247,7 @@ def test_two_processes_accumulating_train_like_one_process(tmp_path):
     """2 gloo processes x 2 micro-batches of 2 (the reducer bypassed, one average per step) = 1 process, batch 8."""
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     start = {n: v.clone() for n, v in model.state_dict().items()}
     cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp_path / "one"))

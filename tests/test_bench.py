@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench  # noqa: E402
 
 import common  # noqa: E402
+from plumbing import models  # noqa: E402
 
 
 def test_dense_reference_equals_chunked_retrieval():
@@ -31,10 +32,10 @@ def test_steps_section_writes_floors(tmp_path):
     ratio_to_floor = step / (plain + extra work), and the floors account for
     the methods' work: ERCLIP's and m2/m3-Mix's step FLOPs are the plain
     step's plus the extra work's (C-CLIP's also carry LoRA's adapters)."""
-    common.register_tiny()
+    models.register_tiny()
     out = tmp_path / "results.json"
     bench.RECORDS.clear()
-    bench.bench_steps(True, common.TINY_NAME, batch=4, repeat=1)
+    bench.bench_steps(True, models.TINY_NAME, batch=4, repeat=1)
     bench.write_records(out)
     recs = {r["name"].split(" vs ")[0].removeprefix("step "): r for r in json.loads(out.read_text())}
     assert sorted(recs) == sorted(list(bench.METHOD_STEPS)[:bench.QUICK_STEPS])

@@ -18,7 +18,7 @@ from torch.nn.utils import parametrize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
-from plumbing import cclip_tasks  # noqa: E402
+from plumbing import cclip_tasks, models  # noqa: E402
 import common  # noqa: E402
 import lab  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 @pytest.fixture()
 def tiny():
     torch.manual_seed(0)
-    model, _, _, tok = common.load_model("tiny", "random")
+    model, _, _, tok = models.load_model("tiny", "random")
     return model.eval(), tok
 
 
@@ -106,7 +106,7 @@ def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
     img_adapted, txt_adapted = _encode(model, batch)
 
     torch.manual_seed(0)  # an identical twin (a deepcopy would share the parametrized classes)
-    twin = common.load_model("tiny", "random")[0].eval()
+    twin = models.load_model("tiny", "random")[0].eval()
     cclip.add_lora(twin, rank=4, alpha=8.0)
     twin.load_state_dict(model.state_dict())
     cclip.merge_lora(twin, 1.0)  # coef 1: the same function as the adapted model
@@ -121,7 +121,7 @@ def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
     assert {k: v.shape for k, v in sd.items()} == shapes  # the original keys, nothing added
     assert not any(parametrize.is_parametrized(m) for m in model.modules())
     assert all(p.requires_grad for p in model.parameters())
-    common.save_model(model, tmp_path / "m.pt", "tiny")  # refuses adapter keys; must pass
+    models.save_model(model, tmp_path / "m.pt", "tiny")  # refuses adapter keys; must pass
 
 
 def test_merge_coef_zero_is_the_old_model(tiny):

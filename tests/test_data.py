@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from plumbing import manifests
+from plumbing import loading, manifests
 import common
 import lab
 
@@ -242,7 +242,7 @@ def test_write_once_manifest_is_rebuilt_when_its_sources_change(tmp_path, capsys
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["coco_id"] for r in rows] == [1, 2] and rows[0]["caption"] == "caption 1 0"
     assert rows[0]["long_caption"].startswith("A long description.")
-    assert common.read_sidecar(path)["sources"]["sharegpt4v"]["bytes"] == sg.stat().st_size
+    assert loading.read_sidecar(path)["sources"]["sharegpt4v"]["bytes"] == sg.stat().st_size
     stamp = path.stat().st_mtime_ns
     assert common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1) == path
     assert path.stat().st_mtime_ns == stamp  # reused, not rewritten
@@ -253,7 +253,7 @@ def test_write_once_manifest_is_rebuilt_when_its_sources_change(tmp_path, capsys
     other = tmp_path / "other.json"
     other.write_text(sg.read_text())
     common.coco_sharegpt4v_manifest(coco, other, out, n_pairs=2, holdout=1)  # another --sharegpt4v path
-    assert common.read_sidecar(path)["sharegpt4v"] == str(other)
+    assert loading.read_sidecar(path)["sharegpt4v"] == str(other)
 
 
 def test_a_16_bit_png_is_scaled_not_clipped_to_white(tmp_path):

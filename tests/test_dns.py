@@ -16,7 +16,7 @@ import lab
 import dns
 import eval as evaluation
 from lab.demos import dns as dns_demo
-from plumbing import cmcl
+from plumbing import cmcl, models
 
 
 def _random_projector(dim, rank, g):
@@ -380,7 +380,7 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     names no lab at all); explicit values are kept."""
     real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
     assert (real.task_classes, real.zeroshot) == ("auto", "auto")
-    assert not common.wants_lab(real)
+    assert not models.wants_lab(real)
     got = cmcl.resolve(real)
     assert (got.task_classes, got.zeroshot) == ("", "")
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):

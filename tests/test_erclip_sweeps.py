@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import published, runfolder, sweeps
+from plumbing import models, published, runfolder, sweeps
 import socket
 import common
 import erclip
@@ -54,7 +54,7 @@ def _train(tmp_path, name, hooks=None, **kw):
                               train_data="synthetic", data_root=str(tmp_path / "data"), train_pairs=8, batch_size=4,
                               epochs=3, warmup=1, lr=1e-4, save_every=0, log_every=1, out=str(tmp_path / name), **kw)
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     torch.manual_seed(0)
     return erclip.train_erclip(cfg, model, train_tf, tok, hooks=hooks)
 
@@ -70,7 +70,7 @@ def test_epoch_snapshots_save_every_epoch_and_leave_the_run_unchanged(tmp_path):
     last, first = torch.load(on_disk.snapshots[-1]), torch.load(on_disk.snapshots[0])
     assert all(torch.equal(final[k], last[k]) for k in last)
     assert not torch.equal(first["visual.conv1.weight"], last["visual.conv1.weight"])
-    model, _, _, _ = common.load_model("tiny", str(on_disk.snapshots[0]))  # loadable as a checkpoint
+    model, _, _, _ = models.load_model("tiny", str(on_disk.snapshots[0]))  # loadable as a checkpoint
     assert torch.equal(model.state_dict()["visual.conv1.weight"], first["visual.conv1.weight"])
     in_memory = sweeps.EpochSnapshots(None, "tiny", steps_per_epoch=2)
     _train(tmp_path, "memory", hooks=in_memory, fusion="rt")
@@ -172,7 +172,7 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
     loaded or evaluated."""
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the preflight")
-    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)
     argv = _real_argv(tmp_path, "ablations")
     small = argv[argv.index("--train-data") + 1]
     few = tmp_path / "few.jsonl"  # 4 usable rows, fewer than one batch of 8

@@ -17,7 +17,7 @@ from PIL import Image
 import common
 import lab
 import eval as ev
-from plumbing import m2mix_analysis, published, wise_ft
+from plumbing import m2mix_analysis, models, published, wise_ft
 
 
 # ---------------------------------------------------------------- fixtures
@@ -447,7 +447,7 @@ def test_wise_ft_endpoints_and_checks(tmp_path, tiny_random):
     with pytest.raises(ValueError, match="shape"):
         wise_ft.interpolate_weights(theta0, {**theta1, k: theta1[k][:1]}, 0.5)
     # state_dicts from a saved model and from a training checkpoint ({'net': {'model.*': ...}})
-    common.save_model(m1, tmp_path / "m.pt", "tiny")
+    models.save_model(m1, tmp_path / "m.pt", "tiny")
     torch.save({"net": {f"model.{kk}": v for kk, v in theta1.items()} | {"teacher.x": torch.zeros(1)}},
                tmp_path / "last.pt")
     for f in ("m.pt", "last.pt"):
@@ -487,7 +487,7 @@ def test_evaluate_checkpoints_sequence(tmp_path, tiny_random):
         with torch.no_grad():
             m.text_projection.add_(0.1 * torch.randn(m.text_projection.shape,
                                                      generator=torch.Generator().manual_seed(i)))
-        cks.append(str(common.save_model(m, tmp_path / f"ck{i}.pt", "tiny")))
+        cks.append(str(models.save_model(m, tmp_path / f"ck{i}.pt", "tiny")))
     tasks = ["synthetic-task-photo", "synthetic-task-night"]
     s = ev.evaluate_checkpoints("tiny", cks, tasks, ("synthetic-shape",), tmp_path, synthetic_n=8, batch_size=8)
     assert np.array(s["matrices"]["i2t_R@1"]).shape == (3, 2)
@@ -603,7 +603,7 @@ def test_undecodable_images_are_dropped_counted_and_listed(tmp_path, capsys):
     with pytest.raises(ev.MissingData, match=r"(?s)1 undecodable image\(s\).*t.jpg.*--strict"):
         ev.manifest_retrieval(man, strict=True)
     with pytest.raises(common.DataError, match=r"undecodable image .*t.jpg"):
-        ev.image_features(common.load_model("tiny", "random")[0], lambda im: torch.zeros(3, 32, 32),
+        ev.image_features(models.load_model("tiny", "random")[0], lambda im: torch.zeros(3, 32, 32),
                           [tmp_path / "t.jpg"])
 
 

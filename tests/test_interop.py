@@ -13,7 +13,7 @@ import torch
 
 import common
 import eval as evaluation
-from plumbing import export
+from plumbing import export, models
 from plumbing import flags
 import lab
 
@@ -42,25 +42,25 @@ def _gap(a, b, image, tokens_a, tokens_b=None):
 def trained(tmp_path):
     """A tiny model with QuickGELU (as OpenAI-initialised runs) and a stretched text window (as Long-CLIP's),
     saved as a run saves it: the two settings a bare state_dict loses."""
-    common.register_tiny()
+    models.register_tiny()
     torch.manual_seed(0)
-    model = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=None, force_quick_gelu=True,
+    model = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None, force_quick_gelu=True,
                                                   force_context_length=40)[0].eval()
     model.quick_gelu = True
-    return model, common.save_model(model, tmp_path / "run" / "model.pt", "tiny")
+    return model, models.save_model(model, tmp_path / "run" / "model.pt", "tiny")
 
 
 def test_the_exported_hub_folder_loads_in_plain_open_clip_with_our_features(trained, tmp_path):
     model, path = trained
-    ours, _, _, tok = common.load_model("tiny", str(path))
-    folder = common.export_open_clip(model, tmp_path / "hub", "tiny")
+    ours, _, _, tok = models.load_model("tiny", str(path))
+    folder = models.export_open_clip(model, tmp_path / "hub", "tiny")
     theirs, _ = open_clip.create_model_from_pretrained(f"local-dir:{folder}")
     image, captions = _inputs(model)
     assert open_clip.get_tokenizer(f"local-dir:{folder}").context_length == 40
     assert _gap(ours.eval(), theirs.eval(), image, tok(captions)) <= 1e-5
-    bare = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path))[0].eval()  # the traps
+    bare = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=str(path))[0].eval()  # the traps
     assert bare.context_length == 24 and _gap(ours, bare, image, tok(captions), tok(captions)[:, :24]) > 1e-3
-    safe = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path.with_suffix(".safetensors")),
+    safe = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=str(path.with_suffix(".safetensors")),
                                                  force_quick_gelu=True, force_context_length=40)[0].eval()
     assert _gap(ours, safe, image, tok(captions)) <= 1e-5  # model.safetensors, the sidecar's two settings
 
@@ -69,11 +69,11 @@ def test_the_readmes_loading_snippet_runs_and_gives_our_features(trained, tmp_pa
     model, path = trained
     text = (REPO / "README.md").read_text()
     snippet = re.search(r"<!-- loading-snippet.*?-->\n```python\n(.*?)```", text, re.S).group(1)
-    common.export_open_clip(model, tmp_path / "exported" / "erclip-b16", "tiny")
+    models.export_open_clip(model, tmp_path / "exported" / "erclip-b16", "tiny")
     monkeypatch.chdir(tmp_path)
     scope = {}
     exec(snippet, scope)  # the README's own code, on the tiny model
-    ours, _, _, tok = common.load_model("tiny", str(path))
+    ours, _, _, tok = models.load_model("tiny", str(path))
     with torch.no_grad():
         want = ours.eval().encode_text(tok(["a red circle on the left"]), normalize=True)
     assert (scope["text"] - want).abs().max().item() <= 1e-5
@@ -82,7 +82,7 @@ def test_the_readmes_loading_snippet_runs_and_gives_our_features(trained, tmp_pa
 def test_the_transformers_export_gives_our_features_and_tokens(trained, tmp_path):
     transformers = pytest.importorskip("transformers")  # in requirements.txt: skipped only outside them
     model, path = trained
-    ours, _, _, tok = common.load_model("tiny", str(path))
+    ours, _, _, tok = models.load_model("tiny", str(path))
     folder = export.main(["--backbone", "tiny", "--pretrained", str(path), "--out", str(tmp_path / "hf"),
                           "--format", "transformers"])
     hf = transformers.CLIPModel.from_pretrained(str(folder)).eval()
@@ -102,7 +102,7 @@ def test_the_transformers_export_gives_our_features_and_tokens(trained, tmp_path
 
 def test_a_training_run_exports_when_asked(tmp_path):
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     cfg = common.Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
                         device="cpu", export=str(tmp_path / "hub"))
     summary = common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok))
@@ -166,7 +166,7 @@ def test_batch_size_per_gpu_is_made_global(monkeypatch, capsys):
 def test_locked_towers_do_not_move_and_leave_adamw(tmp_path, flag, frozen, trained_prefix):
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = flags.parse_config(flags.Config, flag + ["--steps", "2", "--batch-size", "8", "--lr", "1e-3", "--workers",
                                                    "0", "--precision", "fp32", "--out", str(tmp_path / "r"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import base
+from plumbing import base, models
 import common
 import lab
 
@@ -44,7 +44,7 @@ def test_broad_pretraining_narrow_finetuning():
 
 
 def test_captions_fit_or_overflow_the_context_like_clip():
-    tok = common.open_clip.get_tokenizer(common.resolve_backbone("tiny"))
+    tok = common.open_clip.get_tokenizer(models.resolve_backbone("tiny"))
     ctx = lab.TINY_CFG["text_cfg"]["context_length"]
     for domain in (lab.PRETRAIN, lab.FINETUNE, *lab.TASK_DOMAINS.values(), lab.UNSEEN):
         scenes = lab.world_split(domain, 300, 0)
@@ -137,7 +137,7 @@ def test_tiny_backbone_meets_the_floors(tmp_path):
     R@1 >= 15 % (200 pairs, short captions). docs/lab.md has the values measured; the shipped
     weights are the same everywhere, so only the evaluation's float kernels
     differ between machines."""
-    model, _, pre, tok = common.load_model("tiny")
+    model, _, pre, tok = models.load_model("tiny")
     model.eval()
     zs = lab.zero_shot_report(model, pre, tok, tmp_path)
     assert min(zs["shape"], zs["color"], zs["background"]) >= 60.0 and zs["background"] >= 80.0, zs
@@ -252,7 +252,7 @@ def test_a_diverged_model_is_refused_not_scored_100(tmp_path):
     zero-shot 100 with exit 0; now the evaluation stops with one error naming the task."""
     import copy
     import eval as evaluation
-    model, _, pre, tok = common.load_model("tiny", "random")
+    model, _, pre, tok = models.load_model("tiny", "random")
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.visual.proj[0, 0] = float("nan")

@@ -19,7 +19,7 @@ LAYERS = (
     ("safe file reading, manifests", ("plumbing.loading", "plumbing.manifests")),
     ("one paper's training set from its sources", ("plumbing.training_sets",)),
     ("run folder, uni-modal towers, shards", ("plumbing.runfolder", "plumbing.towers", "plumbing.shards")),
-    ("the scripts' error handling", ("plumbing.cli",)),
+    ("the scripts' error handling; loading, saving and exporting models", ("plumbing.cli", "plumbing.models")),
     ("common: data, the AMP / DDP training loop, shared math", ("common",)),
     ("plumbing on common that eval and the layer above it read",
      ("plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT's score (eval's evaluate runs them)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plumbing import longclip_data
+from plumbing import longclip_data, models
 import common
 import lab
 import eval as evaluation
@@ -169,7 +169,7 @@ def test_stretched_model_reads_short_texts_as_before(tiny_random):
     assert model.context_length == TINY_WINDOW and model.attn_mask.shape == (TINY_WINDOW, TINY_WINDOW)
     assert torch.equal(model.attn_mask, torch.full((TINY_WINDOW,) * 2, float("-inf")).triu(1))
     assert torch.allclose(before, after, atol=1e-6)
-    long_tok = common.get_tokenizer("tiny", TINY_WINDOW)
+    long_tok = models.get_tokenizer("tiny", TINY_WINDOW)
     long_text = long_tok([max((s["long_caption"] for s in lab.world_split(lab.FINETUNE, 8, seed=3)),
                               key=len)])
     assert long_text.shape == (1, TINY_WINDOW) and int((long_text != 0).sum()) > 24  # past the old window
@@ -185,7 +185,7 @@ def test_wrapper_gradients_frozen_rows_and_fixed_temperature(tiny_random):
     assert net.keep == TINY_KEEP and net.context_length == TINY_WINDOW
     assert model.logit_scale.item() == pytest.approx(longclip.LN_100) and not model.logit_scale.requires_grad
     pos_before = model.positional_embedding.detach().clone()
-    losses = net(tiny_batch(common.get_tokenizer("tiny", TINY_WINDOW), eval_tf, n=4))
+    losses = net(tiny_batch(models.get_tokenizer("tiny", TINY_WINDOW), eval_tf, n=4))
     assert set(losses) == {"loss_long", "loss_short"} and all(torch.isfinite(v) for v in losses.values())
     sum(losses.values()).backward()
     assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
@@ -207,7 +207,7 @@ def test_bf16_autocast_step_on_cpu(tiny_random):
     model, _, eval_tf, _ = tiny_random
     net = longclip.LongCLIP(copy.deepcopy(model), cfg_of(pca_dim=2))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        losses = net(tiny_batch(common.get_tokenizer("tiny", TINY_WINDOW), eval_tf, n=4))
+        losses = net(tiny_batch(models.get_tokenizer("tiny", TINY_WINDOW), eval_tf, n=4))
     loss = sum(v.float() for v in losses.values())
     assert torch.isfinite(loss) and all(v.dtype == torch.float32 for v in losses.values())
     loss.backward()
@@ -216,7 +216,7 @@ def test_bf16_autocast_step_on_cpu(tiny_random):
 
 def test_collate_short_caption_modes(tiny_random):
     _, _, eval_tf, _ = tiny_random
-    tok = common.get_tokenizer("tiny", TINY_WINDOW)
+    tok = models.get_tokenizer("tiny", TINY_WINDOW)
     scenes = lab.world_split(lab.FINETUNE, 2, seed=7)
     items = [{"image": eval_tf(lab.render(s)), "caption": s["caption"], "long_caption": s["long_caption"],
               "index": i} for i, s in enumerate(scenes)]
@@ -234,14 +234,14 @@ def test_stretched_model_round_trip_through_open_clip(tiny_random, tmp_path):
     longclip.stretch_text_window(model, TINY_KEEP, 4)
     with torch.no_grad():  # a trained table is no longer an interpolation
         model.positional_embedding.add_(0.01 * torch.randn_like(model.positional_embedding))
-    path = common.save_model(model, tmp_path / "m.pt", "tiny", source="random")
+    path = models.save_model(model, tmp_path / "m.pt", "tiny", source="random")
     assert json.loads((tmp_path / "m.pt.json").read_text())["context_length"] == TINY_WINDOW
-    tok = common.get_tokenizer("tiny", TINY_WINDOW)
+    tok = models.get_tokenizer("tiny", TINY_WINDOW)
     text = tok([s["long_caption"] for s in lab.world_split(lab.FINETUNE, 3, seed=5)])
-    again, _, _, again_tok = common.load_model("tiny", str(path))
+    again, _, _, again_tok = models.load_model("tiny", str(path))
     again.eval()
     assert again.context_length == TINY_WINDOW and again_tok.context_length == TINY_WINDOW
-    other, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path),
+    other, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=str(path),
                                                         force_context_length=TINY_WINDOW)
     other.eval()
     with torch.no_grad():
@@ -251,7 +251,7 @@ def test_stretched_model_round_trip_through_open_clip(tiny_random, tmp_path):
             assert torch.allclose(m.encode_text(text, normalize=True), want, atol=1e-6)
             assert torch.allclose(common.encode_text(m, text), want, atol=1e-5)
     # without the sidecar's window open_clip would squeeze the table back to 24 rows
-    squeezed, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path))
+    squeezed, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=str(path))
     assert squeezed.positional_embedding.shape[0] == 24
 
 
@@ -262,14 +262,14 @@ def _train_cfg(tmp_path, **kw):
 
 def _fresh(seed):
     torch.manual_seed(seed)
-    return common.load_model("tiny", "random")
+    return models.load_model("tiny", "random")
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
     model_a, pre, _, _ = _fresh(0)
     # 16 pairs, batch 4: 4 steps per epoch, so steps 5 with a stop at 3 cross an epoch boundary
     data = common.ManifestDataset(lab.synthetic_manifest("test", tmp_path / "data", n=16), pre, need_long=True)
-    collate = longclip.LongCaptionCollate(common.get_tokenizer("tiny", TINY_WINDOW), "first-sentence")
+    collate = longclip.LongCaptionCollate(models.get_tokenizer("tiny", TINY_WINDOW), "first-sentence")
     common.train(_train_cfg(tmp_path, out=str(tmp_path / "a")), longclip.LongCLIP(model_a, _train_cfg(tmp_path)),
                  data, collate, export=False)
     model_b = _fresh(0)[0]
@@ -400,7 +400,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     assert len(metrics) == 3 and all(m["logit_scale"] == pytest.approx(100.0, rel=1e-5) for m in metrics)
     saved = json.loads((out / "results.json").read_text())
     assert saved["windows"] == [24, TINY_WINDOW] and "window 78" in saved["tables"]
-    model, _, pre, tok = common.load_model("tiny", str(out / "model.pt"))  # the export, with its window
+    model, _, pre, tok = models.load_model("tiny", str(out / "model.pt"))  # the export, with its window
     assert model.context_length == TINY_WINDOW and tok.context_length == TINY_WINDOW
     rec = evaluation.evaluate(model, pre, tok, [small], str(tmp_path / "data"))
     want = next(r["value"] for r in result["tuned"] if r["task"] == small and r["metric"] == "i2t_R@1"

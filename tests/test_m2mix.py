@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import common
 import lab
 import m2mix
-from plumbing import m2mix_analysis, published, train_manifests
+from plumbing import m2mix_analysis, models, published, train_manifests
 
 torch.set_num_threads(1)
 
@@ -182,7 +182,7 @@ def test_m2mix_negatives_are_harder_than_clip_negatives():
 @pytest.fixture(scope="module")
 def tiny_random():
     torch.manual_seed(0)
-    model, _, _, tok = common.load_model("tiny", "random")
+    model, _, _, tok = models.load_model("tiny", "random")
     return model, tok
 
 
@@ -231,7 +231,7 @@ def test_method_switches_weights_and_code_flags(tiny_random):
 
 
 def test_fixed_base_scale_freezes_logit_scale_and_eval_mode():
-    model, _, _, tok = common.load_model("tiny", "random")
+    model, _, _, tok = models.load_model("tiny", "random")
     net = m2mix.M2Mix(model, m2mix.M2MixConfig(method="m3", base_tau=0.01, m2_tau=0.07))
     losses = net(_batch(tok), _ctx())
     sum(losses.values()).backward()
@@ -453,14 +453,14 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
 
 # ----------------------------------------------------------------------------- the lab stays out of real paths
 def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, shrink_world, monkeypatch):
-    """--train-data synthetic resolves through common.LAB_HOOKS, which importing the lab fills;
+    """--train-data synthetic resolves through models.LAB_HOOKS, which importing the lab fills;
     without the lab the lookup is one message naming `import lab`."""
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
-    assert common.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
+    assert models.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
     assert (train_manifests.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path)
             == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl")
-    monkeypatch.delitem(common.LAB_HOOKS, "synthetic_manifest")
+    monkeypatch.delitem(models.LAB_HOOKS, "synthetic_manifest")
     with pytest.raises(common.UsageError, match="import lab"):
         train_manifests.train_manifest(cfg)
 

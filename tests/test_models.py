@@ -4,35 +4,36 @@ import time
 import pytest
 
 import common
+from plumbing import models
 
 
 def test_openai_and_open_clip_names_resolve():
-    assert common.resolve_backbone("ViT-B/16") == "ViT-B-16"
-    assert common.resolve_backbone("ViT-L/14") == "ViT-L-14"
-    assert common.resolve_backbone("RN50") == "RN50"
-    assert common.resolve_backbone("ViT-B-32") == "ViT-B-32"
-    assert common.resolve_backbone("tiny") == common.TINY_NAME
+    assert models.resolve_backbone("ViT-B/16") == "ViT-B-16"
+    assert models.resolve_backbone("ViT-L/14") == "ViT-L-14"
+    assert models.resolve_backbone("RN50") == "RN50"
+    assert models.resolve_backbone("ViT-B-32") == "ViT-B-32"
+    assert models.resolve_backbone("tiny") == models.TINY_NAME
     with pytest.raises(ValueError, match="unknown backbone"):
-        common.resolve_backbone("ViT-Q/99")
+        models.resolve_backbone("ViT-Q/99")
 
 
 def test_missing_weights_fail_fast_with_instructions(monkeypatch, tmp_path):
-    monkeypatch.setattr(common, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
     t0 = time.time()
     with pytest.raises(RuntimeError, match=r"cannot get the ViT-B-16 weights 'openai'.*--pretrained /path/to/file.pt"):
-        common.load_model("ViT-B/16", cache_dir=str(tmp_path))
+        models.load_model("ViT-B/16", cache_dir=str(tmp_path))
     assert time.time() - t0 < 10
 
 
 def test_unknown_tag_or_path_is_an_error():
     with pytest.raises(ValueError, match="neither a file nor an open_clip tag"):
-        common.load_model("ViT-B/32", "no-such-tag-or-file")
+        models.load_model("ViT-B/32", "no-such-tag-or-file")
 
 
 def test_quick_gelu_guard(monkeypatch, tmp_path):
     # OpenAI's weights were trained with QuickGELU: asking for plain GELU with them is refused
     with pytest.raises(ValueError, match="quick_gelu=True"):
-        common.load_model("ViT-B/32", "openai", quick_gelu=False)
+        models.load_model("ViT-B/32", "openai", quick_gelu=False)
     # a raw local file under an OpenAI spelling gets QuickGELU; the sidecar decides for our own files
     seen = {}
     real = common.open_clip.create_model_and_transforms
@@ -45,11 +46,11 @@ def test_quick_gelu_guard(monkeypatch, tmp_path):
     f = tmp_path / "ViT-B-32.pt"
     f.write_bytes(b"")
     with pytest.raises(RuntimeError, match="stop"):
-        common.load_model("ViT-B/32", str(f))
+        models.load_model("ViT-B/32", str(f))
     assert seen["qg"] is True
     (tmp_path / "ViT-B-32.pt.json").write_text('{"model": "ViT-B-32", "quick_gelu": false}')
     with pytest.raises(RuntimeError, match="stop"):
-        common.load_model("ViT-B/32", str(f))
+        models.load_model("ViT-B/32", str(f))
     assert seen["qg"] is False
     monkeypatch.setattr(common.open_clip, "create_model_and_transforms", real)
 
@@ -59,22 +60,22 @@ def test_sidecar_of_another_model_is_refused(tmp_path):
     f.write_bytes(b"")
     (tmp_path / "m.pt.json").write_text('{"model": "ViT-B-16"}')
     with pytest.raises(ValueError, match="holds a ViT-B-16 model"):
-        common.load_model("ViT-B/32", str(f))
+        models.load_model("ViT-B/32", str(f))
 
 
 def test_the_cached_tokenizer_gives_the_wrapped_tokenizers_tokens():
-    """common.get_tokenizer remembers texts (captions recur every epoch and evaluation); the tokens are the
+    """models.get_tokenizer remembers texts (captions recur every epoch and evaluation); the tokens are the
     wrapped open_clip tokenizer's, per window, across a refill of the bounded cache and through pickling
     (DataLoader workers)."""
     import pickle
     import torch
     import lab  # noqa: F401  the tiny backbone's config
-    tok = common.get_tokenizer("tiny")
+    tok = models.get_tokenizer("tiny")
     raw = tok.tokenizer
     texts = ["a red circle.", "two blue stars at the top left.", "a red circle.", "x " * 40]
     assert torch.equal(tok(texts), raw(texts)) and torch.equal(tok(texts), raw(texts))  # cold, then cached
     assert torch.equal(tok(texts, 8), raw(texts, context_length=8)) and tok("a red circle.").shape == (1, 24)
-    small = common.CachedTokenizer(raw, size=2)
+    small = models.CachedTokenizer(raw, size=2)
     assert torch.equal(small(texts), raw(texts)) and len(small.rows) <= 3  # cleared, then refilled
     again = pickle.loads(pickle.dumps(tok))
     assert torch.equal(again(texts), raw(texts)) and again.context_length == raw.context_length
@@ -90,17 +91,17 @@ def test_long_clip_and_m2_mix_checkpoint_layouts_load(tiny_random, tmp_path, cap
     width = sd["positional_embedding"].shape[1]
     pe, res = torch.randn(40, width, generator=g), torch.randn(40, width, generator=g)
     torch.save({**sd, "positional_embedding": pe.half(), "positional_embedding_res": res.half()}, tmp_path / "lc.pt")
-    model, _, _, tok = common.load_model("tiny", str(tmp_path / "lc.pt"), cache_dir=str(tmp_path / "cache"))
+    model, _, _, tok = models.load_model("tiny", str(tmp_path / "lc.pt"), cache_dir=str(tmp_path / "cache"))
     assert torch.equal(model.positional_embedding, torch.cat([pe[:20], res[20:]]).half().float())
     assert tok("a red circle").shape == (1, 40) and model.encode_text(tok("a red circle")).shape[0] == 1
     assert "Long-CLIP" in capsys.readouterr().err
     extra = torch.randn(width, 8)
     torch.save({"model_state_dict": {**sd, "text_projection_mix": extra}}, tmp_path / "m2.pt")
-    model, _, _, _ = common.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
+    model, _, _, _ = models.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     assert "dropped ['text_projection_mix']" in capsys.readouterr().err
     converted = next((tmp_path / "cache" / "converted").glob("m2-*.pt"))
     converted.write_bytes(converted.read_bytes()[:500])  # the cached copy cut short (issue 26.6): converted again
-    model, _, _, _ = common.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
+    model, _, _, _ = models.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     assert "the converted copy is truncated: converting again" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import runfolder, sweeps
+from plumbing import models, runfolder, sweeps
 import socket
 from plumbing import base
 import common
@@ -43,7 +43,7 @@ def _cli(capsys, main, argv):
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    return common.load_model("tiny", "random")
+    return models.load_model("tiny", "random")
 
 
 def _cfg(out, **kw):
@@ -52,7 +52,7 @@ def _cfg(out, **kw):
 
 
 def _train(tiny, data, out, **kw):
-    model = common.load_model("tiny", "random")[0]
+    model = models.load_model("tiny", "random")[0]
     return common.train(_cfg(out, **kw), lab.ClipFineTune(model), common.ManifestDataset(data, tiny[1]),
                         common.Collate(tiny[3]), export=False)
 
@@ -133,17 +133,17 @@ def test_a_broken_tiny_weights_cache_is_rebuilt_with_one_line(tmp_path, monkeypa
     Path(f"{path}.json").write_text('{"model": ')  # the sidecar cut short
     assert lab.pretrain_tiny() == path and json.loads(Path(f"{path}.json").read_text())["model"]
     (tmp_path / "configs").mkdir(exist_ok=True)
-    (tmp_path / "configs" / f"{common.TINY_NAME}.json").write_text("{")  # open_clip's config cut short
+    (tmp_path / "configs" / f"{models.TINY_NAME}.json").write_text("{")  # open_clip's config cut short
     monkeypatch.setattr(common.open_clip, "list_models", lambda: [])
-    common.register_tiny(lab.TINY_CFG)  # written again, no traceback
-    assert json.loads((tmp_path / "configs" / f"{common.TINY_NAME}.json").read_text()) == lab.TINY_CFG
+    models.register_tiny(lab.TINY_CFG)  # written again, no traceback
+    assert json.loads((tmp_path / "configs" / f"{models.TINY_NAME}.json").read_text()) == lab.TINY_CFG
 
 
 def test_a_broken_model_sidecar_is_one_message_naming_it(tmp_path, capsys):
-    model = common.load_model("tiny", "random")[0]
-    path = common.save_model(model, tmp_path / "model.pt", "tiny")
+    model = models.load_model("tiny", "random")[0]
+    path = models.save_model(model, tmp_path / "model.pt", "tiny")
     Path(f"{path}.json").write_text('{"model": "clip')
-    code, err = _cli(capsys, lambda argv: common.load_model("tiny", str(path)), [])
+    code, err = _cli(capsys, lambda argv: models.load_model("tiny", str(path)), [])
     assert code == 1 and f"{path}.json, the sidecar of {path}" in err and "Traceback" not in err
 
 
@@ -191,7 +191,7 @@ def test_a_process_waiting_for_the_tiny_weights_says_for_whom(tmp_path, monkeypa
 def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the check")
-    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)
 
 
 def test_a_tampered_checkpoint_is_one_message_not_a_traceback(stopped, tiny, capsys):
@@ -218,7 +218,7 @@ def test_a_broken_config_json_of_a_task_sequence_is_one_message(tmp_path):
 
 def test_another_models_checkpoint_under_override_resume_is_one_message(stopped, tiny):
     data, out = stopped
-    model = common.load_model("tiny", "random")[0]
+    model = models.load_model("tiny", "random")[0]
     model.text_projection = torch.nn.Parameter(torch.zeros(model.text_projection.shape[0], 3))  # another width
     with pytest.raises(common.RunError, match="holds another model's weights .*never the model"):
         common.train(_cfg(out, resume="latest", override_resume=True), lab.ClipFineTune(model),
@@ -363,7 +363,7 @@ def test_a_nan_before_any_checkpoint_names_no_checkpoint_folder(tmp_path, tiny):
             return {"loss": torch.tensor(float("nan"), requires_grad=True)}
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     with pytest.raises(FloatingPointError, match=r"non-finite loss at step 1: .*no checkpoint was written"):
-        common.train(_cfg(tmp_path / "run"), NanAtOnce(common.load_model("tiny", "random")[0]),
+        common.train(_cfg(tmp_path / "run"), NanAtOnce(models.load_model("tiny", "random")[0]),
                      common.ManifestDataset(data, tiny[1]), common.Collate(tiny[3]), export=False)
 
 

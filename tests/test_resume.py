@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
+from plumbing import models
 import lab
 
 
@@ -25,7 +26,7 @@ def _cfg(tmp_path, **kw):
 def _tiny(seed=0):
     """The tiny backbone with random weights and open_clip's TRAIN transform (random crop)."""
     torch.manual_seed(seed)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     return model, train_tf, tok
 
 

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from plumbing import base
 from plumbing import manifests
 import common
+from plumbing import models
 import lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def _cfg(out, steps=4):
 def _run(out, data):
     """(model, processes the run had): the tiny backbone, 4 steps of global batch 8."""
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     summary = common.train(_cfg(out), lab.ClipFineTune(model), common.ManifestDataset(data, train_tf),
                            common.Collate(tok), export=False)
     return model, summary["world_size"]
@@ -72,7 +73,7 @@ def _close(one, two, start):
 def one_process(tmp_path):
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)  # written once, before the processes read it
     torch.manual_seed(0)
-    start = {k: v.clone() for k, v in common.load_model("tiny", "random")[0].state_dict().items()}
+    start = {k: v.clone() for k, v in models.load_model("tiny", "random")[0].state_dict().items()}
     return _run(tmp_path / "one", data)[0].state_dict(), start
 
 
@@ -184,7 +185,7 @@ def test_check_images_sample_decodes_a_sample_and_none_decodes_nothing(tmp_path,
 def test_an_image_failing_in_training_is_replaced_and_counted(tmp_path, workers):
     path = _broken_manifest(tmp_path / "data", broken=(3,))
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     cfg = common.Config(steps=4, batch_size=8, workers=workers, precision="fp32", out=str(tmp_path / "r"),
                         log_every=1, device="cpu", check_images="none")
     summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, path, train_tf),

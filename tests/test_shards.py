@@ -10,6 +10,7 @@ import torch
 
 from plumbing import write_shards
 import common
+from plumbing import models
 import lab
 from plumbing import shards
 
@@ -29,7 +30,7 @@ def _cfg(out, **kw):
 
 def _train(cfg, pattern):
     torch.manual_seed(0)
-    model, train_tf, _, tok = common.load_model("tiny", "random")
+    model, train_tf, _, tok = models.load_model("tiny", "random")
     summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, pattern, train_tf),
                            common.Collate(tok), export=False)
     return model, summary

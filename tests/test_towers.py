@@ -13,7 +13,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
-from plumbing import m2mix_analysis, towers
+from plumbing import m2mix_analysis, models, towers
 
 torch.set_num_threads(1)
 WORDS = ("a an the of at on next to with picture photo large small circle square triangle diamond cross ring bar "
@@ -50,7 +50,7 @@ def small_towers(bert, tmp_path_factory):
 
 
 def test_the_model_is_open_clips_custom_text_clip_with_the_codes_heads(small_towers):
-    model, _, preprocess, tok = common.load_model(small_towers)
+    model, _, preprocess, tok = models.load_model(small_towers)
     assert type(model).__name__ == "CustomTextCLIP" and common.embed_dim(model) == 256
     assert model.visual.head.proj.bias is not None and model.text.proj.bias is None  # deviation T1
     assert abs(model.logit_scale.exp().item() - 100) < 1e-3  # the code's 1/0.01, learned from there (T2)
@@ -60,7 +60,7 @@ def test_the_model_is_open_clips_custom_text_clip_with_the_codes_heads(small_tow
 
 
 def test_trimmed_padding_gives_the_untrimmed_features(small_towers):
-    model, _, _, tok = common.load_model(small_towers)
+    model, _, _, tok = models.load_model(small_towers)
     model.eval()
     tokens = tok(["a large red circle at the top left next to a small blue star .", "a ring"])
     with torch.no_grad():
@@ -68,7 +68,7 @@ def test_trimmed_padding_gives_the_untrimmed_features(small_towers):
 
 
 def test_heads_are_drawn_from_the_seed(small_towers):
-    a, b, c = (common.load_model(small_towers, seed=s)[0] for s in (3, 3, 4))
+    a, b, c = (models.load_model(small_towers, seed=s)[0] for s in (3, 3, 4))
     assert torch.equal(a.text.proj.weight, b.text.proj.weight)
     assert not torch.equal(a.text.proj.weight, c.text.proj.weight)
     assert torch.equal(a.visual.trunk.conv1.weight, c.visual.trunk.conv1.weight)  # the trunk comes from the file
@@ -91,7 +91,7 @@ def test_every_method_trains_saves_loads_and_evaluates(small_towers, method, tmp
     assert {("ZS", "t2i_R@10"), (name, "i2t_R@1")} <= {(r["model"], r["metric"]) for r in res["records"]}
     meta = json.loads((out / "model.pt.json").read_text())
     assert meta["towers"]["text_dir"] == "model-text" and (out / "model-text" / "config.json").exists()
-    loaded, _, preprocess, tok = common.load_model(small_towers, str(out / "model.pt"))  # the file alone
+    loaded, _, preprocess, tok = models.load_model(small_towers, str(out / "model.pt"))  # the file alone
     again = evaluation.evaluate(loaded, preprocess, tok, ["synthetic-short"], str(data), model_name=name)
     first = {r["metric"]: r["value"] for r in res["records"] if r["model"] == name}
     assert {r["metric"]: r["value"] for r in again}["i2t_R@1"] == pytest.approx(first["i2t_R@1"], abs=1e-6)
@@ -99,7 +99,7 @@ def test_every_method_trains_saves_loads_and_evaluates(small_towers, method, tmp
 
 
 def test_head_lr_puts_the_projections_in_their_own_group(small_towers):
-    model = common.load_model(small_towers)[0]
+    model = models.load_model(small_towers)[0]
     net = m2mix.M2Mix(model, m2mix.M2MixConfig(backbone=small_towers))
     groups = common.param_groups(net, 1e-5, 0.2, lambda n: 1e-3 if n.startswith(("model.visual.head.",
                                                                                     "model.text.proj.")) else 1e-5)
@@ -176,7 +176,7 @@ def test_bert_resnet50_trains_from_a_fixture_cache_and_a_torchvision_file(tmp_pa
                       "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0"])
     assert res["summary"]["steps"] == 1
     assert {("ZS", "flickr30k-1cap"), ("m3-Mix", "flickr30k")} <= {(r["model"], r["task"]) for r in res["records"]}
-    model = common.load_model("bert-resnet50", str(tmp_path / "run" / "model.pt"))[0]
+    model = models.load_model("bert-resnet50", str(tmp_path / "run" / "model.pt"))[0]
     assert model.visual.trunk.fc.__class__.__name__ == "Identity" and common.embed_dim(model) == 256
 
 
@@ -188,7 +188,7 @@ def PIL_image(i: int):
 def test_a_trunk_file_of_another_network_is_refused_by_name(tmp_path, bert):
     torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "r18.pth")
     with pytest.raises(common.RunError, match=r"is not a resnet50 trunk: missing \['.*other shapes \['layer1"):
-        common.load_model("bert-resnet50", text_weights=str(bert), image_weights=str(tmp_path / "r18.pth"))
+        models.load_model("bert-resnet50", text_weights=str(bert), image_weights=str(tmp_path / "r18.pth"))
 
 
 def test_random_init_needs_no_image_file_but_says_so(tmp_path, bert, monkeypatch):
@@ -235,7 +235,7 @@ def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
     mp.spawn(_ddp_worker, args=(2, port, towers.SPECS[small_towers], args + ["--out", str(tmp_path / "two")]),
              nprocs=2, join=True)
     one, two = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in ("one", "two"))
-    start = common.load_model(small_towers)[0].state_dict()
+    start = models.load_model(small_towers)[0].state_dict()
     moved = sum((v.float() - start[k].float()).square().sum() for k, v in one.items()).sqrt()
     diff = sum((two[k].float() - v.float()).square().sum() for k, v in one.items()).sqrt()
     assert diff < 0.01 * moved, (diff, moved)
@@ -244,7 +244,7 @@ def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
 # ----------------------------------------------------------------------------- the lab's towers and demo
 def test_the_shipped_lab_towers_are_the_recipes_and_load_as_lab_towers():
     lab.towers.check_shipped()
-    model = common.load_model("lab-towers", seed=0)[0]
+    model = models.load_model("lab-towers", seed=0)[0]
     from safetensors.torch import load_file
     shipped = load_file(str(lab.towers.shipped_dir() / "image.safetensors"))
     assert all(torch.equal(model.visual.trunk.state_dict()[k], v) for k, v in shipped.items())
@@ -262,7 +262,7 @@ def test_each_tower_pretrains_on_its_own_modality_and_loads(tmp_path, monkeypatc
     assert (tmp_path / "text" / "vocab.txt").read_text().split("\n")[:5] == lab.towers.SPECIALS
     monkeypatch.setitem(towers.SPECS, "fresh", dataclasses.replace(lab.towers.SPEC, text_dirs=(tmp_path / "text",),
                                                                  image_files=(tmp_path / "trunk.pth",)))
-    model, _, _, tok = common.load_model("fresh")
+    model, _, _, tok = models.load_model("fresh")
     assert torch.equal(model.visual.trunk.conv1.weight, trunk.conv1.weight)
     assert (tok([scenes[0]["caption"]]) == 1).sum() == 0  # every word of the world is in the vocabulary: no [UNK]
 
@@ -309,19 +309,19 @@ def test_a_text_folder_that_asks_to_run_its_code_is_refused_through_text_weights
 
 
 def test_a_saved_run_whose_text_folder_asks_to_run_code_is_refused(small_towers, tmp_path):
-    model = common.load_model(small_towers)[0]
-    common.save_model(model, tmp_path / "run" / "model.pt", small_towers)
+    model = models.load_model(small_towers)[0]
+    models.save_model(model, tmp_path / "run" / "model.pt", small_towers)
     marker = tmp_path / "marker"
-    common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))  # the untouched folder loads
+    models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))  # the untouched folder loads
     _plant_remote_code(tmp_path / "run" / "model-text", marker, drop_model_type=True)
     with pytest.raises(common.RunError, match=r"model-text/config\.json asks to run Python code"):
-        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+        models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     (tmp_path / "run" / "model-text" / "config.json").write_text('{"model_type": "evil-net"}')
     with pytest.raises(common.RunError, match=r"model_type 'evil-net' is not one transformers ships"):
-        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+        models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     tok = tmp_path / "run" / "model-text" / "tokenizer_config.json"
     (tmp_path / "run" / "model-text" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     tok.write_text(json.dumps({**json.loads(tok.read_text()), "auto_map": {"AutoTokenizer": ["evil.T", None]}}))
     with pytest.raises(common.RunError, match=r"tokenizer_config\.json asks to run Python code"):
-        common.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
+        models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     assert not marker.exists()

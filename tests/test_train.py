@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from plumbing import base
+from plumbing import base, models
 import common
 import lab
 
@@ -26,7 +26,7 @@ def _data(tmp_path, pre, n=32):
 
 def _fresh_tiny(seed=0):
     torch.manual_seed(seed)
-    return common.load_model("tiny", "random")
+    return models.load_model("tiny", "random")
 
 
 def test_train_writes_logs_and_checkpoint(tmp_path):
@@ -116,19 +116,19 @@ def test_resume_without_checkpoint_fails(tmp_path):
 def test_checkpoint_round_trip_through_open_clip(tmp_path):
     model, _, pre, tok = _fresh_tiny()
     model.eval()
-    path = common.save_model(model, tmp_path / "m.pt", "tiny", source="random")
+    path = models.save_model(model, tmp_path / "m.pt", "tiny", source="random")
     meta = json.loads((tmp_path / "m.pt.json").read_text())
-    assert meta["model"] == common.TINY_NAME and meta["context_length"] == 24 and meta["quick_gelu"] is False
+    assert meta["model"] == models.TINY_NAME and meta["context_length"] == 24 and meta["quick_gelu"] is False
     sd = torch.load(path, weights_only=True)
     assert not any(k.startswith("module.") for k in sd)
-    other, _, _ = open_clip.create_model_and_transforms(common.TINY_NAME, pretrained=str(path))
+    other, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=str(path))
     other.eval()
     x = torch.randn(2, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE)
     t = tok(["a red circle.", "a photo of a blue square."])
     with torch.no_grad():
         assert torch.allclose(model.encode_image(x), other.encode_image(x), atol=1e-6)
         assert torch.allclose(model.encode_text(t), other.encode_text(t), atol=1e-6)
-    again = common.load_model("tiny", str(path))[0].eval()
+    again = models.load_model("tiny", str(path))[0].eval()
     with torch.no_grad():
         assert torch.allclose(model.encode_text(t), again.encode_text(t), atol=1e-6)
 
@@ -139,7 +139,7 @@ def _ddp_worker(rank, world, port, tmp, batch):
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = common.load_model("tiny", "random")[0]
+    model = models.load_model("tiny", "random")[0]
     net = lab.ClipFineTune(model)
     ddp = torch.nn.parallel.DistributedDataParallel(net)
     half = len(batch["image"]) // world
@@ -154,8 +154,8 @@ def _ddp_worker(rank, world, port, tmp, batch):
 
 def test_ddp_two_processes_match_one(tmp_path):
     torch.manual_seed(0)
-    model = common.load_model("tiny", "random")[0]
-    tok = open_clip.get_tokenizer(common.TINY_NAME)
+    model = models.load_model("tiny", "random")[0]
+    tok = open_clip.get_tokenizer(models.TINY_NAME)
     g = torch.Generator().manual_seed(1)
     size = lab.TINY_CFG["vision_cfg"]["image_size"]
     batch = {"image": torch.randn(8, 3, size, size, generator=g),

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cclip
-from plumbing import runfolder
+from plumbing import models, runfolder
 import socket
 from plumbing import base
 import common
@@ -56,7 +56,7 @@ def no_model(monkeypatch):
     """Any model load fails loudly: the check under test must come first."""
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the check")
-    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)
 
 
 def _copy_run(src, out):

@@ -19,7 +19,7 @@ import torch
 import common
 import erclip
 import lab
-from plumbing import published
+from plumbing import models, published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run by
 # lab/calibrate.py's rule (docs/lab.md, docs/calibration-erclip.json): on
@@ -148,7 +148,7 @@ def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
     from the run's seed, trained, measured on `split` (demo_measure); its
     folder is scratch (lab.scratch_run). The demo's runs and the calibration's."""
     with lab.scratch_run(vcfg.out):
-        model, train_tf, preprocess, tokenizer = common.load_model(vcfg.backbone, vcfg.pretrained)
+        model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained)
         torch.manual_seed(vcfg.seed)  # the fusion module's initialisation
         model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
         return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split), "seed": vcfg.seed,
@@ -157,7 +157,7 @@ def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
 
 def measure_pretrained(cfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
     """demo_measure of the pretrained weights (a run_jobs job, so on one torch thread as every run)."""
-    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
     return demo_measure(model, preprocess, tokenizer, cfg.data_root, split)
 
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plumbing import sweeps
-import common
+from plumbing import models, sweeps
 import erclip
 import lab
 from lab import report
@@ -186,7 +185,7 @@ def demo_sweep_job(cfg: erclip.ERCLIPConfig, root, run: str, overrides: dict, se
     measured by the demo's demo_measure, weights dropped."""
     def measure(model, preprocess, tokenizer, weights):
         return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
-    initial = common.load_model(cfg.backbone, cfg.pretrained)
+    initial = models.load_model(cfg.backbone, cfg.pretrained)
     return sweeps.sweep_one(erclip.sweep_method(), cfg, root, run, overrides, seed, pool, initial, measure,
                             keep_weights=False)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plumbing import longclip_data
+from plumbing import longclip_data, models
 import common
 import lab
 import longclip
@@ -77,7 +77,7 @@ def demo_paper_numbers() -> dict:
     out = {}
     for other in ("CLIP", "M+P"):
         out[other] = " / ".join(
-            f"""{_paper_long_avg(published.PUBLISHED_LONGCLIP[longclip.openai_name(f'ViT-{v}')])
+            f"""{_paper_long_avg(published.PUBLISHED_LONGCLIP[models.openai_name(f'ViT-{v}')])
                  - _paper_long_avg(published.ERCLIP_TABLE1[(v, other)]):+.1f}"""
             for v in ("B/16", "L/14"))
     return out
@@ -160,7 +160,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     pretrained weights; claims from the paired differences."""
     t0 = time.time()
     out = lab.hold_out(cfg.out)
-    model, _, preprocess, tokenizer = common.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
     short_window = longclip.original_context(cfg.backbone)
     base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]
     manifest = longclip_data.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
@@ -169,7 +169,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
         with lab.scratch_run(out / f"ERCLIP-MP-seed{seed}") as run_out:
             t1 = time.time()
             subprocess.run(erclip_command(cfg, seed, run_out), check=True, stdout=subprocess.DEVNULL)
-            model, _, preprocess, tokenizer = common.load_model(cfg.backbone, str(run_out / "model.pt"))
+            model, _, preprocess, tokenizer = models.load_model(cfg.backbone, str(run_out / "model.pt"))
             runs[ERCLIP_NAME].append({**demo_measure(model, preprocess, {short_window: tokenizer},
                                                      cfg.data_root)[short_window], "seed": seed,
                                       "train_seconds": time.time() - t1})
@@ -177,11 +177,11 @@ def run_demo(cfg: longclip.LongCLIPConfig):
 
         vcfg = dataclasses.replace(cfg, seed=seed, out=str(out / f"LongCLIP-seed{seed}"))
         with lab.scratch_run(vcfg.out):
-            model, train_tf, preprocess, _ = common.load_model(cfg.backbone, cfg.pretrained)
+            model, train_tf, preprocess, _ = models.load_model(cfg.backbone, cfg.pretrained)
             torch.manual_seed(seed)
             model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
             window = summary["context_length"]
-            tokenizers = {window: long_tok, short_window: common.get_tokenizer(cfg.backbone, short_window)}
+            tokenizers = {window: long_tok, short_window: models.get_tokenizer(cfg.backbone, short_window)}
             for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
                 names[w] = f"Long-CLIP, window {w}"
                 runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})

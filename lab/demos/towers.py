@@ -24,7 +24,7 @@ import lab
 import lab.towers
 import m2mix
 from lab.demos import m2mix as demo
-from plumbing import published, towers
+from plumbing import models, published, towers
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS ran, from a
 # pilot of FT alone on the 'val' split with seed 99 (not in lab.SEEDS): 60 steps
@@ -98,7 +98,7 @@ def figure(runs: dict, path, caption: str):
 
 
 def load(cfg, seed: int):
-    return common.load_model(cfg.backbone, "", **towers.tower_settings(dataclasses.replace(cfg, seed=seed)))
+    return models.load_model(cfg.backbone, "", **towers.tower_settings(dataclasses.replace(cfg, seed=seed)))
 
 
 def run_demo(cfg: m2mix.M2MixConfig) -> dict:

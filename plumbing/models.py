@@ -1,0 +1,227 @@
+"""Loading and saving models: the backbone names (OpenAI's spelling, open_clip's, the lab's tiny one), load_model
+(open_clip tags, local files, foreign checkpoints, uni-modal towers), the tokenizer cache, save_model with its
+sidecar and open_clip's hub layout (export_open_clip). Below common (common imports it); it imports nothing
+above it: no common, eval, method file or lab. The lab plugs its tiny backbone and synthetic world in through
+LAB_HOOKS when it is imported.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import open_clip
+import torch
+
+from plumbing import base, towers
+from plumbing.base import RunError, UsageError, atomic_write
+from plumbing.loading import _atomic_save, _hub_reachable, _weights_cached, foreign_checkpoint, read_sidecar
+
+
+def text_tower(model):
+    """The modules of the text encoder, for CLIP (flat) and CustomTextCLIP (model.text)."""
+    return model.text if hasattr(model, "text") else model
+
+
+OPENAI_NAMES = {  # the papers' spelling -> open_clip's
+    "RN50": "RN50", "RN101": "RN101", "RN50x4": "RN50x4", "RN50x16": "RN50x16", "RN50x64": "RN50x64",
+    "ViT-B/32": "ViT-B-32", "ViT-B/16": "ViT-B-16", "ViT-L/14": "ViT-L-14", "ViT-L/14@336px": "ViT-L-14-336",
+}
+TINY_NAME = "clipft-tiny"  # the lab's CPU-sized CLIP (lab/tiny.py)
+
+# The lab (a package that common never imports) plugs its tiny backbone and synthetic task sequence in here
+# when it is imported: tiny_config() -> open_clip config, pretrain_tiny() -> weights path,
+# task_manifests(data_root) -> [(name, train, test)].
+LAB_HOOKS: dict[str, Callable] = {}
+
+
+def lab_hook(name: str) -> Callable:
+    if name not in LAB_HOOKS:
+        raise UsageError(f"the lab's {name.replace('_', ' ')} is not loaded: `import lab` first (the command line "
+                         f"does it for --demo, --backbone tiny and the synthetic world)")
+    return LAB_HOOKS[name]
+
+
+def register_tiny(config: dict | None = None):
+    """Makes the lab's tiny config known to open_clip under TINY_NAME."""
+    config = config or lab_hook("tiny_config")()
+    path = base.CACHE_DIR / "configs" / f"{TINY_NAME}.json"
+    if TINY_NAME not in open_clip.list_models():
+        try:
+            current = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or cut short: written again
+            current = None
+        if current != config:  # atomic_write makes the folder
+            atomic_write(path, json.dumps(config))
+        open_clip.add_model_config(path)
+
+
+def wants_lab(cfg) -> bool:
+    """Whether a command names the lab (--demo, the tiny backbone, a setting naming the synthetic world);
+    method files' main() import the lab (lazily) exactly then."""
+    settings = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else vars(cfg)
+    return (settings.get("backbone") in ("tiny", "lab-towers")
+            or any(v is True for k, v in settings.items() if k.startswith("demo"))
+            or any(isinstance(v, str) and "synthetic" in v for v in settings.values()))
+
+
+def resolve_backbone(name: str) -> str:
+    """'ViT-B/16' -> 'ViT-B-16'; 'tiny' -> the registered tiny config."""
+    if name == "tiny":
+        register_tiny()
+        return TINY_NAME
+    name = OPENAI_NAMES.get(name, name)
+    if name not in open_clip.list_models():
+        raise UsageError(f"unknown backbone {name!r}; use an OpenAI name ({', '.join(OPENAI_NAMES)}), "
+                         f"'tiny', or one of open_clip.list_models()")
+    return name
+
+
+def openai_name(backbone: str) -> str:
+    return {v: k for k, v in OPENAI_NAMES.items()}.get(backbone, backbone)
+
+
+def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache_dir: str = "",
+               quick_gelu: bool | None = None, **towers_kw):
+    """Returns (model, train_transform, eval_transform, tokenizer).
+
+    backbone: OpenAI spelling ('ViT-B/16'), open_clip name ('ViT-B-16') or 'tiny'.
+    pretrained: '' (OpenAI's weights; the world-pretrained weights for 'tiny'), an open_clip tag ('openai',
+      'laion2b_s34b_b88k', ...), a checkpoint path, or 'random' (explicitly untrained).
+    QuickGELU is matched to the weights (OpenAI's were trained with it; open_clip's plain configs silently give
+    wrong features with them): from the tag's config, our checkpoint sidecar, or forced for OpenAI-spelled
+    backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once.
+    A dual encoder of uni-modal towers (towers.SPECS, or a file saved from one) is built by towers.load, with
+    towers_kw (text_weights, image_weights, seed)."""
+    if towers.known(backbone) or os.path.isfile(pretrained) and "towers" in read_sidecar(pretrained):
+        model, train_tf, eval_tf, tokenizer = towers.load(backbone, pretrained, device=device, cache_dir=cache_dir,
+                                                          **towers_kw)
+        return model, train_tf, eval_tf, CachedTokenizer(tokenizer)
+    name = resolve_backbone(backbone)
+    if name == TINY_NAME and pretrained in ("", "synthetic"):
+        pretrained = str(lab_hook("pretrain_tiny")())
+    pretrained = pretrained or "openai"
+    kwargs = dict(device=device, cache_dir=cache_dir or None)
+    context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
+    if pretrained == "random":
+        model, train_tf, eval_tf = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
+        return model, train_tf, eval_tf, get_tokenizer(name)
+    if os.path.isfile(pretrained):
+        meta = read_sidecar(pretrained)
+        if meta and meta.get("model") not in (None, name):
+            raise UsageError(f"{pretrained} holds a {meta['model']} model, not {name}")
+        if quick_gelu is None:
+            quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
+        context = meta.get("context_length") if meta else None
+        if not meta:  # another program's layout (Long-CLIP's release, m2-Mix's checkpoints): an open_clip copy
+            pretrained, context = foreign_checkpoint(pretrained, cache_dir or base.CACHE_DIR)
+    else:
+        tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
+        if not tag_cfg:
+            raise UsageError(f"{pretrained!r} is neither a file nor an open_clip tag of {name} "
+                             f"(tags: {open_clip.list_pretrained_tags_by_model(name)})")
+        tag_qg = bool(tag_cfg.get("quick_gelu", False))
+        if quick_gelu is not None and quick_gelu != tag_qg:
+            raise UsageError(f"{name}/{pretrained} was trained with quick_gelu={tag_qg}; refusing {quick_gelu}")
+        quick_gelu = tag_qg
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or not (_weights_cached(name, pretrained, cache_dir)
+                                                           or _hub_reachable()):
+            raise RunError(
+                f"cannot get the {name} weights '{pretrained}': they are not in the cache "
+                f"({cache_dir or 'the Hugging Face / open_clip default cache'}) and the hub is unreachable. "
+                f"Download them elsewhere and pass --pretrained /path/to/file.pt (or .bin/.safetensors), "
+                f"or --cache-dir DIR holding the hub cache.")
+    # force_context_length: open_clip would otherwise squeeze a longer positional
+    # embedding into the config's window by interpolation, silently
+    model, train_tf, eval_tf = open_clip.create_model_and_transforms(
+        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
+    model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
+    return model, train_tf, eval_tf, get_tokenizer(name, context)
+
+
+def get_tokenizer(backbone: str, context_length: int | None = None):
+    """open_clip's tokenizer of the backbone (context_length: pad / truncate to that window instead, end token
+    kept in the last slot), remembering the last 65,536 texts: captions come back every epoch and evaluation,
+    prompts every zero-shot head, and the pure-Python BPE costs ~60 us a text."""
+    return CachedTokenizer(open_clip.get_tokenizer(resolve_backbone(backbone), context_length=context_length))
+
+
+class CachedTokenizer:
+    """tokenizer(texts) -> (N, context) LongTensor, the same as the wrapped tokenizer's; other attributes pass."""
+    def __init__(self, tokenizer, size: int = 1 << 16):
+        self.tokenizer, self.size, self.rows = tokenizer, size, {}
+
+    def __call__(self, texts, context_length: int | None = None):
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        new = list(dict.fromkeys(t for t in texts if (t, context_length) not in self.rows))
+        if new:
+            if len(self.rows) + len(new) > self.size:
+                self.rows.clear()
+            tokens = self.tokenizer(new) if context_length is None else self.tokenizer(new, context_length)
+            self.rows.update(((t, context_length), r) for t, r in zip(new, tokens.clone()))
+        return torch.stack([self.rows[(t, context_length)] for t in texts])
+
+    def __getattr__(self, name):  # only for names the wrapper lacks (unpickling asks before __dict__ is set)
+        if name == "tokenizer":
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+
+def save_model(model, path, backbone: str, source: str = ""):
+    """A plain open_clip state_dict (open_clip.create_model_and_transforms(name, pretrained=path) loads it) plus
+    a JSON sidecar `path.json` with what is needed to rebuild it."""
+    path = Path(path)
+    sd = {k.removeprefix("module."): v.detach().cpu() for k, v in model.state_dict().items()}
+    bad = [k for k in sd if "lora" in k.lower() or "parametrizations" in k]
+    if bad:
+        raise ValueError(f"save_model: adapter keys left in the state_dict ({bad[:3]}...); merge first")
+    _atomic_save(sd, path)
+    name = resolve_backbone(backbone)
+    pp = getattr(model.visual, "preprocess_cfg", {})
+    meta = {"model": name, "backbone": backbone, "source_weights": source,
+            "quick_gelu": bool(getattr(model, "quick_gelu", False)),
+            "context_length": int(text_tower(model).context_length),
+            "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
+            "open_clip": open_clip.__version__, "torch": torch.__version__}
+    if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
+        meta["towers"] = towers.sidecar(model, path)
+    atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
+    if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
+        safe = path.with_suffix(".safetensors")
+        atomic_write(safe, lambda tmp: safetensors_save(sd, tmp))
+        atomic_write(Path(str(safe) + ".json"), json.dumps(meta, indent=1))
+    return path
+
+
+def safetensors_save(sd: dict, path):
+    from safetensors.torch import save_file  # installed with open_clip
+    save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, str(path))
+
+
+def open_clip_config(model, backbone: str) -> dict:
+    """open_clip_config.json for `model` (open_clip's hub layout): the backbone's model_cfg with the weights'
+    QuickGELU and text window, which plain open_clip would otherwise get wrong (GELU for OpenAI weights; a
+    stretched window interpolated back), and the preprocessing open_clip's push_to_hub records."""
+    cfg = copy.deepcopy(open_clip.get_model_config(resolve_backbone(backbone)))
+    cfg["quick_gelu"] = bool(getattr(model, "quick_gelu", False))
+    cfg.setdefault("text_cfg", {})["context_length"] = int(text_tower(model).context_length)
+    pp = getattr(model.visual, "preprocess_cfg", {})
+    keep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()
+            if k in ("mean", "std", "interpolation", "resize_mode")}
+    return {"model_cfg": cfg, "preprocess_cfg": keep}
+
+
+def export_open_clip(model, folder, backbone: str) -> Path:
+    """open_clip's hub layout in `folder`: open_clip_model.safetensors and open_clip_config.json, so that
+    open_clip.create_model_from_pretrained('local-dir:<folder>') (or 'hf-hub:<repo>' after an upload) builds the
+    same model with the same features. Models with an HF tokenizer name it in model_cfg; OpenAI's BPE ships with
+    open_clip."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k.removeprefix("module."): v for k, v in model.state_dict().items()}
+    atomic_write(folder / "open_clip_model.safetensors", lambda tmp: safetensors_save(sd, tmp))
+    atomic_write(folder / "open_clip_config.json", json.dumps(open_clip_config(model, backbone), indent=2))
+    return folder
