@@ -778,7 +778,7 @@ def published_numbers(paper: str, backbone: str) -> dict:
     """The paper's CLIP row {(task, metric): value} for this backbone (OpenAI or open_clip spelling), or {}."""
     if paper not in published.PUBLISHED:
         raise ValueError(f"unknown paper {paper!r}; known: {', '.join(published.PUBLISHED)}")
-    openai = {v: k for k, v in models.OPENAI_NAMES.items()}.get(backbone, backbone)
+    openai = models.openai_name(backbone)
     return published.PUBLISHED[paper].get(openai, {})
 
 
