@@ -423,7 +423,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     """The demo's plumbing on a shrunken world (2 steps per run; ERCLIP M+P by
     subprocess on the same training manifest): every seed of every run is
     kept, the claims carry the agreed keys, the PNG exists."""
-    shrink_world({"train": 64, "test": 40, "zs-test": 48}.get)
+    shrink_world({"train": 64, "test": 16, "zs-test": 24}.get)
     out = tmp_path / "demo"
     longclip.main(["--demo", "--seeds", "0,1,2", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                    str(tmp_path / "data"), "--out", str(out)])
