@@ -81,6 +81,22 @@ def test_the_cached_tokenizer_gives_the_wrapped_tokenizers_tokens():
     assert torch.equal(again(texts), raw(texts)) and again.context_length == raw.context_length
 
 
+def test_open_clips_tokenizer_is_built_once_per_backbone_and_window():
+    """get_tokenizer reuses open_clip's tokenizer of a (backbone, window, config) and gives its tokens: a fresh
+    open_clip.get_tokenizer, a new window, and a changed config are not confused with the first."""
+    import open_clip
+    import torch
+    import lab  # noqa: F401  the tiny backbone's config
+    texts = ["a red circle.", "two blue stars at the top left and a ring below them."]
+    first, second = models.get_tokenizer("tiny"), models.get_tokenizer("tiny")
+    assert first.tokenizer is second.tokenizer and first is not second  # each model its own text memo
+    assert torch.equal(first(texts), open_clip.get_tokenizer(models.TINY_NAME)(texts))
+    short = models.get_tokenizer("tiny", 8)
+    assert short.tokenizer is not first.tokenizer
+    assert torch.equal(short(texts), open_clip.get_tokenizer(models.TINY_NAME, context_length=8)(texts))
+    assert models._open_clip_tokenizer(models.TINY_NAME, None, "{}") is not first.tokenizer  # another config
+
+
 def test_long_clip_and_m2_mix_checkpoint_layouts_load(tiny_random, tmp_path, capsys):
     """Issue 25.12: Long-CLIP's released layout (positions < 20 in positional_embedding, the rest in
     positional_embedding_res, model_longclip.py's mask1 / mask2) and m2-Mix's {'model_state_dict': ...} (with a
