@@ -243,6 +243,7 @@ def _ddp_worker(rank, world, port, tmp, data):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_accumulating_train_like_one_process(tmp_path):
     """2 gloo processes x 2 micro-batches of 2 (the reducer bypassed, one average per step) = 1 process, batch 8."""
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)

@@ -348,6 +348,7 @@ def test_main_end_to_end(tmp_path):
     assert row["method"] == "cclip" and math.isfinite(row["last R@1"])
 
 
+@pytest.mark.slow
 def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (2 steps per task): every seed
     of every method is kept, the claims carry the agreed keys, the PNG exists."""

@@ -348,6 +348,7 @@ def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path, co
         assert "loss_code" in log[-1] and "loss_clip" not in log[-1]
 
 
+@pytest.mark.slow
 def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (1 epoch per task): every seed
     of every mode is kept, the claims carry the agreed keys, the PNG exists."""
@@ -358,6 +359,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     check_demo_results(out, "dns-demo.png", dns_demo.DEMO_MODES.values(), min_claims=10)
 
 
+@pytest.mark.slow
 def test_demo_seeds_flag_reruns_on_other_seeds(tmp_path, shrink_world):
     """--seeds 7,8: the claims on seeds nobody has seen, every one reported;
     the next demo without the flag is back on lab.SEEDS."""

@@ -283,6 +283,7 @@ def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
     assert len(r["drift"]["test"]) == 10
 
 
+@pytest.mark.slow
 def test_cmcl_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):
     """The CMCL demo's plumbing on a shrunken world (1 epoch per step): every
     seed of every mode kept, claims with the agreed keys, the PNG exists."""

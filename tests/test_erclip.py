@@ -356,6 +356,7 @@ def test_resume_rebuilds_the_teacher_and_matches_a_straight_run(tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+@pytest.mark.slow
 def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (2 steps per run): every seed
     of every variant is kept, the claims carry the agreed keys, the PNG exists."""

@@ -88,6 +88,7 @@ SWEEP_ROWS = {  # on the shrunken grids below
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,n_claims", [("epochs", 11), ("lambda-p", 7), ("data-size", 4), ("ablations", 5)])
 def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo_results, name, n_claims):
     """Each demo sweep's plumbing on a shrunken world and shrunken grids (one
@@ -146,6 +147,7 @@ def _real_argv(tmp_path, name, *extra):
             "--device", "cpu", "--precision", "fp32", "--save-every", "0", "--out", str(tmp_path / "runs"), *extra]
 
 
+@pytest.mark.slow
 def test_real_epochs_sweep_on_a_manifest_fixture(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweeps, "EPOCHS", 3)
     argv = _real_argv(tmp_path, "epochs")

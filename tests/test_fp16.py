@@ -204,6 +204,7 @@ def test_an_fp32_checkpoint_continues_in_fp16_at_the_default_scale(tmp_path, cap
 
 
 # ----------------------------------------------------------------------------- benchmarks/gpu_check.py
+@pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], capture_output=True, text=True,
@@ -230,12 +231,14 @@ def test_gpu_check_main_runs_on_cpu_and_writes_json_and_table(tmp_path, monkeypa
     assert "| check | ok |" in table and "dns-gradient step" in table
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_the_benchmark_as_a_subprocess(tmp_path):
     r = gpu_check.bench_quick(tmp_path / "b.json", timeout=120, extra=("--only", "none"))
     assert r["ok"], r["problems"]
     assert r["records"] == [] and "| measurement |" in r["table"]
 
 
+@pytest.mark.slow
 def test_gpu_check_ddp_step_with_gloo_on_cpu():
     """The same worker as the 2-GPU NCCL check, on two CPU processes."""
     r = gpu_check.ddp_check("tiny", "cpu", "fp32", batch_size=4)

@@ -96,6 +96,7 @@ def test_world_token_ids_cover_texts_nobody_sampled():
             assert set(tok.encode(s["caption"] + " " + s["long_caption"])) <= ids
 
 
+@pytest.mark.slow
 def test_a_shortened_recipe_end_to_end(tmp_path, monkeypatch):
     """Pretrain (a short recipe), write the shipped form, read it back: the
     very weights trained, the rows no lab text uses rebuilt from the seed;
@@ -172,6 +173,7 @@ def test_paired_statistics_and_verdicts():
             == "construction check failed")
 
 
+@pytest.mark.slow
 def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path, shrink_world):
     """lab.run_jobs: jobs in spawned one-thread workers return what they return run here one after another
     (every job on one torch thread either way), in job order, and the thread count here is restored."""
@@ -190,6 +192,7 @@ def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path, shrink_world)
         lab.take_processes_flag(["--processes", "0"])
 
 
+@pytest.mark.slow
 def test_processes_writing_one_split_at_once_never_see_half_a_file(tmp_path):
     """The world renders into a folder of its own and renames it into place (issue 26.8): four processes asked
     for the same split at once all get a manifest whose every picture decodes."""

@@ -179,6 +179,7 @@ def test_shared_modules_do_not_grow(name):
     assert len((ROOT / f"{name}.py").read_text().splitlines()) <= SHARED_LINES[name]
 
 
+@pytest.mark.slow
 def test_importing_every_method_file_leaves_the_lab_unloaded():
     code = ("import sys; import common, eval, " + ", ".join(METHODS) +
             "; print(sorted(m for m in sys.modules if m == 'lab' or m.startswith('lab.')))")

@@ -419,6 +419,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
                          "--context-length", "200", "--out", ""])
 
 
+@pytest.mark.slow
 def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (2 steps per run; ERCLIP M+P by
     subprocess on the same training manifest): every seed of every run is

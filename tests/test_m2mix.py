@@ -441,6 +441,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     assert "m3-Mix" in table and "ZS" in table
 
 
+@pytest.mark.slow
 def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_demo_results):
     """The demo's plumbing on a shrunken world (2 steps per run): every seed
     of every method is kept, the claims carry the agreed keys, the PNG exists."""
@@ -465,6 +466,7 @@ def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, sh
         train_manifests.train_manifest(cfg)
 
 
+@pytest.mark.slow
 def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_lab(tmp_path, shrink_world):
     """`python m2mix.py --train-data synthetic`: main() loads the lab itself (the world is pre-written small)."""
     import subprocess

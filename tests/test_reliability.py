@@ -238,6 +238,7 @@ def test_eval_py_bad_input_is_one_message_before_any_model(argv, says, capsys, n
     assert code == 2 and says in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_python_m_lab_eval_finds_the_labs_synthetic_sets_and_eval_py_names_it(tmp_path):
     """eval.py never imports the lab; `python -m lab eval` loads it (its sets register in the module `eval`)
     and runs eval's main; plain `python eval.py` on a lab set says to use it, in one message."""

@@ -103,6 +103,7 @@ def _train_worker(rank, world, port, tmp):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     """common.train under 2 gloo processes (global batch 8 = 2 x 4) reaches
     the weights of one process with batch 8 on the same data order."""

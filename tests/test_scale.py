@@ -77,6 +77,7 @@ def one_process(tmp_path):
     return _run(tmp_path / "one", data)[0].state_dict(), start
 
 
+@pytest.mark.slow
 def test_two_srun_tasks_train_like_one_process(tmp_path, one_process):
     mp.spawn(_slurm_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
     two = torch.load(tmp_path / "slurm_weights.pt", weights_only=True)
@@ -97,6 +98,7 @@ if dist_info()[0] == 0:
 """
 
 
+@pytest.mark.slow
 def test_two_nodes_of_one_process_each_train_like_one_process(tmp_path, one_process):
     """torchrun --nnodes 2 --nproc_per_node 1 with a local rendezvous (gloo): node ranks 0 and 1 on this
     machine, as two machines would run it; the weights equal one process's."""
@@ -141,6 +143,7 @@ def _check_worker(rank, world, port, tmp, manifest):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_split_the_row_check_and_both_see_every_result(tmp_path):
     path = _broken_manifest(tmp_path / "data")
     mp.spawn(_check_worker, args=(2, _port(), str(tmp_path), str(path)), nprocs=2, join=True)

@@ -136,6 +136,7 @@ def _ddp_worker(rank, world, port, tmp, pattern):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_train_on_their_own_shards_in_step(sharded, tmp_path):
     """2 gloo processes, each on its own shards (2 or 3 of 5), make the same number of steps: no rank waits for
     a batch the other never makes (DDP would hang)."""

@@ -218,6 +218,7 @@ def _ddp_worker(rank, world, port, spec, args):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
     """m3-Mix on the towers under 2 gloo processes (global batch 8 = 2 x 4, features gathered) reaches the weights
     of one process with batch 8 on the same data order: the same code path as CLIP's."""

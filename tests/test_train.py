@@ -152,6 +152,7 @@ def _ddp_worker(rank, world, port, tmp, batch):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path):
     torch.manual_seed(0)
     model = models.load_model("tiny", "random")[0]

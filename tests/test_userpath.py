@@ -339,6 +339,7 @@ def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
     assert not stale.exists() and live.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_the_command_line_with_loader_workers(tmp_path, root):
     """Ctrl-C as a terminal sends it: SIGINT to the whole process group,
     DataLoader workers included. One message, the resume command, exit 130,
