@@ -9,10 +9,15 @@ import pytest
 # pytest.ini runs the suite in pytest-xdist workers (-n auto: one per core). Each worker gets a cache folder of
 # its own (CLIPFT_CACHE, read by plumbing.base at import, so set before the lab loads; the processes a test starts
 # inherit it), removed when the worker ends: no cached weights, classifier or row check is shared between workers.
+# The processes a test starts (the CLI, the two-process runs, the demos' subprocesses) also inherit one OpenMP
+# thread: with the workers filling the cores, a child on torch's default of a thread per core oversubscribes them,
+# and OpenMP's spinning threads then slow everything on the machine (measured on 2 cores: a step of the Long-CLIP
+# demo's ERCLIP run took 0.46 s alone and ~3.0 s beside a second 2-thread demo, 6.5x, not 2x).
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:
     WORKER_CACHE = tempfile.mkdtemp(prefix=f"clipft-cache-{WORKER}-")
     os.environ["CLIPFT_CACHE"] = WORKER_CACHE
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 
