@@ -50,11 +50,21 @@ def _seeds_reset():
 
 
 @pytest.fixture(scope="session")
-def tiny_random():
-    """A randomly initialised tiny backbone (no pretraining, instant)."""
+def _tiny_random_once():
     from plumbing import models
     torch.manual_seed(0)
     return models.load_model("tiny", "random")
+
+
+@pytest.fixture
+def tiny_random(_tiny_random_once):
+    """A randomly initialised tiny backbone (no pretraining): (model, train_tf, eval_tf, tokenizer), built once
+    per worker, the model copied for each test. A test that trains it, or wraps it in a method that freezes
+    its temperature (ERCLIP, m2-Mix with a fixed tau), leaves the next test's model as built; with one shared
+    model, test_param_groups_no_decay failed whenever such a test ran before it on the same worker."""
+    import copy
+    model, *rest = _tiny_random_once
+    return (copy.deepcopy(model), *rest)
 
 
 @pytest.fixture
