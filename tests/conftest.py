@@ -28,14 +28,6 @@ import lab  # noqa: E402,F401  the synthetic world and the tiny backbone registe
 torch.set_num_threads(1 if WORKER else min(2, os.cpu_count() or 1))
 
 
-def pytest_collection_modifyitems(config, items):
-    """The tests marked slow (>= 7 s on 2 cores: the demos, the two-process runs, the subprocess checks) run
-    first, in their collected order, then the rest: with --dist worksteal an idle worker takes the queued tests
-    of a busy one from the end, so the run ends on short tests instead of one worker finishing a demo alone.
-    `-m "not slow"` leaves them out for a quick loop."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order within each kind
-
-
 def pytest_unconfigure(config):
     if WORKER:
         shutil.rmtree(WORKER_CACHE, ignore_errors=True)
