@@ -403,7 +403,7 @@ def test_override_and_skip_messages_are_printed_once(stopped, tiny, capsys, tmp_
 # ----------------------------------------------------------------------------- 13. signals outside the steps
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_finish(tmp_path, capsys, monkeypatch,
-                                                                                  signum):
+                                                                                  request, signum):
     import erclip
     import eval as evaluation
     root = tmp_path / "data"
@@ -414,6 +414,11 @@ def test_a_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_fini
             "--steps", "2", "--warmup", "1", "--lr", "1e-4", "--workers", "0", "--device", "cpu", "--eval-tasks",
             str(test), "--pretrained", "random", "--out", str(out)]
     real, calls = evaluation.evaluate, []
+    # the handlers a shell gives a script (Python's Ctrl-C handler), whatever an earlier test left in this worker:
+    # one fresh-clone run of the suite saw this SIGINT case print the final tables, not interrupted
+    for s, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        previous = signal.signal(s, handler)
+        request.addfinalizer(lambda s=s, previous=previous: signal.signal(s, previous))
 
     def evaluate(*a, **k):
         calls.append(k.get("weights"))
