@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import cclip
@@ -21,6 +20,7 @@ import erclip
 import lab
 import longclip
 import m2mix
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 N = 8  # rows of the whole batch; K = 4 micro-batches of 2
 
@@ -257,7 +257,7 @@ def test_two_processes_accumulating_train_like_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, tmp_path, data), nprocs=2, join=True)
+    spawn_two(_ddp_worker, 2, port, tmp_path, data)
     two = torch.load(tmp_path / "ddp_weights.pt", weights_only=True)
     one = model.state_dict()
     moved = sum((v - start[n]).square().sum() for n, v in one.items()).sqrt()

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import common
 from plumbing import models
 import lab
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 
 def _cfg(tmp_path, **kw):
@@ -113,7 +113,7 @@ def test_two_processes_train_like_one(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_train_worker, args=(2, port, tmp_path), nprocs=2, join=True)
+    spawn_two(_train_worker, 2, port, tmp_path)
     two = torch.load(tmp_path / "ddp_weights.pt", weights_only=True)
     start = _tiny()[0].state_dict()
     moved = sum((v - start[k]).square().sum() for k, v in one.state_dict().items()).sqrt()

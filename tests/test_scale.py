@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from plumbing import base
 from plumbing import manifests
 import common
 from plumbing import models
 import lab
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def one_process(tmp_path):
 
 @pytest.mark.slow
 def test_two_srun_tasks_train_like_one_process(tmp_path, one_process):
-    mp.spawn(_slurm_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_two(_slurm_worker, 2, _port(), str(tmp_path))
     two = torch.load(tmp_path / "slurm_weights.pt", weights_only=True)
     assert int(two.pop("world")) == 2 and _close(one_process[0], two, one_process[1])
 
@@ -146,7 +146,7 @@ def _check_worker(rank, world, port, tmp, manifest):
 @pytest.mark.slow
 def test_two_processes_split_the_row_check_and_both_see_every_result(tmp_path):
     path = _broken_manifest(tmp_path / "data")
-    mp.spawn(_check_worker, args=(2, _port(), str(tmp_path), str(path)), nprocs=2, join=True)
+    spawn_two(_check_worker, 2, _port(), str(tmp_path), str(path))
     parts = [(tmp_path / f"rank{r}.txt").read_text().split("\n--\n") for r in (0, 1)]
     decoded = [set(filter(None, d.splitlines())) for d, _ in parts]
     assert not decoded[0] & decoded[1] and len(decoded[0] | decoded[1]) == 16  # each image once, in all

@@ -13,6 +13,7 @@ import common
 from plumbing import models
 import lab
 from plumbing import shards
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +142,8 @@ def test_two_processes_train_on_their_own_shards_in_step(sharded, tmp_path):
     """2 gloo processes, each on its own shards (2 or 3 of 5), make the same number of steps: no rank waits for
     a batch the other never makes (DDP would hang)."""
     import socket
-    import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path), sharded[1]), nprocs=2, join=True)
+    spawn_two(_ddp_worker, 2, port, str(tmp_path), sharded[1])
     assert torch.load(tmp_path / "ddp.pt") == {"steps": 4, "world": 2}

@@ -14,6 +14,7 @@ import eval as evaluation
 import lab
 import m2mix
 from plumbing import m2mix_analysis, models, towers
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 torch.set_num_threads(1)
 WORDS = ("a an the of at on next to with picture photo large small circle square triangle diamond cross ring bar "
@@ -223,7 +224,6 @@ def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
     """m3-Mix on the towers under 2 gloo processes (global batch 8 = 2 x 4, features gathered) reaches the weights
     of one process with batch 8 on the same data order: the same code path as CLIP's."""
     import socket
-    import torch.multiprocessing as mp
     data = tmp_path / "data"
     manifest = lab.synthetic_manifest("train", data, n=32)
     args = ["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data), "--eval-on", "none",
@@ -233,8 +233,7 @@ def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, towers.SPECS[small_towers], args + ["--out", str(tmp_path / "two")]),
-             nprocs=2, join=True)
+    spawn_two(_ddp_worker, 2, port, towers.SPECS[small_towers], args + ["--out", str(tmp_path / "two")])
     one, two = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in ("one", "two"))
     start = models.load_model(small_towers)[0].state_dict()
     moved = sum((v.float() - start[k].float()).square().sum() for k, v in one.items()).sqrt()

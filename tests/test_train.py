@@ -6,11 +6,11 @@ import socket
 import open_clip
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from plumbing import base, models
 import common
 import lab
+from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 
 def _cfg(tmp_path, **kw):
@@ -168,7 +168,7 @@ def test_ddp_two_processes_match_one(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path), batch), nprocs=2, join=True)
+    spawn_two(_ddp_worker, 2, port, str(tmp_path), batch)
     res = torch.load(tmp_path / "ddp.pt", weights_only=False)
     assert res["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
     for n, p in net.named_parameters():
