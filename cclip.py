@@ -118,9 +118,7 @@ from plumbing import cclip_tasks, models, wise_ft
 from plumbing.cclip_tasks import PAPER_TASKS, resolve_eval_sets, resolve_tasks, task_lrs
 
 
-# =============================================================================
-# Losses
-# =============================================================================
+# --- Losses ---
 @common.float32
 def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     """Contrastive knowledge consolidation L_CKC, Sec. 4.2.
@@ -150,9 +148,7 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     return total if directions == "sum" else 0.5 * total
 
 
-# =============================================================================
-# Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step
-# =============================================================================
+# --- Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step ---
 class LoRA(nn.Module):
     """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
 
@@ -277,9 +273,7 @@ class CClip(common.Method):
         return losses
 
 
-# =============================================================================
-# Training: one task, evaluation after each task, the sequence
-# =============================================================================
+# --- Training: one task, evaluation after each task, the sequence ---
 class Interrupted(Exception):
     """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
 
@@ -386,9 +380,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
     return summary
 
 
-# =============================================================================
-# Main
-# =============================================================================
+# --- Main ---
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/cclip.py)

@@ -132,9 +132,7 @@ import eval as evaluation
 from plumbing import m2mix_analysis, models, towers, train_manifests
 
 
-# =============================================================================
-# Losses
-# =============================================================================
+# --- Losses ---
 def flip(x):
     """x_{i'}: the batch reversed, partner of row i is row B-1-i (Algorithm 1)."""
     return torch.flip(x, dims=[0])
@@ -222,9 +220,7 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
     return 0.5 * (soft_cross_entropy(logits, y) + soft_cross_entropy(logits.t(), y.t()))
 
 
-# =============================================================================
-# Model wrapper
-# =============================================================================
+# --- Model wrapper ---
 class Fp16Storage:
     """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the
     parameters OpenAI's clip.model.convert_weights casts (conv, linear and attention weights and
@@ -299,9 +295,7 @@ class M2Mix(common.Method):
         return losses
 
 
-# =============================================================================
-# Training and evaluation
-# =============================================================================
+# --- Training and evaluation ---
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
     """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each
     image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
@@ -348,9 +342,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     return results
 
 
-# =============================================================================
-# Main: Table 1, the command line
-# =============================================================================
+# --- Main: Table 1, the command line ---
 METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}  # Table 1's rows
 
 
