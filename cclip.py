@@ -57,10 +57,9 @@ DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.
 class CClipConfig(flags.Config):
     backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
-    tasks: str = arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), "
-                     "'synthetic' (the lab's 4 domains; 'synthetic-long': long captions), "
-                     "name=train[:test],... in order; 'auto': vlcl under --data-root, else "
-                     "synthetic with --backbone tiny")
+    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the paper's "
+                     "8 tasks, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4 "
+                     "domains; synthetic-long: long captions) | name=train[:test],... in order")
     unseen: str = arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / "
                       "the lab's; '' = none)")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
@@ -97,8 +96,7 @@ class CClipConfig(flags.Config):
     out: str = arg("runs/cclip", "output: continual.json, results.json, per-task folders, model.pt")
     resume: str = arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
-    eval_n: int = arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n "
-                      "scenes (0: all)")
+    eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
     threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
     demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
