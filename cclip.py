@@ -57,10 +57,9 @@ DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.
 class CClipConfig(flags.Config):
     backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
-    tasks: str = arg("auto", "'vlcl' (the paper's 8 tasks, data/vlcl/<name>/{train,test}.jsonl), "
-                     "'synthetic' (the lab's 4 domains; 'synthetic-long': long captions), "
-                     "name=train[:test],... in order; 'auto': vlcl under --data-root, else "
-                     "synthetic with --backbone tiny")
+    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the paper's "
+                     "8 tasks, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4 "
+                     "domains; synthetic-long: long captions) | name=train[:test],... in order")
     unseen: str = arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / "
                       "the lab's; '' = none)")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
@@ -97,8 +96,7 @@ class CClipConfig(flags.Config):
     out: str = arg("runs/cclip", "output: continual.json, results.json, per-task folders, model.pt")
     resume: str = arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
     # ours
-    eval_n: int = arg(0, "ours: evaluate the synthetic unseen / zero-shot sets on their first n "
-                      "scenes (0: all)")
+    eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
     threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
     demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
@@ -118,9 +116,7 @@ from plumbing import cclip_tasks, models, wise_ft
 from plumbing.cclip_tasks import PAPER_TASKS, resolve_eval_sets, resolve_tasks, task_lrs
 
 
-# =============================================================================
-# Losses
-# =============================================================================
+# --- Losses ---
 @common.float32
 def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     """Contrastive knowledge consolidation L_CKC, Sec. 4.2.
@@ -150,9 +146,7 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
     return total if directions == "sum" else 0.5 * total
 
 
-# =============================================================================
-# Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step
-# =============================================================================
+# --- Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step ---
 class LoRA(nn.Module):
     """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
 
@@ -277,9 +271,7 @@ class CClip(common.Method):
         return losses
 
 
-# =============================================================================
-# Training: one task, evaluation after each task, the sequence
-# =============================================================================
+# --- Training: one task, evaluation after each task, the sequence ---
 class Interrupted(Exception):
     """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
 
@@ -386,9 +378,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
     return summary
 
 
-# =============================================================================
-# Main
-# =============================================================================
+# --- Main ---
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/cclip.py)

@@ -103,9 +103,7 @@ import common
 from plumbing import cmcl, models
 
 
-# =============================================================================
-# Losses and projections (pure functions of tensors)
-# =============================================================================
+# --- Losses and projections (pure functions of tensors) ---
 def dns_scores(img, txt, W_img, W_txt, b_img=None, b_txt=None):
     """Alignment scores without the temperature (problem formulation):
         A[i, j] = (W_img v_i + b_img) . (W_txt t_j + b_txt)
@@ -182,9 +180,7 @@ def score_drift(img, txt, maps_before, maps_after):
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
 
 
-# =============================================================================
-# Model wrapper
-# =============================================================================
+# --- Model wrapper ---
 CLIP_MODALITIES = ("img", "txt")  # the CLIP path's two maps: parameters W_img, W_txt (b_img, b_txt)
 
 
@@ -273,9 +269,7 @@ def FeaturePairs(img, txt) -> torch.utils.data.StackDataset:
     return torch.utils.data.StackDataset(img=img, txt=txt, index=range(len(txt)))
 
 
-# =============================================================================
-# Training
-# =============================================================================
+# --- Training ---
 def mapped_covariance(maps: ModalityMaps, partners: dict, weights: dict) -> torch.Tensor:
     """sum_c w_c W_c Z_c W_c^T over old partners c (partners = {c: Z_c (D, D)}, weights = {c: w_c}),
     with the maps as they are NOW: the output side the stability condition asks for (ours,
@@ -490,9 +484,7 @@ class DNSLearner:
         self.history, self.summaries = list(s["history"]), list(s["summaries"])
 
 
-# =============================================================================
-# Main
-# =============================================================================
+# --- Main ---
 def run(cfg: DNSConfig, show: bool = True) -> dict:
     """One continual run (one mode) on CLIP features of the --tasks manifests (plumbing.cmcl)."""
     return cmcl.run_clip(cfg, DNSLearner, score_drift, show)

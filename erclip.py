@@ -57,9 +57,7 @@ from plumbing import flags, published  # torch-free: the settings, their parser;
 TRAIN_POOL = "coco-sharegpt4v"  # the paper's training pair pool (Sec. 4), --train-data's name
 
 
-# =============================================================================
-# Config
-# =============================================================================
+# --- Config ---
 @dataclasses.dataclass(frozen=True)
 class ERCLIPConfig(flags.Config):
     lr: float = flags.arg(5e-6, "peak learning rate")                          # Sec. 4
@@ -104,9 +102,7 @@ import eval as evaluation
 from plumbing import models, sweeps
 
 
-# =============================================================================
-# Losses and fusion
-# =============================================================================
+# --- Losses and fusion ---
 def pad_sentences(sentence_emb, counts, n_max: int | None = None):
     """Scatters one flat batch of sentence embeddings into a padded tensor.
     sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with
@@ -209,9 +205,7 @@ def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lamb
             "loss_pres": lambda_p * loss_pres}
 
 
-# =============================================================================
-# Model wrapper
-# =============================================================================
+# --- Model wrapper ---
 # Sec. 3.1, deviation 7: eval.py's splitter (its 'sentence-mean' mode splits test captions alike)
 split_sentences = evaluation.split_sentences
 
@@ -311,9 +305,7 @@ class ERCLIP(common.Method):
                 for p in common.split_batch(batch, k, groups=groups)]
 
 
-# =============================================================================
-# Training
-# =============================================================================
+# --- Training ---
 # Shared with longclip.py (the same pairs, so that the two differ only in method)
 build_train_manifest = common.coco_sharegpt4v_manifest
 
@@ -362,9 +354,7 @@ def sweep_method() -> sweeps.Method:
     return sweeps.Method(train_manifest, train_erclip, paper_tables, TRAIN_POOL)
 
 
-# =============================================================================
-# Tables (ERCLIP's Tables 1 and 2, the layout written once in eval.py)
-# =============================================================================
+# --- Tables (ERCLIP's Tables 1 and 2, the layout written once in eval.py) ---
 def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     """Tables 1 and 2 in the paper's layout: the paper's rows for this
     backbone (published.ERCLIP_TABLE1/2, prefixed 'paper') beside ours: (name,
@@ -383,9 +373,7 @@ def paper_tables(ours: list[tuple[str, list, float]], vit: str) -> str:
     return evaluation.erclip_tables(rows1, rows2)
 
 
-# =============================================================================
-# Main
-# =============================================================================
+# --- Main ---
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv:  # the lab: demo and sweeps (lab/demos/erclip.py, erclip_sweeps.py)

@@ -99,9 +99,7 @@ import common
 from plumbing import m2mix_analysis, mosei, published
 
 
-# =============================================================================
-# Losses
-# =============================================================================
+# --- Losses ---
 def nt_xent(a, b, tau: float):
     """Per anchor of the 2B rows x = [a; b] (GMC's code):
         -log exp(a_i.b_i / tau) / sum_{k != anchor} exp(x.x_k / tau);
@@ -140,9 +138,8 @@ def clf_loss(pred, y, kind: str):
             else F.l1_loss(pred, y))
 
 
-# =============================================================================
-# GMC's model for MOSEI (gmc_networks.py: AffectGRUEncoder, AffectJointProcessor, AffectEncoder)
-# =============================================================================
+# --- GMC's model for MOSEI ---
+# (gmc_networks.py: AffectGRUEncoder, AffectJointProcessor, AffectEncoder)
 def sinusoid(n: int, d: int, device) -> torch.Tensor:
     """(n, 1, d) sinusoidal positions 1..n (fairseq's, which MulT uses)."""
     half = d // 2
@@ -276,9 +273,7 @@ class GMCNet(common.Method):
         return out
 
 
-# =============================================================================
-# Evaluation: Table 4
-# =============================================================================
+# --- Evaluation: Table 4 ---
 @torch.no_grad()
 def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     """Per observed subset: acc (GMC's: sign of the prediction vs y > 0, zero labels left out, %),
@@ -324,9 +319,7 @@ def table4(rows: dict) -> str:
     return common.markdown_table(lines, ["method", *cols])
 
 
-# =============================================================================
-# Training, the command line
-# =============================================================================
+# --- Training, the command line ---
 METHOD_NAMES = {"gmc": "GMC", "gmc-m2": "GMC+m2-Mix"}
 
 

@@ -63,9 +63,7 @@ from plumbing import flags, published  # torch-free: the settings, their parser;
 LN_100 = math.log(100.0)
 
 
-# =============================================================================
-# Config
-# =============================================================================
+# --- Config ---
 # ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs
 # (deviation 12)
 RECIPES = {
@@ -148,9 +146,7 @@ from plumbing import models
 from plumbing.longclip_data import first_sentence, read_erclip_results, train_manifest
 
 
-# =============================================================================
-# Losses (and the stretching they train)
-# =============================================================================
+# --- Losses (and the stretching they train) ---
 def stretch_positional_embedding(pos, keep: int = 20, factor: int = 4):
     """Eq. (1), knowledge-preserved stretching (Sec. 3.2, deviation 1). pos: (L, d) PE; keep: rows
     copied as they are; factor: lam2. Returns PE*, (factor L - (factor - 1) keep, d): rows < keep
@@ -200,9 +196,7 @@ def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smo
     return {"loss_long": loss_long, "loss_short": loss_short}
 
 
-# =============================================================================
-# Model wrapper
-# =============================================================================
+# --- Model wrapper ---
 def original_context(backbone: str) -> int:
     """The text window of the backbone's open_clip config (77 for CLIP, 24 for tiny)."""
     cfg = open_clip.get_model_config(models.resolve_backbone(backbone)) or {}
@@ -300,9 +294,7 @@ class LongCLIP(common.Method):
                                self.cfg.label_smoothing)
 
 
-# =============================================================================
-# Training
-# =============================================================================
+# --- Training ---
 def train_longclip(cfg: LongCLIPConfig, model, train_tf, manifest, validate=None):
     """Stretches and fine-tunes freshly loaded weights (so a resumed run
     rebuilds the same model); returns (model, tokenizer of its window, summary)."""
@@ -331,9 +323,7 @@ def evaluate_windows(model, preprocess, tokenizers: dict, tasks, data_root, **kw
     return records
 
 
-# =============================================================================
-# Tables (ERCLIP's Tables 1 and 2 layout, written once in eval.py, with the text window)
-# =============================================================================
+# --- Tables (ERCLIP's Tables 1 and 2 layout, written once in eval.py, with the text window) ---
 def paper_tables(ours, backbone: str) -> str:
     """Tables 1 and 2 in ERCLIP's layout plus a window column: the published rows for this backbone
     (ERCLIP's CLIP row, Long-CLIP's row of ERCLIP Tab. 1), then ours: (name, records, window, L_pres
@@ -356,9 +346,7 @@ def paper_tables(ours, backbone: str) -> str:
     return evaluation.erclip_tables([r1 for r1, _ in rows], [r2 for _, r2 in rows], window=True)
 
 
-# =============================================================================
-# Main
-# =============================================================================
+# --- Main ---
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--demo" in argv:  # the lab: same-budget Long-CLIP against ERCLIP M+P (lab/demos/)

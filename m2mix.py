@@ -38,13 +38,7 @@ Deviations (one line each; at length in docs/m2mix.md under the same number)
  16. Float32 weights and lam between steps; the code keeps both in fp16 (main.py): --fp16-weights.
  17. No weight decay on gains, biases, embeddings, logit_scale; the code decays all: --decay-all.
  18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (unreleased; 1 per image)
- --backbone bert-resnet50 (Sec. 5.4, Table 3; plumbing/towers.py; the code's --noclip mode: docs)
-  T1. The text head is open_clip's linear projection, without the code's bias (open_clip loads it).
-  T2. The temperature is learned, from the code's 0.01; the code fixes it: --base-tau 0.01.
-  T3. ImageNet's mean / std, the ResNet's own; the code feeds CLIP's transform (CLIP's mean / std).
-  T4. --lr for towers and heads alike (ours 1e-5), --head-lr for the heads; the code: --lr 1e-6.
-  T5. Captions padded to 200 tokens, cut to the batch's longest (masked: the code's dynamic padding)
-  T6. Heads drawn from --seed (the same on every rank); eval() mode keeps BatchNorm's statistics.
+ T1-T6. The towers' (--backbone bert-resnet50, Sec. 5.4): docs/m2mix.md, "Deviations T1-T6"
 
 Commands (--collect, --demo, the towers: README.md; torchrun, the code's objective: docs/m2mix.md)
   python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
@@ -64,9 +58,8 @@ from plumbing.flags import arg
 class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
     # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4's towers)")  # Sec. 5.1
-    train_data: str = arg("auto", "auto: flickr30k under --data-root (synthetic with --backbone "
-                                  "tiny when absent) | flickr30k (Karpathy) | coco (--coco-split) "
-                                  "| a manifest | synthetic")
+    train_data: str = arg("auto", "auto: flickr30k in --data-root (tiny: synthetic if absent) | "
+                          "flickr30k (Karpathy) | coco (--coco-split) | a manifest | synthetic")
     coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy "
                                   "(train+restval -> test)", choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: "
@@ -91,13 +84,11 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     alpha_l: float = arg(0.5, "Beta parameter of the L-Mix ratio")  # code
     alpha_vl: float = arg(0.5, "Beta parameter of the VL-Mix ratio")  # code
     # the released code's departures and the paper's other readings (deviations 3-7, 13, 14)
-    m2_form: str = arg("text", "text: the positive stays in Eq. (4)'s denominator (Sec. 4.1 text, "
-                               "Algorithm 1, code) | printed: Eq. (4) as printed, all mixes, no "
-                               "positive (deviation 13)", choices=("text", "printed"))
+    m2_form: str = arg("text", "text: Eq. (4) keeps the positive (Sec. 4.1's text, Alg. 1, code) | "
+                               "printed: Eq. (4) as printed (dev. 13)", choices=("text", "printed"))
     m2_directions: str = arg("mean", "mean: Eq. (5)'s 1/2 | sum: the code", choices=("mean", "sum"))
     uni_combine: str = arg("mean", "mean: L_uni = (C_V + C_L)/2 (Sec. 4.2.1) | sum: C_V + C_L, "
-                                   "each weighted by --uni-weight (the code, deviation 14)",
-                           choices=("mean", "sum"))
+                                   "each at --uni-weight (code, dev. 14)", choices=("mean", "sum"))
     vl_target: str = arg("paper", "paper: I | code: I + I_R", choices=("paper", "code"))
     m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; "
                              "with --m2-own-tau its initial value")
@@ -116,8 +107,7 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json "
                            "(each row from the first run that has it) and exit")
     demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2-Mix, m3-Mix, synthetic) and exit")
-    demo_unimodal: bool = arg(False, "Sec. 5.4's demo: towers pre-trained apart "
-                                     "(lab/demos/towers.py) and exit")
+    demo_unimodal: bool = arg(False, "run lab/demos/towers.py (Sec. 5.4's towers) and exit")
 
 
 if __name__ == "__main__":  # --help and flag errors: answered here, before torch loads (2-5 s)
@@ -132,9 +122,7 @@ import eval as evaluation
 from plumbing import m2mix_analysis, models, towers, train_manifests
 
 
-# =============================================================================
-# Losses
-# =============================================================================
+# --- Losses ---
 def flip(x):
     """x_{i'}: the batch reversed, partner of row i is row B-1-i (Algorithm 1)."""
     return torch.flip(x, dims=[0])
@@ -222,9 +210,7 @@ def vlmix_loss(img, txt, logit_scale, lam, target: str = "paper"):
     return 0.5 * (soft_cross_entropy(logits, y) + soft_cross_entropy(logits.t(), y.t()))
 
 
-# =============================================================================
-# Model wrapper
-# =============================================================================
+# --- Model wrapper ---
 class Fp16Storage:
     """common.train hooks for --fp16-weights (deviation 16): after every optimizer step, the
     parameters OpenAI's clip.model.convert_weights casts (conv, linear and attention weights and
@@ -299,9 +285,7 @@ class M2Mix(common.Method):
         return losses
 
 
-# =============================================================================
-# Training and evaluation
-# =============================================================================
+# --- Training and evaluation ---
 def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -> list[dict]:
     """eval.evaluate on every protocol: R@1/5/10, plus m2-Mix's geometry (align, unif, on each
     image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
@@ -348,9 +332,7 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     return results
 
 
-# =============================================================================
-# Main: Table 1, the command line
-# =============================================================================
+# --- Main: Table 1, the command line ---
 METHOD_NAMES = {"ft": "FT", "m2": "m2-Mix", "m3": "m3-Mix"}  # Table 1's rows
 
 
