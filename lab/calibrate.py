@@ -53,6 +53,14 @@ CCLIP_GRID = [dict(steps=s, lr_image=lr, lr_text=5 * lr) for s in (10, 20) for l
 # declared after the first grid ran: full FT lost R@1 on every task at every setting, more the higher the lr
 # (the previous backbone's rates are too high for this one), so lower rates
 CCLIP_GRID_2 = [dict(steps=s, lr_image=lr, lr_text=5 * lr) for s in (10, 20) for lr in (2e-5, 6e-5)]
+# Issue 39, declared before it ran (docs/lab.md, "Calibration"): C-CLIP's demo moves to the domains' LONG captions,
+# whose val splits an exact-caption matcher retrieves at 86-92.5 % R@1 within the tiny model's 24 tokens (test:
+# 91.5-96 %; the short captions 70-76 %, below the 80 % the world must allow). Full FT must, on top of the rule
+# above, lose >= 5 points of the held-out background family (zero-shot top-1 on 'zs-val', its first eval_n scenes)
+# over the sequence. Fallbacks, declared with it: the first setting that learns and forgets (the zero-shot target
+# then reported as missed), then the first that learns; none otherwise (and the record says so).
+CCLIP_LONG_GRID = [dict(steps=s, lr_image=lr, lr_text=5 * lr) for s in (20, 30) for lr in (6e-5, 2e-4, 6e-4)]
+ZS_LOSS = 5.0
 DNS_GRID = [dict(epochs=e, lr=lr) for e in (5, 10) for lr in (1e-4, 1e-3, 1e-2)]
 
 
@@ -141,6 +149,33 @@ def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
     return {"grid": rows, "chosen": chosen}
 
 
+def cclip_long_passes(R: list[list[float]], zs_loss: float) -> dict:
+    check = continual_passes(R)
+    return {**check, "zero-shot loss": zs_loss, "loses zero-shot": zs_loss >= ZS_LOSS,
+            "learns and forgets": check["passes"], "passes": check["passes"] and zs_loss >= ZS_LOSS}
+
+
+def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long") -> dict:
+    import cclip
+    import eval as evaluation
+    from lab import world
+    from lab.demos import cclip as demo
+    zs = "synthetic-background-val"  # calibration only: the background family on 'zs-val'
+    evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
+    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    rows = []
+    for setting in CCLIP_LONG_GRID:
+        vcfg = dataclasses.replace(cfg, method="full", tasks=_val_tasks(data_root, long=True), unseen="",
+                                   zero_shot=zs, out=f"{out}/full-{len(rows)}", overwrite=True, **setting)
+        summary = cclip.run(vcfg)
+        drop_weights(vcfg.out)
+        R = _r_at_1(summary["matrices"])
+        rows.append({"setting": setting, "R@1": R, "zero-shot": [s[f"{zs}/top1"] for s in summary["scalars"]],
+                     "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])})
+        print(f"[calibrate cclip-long] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    return {"grid": rows, "chosen": _pick(rows, "learns and forgets") or _pick(rows, "learns")}
+
+
 def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     import dns
     from lab.demos import dns as demo
@@ -158,7 +193,8 @@ def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     return {"grid": rows, "chosen": _pick(rows, "learns")}
 
 
-CALIBRATIONS = {"erclip": calibrate_erclip, "cclip": calibrate_cclip, "dns": calibrate_dns}
+CALIBRATIONS = {"erclip": calibrate_erclip, "cclip": calibrate_cclip, "cclip-long": calibrate_cclip_long,
+                "dns": calibrate_dns}
 
 
 def main(argv=None):

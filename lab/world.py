@@ -471,13 +471,13 @@ def retrieval_tasks() -> dict:
     return tasks
 
 
-def classification_set(name: str, root, n=None) -> evaluation.ClassificationSet:
-    """'synthetic-shape' / '-color' / '-background': zero-shot on 'zs-test'."""
-    classnames, templates, column = label_sets()[name.removeprefix("synthetic-")]
-    ds = common.ManifestDataset(synthetic_manifest("zs-test", root, n), check_images=False, extra=(column,))
+def classification_set(name: str, root, n=None, split: str = "zs-test") -> evaluation.ClassificationSet:
+    """'synthetic-shape' / '-color' / '-background': zero-shot on 'zs-test' (lab/calibrate.py: 'zs-val')."""
+    classnames, templates, column = label_sets()[name.removeprefix("synthetic-").removesuffix("-val")]
+    ds = common.ManifestDataset(synthetic_manifest(split, root, n), check_images=False, extra=(column,))
     return evaluation.ClassificationSet(name, [str(ds.image_file(r)) for r in ds.rows],
                                         torch.tensor([int(r[column]) for r in ds.rows]), classnames, templates,
-                                        protocol=f"synthetic world, zs-test split, {column} "
+                                        protocol=f"synthetic world, {split} split, {column} "
                                                  f"({len(classnames)} classes)")
 
 

@@ -233,6 +233,8 @@ def test_calibration_rules_by_hand():
     R = [[20, 20, 20], [30, 20, 20], [24, 30, 20], [23, 24, 31]]  # learns +10, +10, +11; BWT (-7 -6) / 2
     check = cal.continual_passes(R)
     assert check["learned per task"] == [10, 10, 11] and check["BWT"] == -6.5 and check["passes"]
+    assert cal.cclip_long_passes(R, 5.0)["passes"] and not cal.cclip_long_passes(R, 4.9)["passes"]
+    assert cal.cclip_long_passes(R, 4.9)["learns and forgets"]
     rows = [{"setting": "a", "check": {"passes": False, "in band": False}},
             {"setting": "b", "check": {"passes": False, "in band": True}},
             {"setting": "c", "check": {"passes": True, "in band": True}}]
