@@ -135,16 +135,23 @@ def _r_at_1(matrices) -> list[list[float]]:
     return [[(a + b) / 2 for a, b in zip(ra, rb)] for ra, rb in zip(matrices["i2t_R@1"], matrices["t2i_R@1"])]
 
 
+def _full_ft(cfg, setting: dict, tasks: str, zero_shot: str, out: str) -> dict:
+    """C-CLIP's baseline, full FT, over the val task sequence with `setting`: its summary (weights dropped)."""
+    import cclip
+    vcfg = dataclasses.replace(cfg, method="full", tasks=tasks, unseen="", zero_shot=zero_shot, out=out,
+                               overwrite=True, **setting)
+    summary = cclip.run(vcfg)
+    drop_weights(vcfg.out)
+    return summary
+
+
 def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
     import cclip
     from lab.demos import cclip as demo
     cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in CCLIP_GRID + CCLIP_GRID_2:
-        vcfg = dataclasses.replace(cfg, method="full", tasks=_val_tasks(data_root, long=False), unseen="",
-                                   zero_shot="", out=f"{out}/full-{len(rows)}", overwrite=True, **setting)
-        summary = cclip.run(vcfg)
-        drop_weights(vcfg.out)
+        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=False), "", f"{out}/full-{len(rows)}")
         R = _r_at_1(summary["matrices"])
         rows.append({"setting": setting, "R@1": R, "check": continual_passes(R)})
         print(f"[calibrate cclip] {setting}: {rows[-1]['check']}", file=sys.stderr)
@@ -172,10 +179,7 @@ def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long", se
     rows = []
     grid = CCLIP_LONG_GRID_2 if second else CCLIP_LONG_GRID
     for setting in grid:
-        vcfg = dataclasses.replace(cfg, method="full", tasks=_val_tasks(data_root, long=True), unseen="",
-                                   zero_shot=zs, out=f"{out}/full-{len(rows)}", overwrite=True, **setting)
-        summary = cclip.run(vcfg)
-        drop_weights(vcfg.out)
+        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/full-{len(rows)}")
         R = _r_at_1(summary["matrices"])
         rows.append({"setting": setting, "R@1": R, "zero-shot": [s[f"{zs}/top1"] for s in summary["scalars"]],
                      "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])})
