@@ -35,9 +35,7 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
 
-Commands (README.md: the 8 tasks, DDP, --resume, --demo; data/vlcl/: python -m plumbing.vlcl)
-  python cclip.py --tasks a=a_train.jsonl:a_test.jsonl,b=b_train.jsonl --lr-image 1e-5  # your own
-  python cclip.py --tasks vlcl --ckc-directions mean --wd 0.1 --lora-dropout 0.1 --train-rest
+Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)
 """
 from __future__ import annotations
 
@@ -64,38 +62,29 @@ class CClipConfig(flags.Config):
                       "the lab's; '' = none)")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
                          "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
-    # LoRA integration (Sec. 4.1)
     lora_rank: int = arg(16, "LoRA rank r (Sec. 5)")
     lora_alpha: float = arg(32.0, "LoRA scale: DeltaW = lora_alpha / r * B A (research code)")
     lora_dropout: float = arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
     lora_targets: str = arg(DEFAULT_TARGETS, "parameter-name suffixes adapted, both towers")
     merge_alpha: float = arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    merge_schedule: str = arg("alpha", "alpha: alpha DeltaW at every task (Sec. 4.1) | research: "
-                              "a_mix.sh (deviation 1)", choices=("alpha", "research"))
+    merge_schedule: str = arg("alpha", "Sec. 4.1 | a_mix.sh, dev. 1", choices=("alpha", "research"))
     train_rest: bool = arg(False, "also train the non-adapted weights (research code, deviation 4)")
-    # CKC (Sec. 4.2)
     proj_hidden: int = arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
     ckc_weight: float = arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
-    ckc_directions: str = arg("sum", "sum: both directions summed, as printed (Sec. 4.2) | mean: "
-                              "the research code's (deviation 10)", choices=("sum", "mean"))
-    # optimisation (Sec. 5)
+    ckc_directions: str = arg("sum", "sum: as printed | mean (dev. 10)", choices=("sum", "mean"))
     epochs: int = arg(40, "epochs per task (Sec. 5)")
     batch_size: int = arg(1024, "global batch (Sec. 5)")
     lr: float = arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
     lr_image: float = arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
     lr_text: float = arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = arg("paper", "'paper': per-task (image, text) lrs for the paper's datasets "
-                         "(Sec. 5.2.3)", choices=("paper", "none"))
+    lr_preset: str = arg("paper", "per-task lrs of Sec. 5.2.3 | none", choices=("paper", "none"))
     wd: float = arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
     beta2: float = arg(0.99, "AdamW beta2 (Sec. 5)")
     warmup: int = arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
-    schedule: str = arg("paper", "paper: --warmup, per-step cosine to 0 | research: per epoch, "
-                        "from and to 1 % (deviation 13)", choices=("paper", "research"))
-    projector_lr: str = arg("lr", "h_psi's lr: lr (--lr) | image: the image encoder's (research "
-                            "code)", choices=("lr", "image"))
+    schedule: str = arg("paper", "per step | per epoch (dev. 13)", choices=("paper", "research"))
+    projector_lr: str = arg("lr", "h_psi at --lr | image (research code)", choices=("lr", "image"))
     out: str = arg("runs/cclip", "output: continual.json, results.json, per-task folders, model.pt")
     resume: str = arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
-    # ours
     eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
     threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")

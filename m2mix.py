@@ -19,7 +19,7 @@ Code name -> paper symbol
   m2/uni/vl_weight  lambda_1..3    weights of L_m2, L_uni, L_VL (Tab. 6)
   flip(x), I_R      x_{i'}, I_R    the batch reversed (i' = B-1-i); the identity flipped on its rows
 
-Deviations (one line each; at length in docs/m2mix.md under the same number)
+Deviations (one line each; at length in docs/m2mix.md under the same number, with the towers' T1-T6)
   1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) in [1e-6, pi - 1e-6]: finite at a = +-b.
   2. V-/L-Mix normalise over the mixed row (Algorithm 1, the code), not Sec. 4.2.1's printed one.
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2); the code's I + I_R: --vl-target code.
@@ -38,10 +38,9 @@ Deviations (one line each; at length in docs/m2mix.md under the same number)
  16. Float32 weights and lam between steps; the code keeps both in fp16 (main.py): --fp16-weights.
  17. No weight decay on gains, biases, embeddings, logit_scale; the code decays all: --decay-all.
  18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (unreleased; 1 per image)
- T1-T6. The towers' (--backbone bert-resnet50, Sec. 5.4): docs/m2mix.md, "Deviations T1-T6"
+ 19. AdamW beta2 0.98, eps 1e-6 (Sec. 5.1); the code: torch's 0.999, 1e-8: --beta2 0.999 --eps 1e-8
 
-Commands (--collect, --demo, the towers: README.md; torchrun, the code's objective: docs/m2mix.md)
-  python m2mix.py --train-data flickr30k --method m3 --out runs/m3-f30k   (or --method ft, m2)
+Commands: README.md (runs, --collect, --demo, the towers); docs/m2mix.md (torchrun, the code's)
 """
 from __future__ import annotations
 
@@ -56,26 +55,18 @@ from plumbing.flags import arg
 
 @dataclass(frozen=True)
 class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
-    # model and data
     backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4's towers)")  # Sec. 5.1
     train_data: str = arg("auto", "auto: flickr30k in --data-root (tiny: synthetic if absent) | "
                           "flickr30k (Karpathy) | coco (--coco-split) | a manifest | synthetic")
-    coco_split: str = arg("2017", "coco: 2017 (train2017 -> val2017, Sec. 5.1) | karpathy "
-                                  "(train+restval -> test)", choices=("2017", "karpathy"))
-    train_captions: str = arg("first", "first: one caption per image (Sec. 5.1, code) | all: "
-                                       "every caption", choices=("first", "all"))
-    # optimisation (Sec. 5.1, code scripts)
+    coco_split: str = arg("2017", "coco's split (deviation 10)", choices=("2017", "karpathy"))
+    train_captions: str = arg("first", "first (Sec. 5.1) | all captions", choices=("first", "all"))
     epochs: int = arg(9, "epochs")  # code scripts
     batch_size: int = arg(128, "global batch size")  # code scripts
     lr: float = arg(1e-5, "peak lr")  # ours, inside the code's sweep {1e-5, 7e-6}
     wd: float = arg(0.2, "AdamW weight decay")  # ours, inside the code's sweep {0.2, 0.01}
-    beta2: float = arg(0.98, "AdamW beta2")  # Sec. 5.1
-    eps: float = arg(1e-6, "AdamW eps")  # Sec. 5.1
     warmup: int = arg(-10, "warm-up steps; negative = percent of all steps")  # code: 10% warm-up
     out: str = arg("runs/m2mix", "output folder")
-    # method
-    method: str = arg("m3", "ft: plain CLIP | m2: CLIP + m2-Mix | m3: CLIP + m2 + uni + VL",
-                      choices=("ft", "m2", "m3"))
+    method: str = arg("m3", "ft: CLIP | m2: + m2-Mix | m3: + uni, VL", choices=("ft", "m2", "m3"))
     m2_weight: float = arg(0.05, "lambda_1, weight of L_m2")  # Tab. 6; code's largest m2 weight
     uni_weight: float = arg(0.05, "lambda_2, weight of L_uni = (C_V + C_L)/2")  # Tab. 6 range; ours
     vl_weight: float = arg(0.05, "lambda_3, weight of L_VL")  # Tab. 6 range; ours
@@ -83,29 +74,22 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     alpha_v: float = arg(0.5, "Beta parameter of the V-Mix ratio")  # code
     alpha_l: float = arg(0.5, "Beta parameter of the L-Mix ratio")  # code
     alpha_vl: float = arg(0.5, "Beta parameter of the VL-Mix ratio")  # code
-    # the released code's departures and the paper's other readings (deviations 3-7, 13, 14)
-    m2_form: str = arg("text", "text: Eq. (4) keeps the positive (Sec. 4.1's text, Alg. 1, code) | "
-                               "printed: Eq. (4) as printed (dev. 13)", choices=("text", "printed"))
+    m2_form: str = arg("text", "Eq. (4)'s reading (dev. 13)", choices=("text", "printed"))
     m2_directions: str = arg("mean", "mean: Eq. (5)'s 1/2 | sum: the code", choices=("mean", "sum"))
     uni_combine: str = arg("mean", "mean: L_uni = (C_V + C_L)/2 (Sec. 4.2.1) | sum: C_V + C_L, "
                                    "each at --uni-weight (code, dev. 14)", choices=("mean", "sum"))
     vl_target: str = arg("paper", "paper: I | code: I + I_R", choices=("paper", "code"))
-    m2_tau: float = arg(0.0, "temperature of the m2 matrix (code: 0.07, fixed); 0: the model's; "
-                             "with --m2-own-tau its initial value")
+    m2_tau: float = arg(0.0, "m2 temperature (code: 0.07); 0: the model's; --m2-own-tau: start")
     m2_own_tau: bool = arg(False, "Alg. 1: the m2 term's own trainable temperature t2 (dev. 5)")
     base_tau: float = arg(0.0, "fixed temperature of CLIP/uni/VL terms (code: 0.01); 0: learnable")
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
     fp16_weights: bool = arg(False, "weights and lam rounded to fp16, as the code (deviation 16)")
-    # evaluation (ours)
     eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
-    eval_on: str = arg("", "comma-separated eval.py tasks instead of the training set's test "
-                           "protocols ('none': no evaluation)")
+    eval_on: str = arg("", "eval.py tasks (a,b) in place of the training set's; 'none': no eval")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
-    simat_protocol: str = arg("ours", "ours: SIMAT test split, lambda 0.5..7 | code: 'dev' split, "
-                                      "the code's 13 lambdas (dev. 15)", choices=("ours", "code"))
-    collect: str = arg("", "comma-separated run folders: print Table 1 from their results.json "
-                           "(each row from the first run that has it) and exit")
+    simat_protocol: str = arg("ours", "SIMAT's split, lambdas (dev. 15)", choices=("ours", "code"))
+    collect: str = arg("", "run folders (a,b): print Table 1 from their results.json and exit")
     demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2-Mix, m3-Mix, synthetic) and exit")
     demo_unimodal: bool = arg(False, "run lab/demos/towers.py (Sec. 5.4's towers) and exit")
 
