@@ -93,8 +93,10 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     pretrained: '' (OpenAI's weights; the world-pretrained weights for 'tiny'), an open_clip tag ('openai',
       'laion2b_s34b_b88k', ...), a checkpoint path, or 'random' (explicitly untrained).
     QuickGELU is matched to the weights (OpenAI's were trained with it; open_clip's plain configs silently give
-    wrong features with them): from the tag's config, our checkpoint sidecar, or forced for OpenAI-spelled
-    backbones loading a raw file. Never falls back to random weights: a download that cannot happen fails at once.
+    wrong features with them): from the tag's config, our checkpoint sidecar, a foreign layout (Long-CLIP's,
+    m2-Mix's: OpenAI-initialised, so on whatever the backbone's spelling), or forced for OpenAI-spelled backbones
+    loading a raw file; an explicit quick_gelu contradicting the first three is refused. Never falls back to
+    random weights: a download that cannot happen fails at once.
     A dual encoder of uni-modal towers (towers.SPECS, or a file saved from one) is built by towers.load, with
     towers_kw (text_weights, image_weights, seed)."""
     if towers.known(backbone) or os.path.isfile(pretrained) and "towers" in read_sidecar(pretrained):
@@ -114,11 +116,16 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         meta = read_sidecar(pretrained)
         if meta and meta.get("model") not in (None, name):
             raise UsageError(f"{pretrained} holds a {meta['model']} model, not {name}")
-        if quick_gelu is None:
-            quick_gelu = meta.get("quick_gelu") if meta else backbone in OPENAI_NAMES
         context = meta.get("context_length") if meta else None
+        given, file_qg = pretrained, bool(meta.get("quick_gelu")) if meta else None  # None: the file does not say
         if not meta:  # another program's layout (Long-CLIP's release, m2-Mix's checkpoints): an open_clip copy
             pretrained, context = foreign_checkpoint(pretrained, cache_dir or base.CACHE_DIR)
+            file_qg = True if pretrained != str(given) else None  # both OpenAI-initialised: QuickGELU
+        if file_qg is not None and quick_gelu is not None and quick_gelu != file_qg:
+            raise UsageError(f"{given} was trained with quick_gelu={file_qg} ("
+                             f"{'its sidecar' if meta else 'an OpenAI-initialised layout'}); refusing {quick_gelu}")
+        if quick_gelu is None:
+            quick_gelu = file_qg if file_qg is not None else backbone in OPENAI_NAMES
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:

@@ -121,3 +121,50 @@ def test_long_clip_and_m2_mix_checkpoint_layouts_load(tiny_random, tmp_path, cap
     model, _, _, _ = models.load_model("tiny", str(tmp_path / "m2.pt"), cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     assert "the converted copy is truncated: converting again" in capsys.readouterr().err
+
+
+def _foreign_file(tiny_random, path, layout):
+    """The tiny model's weights written by hand in Long-CLIP's or m2-Mix's layout."""
+    import torch
+    sd = {k: v.clone() for k, v in tiny_random[0].state_dict().items() if k != "attn_mask"}
+    if layout == "longclip":
+        pe = sd["positional_embedding"]
+        torch.save({**sd, "positional_embedding_res": pe + 1}, path)
+    else:
+        torch.save({"model_state_dict": sd}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("layout", ["longclip", "m2mix"])
+@pytest.mark.parametrize("spelling", ["open_clip", "openai", "tiny"])
+def test_a_foreign_checkpoint_gets_quick_gelu_whatever_the_backbones_spelling(tiny_random, tmp_path, monkeypatch,
+                                                                              layout, spelling):
+    """Issue 40.1: Long-CLIP's and m2-Mix's checkpoints are OpenAI-initialised (trained with QuickGELU). The choice
+    was made from the backbone's spelling before the file was recognised, so `--backbone ViT-B-16 --pretrained
+    longclip-B.pt` built GELU silently and only `ViT-B/16` was right. Here the tiny model under an open_clip
+    name, an OpenAI-style name (registered for the test) and the 'tiny' alias; the activations are QuickGELU."""
+    import torch
+    from open_clip.transformer import QuickGELU
+    monkeypatch.setitem(models.OPENAI_NAMES, "clipft/tiny", models.TINY_NAME)
+    backbone = {"open_clip": models.TINY_NAME, "openai": "clipft/tiny", "tiny": "tiny"}[spelling]
+    f = _foreign_file(tiny_random, tmp_path / f"{layout}.pt", layout)
+    model = models.load_model(backbone, f, cache_dir=str(tmp_path / "cache"))[0]
+    acts = [m for m in model.modules() if isinstance(m, (QuickGELU, torch.nn.GELU))]
+    assert model.quick_gelu is True and acts and all(isinstance(m, QuickGELU) for m in acts)
+    # a plain GELU asked for with such weights is refused (as for an open_clip tag), one message
+    with pytest.raises(ValueError, match=r"trained with quick_gelu=True \(an OpenAI-initialised layout\); refusing"):
+        models.load_model(backbone, f, cache_dir=str(tmp_path / "cache"), quick_gelu=False)
+
+
+def test_our_sidecars_quick_gelu_wins_and_a_contradicting_choice_is_refused(tiny_random, tmp_path):
+    """Issue 40.1: the sidecar records what the weights were trained with: it decides whatever the spelling, and an
+    explicit quick_gelu against it is refused instead of silently building the other activation."""
+    from open_clip.transformer import QuickGELU
+    model = tiny_random[0]
+    model.quick_gelu = True
+    f = models.save_model(model, tmp_path / "m.pt", "tiny")
+    again = models.load_model("tiny", str(f))[0]
+    assert again.quick_gelu is True and any(isinstance(m, QuickGELU) for m in again.modules())
+    assert models.load_model("tiny", str(f), quick_gelu=True)[0].quick_gelu is True
+    with pytest.raises(ValueError, match=r"trained with quick_gelu=True \(its sidecar\); refusing False"):
+        models.load_model("tiny", str(f), quick_gelu=False)
