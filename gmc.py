@@ -280,8 +280,8 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     align and unif (m2mix_analysis.geometry of normalise(partial z) against z_J; Full: unif
     of z_J with itself; G7)."""
     model.eval()
-    device = next(model.parameters()).device
-    xs = [split[k].to(device) for k in mosei.MODALITIES]
+    param = next(model.parameters())  # its device and dtype (float32 latents fed back as such)
+    xs = [split[k].to(param.device, param.dtype) for k in mosei.MODALITIES]
     y = split["label"]
     chunks = range(0, len(y), batch)
     z_joint = torch.cat([model.observe([x[i:i + batch] for x in xs], (0, 1, 2))
@@ -291,7 +291,7 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
         z = z_joint if name == "Full" else torch.cat([model.observe([x[i:i + batch] for x in xs],
                                                                     observed)
                                                       for i in chunks]).float().cpu()
-        pred = model.classify(z.to(device)).squeeze(-1).float().cpu()
+        pred = model.classify(z.to(param.device, param.dtype)).squeeze(-1).float().cpu()
         out[f"{name} acc"] = 100 * ((pred[keep] > 0) == (y[keep] > 0)).float().mean().item()
         g = m2mix_analysis.geometry(F.normalize(z, dim=-1), z_joint)
         out[f"{name} unif"] = (m2mix_analysis.geometry(z_joint, z_joint)["unif"] if name == "Full"

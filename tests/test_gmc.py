@@ -78,6 +78,21 @@ def test_partial_observation_is_the_mean_of_the_observed_latents():
         assert torch.allclose(model.observe([xs[0], None, None], (0,)), zs[0])
 
 
+
+def test_evaluate_runs_in_the_models_dtype_and_matches_float32(tmp_path):
+    """Issue 40.7: evaluate fed float32 inputs and latents to the model, so a model in another dtype failed (a
+    double GRU given float inputs); it now uses the model's parameter dtype, and float64 gives float32's numbers."""
+    import copy
+    splits, _ = mosei.load_splits(sentiment_world(tmp_path, sizes=SMALL))
+    torch.manual_seed(0)
+    model = gmc.GMC([splits["train"][k].shape[2] for k in mosei.MODALITIES], 8, layers=1)
+    single = gmc.evaluate(model, splits["test"], batch=20)
+    double = gmc.evaluate(copy.deepcopy(model).double(), splits["test"], batch=20)
+    flip = 100 / int((splits["test"]["label"] != 0).sum()) + 1e-6  # one prediction at the sign's edge may flip
+    assert set(double) == set(single)
+    assert all(math.isfinite(v) and abs(v - single[k]) <= (flip if "acc" in k else 1e-4) for k, v in double.items())
+
+
 # ----------------------------------------------------------------------------- the data
 def test_the_restricted_unpickler_refuses_a_pickle_that_would_run_code(tmp_path):
     marker = tmp_path / "ran.txt"
