@@ -336,7 +336,7 @@ def run(cfg: GMCConfig, splits: dict) -> dict:
         return {"summary": summary}
     result = {"config": dataclasses.asdict(cfg), "summary": summary,
               "test": evaluate(model, splits["test"])}
-    common._atomic_save(model.state_dict(), Path(cfg.out) / "model.pt")
+    common.atomic_write(Path(cfg.out) / "model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
     common.write_results(cfg.out, result, cfg)
     return result
 

@@ -4,7 +4,7 @@ transformers CLIPModel folder (OpenAI-architecture ViTs).
   python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
   python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \
       --format transformers
-  (training runs do the first with --export DIR; every model.pt also has a model.safetensors twin)
+  (training runs do the first with --export DIR; every model.pt save_model writes has a model.safetensors twin)
 
 open_clip (open_clip_model.safetensors + open_clip_config.json): the config records the weights' QuickGELU and
 text window, the two things plain open_clip gets wrong from a bare state_dict (GELU for OpenAI-initialised

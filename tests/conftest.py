@@ -94,3 +94,20 @@ def check_demo_results():
         assert not list(out.rglob("checkpoints")) and not list(out.glob("*-seed*/**/model.pt"))  # numbers, not models
         return saved
     return check
+
+
+# What README.md ("Taking a model out") says each training entry writes of a model (issue 40.8)
+README_MODEL_FILES = {**dict.fromkeys(("erclip", "longclip", "m2mix", "cclip"),
+                                      {"model.pt", "model.pt.json", "model.safetensors", "model.safetensors.json"}),
+                      "gmc": {"model.pt"}, "dns": set()}
+
+
+@pytest.fixture
+def model_files_as_readme_says():
+    """check(entry, out): the model files in the run folder `out` are those README.md says `entry` writes (each
+    entry's end-to-end test calls it on its run; tests/test_layout.py checks the README's sentence)."""
+    def check(entry, out):
+        found = {p.name for p in Path(out).iterdir() if p.name.startswith("model")}
+        assert found == README_MODEL_FILES[entry], f"{entry} wrote {sorted(found)}"
+    check.claims = README_MODEL_FILES
+    return check

@@ -326,7 +326,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, stop):
         torch.testing.assert_close(sd_a[k], sd_b[k], atol=1e-6, rtol=0, msg=k)
 
 
-def test_main_end_to_end(tmp_path):
+def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     """Pretrained tiny backbone, two small synthetic tasks, unseen retrieval
     and zero-shot classification; results, matrices and per-task models."""
     root, out = tmp_path / "data", tmp_path / "run"
@@ -346,6 +346,7 @@ def test_main_end_to_end(tmp_path):
         assert not any("parametrizations" in k for k in sd)
     row = res["rows"][0]
     assert row["method"] == "cclip" and math.isfinite(row["last R@1"])
+    model_files_as_readme_says("cclip", out)
 
 
 @pytest.mark.slow

@@ -304,7 +304,7 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
 
 
 # --- end to end -----------------------------------------------------------------
-def test_main_end_to_end(tmp_path):
+def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     spec = ",".join(f"{d}={lab.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
                     f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
@@ -317,6 +317,7 @@ def test_main_end_to_end(tmp_path):
     assert written["tasks"][1]["old_rank"]["W_img_in"] > 0  # task 2 was projected
     assert len(res["drift"]["train"]) == 1 and res["timing"]["projection_ms_per_step"] > 0
     assert (out / "features").is_dir() and (out / "boundary.pt").exists()
+    model_files_as_readme_says("dns", out)
     assert not (out / "task2-night" / "checkpoints").exists()  # a recorded task's training checkpoint is dropped
 
 

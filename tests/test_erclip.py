@@ -328,7 +328,7 @@ def _run(tmp_path, *extra):
                         "--device", "cpu", *extra])
 
 
-def test_main_end_to_end_on_the_synthetic_world(tmp_path):
+def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says):
     out = tmp_path / "run"
     small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     result = _run(tmp_path, "--fusion", "rt", "--max-sentences", "2", "--out", str(out), "--eval-tasks", small)
@@ -344,6 +344,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
     assert not any(k.startswith("teacher.") for k in ck["net"]) and any(k.startswith("fusion.") for k in ck["net"])
     assert (out / "model.pt").exists() and json.loads((out / "results.json").read_text())["variant"] == "RT+P"
+    model_files_as_readme_says("erclip", out)
 
 
 def test_resume_rebuilds_the_teacher_and_matches_a_straight_run(tmp_path):

@@ -130,7 +130,7 @@ def test_a_file_in_another_layout_stops_with_one_message_naming_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_a_run_trains_resumes_exactly_and_evaluates_every_subset(tmp_path, capsys):
+def test_a_run_trains_resumes_exactly_and_evaluates_every_subset(tmp_path, capsys, model_files_as_readme_says):
     data = sentiment_world(tmp_path, sizes=SMALL)
     base = ["--data", str(data), "--layers", "1", "--batch-size", "16", "--steps", "6", "--device", "cpu",
             "--precision", "fp32", "--workers", "0", "--log-every", "1", "--method", "gmc-m2"]
@@ -138,6 +138,7 @@ def test_a_run_trains_resumes_exactly_and_evaluates_every_subset(tmp_path, capsy
     test = straight["results"][0]["test"]
     assert set(test) == {f"{s} {m}" for s in gmc.SUBSETS for m in ("acc", "align", "unif")} - {"Full align"}
     assert "| GMC+m2-Mix (ours, 1 seed) |" in straight["table"] and "| GMC (paper) | 80.1 |" in straight["table"]
+    model_files_as_readme_says("gmc", tmp_path / "a")
     log = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert {"loss_clf", "loss_gmc", "loss_m2"} <= set(log[-1])
     cut = gmc.main(base + ["--out", str(tmp_path / "b"), "--save-every", "3", "--stop-at", "3"])

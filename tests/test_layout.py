@@ -197,3 +197,16 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path, monkeypatch):
     found = imports(fake)
     assert ("eval", "f") in found and ("plumbing.towers", "f") in found
     assert layer_of("eval") > layer_of("common") > layer_of("plumbing.towers")
+
+
+def test_the_readme_says_what_each_entry_writes(model_files_as_readme_says):
+    """Issue 40.8: the README said every run writes model.pt and model.safetensors; gmc.py writes GMC's model.pt
+    only and dns.py no model. Its sentence now names each entry's files, the ones the entries' end-to-end tests
+    find in their run folders (conftest.README_MODEL_FILES)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    claims = model_files_as_readme_says.claims
+    full = [m for m, files in claims.items() if "model.safetensors" in files]
+    assert set(claims) == set(METHODS) and "Every run writes" not in text
+    assert f"{', '.join(full[:-1])} and {full[-1]} runs write `model.pt` and `model.safetensors`" in text
+    assert "gmc.py only `model.pt`" in text and claims["gmc"] == {"model.pt"}
+    assert "dns.py no model" in text and not claims["dns"]

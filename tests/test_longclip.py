@@ -377,7 +377,7 @@ def test_paper_tables_layout():
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_main_end_to_end_on_the_synthetic_world(tmp_path):
+def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says):
     out = tmp_path / "run"
     small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     folder = tmp_path / "zs"  # a 4-image zero-shot set (2 colours)
@@ -400,6 +400,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path):
     assert len(metrics) == 3 and all(m["logit_scale"] == pytest.approx(100.0, rel=1e-5) for m in metrics)
     saved = json.loads((out / "results.json").read_text())
     assert saved["windows"] == [24, TINY_WINDOW] and "window 78" in saved["tables"]
+    model_files_as_readme_says("longclip", out)
     model, _, pre, tok = models.load_model("tiny", str(out / "model.pt"))  # the export, with its window
     assert model.context_length == TINY_WINDOW and tok.context_length == TINY_WINDOW
     rec = evaluation.evaluate(model, pre, tok, [small], str(tmp_path / "data"))
