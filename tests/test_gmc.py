@@ -78,7 +78,6 @@ def test_partial_observation_is_the_mean_of_the_observed_latents():
         assert torch.allclose(model.observe([xs[0], None, None], (0,)), zs[0])
 
 
-
 def test_evaluate_runs_in_the_models_dtype_and_matches_float32(tmp_path):
     """Issue 40.7: evaluate fed float32 inputs and latents to the model, so a model in another dtype failed (a
     double GRU given float inputs); it now uses the model's parameter dtype, and float64 gives float32's numbers."""
