@@ -48,12 +48,13 @@ from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pret
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
                        Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
-                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, synthetic_manifest,
+                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, scene_label_sets,
+                       scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
                        world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
 models.LAB_HOOKS.update(  # what common.py, plumbing and the method files look up by name (models.lab_hook)
     tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,
     synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
     long_task_manifests=long_task_manifests,  # cclip.py --tasks synthetic-long
-    label_sets=label_sets)                  # dns.py --task-classes
+    label_sets=lambda: label_sets() | scene_label_sets())  # dns.py --task-classes
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())

@@ -67,6 +67,16 @@ CCLIP_LONG_GRID_2 = [dict(steps=30, lr_image=lr, lr_text=k * lr) for lr, k in ((
                                                                             (4e-4, 2))]
 ZS_LOSS = 5.0
 DNS_GRID = [dict(epochs=e, lr=lr) for e in (5, 10) for lr in (1e-4, 1e-3, 1e-2)]
+# Issue 39, declared before it ran (docs/lab.md, "Calibration"): DNS's demo reports R@1 and an accuracy that the
+# frozen features do not saturate (the shape label: 100 %). The accuracy is one of world.scene_label_sets(): the
+# main object's position (frozen features: 76-85 % on the domains' val and test splits) or the number of objects
+# (18-38 %). Rule: the identity maps' mean Acc <= 90 %, and vanilla learns >= 5 R@1 per task, BWT of R@1 <= -3 and
+# BWT of Acc <= -3. The grid's order: label set, then captions (short, long: the only ones that state the count),
+# then cost and lr; the first setting that passes. Fallback: the first that learns and forgets R@1 (the Acc target
+# then reported as missed); none otherwise.
+DNS_GRID_2 = [dict(task_classes=c, long=long, epochs=e, lr=lr) for c in ("position", "count")
+              for long in (False, True) for e, lr in ((5, 1e-3), (10, 1e-3), (5, 1e-2), (10, 1e-2))]
+ACC_CEILING, TOL = 90.0, 1e-4
 
 
 def erclip_passes(base: dict, m: dict) -> dict:
@@ -204,9 +214,39 @@ def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     return {"grid": rows, "chosen": _pick(rows, "learns")}
 
 
+def dns_2_passes(R: list[list[float]], A: list[list[float]]) -> dict:
+    """R: R@1 matrix, A: Acc matrix (row 0: the identity maps). Thresholds at a rounding tolerance (TOL: C-CLIP's
+    calibration lost a setting to +4.9999997 against 5)."""
+    check, acc = continual_passes(R), continual_passes(A)
+    learns, forgets = min(check["learned per task"]) >= 5 - TOL, check["BWT"] <= -3 + TOL
+    identity = sum(A[0]) / len(A[0])
+    unsaturated, forgets_acc = identity <= ACC_CEILING + TOL, acc["BWT"] <= -3 + TOL
+    return {**check, "learns": learns, "forgets": forgets, "identity Acc": identity, "BWT Acc": acc["BWT"],
+            "Acc unsaturated": unsaturated, "forgets Acc": forgets_acc, "learns and forgets": learns and forgets,
+            "passes": learns and forgets and unsaturated and forgets_acc}
+
+
+def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
+    import dns
+    from lab.demos import dns as demo
+    from plumbing import cmcl
+    cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    rows = []
+    for setting in DNS_GRID_2:
+        tasks = lab.scene_labelled_tasks(data_root, long=setting["long"], test="val")
+        vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=tasks, out=f"{out}/vanilla-{len(rows)}",
+                                   feature_cache=f"{out}/features", demo=False,
+                                   **{k: v for k, v in setting.items() if k != "long"})
+        m = dns.run(vcfg, show=False)["continual"]["matrices"]
+        R = _r_at_1(m)
+        rows.append({"setting": setting, "R@1": R, "Acc": m["acc"], "check": dns_2_passes(R, m["acc"])})
+        print(f"[calibrate dns-2] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    return {"grid": rows, "chosen": _pick(rows, "learns and forgets")}
+
+
 CALIBRATIONS = {"erclip": calibrate_erclip, "cclip": calibrate_cclip, "cclip-long": calibrate_cclip_long,
                 "cclip-long-2": lambda: calibrate_cclip_long(out="runs/calibration/cclip-long-2", second=True),
-                "dns": calibrate_dns}
+                "dns": calibrate_dns, "dns-2": calibrate_dns_2}
 
 
 def main(argv=None):

@@ -143,6 +143,19 @@ def label_sets():
             "background": (list(BACKGROUNDS), list(BACKGROUND_TEMPLATES), "background")}
 
 
+# Finer facts of a scene, for DNS's lab (issue 39): the main object's cell and the number of objects. Kept out of
+# label_sets(), whose prompts are the tiny model's token rows and enter the world's fingerprint; the prompts' words
+# are all the captions' own. The labels come from scene_labels_manifest's copies of the splits.
+POSITION_TEMPLATES = ("an object at the {}.", "a large object at the {}.", "a picture of something at the {}.")
+COUNT_TEMPLATES = ("the picture shows {} objects in total.", "{} objects.", "a picture of {} objects.")
+
+
+def scene_label_sets():
+    """DNS's finer label sets: name -> (classnames, templates, manifest column), as label_sets()."""
+    return {"position": (list(POSITIONS), list(POSITION_TEMPLATES), "position"),
+            "count": (list(NUMBERS[1:]), list(COUNT_TEMPLATES), "count")}
+
+
 def finetune_classes():
     """Per label set, the classes the fine-tuning pool shows (the rest only pretraining saw)."""
     return {"shape": list(FINETUNE.shapes), "color": list(FINETUNE.colors), "background": []}
@@ -359,6 +372,45 @@ def long_caption_manifest(path) -> Path:
                 for r in common.read_manifest(path)]
         common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
     return target
+
+
+def scene_labels_manifest(path) -> Path:
+    """A copy of a synthetic split's manifest (`split` or `split-n`) with the columns of scene_label_sets():
+    'position' (the main object's cell) and 'count' (objects - 1), from the split's scenes drawn again; written once,
+    next to the original. The rows' captions must be the scenes' (a stale manifest is refused)."""
+    path = Path(path)
+    target = path.with_name(f"{path.stem}-scene-labels.jsonl")
+    if target.exists():
+        return target
+    split, _, n = path.stem.rpartition("-")
+    split, n = (split, int(n)) if n.isdigit() and split in SPLITS else (path.stem, None)
+    if split not in SPLITS:
+        raise ValueError(f"{path}: not a synthetic split's manifest")
+    domain, size, seed = SPLITS[split]
+    rows = common.read_manifest(path)
+    scenes = world_split(domain, n or size, seed)
+    if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
+        raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
+    out = []
+    for r, s in zip(rows, scenes):
+        main = next(o for o in s["objects"] if o["size"] == "large")
+        out.append({**{k: v for k, v in r.items() if k != "_line"}, "position": main["cell"],
+                    "count": len(s["objects"]) - 1})
+    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    return target
+
+
+def scene_labelled_tasks(data_root="data", long: bool = False, test: str = "test") -> str:
+    """DNS's lab tasks: the continual domains as a --tasks spec whose `test` splits ('test' or 'val') carry the
+    scene_label_sets() columns; long: trained and tested on the long captions."""
+    spec = []
+    for d in TASK_DOMAINS:
+        tr = synthetic_manifest(f"task-{d}", data_root)
+        te = scene_labels_manifest(synthetic_manifest(f"task-{d}-{test}", data_root))
+        if long:
+            tr, te = long_caption_manifest(tr), long_caption_manifest(te)
+        spec.append(f"{d}={tr}:{te}")
+    return ",".join(spec)
 
 
 def long_task_manifests(data_root="data") -> list[tuple[str, str, str]]:

@@ -321,7 +321,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
 @torch.no_grad()
 def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
     """dns.py's run_continual evaluate() (maps: its ModalityMaps): per task R@1 / R@10 both directions and their
-    mean R@10, per-task classification 'acc' when every test set has labels; scalars: zero-shot top-1 per set.
+    means R@1 / R@10, per-task classification 'acc' when every test set has labels; scalars: zero-shot top-1 per set.
     Everything through the maps (biases included with --bias); class-prompt features (D, C) through the text map."""
     W_img, W_txt, *biases = (w.float() for w in maps.snapshot())
     b_img, b_txt = biases if biases else (0.0, 0.0)
@@ -331,7 +331,7 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
     for f in tests:
         img, txt = map_img(f["img"]), map_txt(f["txt"])
         r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
-        r["R@10"] = 0.5 * (r["i2t_R@10"] + r["t2i_R@10"])
+        r["R@1"], r["R@10"] = (0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in (1, 10))
         if with_acc:
             r["acc"] = common.zero_shot_accuracy(img, map_txt(task_clf.t()).t(), f["labels"], ks=(1,))["top1"]
         for k, v in r.items():
@@ -396,9 +396,11 @@ def dns_results_table(named_results) -> str:
 
 
 def cmcl_row(results: dict) -> dict:
-    """The CMCL table's row: final Acc / R@10, their BWT, the old tasks' test-score drift (mean, % relative)."""
+    """The CMCL table's row: final Acc / R@10, their BWT, the old tasks' test-score drift (mean, % relative);
+    with R@1 and its BWT (the lab's demos) where the run has them."""
     m, drift = results["continual"]["metrics"], results["drift"]["test"]
-    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], "R@10": m["R@10"]["last"],
+    r1 = {"R@1": m["R@1"]["last"], "BWT_R@1": m["R@1"]["bwt"]} if "R@1" in m else {}
+    return {"Acc": m["acc"]["last"], "BWT_A": m["acc"]["bwt"], **r1, "R@10": m["R@10"]["last"],
             "BWT_R@10": m["R@10"]["bwt"], "drift %": 100 * sum(drift) / max(1, len(drift))}
 
 
