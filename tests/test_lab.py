@@ -149,6 +149,52 @@ def test_tiny_backbone_meets_the_floors(tmp_path):
         assert domains[name] >= 15.0, (name, domains)
 
 
+def test_scene_labels_are_the_captions_facts_and_a_stale_copy_is_refused(tmp_path):
+    """Issue 39.2: DNS's finer labels (the main object's cell, the number of objects) agree with what the short and
+    long captions say; a manifest whose rows are not the world's scenes is refused; dns.py's hook sees the sets."""
+    from lab import world
+    path = lab.synthetic_manifest("task-photo-test", tmp_path, n=12)
+    rows = common.read_manifest(lab.scene_labels_manifest(path))
+    assert len(rows) == 12 and {r["count"] for r in rows} <= {1, 2, 3}  # the domains draw 2-4 objects
+    for r in rows:
+        assert f"at the {world.POSITIONS[r['position']]}" in r["caption"]
+        assert f"shows {world.NUMBERS[r['count'] + 1]} objects" in r["long_caption"]
+    stale = tmp_path / "task-photo-test-12.jsonl"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_text(path.read_text().replace('"caption": "a photo of', '"caption": "a night shot of', 1))
+    with pytest.raises(ValueError, match="not the world's 'task-photo-test' scenes"):
+        lab.scene_labels_manifest(stale)
+    sets = models.lab_hook("label_sets")()
+    assert sets["position"][0] == list(world.POSITIONS) and "position" not in world.label_sets()
+    spec = lab.scene_labelled_tasks(tmp_path / "d", test="val", long=True)
+    assert spec.count("-val-scene-labels-long-as-caption.jsonl") == len(world.TASK_DOMAINS)
+
+
+def test_the_stability_check_rejudges_with_the_rerun_seeds(tmp_path, capsys):
+    """Issue 39.3: lab.stability replaces each rerun seed's paired difference and judges again; a verdict that a
+    float-level change of one seed flips is reported, and the exit status says so."""
+    from lab import stability
+    seeds = [0, 1, 2]
+    base = {"seeds": seeds, "claims": [lab.claim("firm", "+", [1.0, 1.1, 0.9], "+"),
+                                       lab.claim("edge", "+", [0.30, 0.31, 0.29], "+"),
+                                       lab.claim("built", "~0", [0.0, 0.1, 0.0], "=", margin=0.5, by_construction="x")]}
+    same = {"seeds": [0], "claims": [lab.claim("firm", "", [1.0 + 1e-6], "+"), lab.claim("edge", "", [0.30], "+"),
+                                     lab.claim("built", "", [0.2], "=", margin=0.5, by_construction="x")]}
+    flip = {"seeds": [1], "claims": [lab.claim("firm", "", [1.2], "+"), lab.claim("edge", "", [-0.9], "+"),
+                                     lab.claim("built", "", [0.7], "=", margin=0.5, by_construction="x")]}
+    rows = stability.check(base, same)
+    assert all(r["holds"] for r in rows) and rows[0]["largest change"] == pytest.approx(1e-6)
+    rows = {r["claim"]: r for r in stability.check(base, flip)}
+    assert rows["firm"]["holds"] and not rows["edge"]["holds"] and rows["edge"]["perturbed"] == "not resolved"
+    assert rows["built"]["perturbed"] == "construction check failed"
+    for name, doc in (("base", base), ("flip", flip)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    assert stability.main([str(tmp_path / "base.json"), str(tmp_path / "flip.json")]) == 1
+    assert "CHANGES" in capsys.readouterr().out
+    with pytest.raises(common.UsageError, match="seeds \\[7\\] are not among"):
+        stability.check(base, {**same, "seeds": [7]})
+
+
 def test_paired_statistics_and_verdicts():
     mean, std, se = lab.paired_stats([1.0, 2.0, 3.0])
     assert (mean, std) == (2.0, 1.0) and se == pytest.approx(1 / math.sqrt(3))

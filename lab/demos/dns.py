@@ -20,16 +20,19 @@ from plumbing import cmcl
 # =============================================================================
 # Demo on CLIP features (the lab: 4 task domains, tiny backbone, seeds lab.SEEDS)
 # =============================================================================
-# Demo settings: the optimiser is the paper's / the code's (AdamW, wd 1e-3,
-# batch 64, 5 epochs per task) at lr 1e-3, chosen by lab/calibrate.py (pilot
-# seed 99 on the domains' 'val' splits: the first setting where vanilla learns
-# every task by >= 5 R@1 points and forgets, BWT <= -3; docs/lab.md); the
-# paper's 1e-4 learned 2.5-6.5 points and forgot 0.5. Everything else is ours:
-# CLIP's tiny backbone instead of ImageBind, the lab's four domains (600 pairs
-# each) instead of its 7 datasets.
-DEMO = dict(zeroshot="synthetic-shape,synthetic-color", task_classes="shape", lr=1e-3)  # the rest: defaults
+# Demo settings (issue 39): the optimiser is the paper's / the code's (AdamW,
+# wd 1e-3, batch 64, 5 epochs per task) at lr 1e-2, and the per-task accuracy
+# classifies the main object's cell (world.scene_label_sets), chosen by
+# `python -m lab.calibrate dns-2` (pilot seed 99 on the domains' 'val' splits,
+# targets declared before it ran: identity-map Acc <= 90 % (80.9), vanilla
+# learns every task by >= 5 R@1 (+5.0 to +9.8), BWT of R@1 (-8.3) and of Acc
+# (-8.7) <= -3; docs/lab.md). The first record (docs/calibration-dns.json:
+# lr 1e-3) forgot R@1 but left the shape accuracy at 100 %. Everything else is
+# ours: CLIP's tiny backbone instead of ImageBind, the lab's four domains (600
+# pairs each) instead of its 7 datasets.
+DEMO = dict(zeroshot="synthetic-shape,synthetic-color", task_classes="position", lr=1e-2)  # the rest: defaults
 DEMO_MODES = {"vanilla": "vanilla", "gradient": "DNS-gradient", "update": "DNS-update"}
-DEMO_COLS = ["Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"]
+DEMO_COLS = ["Acc", "BWT_A", "R@1", "BWT_R@1", "R@10", "BWT_R@10", "drift %"]
 low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
 
 
@@ -55,15 +58,18 @@ def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
 
 
 def demo_row(results: dict) -> dict:
-    """One seed of one mode (both demos): cmcl.cmcl_row (final Acc / R@10,
-    their BWT, the drift of the old tasks' test score matrices, % relative)
-    and the R@10 matrix."""
-    return cmcl.cmcl_row(results) | {"R": results["continual"]["matrices"]["R@10"]}
+    """One seed of one mode (both demos): cmcl.cmcl_row (final Acc / R@1 /
+    R@10, their BWT, the drift of the old tasks' test score matrices, %
+    relative) and the R@1 matrix."""
+    return cmcl.cmcl_row(results) | {"R": results["continual"]["matrices"]["R@1"]}
 
 
 def _paper_gain(column: int) -> str:
     """CMCL's main table, ImageBind: DNS - vanilla in one column (cmcl.CMCL_PAPER)."""
     return f"{cmcl.CMCL_PAPER['ImageBind DNS'][column] - cmcl.CMCL_PAPER['ImageBind vanilla'][column]:+.2f}"
+
+
+R1_PAPER = "higher (the paper gives R@10 only)"
 
 
 def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2,
@@ -81,6 +87,8 @@ def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2
         claims += [
             lab.claim(f"{mode} raises BWT of Acc over vanilla{ours}", _paper_gain(1), d(mode, "vanilla", "BWT_A"), "+"),
             lab.claim(f"{mode} raises final Acc over vanilla{ours}", _paper_gain(0), d(mode, "vanilla", "Acc"), "+"),
+            lab.claim(f"{mode} raises BWT of R@1 over vanilla{ours}", R1_PAPER, d(mode, "vanilla", "BWT_R@1"), "+"),
+            lab.claim(f"{mode} raises final R@1 over vanilla{ours}", R1_PAPER, d(mode, "vanilla", "R@1"), "+"),
             lab.claim(f"{mode} raises BWT of R@10 over vanilla{ours}", paper_r10[0],
                       d(mode, "vanilla", "BWT_R@10"), "+"),
             lab.claim(f"{mode} raises final R@10 over vanilla{ours}", paper_r10[1], d(mode, "vanilla", "R@10"), "+"),
@@ -105,10 +113,10 @@ def demo_seeds(run_one, cfg: dns.DNSConfig, out: Path, **settings) -> tuple:
                                                   **settings), show=False)
             runs[name].append({**demo_row(results), "seed": seed})
             if base is None:
-                R0, A0 = (results["continual"]["matrices"][k][0] for k in ("R@10", "acc"))
+                R1, R10, A0 = (results["continual"]["matrices"][k][0] for k in ("R@1", "R@10", "acc"))
                 acc0 = [v for v in A0 if v == v]  # NaN: a set without classes (CMCL's setting)
-                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@10": sum(R0) / len(R0), "BWT_R@10": 0.0,
-                        "drift %": 0.0}
+                base = {"Acc": sum(acc0) / len(acc0), "BWT_A": 0.0, "R@1": sum(R1) / len(R1), "BWT_R@1": 0.0,
+                        "R@10": sum(R10) / len(R10), "BWT_R@10": 0.0, "drift %": 0.0}
     return runs, base, results
 
 
@@ -119,22 +127,24 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
     low-rank features."""
     t0 = time.time()
     out = lab.hold_out(cfg.out if cfg.out != "runs/default" else "runs/dns-demo")
+    if cfg.tasks in ("auto", "synthetic"):  # the domains, their test splits with the finer labels
+        cfg = dataclasses.replace(cfg, tasks=lab.scene_labelled_tasks(cfg.data_root))
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
     runs, base, _ = demo_seeds(dns.run, cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
             f"{list(lab.seeds())}, lr {cfg.lr:g}, {cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g} "
-            f"(optimiser: the "
-            f"paper's; backbone and world: ours). Acc = per-task shape classification %, R@10 % = mean of I2T, "
-            f"T2I; BWT = mean over old tasks of final - right after; drift = relative change of an old task's test "
+            f"(optimiser: the paper's; backbone and world: ours). Acc = per-task {cfg.task_classes} classification "
+            f"%, R@1 / R@10 % = mean of I2T, T2I; BWT = mean over old tasks of final - right after; drift = "
+            f"relative change of an old task's test "
             f"score matrix from right after it to the end (%). CLIP = identity maps. Guarantee on low-rank features "
             f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Mean ± std over seeds.")
     claims = demo_claims(runs)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "dns-demo.png",
-        f"python dns.py --demo; R[i][j] = R@10 on task j's test split after tasks 1..i; seeds {list(lab.seeds())}",
-        unit="R@10 (%)", row_first="CLIP (identity)"), config=dataclasses.asdict(cfg), guarantee=checks)
+        f"python dns.py --demo; R[i][j] = R@1 on task j's test split after tasks 1..i; seeds {list(lab.seeds())}",
+        unit="R@1 (%)", row_first="CLIP (identity)"), config=dataclasses.asdict(cfg), guarantee=checks)
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
