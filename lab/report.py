@@ -40,7 +40,22 @@ def claims_lines(path) -> str:
     return "\n".join(f"- {c['verdict']}: {c['claim']}: {c['mean']:+.2f} (paper {c['paper']})" for c in r["claims"])
 
 
+def heldout_markdown(path, heldout) -> str:
+    """Each claim at the demo's seeds beside the same claim at held-out seeds (issue 39: a verdict reproduced at
+    seeds 0-4 must repeat at 10-14)."""
+    a, b = (json.loads(Path(p).read_text()) for p in (path, heldout))
+    other = {c["claim"]: c for c in b["claims"]}
+    lo, hi = (f"seeds {r['seeds'][0]}-{r['seeds'][-1]}" for r in (a, b))
+    rows = [f"| {c['claim']} | {c['mean']:+.2f} ± {c['std']:.2f} | {c['verdict']} | "
+            f"{other[c['claim']]['mean']:+.2f} ± {other[c['claim']]['std']:.2f} | {other[c['claim']]['verdict']} |"
+            for c in a["claims"]]
+    return "\n".join([f"| claim | {lo} | verdict | {hi} | verdict |", "|---|---|---|---|---|", *rows])
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND'")
-    print(demo_markdown(sys.argv[1], sys.argv[2]))
+        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND'   or   RESULTS.json HELDOUT_RESULTS.json")
+    if sys.argv[2].endswith(".json"):
+        print(heldout_markdown(sys.argv[1], sys.argv[2]))
+    else:
+        print(demo_markdown(sys.argv[1], sys.argv[2]))
