@@ -423,14 +423,17 @@ def long_task_manifests(data_root="data") -> list[tuple[str, str, str]]:
 # --- a multimodal feature world (DNS in CMCL's setting; features, not pixels) ---
 def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind", datasets: dict | None = None,
                          dim: int = 24, n_train: int = 128, n_test: int = 64, n_classes: int = 5, latent: int = 12,
-                         active: int = 6, spread: float = 0.6, noise: float = 0.3, seed: int = 0) -> Path:
+                         active: int = 6, spread: float = 0.6, noise: float = 0.3, conflict: float = 0.0,
+                         seed: int = 0) -> Path:
     """A multimodal world for tests and the demo, written in `layout` ('cmcl'
     or 'ours'). Every sample has latent factors z (latent,); a dataset uses
     `active` of them (its own random subset, so datasets overlap in part);
     classes are cluster means in z. Modality m sees x_m = normalise(A_m z +
     noise e), A_m = A_shared + spread B_m (dim, latent): shared structure (so
     the identity maps start partly aligned, like a pretrained binding model)
-    plus a modality-specific part and modality-specific noise e. Class text
+    plus a modality-specific part and modality-specific noise e; conflict > 0
+    adds a part of each dataset's own (conflict C_{d,m}), so that a map fitted
+    to one dataset misaligns another (tasks that forget). Class text
     features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
     names, has classes); default: plumbing.cmcl.CMCL_DATASETS with their real names.
     The layouts are plumbing.cmcl.read_features'; DNS's demo in CMCL's setting and its
@@ -440,14 +443,20 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
     names = sorted({m for mods, _ in datasets.values() for m in mods})
     A_shared = torch.randn(dim, latent, generator=g) / math.sqrt(latent)
     A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
+    g_conflict = torch.Generator().manual_seed(seed + 7919)  # its own stream: conflict 0 draws the same world
+
+    def mixing(d, m):  # a modality's mixing in dataset d: the shared one, moved by the dataset's own part
+        extra = torch.randn(dim, latent, generator=g_conflict) / math.sqrt(latent)
+        return A[m] + conflict * extra if conflict else A[m]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for d, (mods, has_classes) in datasets.items():
+        A_d = {m: mixing(d, m) for m in dict.fromkeys((*mods, *(("text",) if "text" in A else ())))}
         mask = torch.zeros(latent)
         mask[torch.randperm(latent, generator=g)[:active]] = 1.0
         mu = torch.randn(n_classes, latent, generator=g) * 1.5 * mask
         class_names = [f"{d} class {c}" for c in range(n_classes)]
-        class_x = torch.nn.functional.normalize(mu @ A.get("text", A_shared).t(), dim=-1)  # (C, d)
+        class_x = torch.nn.functional.normalize(mu @ (A_d["text"] if "text" in A else A_shared).t(), dim=-1)
         if layout == "ours":
             meta = {"modalities": list(mods)} | ({"classes": class_names} if has_classes else {})
             (out / d).mkdir(parents=True, exist_ok=True)
@@ -459,7 +468,7 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
         for split, n in (("train", n_train), ("test", n_test)):
             labels = torch.randint(n_classes, (n,), generator=g)
             z = (mu[labels] if has_classes else 0) + torch.randn(n, latent, generator=g) * mask
-            x = torch.stack([torch.nn.functional.normalize(z @ A[m].t() + noise * torch.randn(n, dim, generator=g),
+            x = torch.stack([torch.nn.functional.normalize(z @ A_d[m].t() + noise * torch.randn(n, dim, generator=g),
                                                            dim=-1) for m in mods], 1)  # (N, M, d)
             ids = [f"{d}_{split}_{i:05d}" for i in range(n)]
             if layout == "ours":
