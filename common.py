@@ -745,15 +745,14 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
          (inf gradients from a too-large loss scale) is left to the scaler
       3. backward of loss * scale (the scale is 1, i.e. off, unless fp16)
       4. unscale the gradients when clipping or hooks need their true values
-      5. clip the global gradient norm
+      5. clip the global gradient norm (hooks.clip_grad_norm_(params, max_norm, scaler) when the hooks have one)
       6. hooks.before_optimizer_step(net) (DNS projects the gradients here)
       7. scaler.step: AdamW, skipped when any gradient is inf/NaN; scaler.update: the scale halves after a
          skipped step and doubles after 2000 clean ones
       8. the LR scheduler steps on every iteration, skipped or not (as open_clip_train's scheduler(step)): the
          schedule and the data order are functions of the iteration; a skip costs one step of schedule
-      9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit scale to [0, ln 100], idempotent: a
-         skipped step's weights are unchanged and already inside (only a value outside, possible before the
-         first step, is moved)
+      9. hooks.after_optimizer_step(net); then CLIP's clamp of the logit scale to [0, ln 100], idempotent: a skipped
+         step's weights are unchanged and already inside (only a value outside, possible before the first step, moves)
     A skipped step leaves weights, AdamW moments and step counts bitwise unchanged (fused AdamW creates its
     state, zeros, if the very first step is skipped). Returns (losses, loss, skipped): skipped is a 0-dim bool
     tensor on the scaler's device (None when the scaler is off); reading it syncs on CUDA, so train reads it at
@@ -771,8 +770,9 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
         scaler.scale(loss).backward()
     if grad_clip > 0 or hooks is not None:
         scaler.unscale_(opt)  # clip and project the true gradients, not the scaled ones
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
+    if grad_clip > 0:  # hooks.clip_grad_norm_, if any, clips (DNS: by the unprojected gradient's norm) or torch's
+        clip = getattr(hooks, "clip_grad_norm_", lambda ps, c, _: torch.nn.utils.clip_grad_norm_(ps, c))
+        clip([p for g in opt.param_groups for p in g["params"]], grad_clip, scaler)
     if hooks is not None:
         hooks.before_optimizer_step(net)
     scale = scaler._get_scale_async().clone() if scaler.is_enabled() else None  # update() works in place

@@ -29,7 +29,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  19. Class features read as stored, keyed and sorted by class name; features not renormalised.
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
  21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
- 22. No gradient clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1.
+ 22. No clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1 (raw norm, any form)
 """
 from __future__ import annotations
 
@@ -308,6 +308,8 @@ class NullSpaceProjection:
     AdamW's scaling, momentum and weight decay are projected too. projectors: {param name: (P_out,
     P_in)}. form (deviation 12, all tested equal): 'dense', 'factored', 'auto': per map the fewer
     plumbing.cmcl.projection_flops, in gradient mode the activations too (linear())."""
+    clip_grad_norm_ = cmcl.clip_grad_norm_unprojected  # --grad-clip: the raw norm decides (dev. 22)
+
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
             raise ValueError(f"unknown projection mode {mode!r}")
@@ -320,7 +322,7 @@ class NullSpaceProjection:
         self.forms = {name: form if form != "auto" else cmcl.cheapest_projection_form(
                           len(P_out), len(P_in), *self.rank(name))
                       for name, (P_out, P_in) in projectors.items()}
-        self.projected_in_backward = set()  # maps whose gradient projected_linear already projected
+        self.projected_in_backward = {}  # name -> (W, its backward's [(delta, X)]): projected there
         self.project = {name: (lambda G, U=self._bases[name]: project_gradient_factored(G, *U))
                         if self.forms[name] == "factored" else
                         (lambda G, P=P: project_gradient(G, *P))
@@ -337,24 +339,22 @@ class NullSpaceProjection:
     def linear(self, name: str, x, W):
         """x (B, D_in) -> x W^T (B, D_out) through projected_linear (the hook then leaves W's
         gradient alone) when in gradient mode with form 'auto' the activation form is cheapest at
-        this batch size; else x @ W.t(). Caveat: --grad-clip then sees the projected norm (the
-        other forms clip first, deviation 3)."""
+        this batch size; else x @ W.t(). The batches are kept for --grad-clip's raw norm (deviation
+        22) until before_optimizer_step."""
         trains = torch.is_grad_enabled() and W.requires_grad
         if self.mode != "gradient" or self.form != "auto" or not trains:
             return x @ W.t()
         batch = x.numel() // W.shape[1]
         if cmcl.cheapest_projection_form(*W.shape, *self.rank(name), batch=batch) != "activations":
             return x @ W.t()
-        self.projected_in_backward.add(name)
-        return cmcl.projected_linear(x, W, *self._bases[name])
+        batches = self.projected_in_backward.setdefault(name, (W, []))[1]
+        return cmcl.projected_linear(x, W, *self._bases[name], batches)
 
     @torch.no_grad()
     def before_optimizer_step(self, net):
         t0 = time.perf_counter()
-        for name in self.projectors:
+        for name in [n for n in self.projectors if n not in self.projected_in_backward]:
             p = getattr(net.model, name)
-            if name in self.projected_in_backward:  # projected_linear's backward did it
-                continue
             if self.mode == "gradient" and p.grad is not None:
                 p.grad.copy_(self.project[name](p.grad.float()))
             elif self.mode == "update":

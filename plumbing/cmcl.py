@@ -472,10 +472,13 @@ def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
 class ProjectedLinear(torch.autograd.Function):
     """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, in the form of
     project_gradient_activations), grad_x = delta W (unchanged).
-    x (..., D_in), W (D_out, D_in); U_out (D_out, k_out), U_in (D_in, k_in): orthonormal, frozen."""
+    x (..., D_in), W (D_out, D_in); U_out (D_out, k_out), U_in (D_in, k_in): orthonormal, frozen. batches: a
+    list (or None) the backward appends its (delta, X) to: W's raw gradient delta^T X, for --grad-clip's norm
+    (clip_grad_norm_unprojected)."""
     @staticmethod
-    def forward(ctx, x, W, U_out, U_in):
+    def forward(ctx, x, W, U_out, U_in, batches=None):
         ctx.save_for_backward(x, W, U_out, U_in)
+        ctx.batches = batches
         return x @ W.t()
 
     @staticmethod
@@ -490,12 +493,43 @@ class ProjectedLinear(torch.autograd.Function):
             X = x.reshape(-1, W.shape[1]).to(dtype)
             grad_W = project_gradient_activations(delta, X, U_out.to(dtype), U_in.to(dtype))
             grad_W = grad_W.to(W.dtype)
-        return grad_x, grad_W, None, None
+            if ctx.batches is not None:
+                ctx.batches.append((delta, X))
+        return grad_x, grad_W, None, None, None
 
 
-def projected_linear(x, W, U_out, U_in):
-    """x W^T, W's gradient projected in the backward (ProjectedLinear)."""
-    return ProjectedLinear.apply(x, W, U_out, U_in)
+def projected_linear(x, W, U_out, U_in, batches=None):
+    """x W^T, W's gradient projected in the backward (ProjectedLinear; batches: its record of (delta, X))."""
+    return ProjectedLinear.apply(x, W, U_out, U_in, batches)
+
+
+def product_norm(A, B):
+    """||A^T B||_F for A (N, m), B (N, n), through the (N, N) Gram matrices when N (m + n) < m n:
+        ||A^T B||_F^2 = sum_ij (A A^T)_ij (B B^T)_ij"""
+    if len(A) * (A.shape[1] + B.shape[1]) < A.shape[1] * B.shape[1]:
+        return ((A @ A.t()) * (B @ B.t())).sum().clamp(min=0).sqrt()
+    return torch.linalg.matrix_norm(A.t() @ B)
+
+
+def clip_grad_norm_unprojected(hooks, params, max_norm: float, scaler):
+    """dns.NullSpaceProjection's clip (common.train_step calls it for --grad-clip; deviation 22): the total norm
+    is the UNPROJECTED gradient's at every projection form, as when the raw gradient is clipped before the
+    hook (and in the code, whose Trainer clips before the optimizer step). A map whose gradient
+    projected_linear projected in the backward (hooks.projected_in_backward: {name: (W, [(delta, X), ...])},
+    one pair per backward) counts with its raw gradient sum_i delta_i^T X_i, unscaled by the scaler's inverse
+    scale as scaler.unscale_ does .grad; the gradients, projected or not, are then scaled by that factor
+    (projection is linear: clip-then-project). Without such maps: torch's clip_grad_norm_. Returns the norm."""
+    inside = {id(W): batches for W, batches in hooks.projected_in_backward.values() if batches}
+    if not any(id(p) in inside for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    inv = scaler._get_scale_async().double().reciprocal().float() if scaler.is_enabled() else 1.0
+    raw = {}
+    for i, batches in inside.items():
+        delta, X = (torch.cat(t) for t in zip(*batches))  # the step's rows, over its backward passes
+        raw[i] = product_norm(delta * inv, X)
+    total = torch.nn.utils.get_total_norm([raw.get(id(p), p.grad) for p in params if p.grad is not None])
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 # --- dns.py's drivers: its learner (dns.DNSLearner) over CLIP's tasks or CMCL's steps ---------------

@@ -5,6 +5,7 @@ thresholds), and main() end to end."""
 import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -169,6 +170,53 @@ def test_zero_projectors_train_exactly_like_vanilla(tmp_path, mode):
     assert hooks.steps == 4  # the hook ran at every step
     for a, b in zip(nets[0].parameters(), nets[1].parameters()):
         assert torch.allclose(a, b, atol=1e-7) and not torch.equal(a, torch.eye(32))
+
+
+@pytest.mark.parametrize("scale,accum", [(None, 1), (2.0 ** 12, 1), (None, 2)])
+def test_grad_clip_sees_the_raw_norm_at_every_projection_form(scale, accum, monkeypatch):
+    """--grad-clip (deviation 22): the UNPROJECTED gradient's total norm decides the clip factor at every
+    projection form. One step (SGD at lr 100: the step is 100 x the clipped gradient, left in .grad) from the
+    same maps on the same batch: the activation form (W's gradient projected in the backward) ends where the
+    parameter-gradient form (projected after the backward, the raw gradient clipped first) ends; also under a
+    loss scale and accumulation (two micro-batches: the raw gradient is their sum, not two norms)."""
+    g = torch.Generator().manual_seed(12)
+    dim, batch, clip = 24, 4, 1e-3
+    img, txt = (F.normalize(torch.randn(batch, dim, generator=g), dim=-1) for _ in range(2))
+    projectors = {k: tuple(_random_projector(dim, r, g) for r in (6, 8)) for k in ("W_img", "W_txt")}
+    start = {k: torch.eye(dim) + 0.1 * torch.randn(dim, dim, generator=g) for k in ("W_img", "W_txt")}
+    calls, real = [], cmcl.projected_linear
+    monkeypatch.setattr(cmcl, "projected_linear", lambda *a: calls.append(1) or real(*a))
+
+    def one_step(form):
+        net = dns.DNSNet(dim, math.log(1 / 0.07))
+        net.model.load_state_dict({**net.model.state_dict(), **start})
+        net.hooks = hooks = dns.NullSpaceProjection("gradient", projectors, form)
+        opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=100.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+        ctx = SimpleNamespace(device=torch.device("cpu"), precision="fp32", step=0, epoch=0, total_steps=1,
+                              generator=common.step_generator(0, 0))
+        common.train_step(net, {"img": img, "txt": txt}, ctx, opt, scaler, grad_clip=clip, hooks=hooks,
+                          accum=accum)
+        return ({k: getattr(net.model, k).grad for k in start}, {k: getattr(net.model, k).detach() for k in start})
+
+    net = dns.DNSNet(dim, math.log(1 / 0.07))  # the unclipped gradients, raw and projected
+    net.model.load_state_dict({**net.model.state_dict(), **start})
+    net({"img": img, "txt": txt})["loss_clip"].backward()
+    raw = {k: getattr(net.model, k).grad for k in start}
+    raw_norm = math.sqrt(sum(float(G.square().sum()) for G in raw.values()))
+    projected_norm = math.sqrt(sum(float(dns.project_gradient(G, *projectors[k]).square().sum())
+                                   for k, G in raw.items()))
+    assert raw_norm > 10 * clip and projected_norm < 0.99 * raw_norm  # the clip binds; the two norms differ
+    (dense, dense_maps) = one_step("dense")
+    assert not calls
+    (auto, auto_maps) = one_step("auto")
+    assert len(calls) == 2 * accum, "batch 4 < the ranks: the activation form for both maps"
+    for k in start:
+        expected = dns.project_gradient(raw[k], *projectors[k]) * (clip / raw_norm)  # clip, then project
+        assert torch.allclose(auto_maps[k], dense_maps[k], rtol=1e-6, atol=1e-6), k  # the updated maps
+        assert torch.allclose(dense_maps[k], start[k] - 100 * expected, rtol=1e-6, atol=1e-6), k
+        assert (dense[k] - expected).norm() <= 1e-4 * expected.norm(), k  # the clipped gradients (float32)
+        assert (auto[k] - dense[k]).norm() <= 1e-4 * dense[k].norm(), k
 
 
 # --- (d) gradients, (e) bf16 ---------------------------------------------------
