@@ -108,6 +108,14 @@ def test_projected_linear_gradients():
     assert torch.allclose(gW, gW2, atol=1e-10)
 
 
+@pytest.mark.parametrize("n", [3, 40])
+def test_product_norm_both_ways(n):
+    """||A^T B||_F through the (N, N) Grams (N small) and directly (N large): the matrix norm of the product."""
+    g = torch.Generator().manual_seed(n)
+    A, B = torch.randn(n, 12, generator=g, dtype=torch.float64), torch.randn(n, 9, generator=g, dtype=torch.float64)
+    assert float(cmcl.product_norm(A, B)) == pytest.approx(float(torch.linalg.matrix_norm(A.t() @ B)), rel=1e-12)
+
+
 def test_projected_linear_under_bf16_autocast():
     g = torch.Generator().manual_seed(4)
     U_out, _ = _basis(16, 4, g)
