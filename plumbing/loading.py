@@ -4,8 +4,10 @@ cached, write-once manifests' source stamps, file hashes, images decoded to RGB,
 seeded from one number. It imports torch, open_clip, numpy and PIL, and of the repository plumbing.base only."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import pickle
 import random
@@ -20,7 +22,7 @@ import open_clip
 import torch
 from PIL import Image
 
-from plumbing.base import RunError, UnsafeFileError, atomic_write
+from plumbing.base import UnsafeFileError, UsageError, atomic_write
 
 
 def _hub_reachable(timeout=3.0) -> bool:
@@ -78,13 +80,80 @@ def foreign_checkpoint(path, cache_dir) -> tuple[str, int | None]:
 
 
 def read_sidecar(path):
-    """The `path.json` save_model wrote beside a model file ({} when there is none)."""
+    """The `path.json` save_model wrote beside a model file ({} when there is none); one that is not a JSON object
+    is refused with one message naming it."""
     p = Path(str(path) + ".json")
     try:
-        return json.loads(p.read_text()) if p.exists() else {}
+        meta = json.loads(p.read_text()) if p.exists() else {}
     except (ValueError, UnicodeDecodeError) as e:
-        raise RunError(f"{p}, the sidecar of {path} (its backbone, QuickGELU and text window), is not readable "
-                       f"JSON ({e}); restore it, or delete it to read {path} as a plain state_dict") from None
+        meta, why = None, f"is not readable JSON ({e})"
+    else:
+        kind = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(meta),
+                                                                                                 "a number")
+        why = f"holds {kind}, not an object of settings"
+    if not isinstance(meta, dict):
+        raise UsageError(f"{p}, the sidecar of {path} (its backbone, QuickGELU and text window), {why}; restore "
+                         f"it, or delete it to read {path} as a plain state_dict")
+    return meta
+
+
+def state_shapes(path) -> dict[str, tuple[int, ...]] | None:
+    """{key: shape} of a model file's state_dict, read without its tensors (safetensors' header; torch's zip through
+    mmap) and unwrapped as open_clip unwraps it ({'state_dict': ...}, 'module.'); None for files open_clip reads its
+    own way (a TorchScript archive: OpenAI's files; numpy's .npz / .npy). A file cut short, empty, or holding no
+    tensors is refused with one message naming it."""
+    path = str(path)
+    if path.endswith((".npz", ".npy")):
+        return None
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open  # installed with open_clip
+            with safe_open(path, "pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if not head or head.startswith(b"PK") and not zipfile.is_zipfile(path):  # torch.save's zip, its end lost
+            raise ValueError("empty" if not head else "cut short: a zip archive without its directory at the end")
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                if any(n.endswith("/constants.pkl") for n in z.namelist()):  # TorchScript
+                    return None
+        sd = load_weights_only(path, mmap=zipfile.is_zipfile(path))  # mmap: zip archives only
+    except UnsafeFileError:
+        raise
+    except Exception as e:  # noqa: BLE001  SafetensorError, torch's zip and unpickling errors, OSError
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        raise UsageError(f"{path}: not a readable model file ({reason}); copy it again, or pass another "
+                         f"--pretrained") from None
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not any(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise UsageError(f"{path}: holds no state_dict (a {type(sd).__name__}"
+                         f"{' of ' + ', '.join(map(str, list(sd)[:5])) if isinstance(sd, dict) else ''}), not the "
+                         f"tensors of a model")
+    if next(iter(sd)).startswith("module"):
+        sd = {k[7:]: v for k, v in sd.items()}
+    return {k: tuple(v.shape) for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+RANDOM_INIT = "No pretrained weights loaded for model"  # open_clip's warning, factory.create_model
+
+
+@contextlib.contextmanager
+def weights_loaded_next():
+    """Drops open_clip's "No pretrained weights loaded ... Model initialized randomly" warning while a model is
+    built whose weights are loaded right after (the lab's shipped tiny weights, a saved towers model); every other
+    message, and that one everywhere else, passes."""
+    def keep(record):
+        return not str(record.msg).startswith(RANDOM_INIT)
+    loggers = [logging.getLogger(), logging.getLogger("open_clip.factory")]  # open_clip logs on the root logger
+    for lg in loggers:
+        lg.addFilter(keep)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(keep)
 
 
 def source_stamp(sources: dict) -> dict:
@@ -142,12 +211,12 @@ def seeded(s: int, fn: Callable, *args):
             np.random.set_state(npy)
 
 
-def load_weights_only(path, map_location="cpu"):
+def load_weights_only(path, map_location="cpu", mmap: bool = False):
     """torch.load(weights_only=True): tensors, numbers, strings and plain containers only, so a swapped or
     tampered checkpoint or cache cannot run code when read. What this repository saves (checkpoints, feature and
     classifier caches) is written in those forms; anything else is refused with the file named."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         reason = str(e).strip().splitlines()[-1][:200]
         raise UnsafeFileError(f"{path}: refused to load: it holds Python objects beyond tensors and plain "

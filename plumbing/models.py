@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import json
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +21,8 @@ import torch
 
 from plumbing import base, towers
 from plumbing.base import RunError, UsageError, atomic_write
-from plumbing.loading import _atomic_save, _hub_reachable, _weights_cached, foreign_checkpoint, read_sidecar
+from plumbing.loading import (_atomic_save, _hub_reachable, _weights_cached, foreign_checkpoint, read_sidecar,
+                              state_shapes)
 
 
 def text_tower(model):
@@ -113,7 +116,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
         return model, train_tf, eval_tf, get_tokenizer(name)
     if os.path.isfile(pretrained):
-        meta = read_sidecar(pretrained)
+        meta = model_sidecar(pretrained)
         if meta and meta.get("model") not in (None, name):
             raise UsageError(f"{pretrained} holds a {meta['model']} model, not {name}")
         context = meta.get("context_length") if meta else None
@@ -126,6 +129,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                              f"{'its sidecar' if meta else 'an OpenAI-initialised layout'}); refusing {quick_gelu}")
         if quick_gelu is None:
             quick_gelu = file_qg if file_qg is not None else backbone in OPENAI_NAMES
+        context = text_window(given, pretrained, name, context, sidecar=bool(meta and "context_length" in meta))
     else:
         tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
         if not tag_cfg:
@@ -144,10 +148,68 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                 f"or --cache-dir DIR holding the hub cache.")
     # force_context_length: open_clip would otherwise squeeze a longer positional
     # embedding into the config's window by interpolation, silently
-    model, train_tf, eval_tf = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
+    try:
+        model, train_tf, eval_tf = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained, force_quick_gelu=bool(quick_gelu), force_context_length=context, **kwargs)
+    except RuntimeError as e:  # torch's load_state_dict(strict=True): the file's tensors are another model's
+        if not os.path.isfile(pretrained) or not str(e).startswith("Error(s) in loading state_dict"):
+            raise
+        raise UsageError(f"{given} does not fit the {name} architecture: {_mismatches(str(e), name)}; pass the "
+                         f"backbone it was trained with (--backbone), or weights of {name}") from None
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
     return model, train_tf, eval_tf, get_tokenizer(name, context)
+
+
+SIDECAR_FIELDS = {"model": (str, "a backbone name"), "backbone": (str, "a backbone name"),
+                  "quick_gelu": (bool, "true or false"), "context_length": (int, "a whole number of positions >= 1"),
+                  "towers": (dict, "an object")}
+
+
+def model_sidecar(path) -> dict:
+    """read_sidecar(path) with the fields load_model reads checked: a wrong type is one message naming the file."""
+    meta = read_sidecar(path)
+    for key, (kind, what) in SIDECAR_FIELDS.items():
+        v = meta.get(key)
+        if key in meta and not (isinstance(v, kind) and not (kind is int and (isinstance(v, bool) or v < 1))):
+            raise UsageError(f"{path}.json, the sidecar of {path}: {key} is {json.dumps(v)[:80]}, not {what}; "
+                             f"restore it, or delete it to read {path} as a plain state_dict")
+    return meta
+
+
+def text_window(given, file, name: str, context: int | None, sidecar: bool) -> int | None:
+    """The text window to build for weights `file` (from `given`): the rows of their positional embedding. A sidecar's
+    (or a foreign layout's) context_length that disagrees is refused, never met by interpolation (open_clip would
+    stretch or squeeze the table silently); without one the weights' window is built, with a line when it is not the
+    config's. A text width other than the config's is another architecture: refused."""
+    shapes = state_shapes(file)
+    key = next((k for k in ("positional_embedding", "text.positional_embedding") if k in (shapes or {})), None)
+    if key is None or len(shapes[key]) != 2:
+        return context
+    text_cfg = open_clip.get_model_config(name)["text_cfg"]
+    cfg = open_clip.model.CLIPTextCfg(**text_cfg)
+    extra = 1 if text_cfg.get("embed_cls") else 0  # CoCa's class token has a position of its own
+    rows, width = shapes[key]
+    if width != cfg.width:
+        raise UsageError(f"{given}: its text positional embedding is {width} wide, {name}'s text tower "
+                         f"{cfg.width}: weights of another architecture; pass the backbone it was trained with")
+    if context is not None and rows != context + extra:
+        raise UsageError(f"{given}: {'its sidecar ' + str(given) + '.json' if sidecar else 'its layout'} says "
+                         f"context_length {context}, but the weights' positional embedding has {rows - extra} "
+                         f"positions; refusing to interpolate between them: restore the sidecar (or delete it to "
+                         f"load the weights' own window)")
+    if context is None and rows != cfg.context_length + extra:
+        print(f"[clipft] {given}: the weights' text window is {rows - extra} positions ({name}'s config: "
+              f"{cfg.context_length}): built with {rows - extra}", file=sys.stderr)
+    return rows - extra
+
+
+def _mismatches(message: str, name: str) -> str:
+    """torch's load_state_dict error in a few clauses: the first three differences, and how many more."""
+    size = re.compile(r"size mismatch for (\S+): copying a param with shape torch.Size\((\[.*?\])\) from checkpoint, "
+                      r"the shape in current model is torch.Size\((\[.*?\])\)")
+    lines = [ln.strip() for ln in message.splitlines()[1:] if ln.strip()]
+    said = [size.sub(rf"\1 is \2 in the file, \3 in {name}", ln).rstrip(".")[:200] for ln in lines]
+    return "; ".join(said[:3]) + (f" (and {len(said) - 3} more)" if len(said) > 3 else "")
 
 
 def get_tokenizer(backbone: str, context_length: int | None = None):
