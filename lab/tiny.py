@@ -21,6 +21,7 @@ import open_clip
 import torch
 
 from plumbing import base, models
+from plumbing.loading import weights_loaded_next
 import common
 import eval as evaluation
 from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, render, synthetic_manifest,
@@ -166,7 +167,8 @@ def pretrain_tiny(force: bool = False) -> Path:
             return path
         shipped = shipped_path(key)
         if shipped.exists() and not force:
-            model, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None)
+            with weights_loaded_next():  # open_clip's "initialized randomly": the shipped weights load next
+                model, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None)
             model.load_state_dict(load_shipped(shipped))
             model.quick_gelu = False
             return models.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")

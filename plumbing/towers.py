@@ -37,7 +37,7 @@ import torch
 
 from plumbing import base
 from plumbing.base import RunError, UsageError, atomic_write
-from plumbing.loading import load_weights_only, read_sidecar
+from plumbing.loading import load_weights_only, read_sidecar, weights_loaded_next
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # what torchvision's ResNet-50 saw
 
@@ -239,7 +239,7 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
         cfg, norm = model_config(spec, text_dir, pretrained_text=pretrained != "random"), (spec.mean, spec.std)
     refuse_remote_code(text_dir)  # before open_clip hands the folder to transformers (issue 41.0)
     _register(name, cfg)
-    with _quiet_transformers(), _seeded(seed):
+    with _quiet_transformers(), _seeded(seed), weights_loaded_next() if meta else contextlib.nullcontext():
         model, train_tf, eval_tf = open_clip.create_model_and_transforms(
             name, pretrained=None, pretrained_text=cfg["text_cfg"]["hf_model_pretrained"], device=device,
             image_mean=tuple(norm[0]), image_std=tuple(norm[1]))

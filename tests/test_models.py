@@ -31,6 +31,7 @@ def test_unknown_tag_or_path_is_an_error():
 
 
 def test_quick_gelu_guard(monkeypatch, tmp_path):
+    import torch
     # OpenAI's weights were trained with QuickGELU: asking for plain GELU with them is refused
     with pytest.raises(ValueError, match="quick_gelu=True"):
         models.load_model("ViT-B/32", "openai", quick_gelu=False)
@@ -44,7 +45,7 @@ def test_quick_gelu_guard(monkeypatch, tmp_path):
 
     monkeypatch.setattr(common.open_clip, "create_model_and_transforms", spy)
     f = tmp_path / "ViT-B-32.pt"
-    f.write_bytes(b"")
+    torch.save({"logit_scale": torch.zeros(())}, f)  # a state_dict (an empty file is refused before open_clip)
     with pytest.raises(RuntimeError, match="stop"):
         models.load_model("ViT-B/32", str(f))
     assert seen["qg"] is True
@@ -168,3 +169,110 @@ def test_our_sidecars_quick_gelu_wins_and_a_contradicting_choice_is_refused(tiny
     assert models.load_model("tiny", str(f), quick_gelu=True)[0].quick_gelu is True
     with pytest.raises(ValueError, match=r"trained with quick_gelu=True \(its sidecar\); refusing False"):
         models.load_model("tiny", str(f), quick_gelu=False)
+
+
+# ------------------------------------------------------------------ issue 41.3: malformed model files and sidecars
+def _saved(tiny_random, folder):
+    """The tiny model saved as the runs save it: model.pt and model.safetensors, each with its sidecar."""
+    f = models.save_model(tiny_random[0], folder / "model.pt", "tiny")
+    assert f.with_suffix(".safetensors").exists() and (folder / "model.safetensors.json").exists()
+    return f
+
+
+def _state(tiny_random, **change):
+    sd = {k: v.clone() for k, v in tiny_random[0].state_dict().items()}
+    return {**sd, **change}
+
+
+def test_a_cut_model_file_is_one_message_naming_it(tiny_random, tmp_path):
+    """(a) a model.safetensors cut short raised safetensors' SafetensorError (a .pt: torch's zip error)."""
+    f = _saved(tiny_random, tmp_path)
+    for path in (f.with_suffix(".safetensors"), f):
+        whole = path.read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+        with pytest.raises(common.UsageError, match=rf"{path}: not a readable model file \(.+\); copy it again"):
+            models.load_model("tiny", str(path))
+    with pytest.raises(common.UsageError, match=r"model.pt: not a readable model file \(cut short: a zip archive"):
+        models.load_model("tiny", str(f))
+
+
+def test_weights_of_another_shape_are_one_message_naming_the_tensor(tiny_random, tmp_path):
+    """(b) tensors of another architecture raised torch's "Error(s) in loading state_dict" RuntimeError."""
+    import torch
+    f = _saved(tiny_random, tmp_path)
+    width = tiny_random[0].text_projection.shape[0]
+    safe = f.with_suffix(".safetensors")
+    models.safetensors_save(_state(tiny_random, text_projection=torch.zeros(width, 7)), safe)
+    with pytest.raises(common.UsageError, match=rf"model.safetensors does not fit the {models.TINY_NAME} "
+                                                rf"architecture: text_projection is \[{width}, 7\] in the file, "
+                                                rf"\[{width}, {width}\] in {models.TINY_NAME}; pass the backbone"):
+        models.load_model("tiny", str(safe))
+
+
+def test_a_bare_file_builds_its_own_window_and_another_width_is_refused(tiny_random, tmp_path, capsys):
+    """(c) a .pt without its sidecar whose positional embedding has other rows than the config's window was
+    squeezed into it by open_clip's interpolation (silently); another width raised its AssertionError."""
+    import torch
+    rows, width = tiny_random[0].positional_embedding.shape
+    pe = torch.randn(rows + 16, width, generator=torch.Generator().manual_seed(0))
+    torch.save(_state(tiny_random, positional_embedding=pe), tmp_path / "bare.pt")
+    model, _, _, tok = models.load_model("tiny", str(tmp_path / "bare.pt"))
+    assert torch.equal(model.positional_embedding, pe) and tok("a red circle").shape == (1, rows + 16)
+    assert f"the weights' text window is {rows + 16} positions" in capsys.readouterr().err
+    torch.save(_state(tiny_random, positional_embedding=torch.zeros(rows, width + 8)), tmp_path / "wide.pt")
+    with pytest.raises(common.UsageError, match=rf"wide.pt: its text positional embedding is {width + 8} wide"):
+        models.load_model("tiny", str(tmp_path / "wide.pt"))
+
+
+@pytest.mark.parametrize("text, what", [("[1, 2]", "holds an array"), ("5", "holds a number"),
+                                        ('"tiny"', "holds a string"), ("null", "holds null")])
+def test_a_sidecar_that_is_not_an_object_is_one_message_naming_it(tiny_random, tmp_path, text, what):
+    """(d) a sidecar holding a list raised AttributeError ('list' object has no attribute 'get'), a number
+    TypeError."""
+    f = _saved(tiny_random, tmp_path)
+    (tmp_path / "model.pt.json").write_text(text)
+    with pytest.raises(common.UsageError, match=rf"{f}.json, the sidecar of {f} .*, {what}, not an object"):
+        models.load_model("tiny", str(f))
+
+
+@pytest.mark.parametrize("key, value", [("context_length", "abc"), ("context_length", 0), ("context_length", 2.5),
+                                        ("quick_gelu", "false"), ("model", 3)])
+def test_a_sidecar_field_of_the_wrong_type_is_one_message_naming_it(tiny_random, tmp_path, key, value):
+    """(e) "context_length": "abc" raised a TypeError inside open_clip; "quick_gelu": "false" was read as True."""
+    import json
+    f = _saved(tiny_random, tmp_path)
+    meta = json.loads((tmp_path / "model.pt.json").read_text())
+    (tmp_path / "model.pt.json").write_text(json.dumps({**meta, key: value}))
+    with pytest.raises(common.UsageError, match=rf"sidecar of {f}: {key} is {json.dumps(value)}, not "):
+        models.load_model("tiny", str(f))
+
+
+def test_a_sidecar_window_other_than_the_weights_is_refused_not_interpolated(tiny_random, tmp_path):
+    """(f) a sidecar saying context_length 77 beside weights of 24 positions was obeyed: the table was stretched to
+    77 rows by interpolation, silently. Both files of a run (model.pt, model.safetensors) are checked."""
+    import json
+    f = _saved(tiny_random, tmp_path)
+    rows = tiny_random[0].positional_embedding.shape[0]
+    for path in (f, f.with_suffix(".safetensors")):
+        side = path.with_name(path.name + ".json")
+        side.write_text(json.dumps({**json.loads(side.read_text()), "context_length": rows + 53}))
+        with pytest.raises(common.UsageError, match=rf"{path}: its sidecar {path}.json says context_length "
+                                                    rf"{rows + 53}, but the weights' positional embedding has {rows} "
+                                                    rf"positions; refusing to interpolate"):
+            models.load_model("tiny", str(path))
+
+
+def test_open_clips_random_init_warning_only_where_no_weights_follow(tmp_path, monkeypatch, caplog):
+    """Issue 41.6: the first run expanded the shipped tiny weights after open_clip had warned "No pretrained
+    weights loaded ... Model initialized randomly"; the warning is dropped there, and kept for a random model."""
+    import logging
+    import lab
+    from plumbing import base
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path)
+    with caplog.at_level(logging.INFO):
+        lab.pretrain_tiny()  # the first run: expanded from lab/weights/
+        assert list(tmp_path.glob("tiny-synthetic-*.pt"))
+        assert not [r for r in caplog.records if "initialized randomly" in r.getMessage()]
+        models.load_model("tiny", "random")  # no weights follow: open_clip's warning stands
+    assert [r for r in caplog.records if "initialized randomly" in r.getMessage()]
+    assert not logging.getLogger().filters

@@ -144,7 +144,7 @@ def test_a_broken_model_sidecar_is_one_message_naming_it(tmp_path, capsys):
     path = models.save_model(model, tmp_path / "model.pt", "tiny")
     Path(f"{path}.json").write_text('{"model": "clip')
     code, err = _cli(capsys, lambda argv: models.load_model("tiny", str(path)), [])
-    assert code == 1 and f"{path}.json, the sidecar of {path}" in err and "Traceback" not in err
+    assert code == 2 and f"{path}.json, the sidecar of {path}" in err and "Traceback" not in err  # UsageError
 
 
 def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_path, monkeypatch, capsys):
