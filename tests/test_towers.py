@@ -325,3 +325,17 @@ def test_a_saved_run_whose_text_folder_asks_to_run_code_is_refused(small_towers,
     with pytest.raises(common.RunError, match=r"tokenizer_config\.json asks to run Python code"):
         models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     assert not marker.exists()
+
+
+def test_a_saved_towers_model_loads_without_open_clips_random_init_warning(small_towers, tmp_path, caplog):
+    """Issue 41.6: a saved towers model is built by open_clip without weights and loaded from its file right after;
+    open_clip's "Model initialized randomly" is dropped there, and kept for --random-init."""
+    import logging
+    model = models.load_model(small_towers)[0]
+    models.save_model(model, tmp_path / "model.pt", small_towers)
+    with caplog.at_level(logging.INFO):
+        again = models.load_model(small_towers, str(tmp_path / "model.pt"))[0]
+        assert not [r for r in caplog.records if "initialized randomly" in r.getMessage()]
+        models.load_model(small_towers, "random")
+    assert [r for r in caplog.records if "initialized randomly" in r.getMessage()]
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
