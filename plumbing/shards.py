@@ -24,6 +24,7 @@ sizes.json ({shard file name: samples}) is open_clip's. Reading (common.train th
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -32,13 +33,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-
-
 import torch
 from PIL import Image
 
 from plumbing.base import DataError, UsageError, warn_once
 from plumbing.loading import seeded, to_rgb
+from plumbing.manifests import MAX_LISTED
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
@@ -54,16 +54,20 @@ def expand(pattern) -> list[Path]:
     return paths
 
 
-def shard_sizes(paths: list[Path]) -> list[int]:
+def shard_sizes(paths: list[Path], sources: list | None = None) -> list[int]:
     """Samples per shard: from sizes.json beside them (open_clip's file) when it names every shard, else counted
-    from the tar headers (keys, no member read)."""
+    from the tar headers (keys, no member read). sources, when given, gets each size's sizes.json (or None)."""
     known = {}
     for folder in {p.parent for p in paths}:
         f = folder / "sizes.json"
         if f.is_file():
-            known.update({str(folder / k): int(v) for k, v in json.loads(f.read_text()).items()})
+            known.update({str(folder / k): (int(v), f) for k, v in json.loads(f.read_text()).items()})
     if all(str(p) in known for p in paths):
-        return [known[str(p)] for p in paths]
+        if sources is not None:
+            sources[:] = [known[str(p)][1] for p in paths]
+        return [known[str(p)][0] for p in paths]
+    if sources is not None:
+        sources[:] = [None] * len(paths)
     print(f"[data] counting the samples of {len(paths)} shard(s) (no sizes.json beside them)", file=sys.stderr)
     counts = []
     for p in paths:
@@ -105,7 +109,9 @@ class ShardSet:
             raise UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
                                     f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
                                     f"more, smaller shards (python -m plumbing.write_shards --per-shard)")
-        self.sizes = shard_sizes(self.shards)
+        sources = []
+        self.sizes = shard_sizes(self.shards, sources)
+        self.sizes_file = dict(enumerate(sources))  # shard -> the sizes.json its size comes from (None: counted)
         self.num_samples = num_samples or sum(self.sizes)
         self.skipped = []  # no row check: see the module's docstring
         if not sum(self.sizes):
@@ -116,6 +122,16 @@ class ShardSet:
     def __len__(self):
         return self.num_samples
 
+    def size_mismatch(self, s: int, found: int) -> str:
+        """The message for shard s holding `found` samples, not the self.sizes[s] the run counts with."""
+        path, n = self.shards[s], self.sizes[s]
+        if self.sizes_file.get(s) is None:
+            return f"{path}: {found} samples read, {n} counted when the run started (was it changed since?)"
+        return (f"{self.sizes_file[s]} says {path.name} holds {n} samples, its tar members hold {found}: correct it "
+                f"(or delete it: the samples are then counted from the tar members) and start again; the run "
+                f"cannot continue, since a resume skips whole shards by these sizes (a wrong one would shift "
+                f"every batch after it)")
+
     def fingerprint(self) -> dict:
         """What common.data_fingerprint stores for a resume check: the epoch's samples, and a sha256 of the
         shards' names, byte sizes and sample counts (a resume on other shards is refused)."""
@@ -125,8 +141,8 @@ class ShardSet:
 
     def loader(self, batch: int, collate, seed: int, rank: int, world: int, workers: int, steps_per_epoch: int,
                pin_memory: bool = False):
-        return torch.utils.data.DataLoader(ShardStream(self, batch, collate, seed, rank, world, steps_per_epoch),
-                                           batch_size=None, num_workers=workers, pin_memory=pin_memory)
+        return _Loader(ShardStream(self, batch, collate, seed, rank, world, steps_per_epoch),
+                       batch_size=None, num_workers=workers, pin_memory=pin_memory)
 
 
 class ShardStream(torch.utils.data.IterableDataset):
@@ -159,50 +175,106 @@ class ShardStream(torch.utils.data.IterableDataset):
                     skip -= n
                     continue
                 rng = random.Random(f"{self.seed}:{self.epoch}:{s}:{cycle}")
+                read = 0
                 for pos, sample in enumerate(shuffled(samples_of(self.data.shards[s]), rng)):
+                    read += 1
                     if pos >= skip:
                         yield s, pos, cycle, sample
+                if read != n:  # before any sample of the next shard: a resume skips whole shards by these sizes
+                    raise DataError(self.data.size_mismatch(s, read))
                 skip = 0
             cycle += 1
 
     def item(self, s: int, pos: int, cycle: int, sample: dict) -> dict:
-        """A decoded, transformed sample: {"image", "caption" (, "long_caption")}; raises ValueError naming it."""
+        """A decoded, transformed sample: {"image", "caption" (, "long_caption")}; raises BadSample naming it."""
         where = f"{self.data.shards[s]}:{sample.get('__key__')}"
-        meta = json.loads(sample["json"]) if "json" in sample else {}
-        caption = sample["txt"].decode("utf-8") if "txt" in sample else meta.get("caption")
+        try:
+            meta = json.loads(sample["json"]) if "json" in sample else {}
+            caption = sample["txt"].decode("utf-8") if "txt" in sample else meta.get("caption")
+        except ValueError as e:  # bad JSON, or not UTF-8
+            raise BadSample(where, "unreadable .txt / .json member", f"{type(e).__name__}: {e}") from None
         if not isinstance(caption, str) or not caption.strip():
-            raise ValueError(f"{where}: no caption (a .txt member or the .json's 'caption')")
+            raise BadSample(where, "no caption", "a .txt member or the .json's 'caption'")
         item = {"caption": caption}
         if self.data.need_long:
             if not isinstance(meta.get("long_caption"), str) or not meta["long_caption"].strip():
-                raise ValueError(f"{where}: no long_caption in its .json")
+                raise BadSample(where, "no long_caption", "in its .json")
             item["long_caption"] = meta["long_caption"]
         ext = next((e for e in IMAGE_EXTS if e in sample), None)
         if ext is None:
-            raise ValueError(f"{where}: no image member ({', '.join(IMAGE_EXTS)})")
+            raise BadSample(where, "no image member", ", ".join(IMAGE_EXTS))
         try:
             with Image.open(io.BytesIO(sample[ext])) as im:
                 image = to_rgb(im)
         except Exception as e:  # PIL raises many types
-            raise ValueError(f"{where}: undecodable image ({type(e).__name__}: {e})") from None
+            raise BadSample(where, f"undecodable image ({type(e).__name__})", str(e)) from None
         key = f"{self.seed}:{self.epoch}:{s}:{cycle}:{pos}"
         transform = self.data.transform or (lambda im: im)
         item["image"] = seeded(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16), transform, image)
         return item
 
     def __iter__(self):
+        try:
+            yield from self.batches()
+        except DataError as e:  # one message from the main process, not a worker's traceback (ShardSet.loader)
+            yield {"_data_error": str(e)}
+
+    def batches(self):
         info = torch.utils.data.get_worker_info()
         w, workers = (info.id, info.num_workers) if info else (0, 1)
         mine = range(w, self.steps_per_epoch, workers)  # the process's batches this worker makes
         done = sum(1 for j in mine if j < self.start)
-        stream = self.samples(self.my_shards(w, workers), done * self.batch)
+        shards = self.my_shards(w, workers)
+        stream = self.samples(shards, done * self.batch)
+        tried, reasons, example = 0, collections.Counter(), None  # counts only: no failure is kept
+        cycle, usable, first_full = None, 0, None
         for _ in range(len(mine) - done):
             items, failed = [], []
             while len(items) < self.batch:
+                s, pos, c, sample = next(stream)
+                if first_full is None:  # a resume's first pass is partial
+                    cycle, first_full = c, c + (1 if done else 0)
+                if c != cycle:  # a pass over every shard of the worker's with no usable sample: none will come
+                    if cycle >= first_full and not usable:
+                        raise DataError(no_usable_sample(self.data, shards, tried, reasons, example))
+                    cycle, usable = c, 0
+                tried += 1
                 try:
-                    items.append(self.item(*next(stream)))
-                except ValueError as e:  # replaced by the next sample, counted (common.CountFailures)
-                    failed.append(str(e))
+                    items.append(self.item(s, pos, c, sample))
+                    usable += 1
+                except BadSample as e:  # replaced by the next sample, counted (common.CountFailures)
+                    reasons[e.reason] += 1
+                    example = example or str(e)
+                    failed.append(str(e) if len(failed) < MAX_LISTED else e.reason)  # the count is what matters
             if failed:
                 items[0]["_failed"] = failed
             yield self.collate(items)
+
+
+class BadSample(ValueError):
+    """A sample the stream replaces by the next one: where (shard:key), reason (what message groups), detail."""
+
+    def __init__(self, where: str, reason: str, detail: str = ""):
+        super().__init__(f"{where}: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
+def no_usable_sample(data: ShardSet, shards: list[int], tried: int, reasons, example) -> str:
+    names = [data.shards[s].name for s in shards]
+    why = "; ".join(f"{n} {r}" for r, n in reasons.most_common())
+    return (f"{data.pattern}: no usable sample in one whole pass over shard(s) {', '.join(names[:5])}"
+            f"{f' and {len(names) - 5} more' if len(names) > 5 else ''} (one reader's share, "
+            f"{sum(data.sizes[s] for s in shards)} samples): {tried} tried, {sum(reasons.values())} failed: {why}; "
+            f"e.g. {example}. Training would never make a step: check the shards (python -m plumbing.write_shards "
+            f"writes a .txt caption and the image as .jpg / .png / .webp for every row)")
+
+
+class _Loader(torch.utils.data.DataLoader):
+    """ShardStream's DataLoader: a data error found in a worker is raised here, in the main process, as the
+    stream's one message (a worker's exception would come wrapped in its traceback)."""
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            if isinstance(batch, dict) and "_data_error" in batch:
+                raise DataError(batch["_data_error"])
+            yield batch

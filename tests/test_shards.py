@@ -2,11 +2,13 @@
 them, and exact resume by shard and offset."""
 import io
 import json
+import signal
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from plumbing import write_shards
 import common
@@ -147,3 +149,60 @@ def test_two_processes_train_on_their_own_shards_in_step(sharded, tmp_path):
         port = s.getsockname()[1]
     spawn_two(_ddp_worker, 2, port, str(tmp_path), sharded[1])
     assert torch.load(tmp_path / "ddp.pt") == {"steps": 4, "world": 2}
+
+
+def _tar(path, members):
+    """A tar of (member name, bytes), in that order."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _png():
+    b = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(b, "PNG")
+    return b.getvalue()
+
+
+def _first_batch(pattern, workers=0, batch=2):
+    """The first batch of a ShardSet's loader, or what it raises; SIGALRM after 60 s (a stream that loops) raises
+    a BaseException, which no `except Exception` on the way (PIL's decoding, the DataLoader's) swallows."""
+    class Late(BaseException):
+        pass
+
+    def late(*_):
+        raise Late("the shard stream made no batch in 60 s")
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(60)
+    try:
+        return next(iter(shards.ShardSet(pattern).loader(batch, list, 0, 0, 1, workers, 4)))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shards_where_no_sample_decodes_stop_with_one_message(tmp_path, workers):
+    """Issue 41.1: every image undecodable. The stream looped for ever (no step, every failure kept); now one
+    pass over the reader's shards without a usable sample is one message with the counts, from the main
+    process (no worker traceback)."""
+    for i in range(2):
+        _tar(tmp_path / f"{i}.tar", [m for k in range(3) for m in ((f"{i}{k:05d}.jpg", b"not an image"),
+                                                                     (f"{i}{k:05d}.txt", b"a caption"))])
+    with pytest.raises(common.DataError) as e:
+        _first_batch(str(tmp_path / "{0..1}.tar"), workers)
+    msg = str(e.value)
+    assert "no usable sample" in msg and "Traceback" not in msg, msg
+    tried = 6 if workers == 0 else 3  # two workers: one shard each
+    assert f"{tried} tried, {tried} failed: {tried} undecodable image (UnidentifiedImageError)" in msg, msg
+
+
+def test_a_sizes_json_that_claims_samples_of_an_empty_shard_is_named(tmp_path):
+    """Issue 41.1: sizes.json says 4, the tar holds none: the stream read the shard again and again for ever."""
+    _tar(tmp_path / "0.tar", [])
+    (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 4}))
+    with pytest.raises(common.DataError, match=r"sizes.json says 0.tar holds 4 samples, its tar members hold 0"):
+        _first_batch(str(tmp_path / "0.tar"))
