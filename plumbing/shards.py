@@ -6,7 +6,11 @@ it stopped, by shard and offset); plumbing/write_shards.py writes them from a ma
 
 A shard holds, per sample, `<key>.jpg` (or .png / .webp: the image file's bytes as they are), `<key>.txt` (the
 caption) and `<key>.json` ({"caption", "long_caption", any other column}), as open_clip's and FLAIR's shards do;
-sizes.json ({shard file name: samples}) is open_clip's. Reading (common.train through common.training_set):
+sizes.json ({shard file name: samples}) is open_clip's: trusted to start (it saves reading every header), checked
+against the members whenever a shard is read to its end or a resume skips it whole (a wrong size is one message
+naming it: the run stops, since the batches after a resume would shift); without it the samples are counted from
+the tar headers by webdataset's key rule (count_samples: `./000001.jpg` is key `./000001`).
+Reading (common.train through common.training_set):
   - an epoch is --train-num-samples samples (open_clip's meaning; 0: every sample of the shards once), i.e.
     steps_per_epoch = num_samples // batch size steps on every process;
   - epoch e orders the shards by a permutation seeded by (seed, e); process r of R takes shards r, r + R, ...;
@@ -29,6 +33,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -69,11 +74,27 @@ def shard_sizes(paths: list[Path], sources: list | None = None) -> list[int]:
     if sources is not None:
         sources[:] = [None] * len(paths)
     print(f"[data] counting the samples of {len(paths)} shard(s) (no sizes.json beside them)", file=sys.stderr)
-    counts = []
-    for p in paths:
-        with tarfile.open(p) as tar:
-            counts.append(len({m.name.split(".", 1)[0] for m in tar if m.isfile()}))
-    return counts
+    return [count_samples(p) for p in paths]
+
+
+KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's tariterators.base_plus_ext: (key, extension)
+META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta (and its __...__ names at the top)
+
+
+def count_samples(path: Path) -> int:
+    """The samples webdataset's reader makes of a shard, from its tar headers (no member read): its regular
+    members, meta ones (__...__) left out, grouped into runs of one key, the key being the member's folder and
+    its basename up to the first dot (`./000001.jpg`: `./000001`; `a.b.jpg`: `a`, extension `b.jpg`)."""
+    n, last = 0, None
+    with tarfile.open(path) as tar:
+        for m in tar:
+            key = KEY.match(m.name)
+            if not m.isreg() or key is None or META.match(m.name) or ("/" not in m.name and m.name.startswith(
+                    "__") and m.name.endswith("__")):
+                continue
+            if key.group(1) != last:
+                n, last = n + 1, key.group(1)
+    return n
 
 
 def samples_of(path: Path):
@@ -171,7 +192,9 @@ class ShardStream(torch.utils.data.IterableDataset):
         while True:
             for s in shards:
                 n = self.data.sizes[s]
-                if skip >= n:
+                if skip >= n:  # a resume: a size from sizes.json is checked against the members (headers only)
+                    if self.data.sizes_file.get(s) and count_samples(self.data.shards[s]) != n:
+                        raise DataError(self.data.size_mismatch(s, count_samples(self.data.shards[s])))
                     skip -= n
                     continue
                 rng = random.Random(f"{self.seed}:{self.epoch}:{s}:{cycle}")
@@ -189,8 +212,8 @@ class ShardStream(torch.utils.data.IterableDataset):
         """A decoded, transformed sample: {"image", "caption" (, "long_caption")}; raises BadSample naming it."""
         where = f"{self.data.shards[s]}:{sample.get('__key__')}"
         try:
-            meta = json.loads(sample["json"]) if "json" in sample else {}
-            caption = sample["txt"].decode("utf-8") if "txt" in sample else meta.get("caption")
+            meta, txt = json.loads(member(sample, ("json",)) or "{}"), member(sample, ("txt",))
+            caption = txt.decode("utf-8") if txt is not None else meta.get("caption")
         except ValueError as e:  # bad JSON, or not UTF-8
             raise BadSample(where, "unreadable .txt / .json member", f"{type(e).__name__}: {e}") from None
         if not isinstance(caption, str) or not caption.strip():
@@ -200,11 +223,11 @@ class ShardStream(torch.utils.data.IterableDataset):
             if not isinstance(meta.get("long_caption"), str) or not meta["long_caption"].strip():
                 raise BadSample(where, "no long_caption", "in its .json")
             item["long_caption"] = meta["long_caption"]
-        ext = next((e for e in IMAGE_EXTS if e in sample), None)
-        if ext is None:
+        image = member(sample, IMAGE_EXTS)
+        if image is None:
             raise BadSample(where, "no image member", ", ".join(IMAGE_EXTS))
         try:
-            with Image.open(io.BytesIO(sample[ext])) as im:
+            with Image.open(io.BytesIO(image)) as im:
                 image = to_rgb(im)
         except Exception as e:  # PIL raises many types
             raise BadSample(where, f"undecodable image ({type(e).__name__})", str(e)) from None
@@ -249,6 +272,15 @@ class ShardStream(torch.utils.data.IterableDataset):
             if failed:
                 items[0]["_failed"] = failed
             yield self.collate(items)
+
+
+def member(sample: dict, exts) -> bytes | None:
+    """A sample's member of one of these extensions: `jpg`, else one whose extension ends so (`b.jpg`: a key
+    with several dots, `a.b.jpg`, is `a` for webdataset)."""
+    found = next((sample[e] for e in exts if e in sample), None)
+    if found is None:
+        found = next((v for k, v in sample.items() if not k.startswith("__") and k.rsplit(".", 1)[-1] in exts), None)
+    return found
 
 
 class BadSample(ValueError):

@@ -167,9 +167,10 @@ def _png():
     return b.getvalue()
 
 
-def _first_batch(pattern, workers=0, batch=2):
-    """The first batch of a ShardSet's loader, or what it raises; SIGALRM after 60 s (a stream that loops) raises
-    a BaseException, which no `except Exception` on the way (PIL's decoding, the DataLoader's) swallows."""
+def _first_batch(pattern, workers=0, batch=2, start=0):
+    """The first batch of a ShardSet's loader (from batch `start` of epoch 0: a resume), or what it raises;
+    SIGALRM after 60 s (a stream that loops) raises a BaseException, which no `except Exception` on the way (PIL's
+    decoding, the DataLoader's) swallows."""
     class Late(BaseException):
         pass
 
@@ -178,7 +179,9 @@ def _first_batch(pattern, workers=0, batch=2):
     previous = signal.signal(signal.SIGALRM, late)
     signal.alarm(60)
     try:
-        return next(iter(shards.ShardSet(pattern).loader(batch, list, 0, 0, 1, workers, 4)))
+        loader = shards.ShardSet(pattern).loader(batch, list, 0, 0, 1, workers, 4)
+        loader.dataset.set_epoch(0, start)
+        return next(iter(loader))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
@@ -206,3 +209,41 @@ def test_a_sizes_json_that_claims_samples_of_an_empty_shard_is_named(tmp_path):
     (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 4}))
     with pytest.raises(common.DataError, match=r"sizes.json says 0.tar holds 4 samples, its tar members hold 0"):
         _first_batch(str(tmp_path / "0.tar"))
+
+
+def _samples(keys, image=None):
+    """(member name, bytes) of samples <key>.png + <key>.txt (the caption: the key)."""
+    return [m for k in keys for m in ((f"{k}.png", image or _png()), (f"{k}.txt", k.encode()))]
+
+
+def test_members_under_dot_slash_and_keys_with_several_dots_are_counted_and_read(tmp_path):
+    """Issue 41.1: `tar -cf x.tar -C dir .` names members ./000001.png: counted as ONE sample (the name up to its
+    first dot, ''); a folder with a dot (v1.2/) too; a key with several dots (webdataset: `a.b.png` is key `a`,
+    extension `b.png`) was read as "no image member". Counted by webdataset's rule, read by the extension's end."""
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    for k in ("000001", "000002", "000003"):
+        (folder / f"{k}.png").write_bytes(_png())
+        (folder / f"{k}.txt").write_text(f"caption {k}")
+    with tarfile.open(tmp_path / "0.tar", "w") as tar:
+        tar.add(folder, arcname=".")  # ".", "./000001.png", ...: what `tar -C dir .` writes
+    _tar(tmp_path / "1.tar", _samples(["v1.2/a", "v1.2/b"]))
+    _tar(tmp_path / "2.tar", _samples(["x.1", "y.2", "z.3", "w.4"]))
+    paths = [tmp_path / f"{i}.tar" for i in range(3)]
+    read = [sum(1 for _ in shards.samples_of(p)) for p in paths]
+    assert shards.shard_sizes(paths) == read == [3, 2, 4]
+    batch = _first_batch(str(tmp_path / "2.tar"), batch=4)
+    assert sorted(it["caption"] for it in batch) == ["w.4", "x.1", "y.2", "z.3"]
+
+
+def test_a_sizes_json_that_disagrees_with_the_members_is_named(tmp_path):
+    """Issue 41.1: sizes.json is trusted to start (it saves reading every header), checked against the members
+    each time a shard is read to its end, and for the shards a resume skips whole: a wrong size would shift every
+    batch after a resume, so the run stops with one message naming the file (the members do not win silently)."""
+    _tar(tmp_path / "0.tar", _samples(["a", "b", "c"]))
+    (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 5}))
+    with pytest.raises(common.DataError, match=r"sizes.json says 0.tar holds 5 samples, its tar members hold 3"):
+        _first_batch(str(tmp_path / "0.tar"), batch=4)  # 4 > 3: read to its end before the batch is full
+    (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 2}))
+    with pytest.raises(common.DataError, match=r"says 0.tar holds 2 samples, its tar members hold 3"):
+        _first_batch(str(tmp_path / "0.tar"), start=1)  # a resume after a batch of 2: skips the shard whole
