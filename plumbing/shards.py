@@ -36,6 +36,7 @@ import random
 import re
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -66,7 +67,7 @@ def shard_sizes(paths: list[Path], sources: list | None = None) -> list[int]:
     for folder in {p.parent for p in paths}:
         f = folder / "sizes.json"
         if f.is_file():
-            known.update({str(folder / k): (int(v), f) for k, v in json.loads(f.read_text()).items()})
+            known.update({str(folder / k): (v, f) for k, v in read_sizes(f).items()})
     if all(str(p) in known for p in paths):
         if sources is not None:
             sources[:] = [known[str(p)][1] for p in paths]
@@ -75,6 +76,58 @@ def shard_sizes(paths: list[Path], sources: list | None = None) -> list[int]:
         sources[:] = [None] * len(paths)
     print(f"[data] counting the samples of {len(paths)} shard(s) (no sizes.json beside them)", file=sys.stderr)
     return [count_samples(p) for p in paths]
+
+
+def read_sizes(f: Path) -> dict[str, int]:
+    """sizes.json's {shard file name: samples} (a count may be a string of digits, as open_clip's int() reads it);
+    anything else is one message naming the file."""
+    fix = ("it should map each shard's file name to its number of samples, e.g. {\"00000.tar\": 1000} (or delete it: "
+           "the samples are then counted from the tar members)")
+    try:
+        sizes = json.loads(f.read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise DataError(f"{f}: not JSON ({e}); {fix}") from None
+    if not isinstance(sizes, dict):
+        raise DataError(f"{f}: a JSON {type(sizes).__name__}, not an object; {fix}")
+    bad = [k for k, v in sizes.items() if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                               or isinstance(v, str) and v.isdecimal())]
+    if bad:
+        raise DataError(f"{f}: {len(bad)} size(s) are not a count of samples, e.g. {bad[0]!r}: "
+                        f"{sizes[bad[0]]!r}; {fix}")
+    return {k: int(v) for k, v in sizes.items()}
+
+
+def tar_problem(path: Path) -> str | None:
+    """What makes a shard unreadable, from its first and last 512 bytes: empty, not a tar, or truncated (a copy cut
+    short: every tar writer ends the archive with zero blocks, and a cut mid-member or at a member's end would
+    otherwise read as a shorter shard, its last sample lacking members). None for a sound or a compressed tar (the
+    latter's errors are named as it is read)."""
+    size = path.stat().st_size
+    if not size:
+        return "an empty file (0 bytes), not a tar file"
+    with open(path, "rb") as f:
+        head = f.read(512)
+        if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")):  # gzip, bzip2, xz
+            return None
+        if any(head):  # all zeros: an empty archive
+            try:
+                tarfile.TarInfo.frombuf(head.ljust(512, b"\0"), "utf-8", "surrogateescape")
+            except tarfile.HeaderError:
+                return "not a tar file (its first 512 bytes are no tar header)"
+        f.seek(max(size - 512, 0))
+        tail = f.read()
+    if size % 512 or any(tail):
+        return "truncated (no closing zero blocks: it ends within or right after a member; a copy cut short?)"
+    return None
+
+
+def check_shards(pattern, paths: list[Path]):
+    """One message for every shard tar_problem finds fault with."""
+    bad = [(p, why) for p in paths for why in [tar_problem(p)] if why]
+    if bad:
+        listed = "; ".join(f"{p}: {why}" for p, why in bad[:MAX_LISTED])
+        raise DataError(f"{pattern}: {len(bad)} of {len(paths)} shard(s) cannot be read: {listed}"
+                        + (f"; and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""))
 
 
 KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's tariterators.base_plus_ext: (key, extension)
@@ -86,15 +139,32 @@ def count_samples(path: Path) -> int:
     members, meta ones (__...__) left out, grouped into runs of one key, the key being the member's folder and
     its basename up to the first dot (`./000001.jpg`: `./000001`; `a.b.jpg`: `a`, extension `b.jpg`)."""
     n, last = 0, None
-    with tarfile.open(path) as tar:
-        for m in tar:
-            key = KEY.match(m.name)
-            if not m.isreg() or key is None or META.match(m.name) or ("/" not in m.name and m.name.startswith(
-                    "__") and m.name.endswith("__")):
-                continue
-            if key.group(1) != last:
-                n, last = n + 1, key.group(1)
+    try:
+        with tarfile.open(path) as tar:
+            for m in tar:
+                key = KEY.match(m.name)
+                if not m.isreg() or key is None or META.match(m.name) or ("/" not in m.name and m.name.startswith(
+                        "__") and m.name.endswith("__")):
+                    continue
+                if key.group(1) != last:
+                    n, last = n + 1, key.group(1)
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise DataError(unreadable(path, e)) from None
     return n
+
+
+def unreadable(path: Path, e: Exception) -> str:
+    why = str(e.args[0]) if e.args else type(e).__name__  # webdataset appends its stream and url to the args
+    cut = "unexpected end" in why or isinstance(e, EOFError)
+    return f"{path}: {'truncated' if cut else 'unreadable'} ({type(e).__name__}: {why})"
+
+
+def read_shard(path: Path):
+    """samples_of(path), a read error being one message naming the shard (a shard cut short: truncated)."""
+    try:
+        yield from samples_of(path)
+    except (tarfile.TarError, ValueError, OSError, EOFError, zlib.error) as e:  # ValueError: a duplicate member
+        raise DataError(unreadable(path, e)) from None
 
 
 def samples_of(path: Path):
@@ -130,6 +200,7 @@ class ShardSet:
             raise UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
                                     f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
                                     f"more, smaller shards (python -m plumbing.write_shards --per-shard)")
+        check_shards(pattern, self.shards)
         sources = []
         self.sizes = shard_sizes(self.shards, sources)
         self.sizes_file = dict(enumerate(sources))  # shard -> the sizes.json its size comes from (None: counted)
@@ -199,7 +270,7 @@ class ShardStream(torch.utils.data.IterableDataset):
                     continue
                 rng = random.Random(f"{self.seed}:{self.epoch}:{s}:{cycle}")
                 read = 0
-                for pos, sample in enumerate(shuffled(samples_of(self.data.shards[s]), rng)):
+                for pos, sample in enumerate(shuffled(read_shard(self.data.shards[s]), rng)):
                     read += 1
                     if pos >= skip:
                         yield s, pos, cycle, sample

@@ -247,3 +247,55 @@ def test_a_sizes_json_that_disagrees_with_the_members_is_named(tmp_path):
     (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 2}))
     with pytest.raises(common.DataError, match=r"says 0.tar holds 2 samples, its tar members hold 3"):
         _first_batch(str(tmp_path / "0.tar"), start=1)  # a resume after a batch of 2: skips the shard whole
+
+
+def _cut_after(path, member):
+    """The tar cut short right after a member's data (its padding included), as a copy cut at that block."""
+    with tarfile.open(path) as tar:
+        m = tar.getmember(member)
+    end = m.offset_data + -(-m.size // 512) * 512
+    path.write_bytes(path.read_bytes()[:end])
+
+
+@pytest.mark.parametrize("where", ["after an image", "inside a caption", "gzipped", "gzipped, sizes.json"])
+def test_a_truncated_shard_is_named_truncated(tmp_path, where):
+    """Issue 41.1: a shard cut at a member's end read as a shorter shard whose last sample had no caption ("no
+    caption", replaced for ever); cut mid-member, a tarfile traceback. Both: one message naming it truncated (a
+    gzipped one when its headers are counted, or as it is read)."""
+    shard = _tar(tmp_path / "0.tar", _samples(["a", "b", "c"]))
+    if where == "after an image":
+        _cut_after(shard, "b.png")
+    elif where == "inside a caption":
+        shard.write_bytes(shard.read_bytes()[:_member_offset(shard, "b.txt") + 3])
+    else:
+        import gzip
+        zipped = gzip.compress(shard.read_bytes())
+        shard.write_bytes(zipped[:len(zipped) // 2])
+        if where == "gzipped, sizes.json":
+            (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 3}))
+    with pytest.raises(common.DataError, match=r"0.tar: truncated"):
+        _first_batch(str(shard), batch=3)
+
+
+def _member_offset(path, member):
+    with tarfile.open(path) as tar:
+        return tar.getmember(member).offset_data
+
+
+@pytest.mark.parametrize("case", ["not a tar", "0 bytes", "{not json", '"eight"', "a list", "a count of eight"])
+def test_a_bad_shard_or_sizes_json_is_one_message_naming_the_file(tmp_path, case):
+    """Issue 41.1: a non-tar file, a 0-byte shard without sizes.json, a sizes.json that is not JSON, not an object
+    or not counts: tracebacks (tarfile.ReadError, JSONDecodeError, AttributeError, int('eight')) before."""
+    shard = _tar(tmp_path / "0.tar", _samples(["a", "b"]))
+    named = shard
+    if case == "not a tar":
+        shard.write_text("a caption, not a tar file\n" * 40)
+    elif case == "0 bytes":
+        shard.write_bytes(b"")
+    else:
+        named = tmp_path / "sizes.json"
+        named.write_text({"{not json": "{not json", '"eight"': '"eight"', "a list": "[2]",
+                          "a count of eight": '{"0.tar": "eight"}'}[case])
+    with pytest.raises(common.DataError) as e:
+        _first_batch(str(shard))
+    assert str(e.value).count(str(named)) >= 1 and "Traceback" not in str(e.value), str(e.value)
