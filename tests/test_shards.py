@@ -299,3 +299,26 @@ def test_a_bad_shard_or_sizes_json_is_one_message_naming_the_file(tmp_path, case
     with pytest.raises(common.DataError) as e:
         _first_batch(str(shard))
     assert str(e.value).count(str(named)) >= 1 and "Traceback" not in str(e.value), str(e.value)
+
+
+def test_the_converter_writes_only_image_members_the_reader_reads(tmp_path):
+    """Issue 41.1: a .gif / .bmp row was written as a `.gif` / `.bmp` member, which the reader skips ("no image
+    member"); now re-encoded as PNG (lossless: the reader's pixels are the file's), .jpg / .png bytes as they are."""
+    from plumbing.loading import to_rgb
+    import numpy as np
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, (ext, mode) in enumerate([("gif", "P"), ("bmp", "RGB"), ("png", "RGB"), ("tiff", "CMYK")]):
+        im = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).convert(mode)
+        im.save(tmp_path / f"{i}.{ext}")
+        rows.append({"image": f"{i}.{ext}", "caption": f"picture {i}"})
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pattern = write_shards.write_shards(tmp_path / "m.jsonl", tmp_path / "shards")
+    got = list(shards.samples_of(shards.expand(pattern)[0]))
+    assert [sorted(set(s) & {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff"}) for s in got] == [["png"]] * 4
+    assert got[2]["png"] == (tmp_path / "2.png").read_bytes()
+    for s, r in zip(got, rows):
+        with Image.open(io.BytesIO(s["png"])) as a, Image.open(tmp_path / r["image"]) as b:
+            assert np.array_equal(np.asarray(to_rgb(a)), np.asarray(to_rgb(b))), r["image"]
+    batch = _first_batch(pattern, batch=4)
+    assert sorted(it["caption"] for it in batch) == [f"picture {i}" for i in range(4)]
