@@ -24,7 +24,9 @@ Reading (common.train through common.training_set):
   - the augmentation of a sample is seeded by (seed, e, shard, position), as common.SeededSamples seeds a row's;
   - there is no row check before training (a stream cannot be checked without reading it all): a sample whose
     image does not decode or that lacks its caption is replaced by the next one and counted in results.json
-    (summary.undecodable_images), as with --check-images none.
+    (summary.undecodable_images), as with --check-images none; a whole pass over a reader's shards without a
+    usable sample stops the run with one message (counts and reasons). Every shard is checked at the start for
+    what makes it unreadable (tar_problem: empty, not a tar, truncated).
 """
 from __future__ import annotations
 
