@@ -23,10 +23,13 @@ from lab.stats import take_flag
 # Independent runs: in processes of one torch thread each
 # =============================================================================
 PROCESSES = min(4, os.cpu_count() or 1)  # a demo's --processes default
+# torch threads per job: 1, so a job's numbers do not depend on the machine's cores. CLIPFT_JOB_THREADS=2 is the
+# float-rounding perturbation of issue 39's stability check (lab/stability.py), never a demo's setting.
+JOB_THREADS = int(os.environ.get("CLIPFT_JOB_THREADS", "1"))
 
 
 def _one_thread():
-    torch.set_num_threads(1)
+    torch.set_num_threads(JOB_THREADS)
     import lab  # noqa: F401  (registers the tiny backbone and the world in the worker)
 
 
@@ -39,7 +42,7 @@ def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, do
     results = [None] * len(jobs)
     if processes <= 1 or len(jobs) <= 1:
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(JOB_THREADS)
         try:
             for i, job in enumerate(jobs):
                 results[i] = fn(*job)

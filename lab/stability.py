@@ -6,6 +6,7 @@ is judged again by the same rule (lab.stats.verdict).
 
   OMP_NUM_THREADS=1 python dns.py --demo --seeds 0,1 --out runs/dns-demo-1thread
   python -m lab.stability docs/dns-demo-results.json runs/dns-demo-1thread/results.json
+  CLIPFT_JOB_THREADS=2 python erclip.py --demo --seeds 0,1 --out runs/erclip-2threads   (lab.run_jobs' demos)
 
 prints, per claim, the largest change of a per-seed difference and the
 verdict before and after ('holds' or 'CHANGES'); exit status 1 when any
@@ -64,9 +65,11 @@ def main(argv=None) -> int:
     print(common.markdown_table([{**r, "largest change": f"{r['largest change']:.2g}",
                                   "holds": "holds" if r["holds"] else "CHANGES"} for r in rows],
                                 ["claim", "verdict", "perturbed", "largest change", "holds"]))
+    def how(r):  # lab.run_jobs' demos: threads per job; the others: the process's
+        threads = r.get("job_threads", 1) if "processes" in r else r.get("machine", {}).get("torch_threads")
+        return f"{threads} torch thread(s) on {r.get('machine', {}).get('cpu')}"
     print(f"{sum(r['holds'] for r in rows)} of {len(rows)} verdicts hold (rerun: seeds {other['seeds']}, "
-          f"{other.get('machine', {}).get('torch_threads')} torch threads on {other.get('machine', {}).get('cpu')}; "
-          f"demo: {base.get('machine', {}).get('torch_threads')} on {base.get('machine', {}).get('cpu')})")
+          f"{how(other)}; demo: {how(base)})")
     return 0 if all(r["holds"] for r in rows) else 1
 
 

@@ -22,6 +22,7 @@ number is kept.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -159,6 +160,8 @@ def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: S
     wall = time.time() - t0
     print(f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n"
           f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
+    if "processes" in extra:  # lab.run_jobs' threads per job (lab/runs.py JOB_THREADS)
+        extra["job_threads"] = int(os.environ.get("CLIPFT_JOB_THREADS", "1"))
     record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(seeds()), "base": base,
               "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
               "machine": machine_info()}

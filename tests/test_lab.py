@@ -195,6 +195,17 @@ def test_the_stability_check_rejudges_with_the_rerun_seeds(tmp_path, capsys):
         stability.check(base, {**same, "seeds": [7]})
 
 
+def test_job_threads_are_one_unless_the_stability_check_asks(monkeypatch):
+    """lab.run_jobs runs every job on one torch thread (numbers independent of the cores); CLIPFT_JOB_THREADS is
+    the stability check's perturbation (issue 39.3), and the caller's own thread count is restored."""
+    import lab.runs as runs
+    before = torch.get_num_threads()
+    assert runs.run_jobs(torch.get_num_threads, [()], processes=1) == [1]
+    monkeypatch.setattr(runs, "JOB_THREADS", 2)
+    assert runs.run_jobs(torch.get_num_threads, [()], processes=1) == [2]
+    assert torch.get_num_threads() == before
+
+
 def test_paired_statistics_and_verdicts():
     mean, std, se = lab.paired_stats([1.0, 2.0, 3.0])
     assert (mean, std) == (2.0, 1.0) and se == pytest.approx(1 / math.sqrt(3))
