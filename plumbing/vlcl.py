@@ -23,16 +23,20 @@ Deviations and choices (numbered; V1-V7):
   V1. --source research is the default: it is the paper's authors' code. Its fractional splits shuffle with numpy
       under Lightning's global seed (seed_everything 6) after whatever else drew from that generator, so they
       cannot be reproduced from the public code: the same fractions are split here by a seeded permutation
-      (numpy default_rng(--seed, 6 by default), train = the first round(N f) rows). koyoimai's splits are
-      reproduced exactly: datasets' own train_test_split(test_size=1 - f, seed=42).
+      (numpy default_rng(--seed, 6 by default), train = the first round(N f) rows, test the rest; the research
+      code takes int(N f) and int(N (1 - f)), leaving a row unused: N 151 gives 120 / 30 there, 121 / 30 here;
+      --split-counts research). koyoimai's splits are reproduced exactly: datasets' train_test_split(test_size=1 - f,
+      seed=42).
   V2. The sources differ (research / koyoimai): Flickr30K, Karpathy's split file (train + val / test 1k) /
       nlphuji/flickr30k's own split column (train / test, its val rows unused); COCO, Karpathy 2014 (train +
-      restval / test 5k) / COCO 2017 (train2017 / val2017, phiyodr/coco2017's captions, 5 per image); Simpsons,
+      restval / test 5k) / COCO 2017 (train2017 / val2017, captions from COCO's captions_*2017.json, first 5, as
+      KoyoImai's c_clip/dataset.py reads them at 1e4cd41; its HF loader reads phiyodr/coco2017's); Simpsons,
       bigdata-pw/TheSimpsons (jpg, caption.txt) / Norod78/simpsons-blip-captions; WikiArt, AterMors/wikiart_recaption
       (its text) / fusing/wikiart_captions' images with captions KoyoImai generated with BLIP-2 (a parquet in their
       repository: --task-path wikiart-captions=FILE; without it the task is reported missing); Kream 50/50 in both.
-  V3. Several captions per image in training (Flickr30K, COCO, WikiArt's lists): research draws one per sample
-      (base_hf.py: random.choice; which base.py the Karpathy tasks used is not certain): one row per image with a
+  V3. Several captions per image in training (Flickr30K, COCO, WikiArt's lists): research's base_hf.py drew one per
+      sample (random.choice) only in early versions, without simpsons / lexica / kream / sketch; the versions with
+      all eight tasks take text[0] or the longest (--train-captions first | longest). Ours: one row per image with a
       `captions` list, which common.ManifestDataset draws from per sample, seeded (the same on resume);
       --train-captions rows: one row per caption (koyoimai's _build_index), each caption once an epoch.
   V4. Testing: Flickr30K and COCO keep the first 5 captions per image (both codes), one row each; single-caption
@@ -120,8 +124,11 @@ def command_line(argv=None) -> argparse.Namespace:
                    help="a folder (save_to_disk, parquet files, a dataset repository) for a task; "
                         "wikiart-captions=FILE: KoyoImai's BLIP-2 WikiArt captions")
     p.add_argument("--seed", type=int, default=None, help="seed of the fractional splits (default: the source's, V1)")
-    p.add_argument("--train-captions", choices=("draw", "rows"), default="draw",
-                   help="several captions per image in training: draw one per sample | one row per caption (V3)")
+    p.add_argument("--train-captions", choices=("draw", "rows", "first", "longest"), default="draw",
+                   help="several captions per image in training: draw one per sample | one row per caption | "
+                        "the first | the longest (V3)")
+    p.add_argument("--split-counts", choices=("ours", "research"), default="ours",
+                   help="fractional splits: train round(N f), test the rest | int(N f) / int(N (1 - f)) (V1)")
     p.add_argument("--online", action="store_true", help="let datasets download what the cache lacks")
     a = p.parse_args(argv)
     bad = [t for t in a.task_path if "=" not in t or t.split("=")[0] not in (*TASKS, UNSEEN, "wikiart-captions")]
@@ -181,15 +188,20 @@ def load_hf(src: HF, split: str, hf_cache: str, path: str, online: bool):
     return ds
 
 
-def split_rows(n: int, fraction: float, seed: int, source: str, ds=None) -> tuple[list, list]:
+def split_rows(n: int, fraction: float, seed: int, source: str, ds=None, counts: str = "ours") -> tuple[list, list]:
     """(train rows, test rows) of n rows: V1. koyoimai: datasets' train_test_split(test_size=1 - f, seed) as
-    KoyoImai calls it (the rows it puts in each part, by index); research: a default_rng(seed) permutation."""
+    KoyoImai calls it (the rows it puts in each part, by index); research: a default_rng(seed) permutation, cut at
+    round(n f) (counts 'ours') or taking int(n f) / int(n (1 - f)) rows as the research code does (counts
+    'research': a row may be left unused)."""
     if source == "koyoimai" and ds is not None:
         parts = ds.add_column("_row", list(range(n))).select_columns(["_row"]).train_test_split(
             test_size=round(1.0 - fraction, 6), seed=seed)
         return list(parts["train"]["_row"]), list(parts["test"]["_row"])
     import numpy as np
     order = np.random.default_rng(seed).permutation(n).tolist()
+    if counts == "research":
+        cut, rest = int(n * fraction), int(n * (1.0 - fraction))
+        return order[:cut], order[cut:cut + rest]
     cut = round(n * fraction)
     return order[:cut], order[cut:]
 
@@ -236,7 +248,7 @@ def hf_task(task: str, src: HF, out: Path, cfg, source: str, splits: dict) -> tu
             rows = {s: [i for i, v in enumerate(names) if v == s] for s in ("train", "test")}
             rule = f"the '{src.filter}' column: train / test rows of split {src.split}"
         else:
-            train, test = split_rows(len(ds), src.fraction, cfg.seed, source, ds)
+            train, test = split_rows(len(ds), src.fraction, cfg.seed, source, ds, cfg.split_counts)
             rows = {"train": train, "test": test}
             rule = (f"{src.fraction:g} / {1 - src.fraction:g} of split {src.split}: " +
                     ("datasets' train_test_split" if source == "koyoimai" else "numpy default_rng permutation") +
@@ -274,6 +286,9 @@ def _rows(image: str, caps: list[str], part: str, train_captions: str, source_ro
         return [{"image": image, "caption": c, "source_row": source_row} for c in caps[:TEST_CAPTIONS]]
     if train_captions == "rows":
         return [{"image": image, "caption": c, "source_row": source_row} for c in caps]
+    if train_captions in ("first", "longest"):  # the research base_hf.py versions that hold the eight tasks
+        return [{"image": image, "caption": caps[0] if train_captions == "first" else max(caps, key=len),
+                 "source_row": source_row}]
     return [{"image": image, "captions": caps, "source_row": source_row}]  # every row a list: one column
 
 
@@ -361,7 +376,8 @@ def prepare(cfg) -> dict:
             built[task] = coco2017_task(out, cfg)
         else:
             built[task] = hf_task(task, src, out, cfg, cfg.source, found[task])
-    settings = {"source": cfg.source, "seed": cfg.seed, "train_captions": cfg.train_captions}
+    settings = {"source": cfg.source, "seed": cfg.seed, "train_captions": cfg.train_captions,
+                "split_counts": cfg.split_counts}
     rec = {"settings": settings, "tasks": {}}
     for task, (w, source) in built.items():
         out = root / task

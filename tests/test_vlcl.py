@@ -119,7 +119,7 @@ def _rows(data, task, part):
 def test_research_setting_writes_nine_manifests_with_its_rules(sources, tmp_path):
     data, args = sources
     rec = _prepare(data, args["research"])
-    assert rec["settings"] == {"source": "research", "seed": 6, "train_captions": "draw"}
+    assert rec["settings"] == {"source": "research", "seed": 6, "train_captions": "draw", "split_counts": "ours"}
     assert set(rec["tasks"]) == {*vlcl.TASKS, "havg"} and "train" not in rec["tasks"]["havg"]
     f = rec["tasks"]["flickr30k"]
     assert (f["train"]["images"], f["test"]["images"], f["test"]["rows"]) == (10, 3, 15)  # train+val; 5 captions
@@ -198,3 +198,20 @@ def test_a_training_row_with_several_captions_draws_one_per_sample_the_same_on_r
     assert draws == [ds[(epoch, 0)]["caption"] for epoch in range(12)]  # a function of (seed, epoch, row)
     assert len(set(draws)) > 1 and set(draws) <= {f"caption {k}" for k in range(5)}
     assert common.ManifestDataset(manifest)[0]["caption"] == "caption 0"  # evaluation's reading: the first
+
+
+def test_the_research_codes_split_counts_and_caption_choices_behind_their_switches():
+    """Issue 40.5: the research code's fractional split takes int(N f) / int(N (1 - f)) rows (N 151, f 0.8: 120 / 30,
+    a row unused; ours 121 / 30), and its base_hf.py versions with all eight tasks train on a list's first caption
+    or its longest: --split-counts research, --train-captions first | longest (V1, V3)."""
+    from plumbing import vlcl
+    ours = vlcl.split_rows(151, 0.8, 6, "research")
+    code = vlcl.split_rows(151, 0.8, 6, "research", counts="research")
+    assert [len(p) for p in ours] == [121, 30] and [len(p) for p in code] == [120, 30]
+    assert code[0] == ours[0][:120] and len(set(code[0]) | set(code[1])) == 150  # the same order, one row unused
+    caps = ["a dog.", "a brown dog on the grass.", "dog"]
+    assert [r["caption"] for r in vlcl._rows("x.jpg", caps, "train", "first", 0)] == ["a dog."]
+    assert [r["caption"] for r in vlcl._rows("x.jpg", caps, "train", "longest", 0)] == ["a brown dog on the grass."]
+    assert vlcl._rows("x.jpg", caps, "train", "draw", 0)[0]["captions"] == caps
+    a = vlcl.command_line(["--split-counts", "research", "--train-captions", "longest"])
+    assert (a.split_counts, a.train_captions) == ("research", "longest")
