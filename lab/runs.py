@@ -17,15 +17,12 @@ import torch
 from plumbing import runfolder
 from plumbing.sweeps import drop_weights, remove_run_folder
 import common
-from lab.stats import take_flag
+from lab.stats import JOB_THREADS, take_flag
 
 # =============================================================================
 # Independent runs: in processes of one torch thread each
 # =============================================================================
 PROCESSES = min(4, os.cpu_count() or 1)  # a demo's --processes default
-# torch threads per job: 1, so a job's numbers do not depend on the machine's cores. CLIPFT_JOB_THREADS=2 is the
-# float-rounding perturbation of issue 39's stability check (lab/stability.py), never a demo's setting.
-JOB_THREADS = int(os.environ.get("CLIPFT_JOB_THREADS", "1"))
 
 
 def _one_thread():

@@ -39,6 +39,12 @@ SEEDS = (0, 1, 2, 3, 4)  # fixed in advance (0-2 before the first demo; 3, 4 bef
 _current = list(SEEDS)
 
 
+# torch threads per job of lab.run_jobs: 1, so a job's numbers do not depend on the machine's cores.
+# CLIPFT_JOB_THREADS=2 is the float-rounding perturbation of issue 39's stability check (lab/stability.py), never a
+# demo's setting.
+JOB_THREADS = int(os.environ.get("CLIPFT_JOB_THREADS", "1"))
+
+
 def seeds() -> tuple[int, ...]:
     """The seeds a demo runs: SEEDS, or those its --seeds flag named."""
     return tuple(_current)
@@ -160,8 +166,8 @@ def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: S
     wall = time.time() - t0
     print(f"{head}\n\n{table}\n\nClaims (paired differences, verdict by 2 standard errors):\n\n"
           f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
-    if "processes" in extra:  # lab.run_jobs' threads per job (lab/runs.py JOB_THREADS)
-        extra["job_threads"] = int(os.environ.get("CLIPFT_JOB_THREADS", "1"))
+    if "processes" in extra:  # lab.run_jobs' threads per job
+        extra["job_threads"] = JOB_THREADS
     record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(seeds()), "base": base,
               "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
               "machine": machine_info()}

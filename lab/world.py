@@ -445,13 +445,13 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
     A = {m: A_shared + spread * torch.randn(dim, latent, generator=g) / math.sqrt(latent) for m in names}
     g_conflict = torch.Generator().manual_seed(seed + 7919)  # its own stream: conflict 0 draws the same world
 
-    def mixing(d, m):  # a modality's mixing in dataset d: the shared one, moved by the dataset's own part
-        extra = torch.randn(dim, latent, generator=g_conflict) / math.sqrt(latent)
-        return A[m] + conflict * extra if conflict else A[m]
+    def mixing(m):  # a modality's mixing in the next dataset: the shared one, moved by the dataset's own part
+        return A[m] + conflict * torch.randn(dim, latent, generator=g_conflict) / math.sqrt(latent) if conflict \
+            else A[m]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for d, (mods, has_classes) in datasets.items():
-        A_d = {m: mixing(d, m) for m in dict.fromkeys((*mods, *(("text",) if "text" in A else ())))}
+        A_d = {m: mixing(m) for m in dict.fromkeys((*mods, *(("text",) if "text" in A else ())))}
         mask = torch.zeros(latent)
         mask[torch.randperm(latent, generator=g)[:active]] = 1.0
         mu = torch.randn(n_classes, latent, generator=g) * 1.5 * mask

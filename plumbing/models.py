@@ -170,7 +170,8 @@ def model_sidecar(path) -> dict:
     meta = read_sidecar(path)
     for key, (kind, what) in SIDECAR_FIELDS.items():
         v = meta.get(key)
-        if key in meta and not (isinstance(v, kind) and not (kind is int and (isinstance(v, bool) or v < 1))):
+        right = isinstance(v, kind) and not (kind is int and (isinstance(v, bool) or v < 1))  # bool is an int
+        if key in meta and not right:
             raise UsageError(f"{path}.json, the sidecar of {path}: {key} is {json.dumps(v)[:80]}, not {what}; "
                              f"restore it, or delete it to read {path} as a plain state_dict")
     return meta

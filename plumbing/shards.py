@@ -145,8 +145,7 @@ def count_samples(path: Path) -> int:
         with tarfile.open(path) as tar:
             for m in tar:
                 key = KEY.match(m.name)
-                if not m.isreg() or key is None or META.match(m.name) or ("/" not in m.name and m.name.startswith(
-                        "__") and m.name.endswith("__")):
+                if not m.isreg() or key is None or META.match(m.name):
                     continue
                 if key.group(1) != last:
                     n, last = n + 1, key.group(1)
@@ -205,7 +204,7 @@ class ShardSet:
         check_shards(pattern, self.shards)
         sources = []
         self.sizes = shard_sizes(self.shards, sources)
-        self.sizes_file = dict(enumerate(sources))  # shard -> the sizes.json its size comes from (None: counted)
+        self.sizes_file = sources  # per shard, the sizes.json its size comes from (None: counted)
         self.num_samples = num_samples or sum(self.sizes)
         self.skipped = []  # no row check: see the module's docstring
         if not sum(self.sizes):
@@ -219,7 +218,7 @@ class ShardSet:
     def size_mismatch(self, s: int, found: int) -> str:
         """The message for shard s holding `found` samples, not the self.sizes[s] the run counts with."""
         path, n = self.shards[s], self.sizes[s]
-        if self.sizes_file.get(s) is None:
+        if self.sizes_file[s] is None:
             return f"{path}: {found} samples read, {n} counted when the run started (was it changed since?)"
         return (f"{self.sizes_file[s]} says {path.name} holds {n} samples, its tar members hold {found}: correct it "
                 f"(or delete it: the samples are then counted from the tar members) and start again; the run "
@@ -266,8 +265,9 @@ class ShardStream(torch.utils.data.IterableDataset):
             for s in shards:
                 n = self.data.sizes[s]
                 if skip >= n:  # a resume: a size from sizes.json is checked against the members (headers only)
-                    if self.data.sizes_file.get(s) and count_samples(self.data.shards[s]) != n:
-                        raise DataError(self.data.size_mismatch(s, count_samples(self.data.shards[s])))
+                    found = count_samples(self.data.shards[s]) if self.data.sizes_file[s] else n
+                    if found != n:
+                        raise DataError(self.data.size_mismatch(s, found))
                     skip -= n
                     continue
                 rng = random.Random(f"{self.seed}:{self.epoch}:{s}:{cycle}")

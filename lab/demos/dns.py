@@ -175,6 +175,13 @@ def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
     return lab.bar_panels(runs, base, units, path, caption, paper, ("paper vanilla", "paper DNS"))
 
 
+def cmcl_run_settings(features) -> dict:
+    """A run of the demo in CMCL's setting (and of its calibration) on the feature world `features`, but lr and
+    epochs (CMCL_TRAIN)."""
+    return dict(demo_cmcl=False, features=str(features), tasks="cmcl", device="cpu", precision="fp32",
+                log_every=10_000)
+
+
 def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
     """vanilla / DNS-gradient / DNS-update over the code's 11 steps on the
     synthetic multimodal world (CMCL's h5 layout), once per seed in lab.seeds()
@@ -182,9 +189,7 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
     t0 = time.time()
     out = lab.hold_out(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
     features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
-    settings = dict(demo_cmcl=False, features=str(features), tasks="cmcl", device="cpu", precision="fp32",
-                    log_every=10_000, **CMCL_TRAIN)
-    runs, base, results = demo_seeds(dns.run_cmcl, cfg, out, **settings)
+    runs, base, results = demo_seeds(dns.run_cmcl, cfg, out, **cmcl_run_settings(features), **CMCL_TRAIN)
     steps = results["steps"]
     head = (f"DNS in CMCL's setting, demo: synthetic multimodal world (d {CMCL_DEMO['dim']}, "
             f"{CMCL_DEMO['n_train']} train / {CMCL_DEMO['n_test']} test per dataset), the code's 11 steps "
