@@ -88,6 +88,8 @@ class CClipConfig(flags.Config):
     eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
     threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
+    task_safetensors: bool = arg(False, "ours: each task folder's model.pt also as model.safetensors "
+                                 "(off: one copy per task; the final model has both)")
     demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
 
@@ -334,7 +336,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         model.requires_grad_(True)
         if rank == 0:
             models.save_model(model, Path(task_out) / "model.pt", cfg.backbone,
-                              source=f"cclip task {i + 1}")
+                              source=f"cclip task {i + 1}", twin=cfg.task_safetensors)
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
     def evaluate():  # a row of the matrices (Sec. 3.3): R@1 per task both ways, 'R@1' their mean
@@ -348,7 +350,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
-            models.save_model(model, path, cfg.backbone, source="cclip task boundary")
+            models.save_model(model, path, cfg.backbone, source="cclip task boundary", twin=False)
 
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import pickle
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ CMCL_DATASETS = {
 #  ours (any encoder):
 #    <dir>/<dataset>/meta.json   {"modalities": [...], optional: "classes": [...], "metrics": ["recall", "acc"]}
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
-#        "labels": [class index, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
+#        "labels": [class index or class name, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
     """<folder>/<stem>.npy or .pt as a float32 (N, d) tensor; a DataError names the file when it cannot be read
     (cut short, pickled objects: refused, never run), is not numeric, or is not two-dimensional."""
@@ -166,6 +167,23 @@ def dataset_info(root, dataset: str, perceptor: str) -> dict:
     return {"modalities": tuple(meta["modalities"]), "metrics": metrics, "layout": layout}
 
 
+def _label_indices(given, classes: list, folder: Path) -> torch.Tensor:
+    """samples.json's "labels": class indices into meta.json's "classes", or the class names themselves; a
+    DataError names the first label that is neither (an index out of range, an unknown name, another type)."""
+    index = {name: i for i, name in enumerate(classes)}
+    out = []
+    for n, label in enumerate(given):
+        if isinstance(label, str) and label in index:
+            out.append(index[label])
+        elif isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(classes):
+            out.append(label)
+        else:
+            raise common.DataError(f"{folder / 'samples.json'}: label {n} is {label!r}, neither a class name of "
+                                   f"meta.json's \"classes\" ({len(classes)}: {classes[:5]}...) nor an index in "
+                                   f"0..{len(classes) - 1}")
+    return torch.tensor(out, dtype=torch.long)
+
+
 def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") -> dict:
     """One split of one dataset: {"ids": [N], "x": (N, M, d) float32, "modalities": (M names), "metrics": (...),
     "labels": (N,) long or None, "classes": [C names] or None, "class_x": (C, d) or None}."""
@@ -201,7 +219,7 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
         x = torch.stack(list(arrays.values()), 1)  # (N, M, d)
         if "acc" in info["metrics"] and meta.get("labels") is not None:
             classes = json.loads((root / dataset / "meta.json").read_text())["classes"]
-            class_x, labels = _read_array(root / dataset, "classes"), torch.tensor(meta["labels"])
+            class_x, labels = _read_array(root / dataset, "classes"), _label_indices(meta["labels"], classes, folder)
     where = path if info["layout"] == "cmcl" else root / dataset / split
     if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
         raise common.DataError(f"{where}: features of shape {tuple(x.shape)}, expected "
@@ -541,10 +559,29 @@ def start(cfg):
     return common.init_distributed(cfg.device)
 
 
+def frozen_maps(old_rank: dict, dim: int) -> list:
+    """The maps that could not move: dW = G - P_out G P_in is 0 when the old features span every direction on
+    both sides (old rank dim of dim, out and in); old_rank: a task summary's {"<map>_out": k, "<map>_in": k}."""
+    return sorted(m for m in {k.rsplit("_", 1)[0] for k in old_rank}
+                  if old_rank.get(f"{m}_out", 0) >= dim and old_rank.get(f"{m}_in", 0) >= dim)
+
+
+def say_frozen(summary: dict, dim: int, task: str) -> dict:
+    """A line on stderr for each map the projector held fixed on `task` (issue 42.5: silent before)."""
+    for m in frozen_maps((summary or {}).get("old_rank", {}), dim):
+        print(f"[dns] {task}: {m} could not move (the projector keeps all {dim} directions of its old features on "
+              f"both sides: old rank {dim} of {dim}); a larger --lambda-min (or --lambda-relative) leaves it "
+              f"room", file=sys.stderr)
+    return summary
+
+
 def continual(cfg, learner, tasks, learn_task, evaluate) -> dict:
-    """common.run_continual, the learner's state saved at task boundaries and read back weights-only."""
+    """common.run_continual, the learner's state saved at task boundaries and read back weights-only; a line for
+    each map a task's projector held fixed (say_frozen)."""
+    dim = next(learner.net.model.parameters()).shape[0]  # every map W_<m> is (D, D)
+    learn = lambda i, task, *a: say_frozen(learn_task(i, task, *a), dim, getattr(task, "name", str(task)))  # noqa: E731
     return common.run_continual(
-        Path(cfg.out), tasks, learn_task, evaluate,
+        Path(cfg.out), tasks, learn, evaluate,
         lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
         lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
 
@@ -627,8 +664,9 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
 
 
 def resolve_eval_sets(cfg):
-    """--task-classes / --zeroshot auto: the lab's sets in the lab (--tasks synthetic, --backbone tiny), else none."""
-    synthetic = cfg.tasks == "synthetic" or cfg.backbone == "tiny"
+    """--task-classes / --zeroshot auto: the lab's sets only when the lab is the data (--tasks synthetic), else none:
+    the tiny backbone on a user's own tasks is not evaluated on the lab's synthetic sets."""
+    synthetic = cfg.tasks == "synthetic"
     return dataclasses.replace(
         cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
         zeroshot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zeroshot == "auto" else cfg.zeroshot)

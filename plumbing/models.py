@@ -251,9 +251,9 @@ class CachedTokenizer:
         return getattr(self.tokenizer, name)
 
 
-def save_model(model, path, backbone: str, source: str = ""):
+def save_model(model, path, backbone: str, source: str = "", twin: bool = True):
     """A plain open_clip state_dict (open_clip.create_model_and_transforms(name, pretrained=path) loads it) plus
-    a JSON sidecar `path.json` with what is needed to rebuild it."""
+    a JSON sidecar `path.json` with what is needed to rebuild it; twin: a .pt also gets a .safetensors copy."""
     path = Path(path)
     sd = {k.removeprefix("module."): v.detach().cpu() for k, v in model.state_dict().items()}
     bad = [k for k in sd if "lora" in k.lower() or "parametrizations" in k]
@@ -270,7 +270,7 @@ def save_model(model, path, backbone: str, source: str = ""):
     if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
         meta["towers"] = towers.sidecar(model, path)
     atomic_write(Path(str(path) + ".json"), json.dumps(meta, indent=1))
-    if path.suffix == ".pt":  # the same tensors as safetensors (no pickle), with the same sidecar
+    if path.suffix == ".pt" and twin:  # the same tensors as safetensors (no pickle), with the same sidecar
         safe = path.with_suffix(".safetensors")
         atomic_write(safe, lambda tmp: safetensors_save(sd, tmp))
         atomic_write(Path(str(safe) + ".json"), json.dumps(meta, indent=1))

@@ -30,13 +30,14 @@ RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for t
 LOCK = ".lock"
 # Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
-             "continual.json", "boundary.pt", "boundary.pt.json", "base.json")
+             "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
+             "model.safetensors.json")
 # Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
 # eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
-               "threads", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect",
+               "threads", "task_safetensors", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect",
                "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq"}
 
 

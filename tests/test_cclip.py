@@ -344,9 +344,30 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     for i, d in enumerate(("photo", "night"), 1):
         sd = torch.load(out / f"task{i}-{d}" / "model.pt", weights_only=True)
         assert not any("parametrizations" in k for k in sd)
+        # issue 42.5: one weight format per task folder by default (--task-safetensors: both)
+        assert {p.name for p in (out / f"task{i}-{d}").glob("model*")} == {"model.pt", "model.pt.json"}
+    assert not list(out.glob("boundary.safetensors*"))  # the boundary is resume state: one copy
     row = res["rows"][0]
     assert row["method"] == "cclip" and math.isfinite(row["last R@1"])
     model_files_as_readme_says("cclip", out)
+
+
+def test_task_folders_keep_one_weight_format_unless_asked(tmp_path):
+    """Issue 42.5: a task folder and the boundary keep model.pt only (each a full model: 2 copies per task were
+    ~12 GB for 8 ViT-B/16 tasks); --task-safetensors adds the twins; the final model keeps both formats."""
+    root = tmp_path / "data"
+    sizes = {}
+    for name, extra in (("one", ()), ("both", ("--task-safetensors",))):
+        out = tmp_path / name
+        cclip.main(_argv(root, out, *extra))
+        folders = sorted(out.glob("task[0-9]*-*"))
+        want = {"model.pt", "model.pt.json"} | ({"model.safetensors", "model.safetensors.json"} if extra else set())
+        assert len(folders) == 2 and all({p.name for p in f.glob("model*")} == want for f in folders)
+        assert {p.name for p in out.glob("model*")} >= {"model.pt", "model.safetensors"}
+        sizes[name] = sum(p.stat().st_size for p in out.rglob("*") if p.suffix in (".pt", ".safetensors"))
+    model = (tmp_path / "one" / "model.pt").stat().st_size
+    # 2 task twins fewer: at least 1.5 model copies saved (the checkpoints' optimizer state is deleted anyway)
+    assert sizes["both"] - sizes["one"] > 1.5 * model
 
 
 @pytest.mark.slow

@@ -369,6 +369,23 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     assert not (out / "task2-night" / "checkpoints").exists()  # a recorded task's training checkpoint is dropped
 
 
+def test_a_projector_that_holds_a_map_fixed_says_so(tmp_path, capsys):
+    """Issue 42.5: after a first task of more samples than dimensions, --lambda-min 0 keeps every direction on
+    both sides, so task 2's maps cannot move: a line names each map and the task (silent before)."""
+    spec = (f"a={lab.synthetic_manifest('task-photo', tmp_path, n=96)},"
+            f"b={lab.synthetic_manifest('task-night', tmp_path, n=32)}")
+    args = ["--tasks", spec, "--data-root", str(tmp_path), "--batch-size", "16", "--epochs", "1", "--lr", "1e-2",
+            "--zeroshot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu"]
+    res = dns.main(args + ["--out", str(tmp_path / "frozen"), "--lambda-min", "0", "--lambda-min-out", "0"])
+    dim = res["tasks"][1]["old_rank"]["W_img_in"]
+    err = capsys.readouterr().err
+    assert dim == res["tasks"][1]["old_rank"]["W_img_out"] and "task-photo" not in err
+    for m in ("W_img", "W_txt"):
+        assert f"b: {m} could not move" in err and f"old rank {dim} of {dim}" in err
+    dns.main(args + ["--out", str(tmp_path / "free")])  # the default threshold leaves room: no line
+    assert "could not move" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("code_settings", [False, True])
 def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path, code_settings):
     """Interrupted in task 2 and resumed: the projectors must be rebuilt from
@@ -426,9 +443,9 @@ def test_demo_seeds_flag_reruns_on_other_seeds(tmp_path, shrink_world):
 
 # --- real paths without the lab (issue 23, item 5) -------------------------------
 def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
-    """--task-classes / --zeroshot auto: the lab's sets with --tasks synthetic
-    or --backbone tiny; none on real data with a real backbone (which then
-    names no lab at all); explicit values are kept."""
+    """--task-classes / --zeroshot auto: the lab's sets only with --tasks synthetic;
+    none on a user's own tasks, with a real backbone (which then names no lab
+    at all) or the tiny one (issue 42.5); explicit values are kept."""
     real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
     assert (real.task_classes, real.zeroshot) == ("auto", "auto")
     assert not models.wants_lab(real)
@@ -437,6 +454,8 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
         got = cmcl.resolve(common.parse_config(dns.DNSConfig, argv))
         assert (got.task_classes, got.zeroshot) == ("shape", "synthetic-shape,synthetic-color")
+    own = cmcl.resolve(common.parse_config(dns.DNSConfig, ["--backbone", "tiny", "--tasks", "a=a.jsonl:b.jsonl"]))
+    assert (own.task_classes, own.zeroshot) == ("", "")
     mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
     assert (mine.task_classes, mine.zeroshot) == ("color", "cifar10")
     assert cmcl.resolve_eval_sets(got) == got  # idempotent: run() resolves again

@@ -315,6 +315,26 @@ def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says
     assert "weights_only=False" not in str(e.value)
 
 
+def test_cmcl_labels_may_be_class_names_and_a_bad_one_is_named(tmp_path):
+    """Issue 42.5: samples.json's labels as class names (what a user's own data holds) read as the indices
+    they name; an unknown name or an index out of range is one DataError naming samples.json."""
+    import numpy as np
+
+    from plumbing import cmcl
+    folder = _features(tmp_path)
+    np.save(tmp_path / "toy" / "classes.npy", np.eye(3, dtype="float32"))
+    (tmp_path / "toy" / "meta.json").write_text(json.dumps({"modalities": ["vision", "text"],
+                                                            "classes": ["cat", "dog", "owl"]}))
+    for labels, want in ((["dog", "owl", "cat", "dog"], [1, 2, 0, 1]), ([1, 2, 0, 1], [1, 2, 0, 1])):
+        (folder / "samples.json").write_text(json.dumps({"ids": list(range(4)), "labels": labels}))
+        assert cmcl.read_features(tmp_path, "toy", "test")["labels"].tolist() == want
+    for labels, says in ((["dog", "emu", "cat", "dog"], "label 1 is 'emu'"), ([1, 3, 0, 1], "label 1 is 3"),
+                         ([1, None, 0, 1], "label 1 is None")):
+        (folder / "samples.json").write_text(json.dumps({"ids": list(range(4)), "labels": labels}))
+        with pytest.raises(common.DataError, match=f"samples.json: {says}, neither a class name"):
+            cmcl.read_features(tmp_path, "toy", "test")
+
+
 @pytest.mark.parametrize("case, says", [("empty-file", "not a readable HDF5 file"), ("no-keys", "holds no arrays"),
                                         ("group", "key 'a' holds a group"), ("bytes", "key 'a' holds .* data"),
                                         ("widths", "arrays of different shapes")])
