@@ -76,7 +76,8 @@ CMCL_DATASETS = {
 #  ours (any encoder):
 #    <dir>/<dataset>/meta.json   {"modalities": [...], optional: "classes": [...], "metrics": ["recall", "acc"]}
 #    <dir>/<dataset>/<split>/<modality>.npy or .pt (N, d), row i = sample i; <split>/samples.json {"ids": [...],
-#        "labels": [class index or class name, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class name's text feature
+#        "labels": [class index or class name, ...] (optional)}; <dataset>/classes.npy or .pt (C, d): each class
+#        name's text feature
 def _read_array(folder: Path, stem: str) -> torch.Tensor:
     """<folder>/<stem>.npy or .pt as a float32 (N, d) tensor; a DataError names the file when it cannot be read
     (cut short, pickled objects: refused, never run), is not numeric, or is not two-dimensional."""

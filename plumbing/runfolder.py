@@ -37,8 +37,8 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "mod
 # eval-only flags, cclip.py's thread count and stop switch.
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
-               "threads", "task_safetensors", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results", "collect",
-               "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq"}
+               "threads", "task_safetensors", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
+               "collect", "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq"}
 
 
 def _pid_alive(pid: int) -> bool:
