@@ -357,7 +357,7 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
                     f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
     res = dns.main(["--tasks", spec, "--data-root", str(tmp_path), "--out", str(out), "--batch-size", "16",
-                    "--epochs", "2", "--zeroshot", "synthetic-color", "--device", "cpu"])
+                    "--epochs", "2", "--zeroshot", "synthetic-color", "--task-classes", "shape", "--device", "cpu"])
     written = json.loads((out / "results.json").read_text())
     R = written["continual"]["matrices"]["acc"]
     assert len(R) == 3 and len(R[0]) == 2  # row 0 = before training, then one row per task
