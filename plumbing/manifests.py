@@ -119,22 +119,34 @@ def image_problem(path) -> str | None:
     return None
 
 
-_DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size) -> image_problem, for this process
+_DECODED: dict[tuple, str | None] = {}  # (path, mtime_ns, size, ctime_ns) -> image_problem, for this process
+
+
+def _remembered(cache_file: Path) -> dict:
+    """The memo's {(path, mtime_ns, size, ctime_ns): problem}; a memo that is missing, not JSON or not of that
+    shape (`[]`, `null`, an older layout) is nothing remembered: those images are decoded again."""
+    try:
+        memo = json.loads(Path(cache_file).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(memo, dict):
+        return {}
+    return {(p, *v[:3]): v[3] for p, v in memo.items() if isinstance(v, list) and len(v) == 4
+            and all(isinstance(x, int) for x in v[:3]) and (v[3] is None or isinstance(v[3], str))}
 
 
 def image_problems(paths, threads: int = 8, cache_file: Path | None = None, across_ranks: bool = False):
     """image_problem of each path, decoded in threads (PIL releases the GIL). A file decoded before and unchanged
     since (same mtime and size) is not decoded again: in this process (the preflight's row check is training's)
-    and, with cache_file, in any earlier run (a JSON of [mtime_ns, size, problem] per path, written by rank 0).
+    and, with cache_file, in any earlier run (a JSON of [mtime_ns, size, ctime_ns, problem] per path, written by
+    rank 0; the ctime changes on every write, so an image rewritten in place with its size and mtime put back is
+    decoded again)
     across_ranks (every rank calls it, with the same paths): each rank decodes its share and all share the
     results (all_gather_object), so N processes check the images once, not N times."""
     from concurrent.futures import ThreadPoolExecutor
-    keys = [(str(p), st.st_mtime_ns, st.st_size) for p, st in ((p, os.stat(p)) for p in paths)]
+    keys = [(str(p), st.st_mtime_ns, st.st_size, st.st_ctime_ns) for p, st in ((p, os.stat(p)) for p in paths)]
     if cache_file is not None:
-        try:
-            _DECODED.update({(p, m, n): why for p, (m, n, why) in json.loads(Path(cache_file).read_text()).items()})
-        except (OSError, ValueError, TypeError):  # none yet, or broken: checked again
-            pass
+        _DECODED.update(_remembered(cache_file))
     todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
     rank, world, _ = dist_info() if across_ranks else (0, 1, 0)
     mine = todo[rank::world]
@@ -146,7 +158,7 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
         found = [kp for share in shares for kp in share]
     _DECODED.update(found)
     if cache_file is not None and todo and rank == 0:
-        atomic_write(cache_file, json.dumps({p: [m, n, _DECODED[(p, m, n)]] for p, m, n in dict.fromkeys(keys)}))
+        atomic_write(cache_file, json.dumps({k[0]: [*k[1:], _DECODED[k]] for k in dict.fromkeys(keys)}))
     return [_DECODED[k] for k in keys]
 
 

@@ -1,10 +1,12 @@
 """Issue 28 (past one machine), the parts done so far: Slurm's environment
 read as open_clip reads it, and two "nodes" on one machine (torchrun
 --nnodes 2, gloo) reaching the weights of one process."""
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,37 @@ def test_the_row_check_is_remembered_on_disk_and_redone_for_changed_files(tmp_pa
     monkeypatch.setattr(manifests, "_DECODED", {})
     decoded.clear()
     assert len(common.training_set(cfg, path).skipped) == 3 and decoded == [str(image)]
+
+
+@pytest.mark.parametrize("memo", ["[]", "null", "{\"x\": 3}", "{not json"])
+def test_a_broken_image_check_memo_is_checked_again_not_a_traceback(tmp_path, monkeypatch, memo):
+    """Issue 41 (elsewhere): a memo in CLIPFT_CACHE holding [] or null was an AttributeError traceback."""
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(manifests, "_DECODED", {})
+    path = _broken_manifest(tmp_path / "data")
+    common.image_check_cache(path).parent.mkdir(parents=True)
+    common.image_check_cache(path).write_text(memo)
+    assert len(common.training_set(common.Config(skip_bad=True), path).skipped) == 2
+    assert json.loads(common.image_check_cache(path).read_text())  # rewritten whole
+
+
+def test_an_image_rewritten_in_place_with_size_and_mtime_kept_is_decoded_again(tmp_path, monkeypatch):
+    """Issue 41 (elsewhere): the memo keyed on (size, mtime) let a corrupted image pass and stop the run at the
+    first batch; the ctime, which every write moves and no one can set back, is now part of the key."""
+    monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(manifests, "_DECODED", {})
+    path = _broken_manifest(tmp_path / "data")
+    cfg = common.Config(skip_bad=True)
+    assert len(common.training_set(cfg, path).skipped) == 2
+    image = path.parent / common.read_manifest(path)[5]["image"]
+    st, data = image.stat(), image.read_bytes()
+    time.sleep(0.01)
+    image.write_bytes(data[:60] + bytes(len(data) - 60))  # same size, broken
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (image.stat().st_size, image.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    monkeypatch.setattr(manifests, "_DECODED", {})  # a new process: only the disk remembers
+    skipped = common.training_set(cfg, path).skipped
+    assert len(skipped) == 3 and any(str(image.name) in s for s in skipped)
 
 
 def test_check_images_sample_decodes_a_sample_and_none_decodes_nothing(tmp_path, monkeypatch):
