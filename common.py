@@ -334,10 +334,10 @@ class ManifestDataset(torch.utils.data.Dataset):
         c = r.get(self.caption_key)
         return (random.choice(c) if draw else c[0]) if isinstance(c, list) and c else c
 
-    def _check(self, r):
-        cap = self._caption(r)
-        for name, value in ((self.caption_key, cap),
-                            ("long_caption", r.get("long_caption") if self.need_long else "x")):
+    def _check(self, r):  # a list's every caption: training draws any of them
+        c, key = r.get(self.caption_key), self.caption_key
+        caps = [(f"{key}[{i}]", x) for i, x in enumerate(c)] if isinstance(c, list) and c else [(key, c)]
+        for name, value in (*caps, ("long_caption", r.get("long_caption") if self.need_long else "x")):
             if not isinstance(value, str):
                 return f"no {name}" if value is None else f"{name} is not text ({type(value).__name__} {value!r:.40})"
             if not value.strip():

@@ -65,6 +65,22 @@ def test_bad_rows_name_file_and_line(tmp_path, problem):
     assert len(ds) == 2 and len(ds.skipped) == 1 and "m.jsonl:3" in ds.skipped[0]
 
 
+def test_every_caption_of_a_list_is_checked_not_only_the_first(tmp_path):
+    """Issue 41 (elsewhere): rows with `captions: [...]` (vlcl.py's layout) were checked on their first caption,
+    so a non-string member was a traceback at step 1 and an empty one trained silently."""
+    good = _good_image(tmp_path)
+    rows = [{"image": good, "captions": ["a", "b"]}, {"image": good, "captions": ["a", 7]},
+            {"image": good, "captions": ["a", "b", " "]}, {"image": good, "captions": []}]
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(common.DataError) as e:
+        common.ManifestDataset(p)
+    assert "m.jsonl:2: captions[1] is not text (int 7)" in str(e.value)
+    assert "m.jsonl:3: empty captions[2]" in str(e.value) and "m.jsonl:4: captions is not text" in str(e.value)
+    ds = common.ManifestDataset(p, skip_bad=True, draw_caption=True)
+    assert len(ds) == 1 and len(ds.skipped) == 3
+
+
 def test_undecodable_bytes_and_bad_json(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_bytes(b'{"image": "a.png", "caption": "ok"}\n{"image": "b.png", "caption": "\xff\xfe"}\n')
