@@ -879,7 +879,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     from tqdm.auto import tqdm
     bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
-    board = tensorboard_writer(out) if rank == 0 and cfg.report_to == "tensorboard" else None
+    board = runfolder.tensorboard_writer(out) if rank == 0 and cfg.report_to == "tensorboard" else None
     net.train()
     stop = StopSignals().install()
     t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
@@ -984,19 +984,6 @@ def lock_towers(cfg, model):
         model.lock_image_tower(unlocked_groups=cfg.lock_image_unlocked_groups)
     if cfg.lock_text:
         model.lock_text_tower(unlocked_layers=cfg.lock_text_unlocked_layers)
-
-
-def _needs_tensorboard():  # torch.utils.tensorboard needs the package; checked before any model is loaded
-    import importlib.util
-    if importlib.util.find_spec("tensorboard") is None:
-        raise UsageError("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
-
-
-def tensorboard_writer(out: Path):
-    """--report-to tensorboard: a SummaryWriter in <out>/tensorboard (the tensorboard package is imported only then)."""
-    _needs_tensorboard()
-    from torch.utils.tensorboard import SummaryWriter
-    return SummaryWriter(str(out / "tensorboard"))
 
 
 def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
@@ -1169,7 +1156,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
     if cfg.report_to == "tensorboard":
-        _needs_tensorboard()
+        runfolder.needs_tensorboard()
     if cfg.val_every and continual:
         raise UsageError("--val-every: a task sequence has no validation set during training; it evaluates every "
                          "task's test set after each task")

@@ -23,7 +23,8 @@ from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_s
 from plumbing.loading import file_sha256, load_weights_only
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
-           "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command"]
+           "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command",
+           "needs_tensorboard", "tensorboard_writer"]
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
 RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
@@ -410,3 +411,25 @@ def machine_info() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "torch": torch.__version__, "open_clip": open_clip.__version__, "python": platform.python_version()}
+
+
+def needs_tensorboard():
+    """--report-to tensorboard, checked before any model is loaded: the package is there and imports (a broken
+    install used to be a traceback once the model was built); one UsageError otherwise."""
+    import importlib.util
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except Exception as e:  # noqa: BLE001  any failure of a broken install
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UsageError(f"--report-to tensorboard: torch.utils.tensorboard does not import ({type(e).__name__}: "
+                         f"{why}); repair the install (pip install --force-reinstall tensorboard) or drop the "
+                         f"flag") from None
+
+
+def tensorboard_writer(out: Path):
+    """--report-to tensorboard: a SummaryWriter in <out>/tensorboard (the tensorboard package is imported only then)."""
+    needs_tensorboard()
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(str(out / "tensorboard"))

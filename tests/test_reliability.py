@@ -520,3 +520,20 @@ def test_warnings_and_progress_lines_escape_control_characters(tmp_path, capsys)
     line = common.progress_line(Path("runs/a\rb"), {"step": 1, "epoch": 0, "loss": 1.0, "lr": 1e-5,
                                                    "sec_per_step": 0.1}, 2)
     assert "\r" not in line and "a\\rb" in line
+
+
+def test_a_tensorboard_that_does_not_import_is_one_message_before_the_model(tmp_path, monkeypatch):
+    """Issue 41 (elsewhere): the package present but its import broken was a traceback after the model was
+    built; now the preflight tries the import and names it, before any model is loaded."""
+    import erclip
+    from plumbing import models
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what a broken install raises: ImportError
+    built = []
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: built.append(a) or pytest.fail("model loaded"))
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    with pytest.raises(common.UsageError, match=r"torch.utils.tensorboard does not import \(ModuleNotFoundError"):
+        erclip.main(["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size",
+                     "8", "--steps", "2", "--workers", "0", "--device", "cpu", "--eval-tasks", "none",
+                     "--pretrained", "random", "--report-to", "tensorboard", "--out", str(tmp_path / "tb")])
+    assert not built
