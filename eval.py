@@ -218,8 +218,8 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
             msg += "\n" * bool(msg) + common.bad_rows_message(name, unreadable, what="undecodable image(s)")
         if missing == len(paths) or strict:
             raise MissingData(msg + ("" if missing == len(paths) else " (--strict)"))
-        print(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
-              f"the results record missing={missing}.", file=sys.stderr)
+        base.warn_once(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
+                       f"the results record missing={missing}.")  # once: --val-every evaluates it again
         new_index = torch.cumsum(present.long(), 0) - 1  # old image index -> new
         keep_text = present[t2i]
         paths = [p for p, ok in zip(paths, present) if ok]
@@ -405,8 +405,7 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
         msg = common.bad_rows_message(path, ds.skipped)
         if strict:
-            raise MissingData(msg)
-        print(f"[eval] WARNING {msg}", file=sys.stderr)
+            raise MissingData(msg)  # else ManifestDataset's warning has named them, once per process
     index, t2i, texts = {}, [], []  # index: image path -> image index, in order of first appearance
     for r in ds.rows:
         t2i.append(index.setdefault(str(ds.image_file(r)), len(index)))

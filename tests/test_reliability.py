@@ -537,3 +537,21 @@ def test_a_tensorboard_that_does_not_import_is_one_message_before_the_model(tmp_
                      "8", "--steps", "2", "--workers", "0", "--device", "cpu", "--eval-tasks", "none",
                      "--pretrained", "random", "--report-to", "tensorboard", "--out", str(tmp_path / "tb")])
     assert not built
+
+
+def test_a_validation_sets_missing_image_is_named_once(tmp_path, capsys):
+    """Issue 41 (elsewhere): --val-every's set with a missing image was reported by the row check and again at
+    every validation (four times in a 4-step run at --val-every 2); now once."""
+    import erclip
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    val = Path(lab.synthetic_manifest("test", root, n=12))
+    rows = [json.loads(line) for line in val.read_text().splitlines()]
+    rows[3]["image"] = "missing.png"
+    (val.parent / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    erclip.main(["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size", "8",
+                 "--steps", "4", "--warmup", "1", "--workers", "0", "--device", "cpu", "--eval-tasks", "none",
+                 "--pretrained", "random", "--val-data", str(val.parent / "val.jsonl"), "--val-every", "2",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert err.count("missing.png") == 1, err
