@@ -47,7 +47,7 @@ from PIL import Image
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
 from plumbing import manifests, models, runfolder, shards
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable,
+from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable, rendezvous_watch,
                            warn_once, world_size)
 from plumbing.cli import StopSignals, cli
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
@@ -493,7 +493,9 @@ def init_distributed(device: str = "auto"):
         use_cuda = torch.cuda.is_available() and device != "cpu"
         if use_cuda:
             torch.cuda.set_device(local)
+        watch = rendezvous_watch()  # a process started alone ends with one message, not a silent wait
         dist.init_process_group("nccl" if use_cuda else "gloo")
+        watch.cancel()
     rank, world, local = dist_info()
     if device == "auto":
         device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"

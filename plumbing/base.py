@@ -38,6 +38,34 @@ def adopt_slurm(env=os.environ) -> bool:
     return True
 
 
+RENDEZVOUS_SECONDS = float(os.environ.get("CLIPFT_RENDEZVOUS_TIMEOUT", 300))
+
+
+def rendezvous_watch(env=os.environ):
+    """A line saying that this process waits for the others, and a watch that ends the process with one message
+    (exit 1) when they have not joined within RENDEZVOUS_SECONDS (CLIPFT_RENDEZVOUS_TIMEOUT): a process started
+    alone in an environment that claims more (MASTER_ADDR / MASTER_PORT and Slurm's task count exported, but no
+    srun) waited silently before. Returns the watch (threading.Timer): cancel it once the group is up; the watch
+    covers the rendezvous only, never the collectives of the run."""
+    import threading
+    world, where = env.get("WORLD_SIZE", "1"), f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    source = (f"Slurm's SLURM_NTASKS={env['SLURM_NTASKS']}" if env.get("SLURM_NTASKS") == world
+              and "SLURM_PROCID" in env else "WORLD_SIZE (torchrun)")
+    print(f"[dist] rank {env.get('RANK', '0')} of {world}: waiting for the other processes at {where}",
+          file=sys.stderr, flush=True)
+
+    def give_up():
+        print(f"error: the other processes did not join at {where} within {RENDEZVOUS_SECONDS:g} s; this process "
+              f"expects {world} of them because of {source}. Start every process (srun python ..., or torchrun "
+              f"--nproc-per-node N ...), or run one process without those variables; "
+              f"CLIPFT_RENDEZVOUS_TIMEOUT sets the wait", file=sys.stderr, flush=True)
+        os._exit(1)
+    watch = threading.Timer(RENDEZVOUS_SECONDS, give_up)
+    watch.daemon = True
+    watch.start()
+    return watch
+
+
 def world_size() -> int:
     """The number of processes torchrun (or srun) started; 1 without either."""
     adopt_slurm()

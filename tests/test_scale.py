@@ -248,3 +248,18 @@ def test_a_manifest_dataset_keeps_its_rows_packed(tmp_path):
     ds = common.ManifestDataset(lab.synthetic_manifest("train", tmp_path / "data", n=8), need_long=True)
     assert isinstance(ds.rows, common.CompactRows) and len(ds.rows) == 8
     assert ds[3]["caption"] == ds.rows[3]["caption"] and ds[3]["long_caption"] == ds.rows[3]["long_caption"]
+
+
+@pytest.mark.slow
+def test_a_process_started_alone_where_slurm_claims_two_ends_with_one_message(tmp_path):
+    """Issue 41 (elsewhere): MASTER_ADDR / MASTER_PORT and Slurm's task count exported (the README's job script)
+    but one process started without srun waited silently (90 s, nothing printed). Now a line says it waits, and
+    after CLIPFT_RENDEZVOUS_TIMEOUT one message names the cause and the process exits 1."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), SLURM_PROCID="0", SLURM_NTASKS="2",
+               SLURM_LOCALID="0", CLIPFT_RENDEZVOUS_TIMEOUT="2")
+    env.pop("WORLD_SIZE", None)
+    r = subprocess.run([sys.executable, "-c", "import common; common.init_distributed('cpu')"], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "rank 0 of 2: waiting for the other processes" in r.stderr
+    assert "did not join" in r.stderr and "SLURM_NTASKS=2" in r.stderr and "srun" in r.stderr
