@@ -317,6 +317,15 @@ def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
     """Refuses a resume whose training data differ from the checkpoint's (rows or manifest content) unless
     --override-resume; returns {was, now} when the override accepts a change (train's summary records it)."""
     old = state.get("data")
+    if old and old.get("modified") and data.get("modified") and old["modified"] != data["modified"] and \
+            {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
+        if not cfg.override_resume:  # shards: the same names, sizes and counts, written since
+            raise RunError(f"--resume: shards of {old.get('manifest')} were modified since {ck} was saved (same "
+                           f"names, byte sizes and sample counts, other modification times): edited in place, or "
+                           f"copied without keeping the times? Restore them, start afresh with --overwrite, or, if "
+                           f"they were only copied, pass --override-resume (recorded in results.json)")
+        warn_once("[out] --override-resume: continuing on shards modified since the checkpoint")
+        return {"was": old, "now": data}
     if not old or {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
         return None
     def shown(d):

@@ -226,11 +226,18 @@ class ShardSet:
                 f"every batch after it)")
 
     def fingerprint(self) -> dict:
-        """What common.data_fingerprint stores for a resume check: the epoch's samples, and a sha256 of the
-        shards' names, byte sizes and sample counts (a resume on other shards is refused)."""
-        h = hashlib.sha256(json.dumps([(str(p), p.stat().st_size, n)
-                                       for p, n in zip(self.shards, self.sizes)]).encode())
-        return {"rows": self.num_samples, "manifest": self.pattern, "sha256": h.hexdigest()}
+        """What common.data_fingerprint stores for a resume check: the epoch's samples, a sha256 of the shards'
+        names, byte sizes and sample counts (a resume on other shards is refused), and one of their modification
+        times ("modified": a shard edited in place keeps its size, since tar pads to 10,240-byte records, but not
+        its mtime). Not a hash of the members: that reads every header of every shard at each start (hours for
+        LAION-sized sets); a copy that does not keep the mtimes (cp without -p) is then refused too, with a
+        message that says so."""
+        stats = [p.stat() for p in self.shards]
+        h = hashlib.sha256(json.dumps([(str(p), st.st_size, n)
+                                       for p, st, n in zip(self.shards, stats, self.sizes)]).encode())
+        modified = hashlib.sha256(json.dumps([st.st_mtime_ns for st in stats]).encode())
+        return {"rows": self.num_samples, "manifest": self.pattern, "sha256": h.hexdigest(),
+                "modified": modified.hexdigest()}
 
     def loader(self, batch: int, collate, seed: int, rank: int, world: int, workers: int, steps_per_epoch: int,
                pin_memory: bool = False):

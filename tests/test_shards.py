@@ -322,3 +322,27 @@ def test_the_converter_writes_only_image_members_the_reader_reads(tmp_path):
             assert np.array_equal(np.asarray(to_rgb(a)), np.asarray(to_rgb(b))), r["image"]
     batch = _first_batch(pattern, batch=4)
     assert sorted(it["caption"] for it in batch) == [f"picture {i}" for i in range(4)]
+
+
+def test_a_resume_after_a_shard_was_edited_in_place_is_refused(sharded, tmp_path):
+    """Issue 41.1: the fingerprint was (path, byte size, count), and tar pads every shard to 10,240-byte records,
+    so a shard whose captions and images moved (same size) resumed as unchanged; its modification time is now part
+    of it. --override-resume goes on, recorded."""
+    import shutil
+    src = shards.expand(sharded[1])
+    for p in [*src, src[0].parent / "sizes.json"]:
+        shutil.copy2(p, tmp_path / p.name)
+    pattern = str(tmp_path / "{00000..00004}.tar")
+    _train(_cfg(tmp_path / "run", stop_at=2), pattern)
+    first = tmp_path / "00000.tar"
+    samples, size = list(shards.samples_of(first)), first.stat().st_size
+    with tarfile.open(first) as tar:  # a caption's bytes rewritten in place: same members, same byte size
+        m = next(m for m in tar if m.name.endswith(".txt"))
+    data = bytearray(first.read_bytes())
+    data[m.offset_data:m.offset_data + 1] = b"X" if data[m.offset_data:m.offset_data + 1] != b"X" else b"Y"
+    first.write_bytes(bytes(data))
+    assert first.stat().st_size == size and list(shards.samples_of(first)) != samples
+    with pytest.raises(common.RunError, match="were modified since"):
+        _train(_cfg(tmp_path / "run", resume="latest"), pattern)
+    _, summary = _train(_cfg(tmp_path / "run", resume="latest", override_resume=True), pattern)
+    assert summary["steps"] == 6
