@@ -35,8 +35,7 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
 
-Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)
-"""
+Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)"""
 from __future__ import annotations
 
 import copy
@@ -88,8 +87,7 @@ class CClipConfig(flags.Config):
     eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
     threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
     stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
-    task_safetensors: bool = arg(False, "ours: each task folder's model.pt also as model.safetensors "
-                                 "(off: one copy per task; the final model has both)")
+    task_safetensors: bool = arg(False, "ours: task folders' model.pt also as .safetensors")
     demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
 
