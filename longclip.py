@@ -340,7 +340,7 @@ def paper_tables(ours, backbone: str) -> str:
                                 "paper Long-CLIP, ~1M pairs (ERCLIP Tab. 1)")
         avg = (sum(vals[0::2]) / 4, sum(vals[1::2]) / 4)
         rows.append((dict(zip(cols1, [name, vit, 248, *vals, *avg])),
-                     dict(zip(cols2, [name, vit, 248, "-", *avg, "–", "–", "–", "–", "–"]))))
+                     dict(zip(cols2, [name, vit, 248, "-", *avg, *["–"] * 5]))))
     rows += [published.erclip_rows(records, name, vit, pres, window)
              for name, records, window, pres in ours]
     return evaluation.erclip_tables([r1 for r1, _ in rows], [r2 for _, r2 in rows], window=True)

@@ -317,25 +317,27 @@ def resumed_data_check(cfg, ck: Path, state: dict, data: dict) -> dict | None:
     """Refuses a resume whose training data differ from the checkpoint's (rows or manifest content) unless
     --override-resume; returns {was, now} when the override accepts a change (train's summary records it)."""
     old = state.get("data")
-    if old and old.get("modified") and data.get("modified") and old["modified"] != data["modified"] and \
-            {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
-        if not cfg.override_resume:  # shards: the same names, sizes and counts, written since
-            raise RunError(f"--resume: shards of {old.get('manifest')} were modified since {ck} was saved (same "
-                           f"names, byte sizes and sample counts, other modification times): edited in place, or "
-                           f"copied without keeping the times? Restore them, start afresh with --overwrite, or, if "
-                           f"they were only copied, pass --override-resume (recorded in results.json)")
-        warn_once("[out] --override-resume: continuing on shards modified since the checkpoint")
-        return {"was": old, "now": data}
-    if not old or {k: old.get(k) for k in ("rows", "sha256")} == {k: data.get(k) for k in ("rows", "sha256")}:
+    if not old:
+        return None
+    same = all(old.get(k) == data.get(k) for k in ("rows", "sha256"))
+    # shards: the same names, sizes and counts, written since (fingerprints without "modified" are not compared)
+    modified = same and bool(old.get("modified") and data.get("modified")) and old["modified"] != data["modified"]
+    if same and not modified:
         return None
     def shown(d):
         return f"{d['rows']} rows" + (f", sha256 {d['sha256'][:12]}" if d.get("sha256") else "")
+    if not cfg.override_resume and modified:
+        raise RunError(f"--resume: shards of {old.get('manifest')} were modified since {ck} was saved (same "
+                       f"names, byte sizes and sample counts, other modification times): edited in place, or "
+                       f"copied without keeping the times? Restore them, start afresh with --overwrite, or, if "
+                       f"they were only copied, pass --override-resume (recorded in results.json)")
     if not cfg.override_resume:
         raise RunError(f"--resume: the training data changed since {ck} was saved ({old.get('manifest', 'the set')}: "
                        f"{shown(old)} then, {shown(data)} now); the step count, the schedule and the shuffle depend "
                        f"on them. Restore the data to continue the run, start afresh with --overwrite, or pass "
                        f"--override-resume to go on with the new data (recorded in results.json)")
-    warn_once(f"[out] --override-resume: continuing on changed training data ({shown(old)} -> {shown(data)})")
+    warn_once("[out] --override-resume: continuing on shards modified since the checkpoint" if modified else
+              f"[out] --override-resume: continuing on changed training data ({shown(old)} -> {shown(data)})")
     return {"was": old, "now": data}
 
 
