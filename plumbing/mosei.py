@@ -1,10 +1,16 @@
 """CMU-MOSEI's aligned features as GMC reads them (gmc.py, m2-Mix Sec. 5.5): MulT's pickle read
-without running code (numpy arrays only), its .npz copy (--convert), and the splits checked before
-training, non-finite values set to 0 and counted. The layout: docs/gmc.md, 'The data as
-distributed'."""
+without running code (numpy arrays only, any pickle protocol), its .npz copy (--convert), and the
+splits checked before training, non-finite features set to 0 and counted (labels: refused). Memory
+is checked before it is asked for: what the arrays declare against the file's size (a pickle's
+arrays hold their bytes, an .npz entry its header's size) and the machine's memory. The layout:
+docs/gmc.md, 'The data as distributed'."""
 from __future__ import annotations
 
+import math
+import os
 import pickle
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -13,21 +19,180 @@ import torch
 import common
 
 MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
+SLACK = 64 << 20  # bytes any file may declare beyond its ratio (small files, headers, copies)
+PICKLE_RATIO, NPZ_RATIO, STR_RATIO = 2, 64, 4  # declared bytes per byte of file: arrays hold their
+# bytes in a pickle; deflate packs real features a few times, a bomb ~1000x; str arrays are UCS-4
+
+
+def _ram() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _budget(path: Path, need: int, ratio: int, what: str) -> None:
+    """Refuses `need` bytes (before they are allocated) above ratio x the file's size + SLACK or
+    the machine's memory."""
+    size, ram = path.stat().st_size, _ram()
+    if need > ratio * size + SLACK or (ram is not None and need > ram):
+        raise common.DataError(
+            f"{path}: {what} would take {need / 2**30:.2f} GiB of memory from a file of "
+            f"{size / 2**20:.1f} MiB (at most {ratio}x its size + {SLACK >> 20} MiB"
+            f"{f', and the machine has {ram / 2**30:.0f} GiB' if ram else ''}): refused before "
+            f"allocating (a crafted or corrupted file; an .npz saved compressed: np.savez it "
+            f"uncompressed, as --convert writes)")
 
 
 class NumpyOnly(pickle.Unpickler):
-    """Admits the globals numpy arrays need (and _codecs.encode, Python 2 pickles' bytes);
-    anything else stops."""
+    """Admits only what numpy arrays need, under every protocol: _reconstruct + ndarray + dtype
+    (+ scalar), protocol 5's _frombuffer, _codecs.encode(str, 'latin1') and bytes() (protocols
+    <= 2's bytes); anything else stops. Each array's declared shape and dtype are checked against
+    the bytes it holds and the file's budget before numpy builds it (numpy trusts them: an object
+    array declaring more items than it holds crashes the interpreter)."""
     SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
             ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
+            ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+            ("__builtin__", "bytes"), ("builtins", "bytes")}
+
+    def __init__(self, f, path: Path, **kw):
+        super().__init__(f, **kw)
+        self.path, self.declared = path, 0
+        reader = self
+
+        class Checked(np.ndarray):
+            def __setstate__(self, state):
+                reader.check_state(state)
+                return np.ndarray.__setstate__(self, state)
+        self.checked = Checked
+
+    def refuse(self, why: str):
+        raise common.DataError(f"{self.path}: {why}: refused (a pickle can run code when loaded; "
+                               f"the MOSEI file holds numpy arrays only)")
+
+    def declare(self, shape, dtype, held: int | None):
+        if not (isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape)
+                and isinstance(dtype, np.dtype)):
+            self.refuse(f"an array with shape {shape!r} and dtype {dtype!r}")
+        count = math.prod(shape)
+        need = count * (8 if dtype.hasobject else dtype.itemsize)
+        if held is not None and held != need:
+            self.refuse(f"an array declaring {shape} {dtype} ({need} bytes) holds {held} bytes")
+        self.declared += need
+        _budget(self.path, self.declared, PICKLE_RATIO, "the pickle's arrays")
+        return count
+
+    def check_state(self, state):
+        if not (isinstance(state, tuple) and len(state) in (4, 5)):
+            self.refuse(f"an array state {type(state).__name__} of length {len(state)}"
+                        if isinstance(state, tuple) else
+                        f"an array state of type {type(state).__name__}")
+        shape, dtype, _, raw = state[-4:]
+        if isinstance(dtype, np.dtype) and dtype.hasobject:
+            if not isinstance(raw, list) or dtype != np.dtype(object):
+                self.refuse(f"an object array of {dtype} whose items are {type(raw).__name__}")
+            if self.declare(shape, dtype, None) != len(raw):
+                self.refuse(f"an object array declaring {shape} holds {len(raw)} items")
+        elif isinstance(raw, (bytes, str)):  # str: a Python 2 pickle's bytes, read as latin1
+            self.declare(shape, dtype, len(raw))
+        else:
+            self.refuse(f"an array whose data is {type(raw).__name__}")
 
     def find_class(self, module, name):
         if (module, name) not in self.SAFE:
-            raise common.DataError(f"the pickle asks for {module}.{name}, which is not a numpy "
-                                   f"array: refused (a pickle can run code when loaded; the MOSEI "
-                                   f"file holds numpy arrays only)")
-        return super().find_class(module, name)
+            self.refuse(f"the pickle asks for {module}.{name}, which is not a numpy array")
+        if name == "bytes":
+            return self.empty_bytes
+        if name == "encode":
+            return self.latin1
+        real = super().find_class(module, name)
+        if name == "_reconstruct":
+            def reconstruct(subtype, shape, tag):
+                if subtype is not np.ndarray:
+                    self.refuse(f"_reconstruct of {subtype!r}, not numpy.ndarray")
+                return real(self.checked, shape, tag)
+            return reconstruct
+        if name == "_frombuffer":
+            def frombuffer(buf, dtype, shape, order):
+                if not isinstance(buf, (bytes, bytearray, pickle.PickleBuffer)) or order not in (
+                        "C", "F"):
+                    self.refuse(f"_frombuffer of {type(buf).__name__} (order {order!r})")
+                self.declare(shape, dtype, memoryview(buf).nbytes)
+                return real(buf, dtype, shape, order)
+            return frombuffer
+        return real
+
+    def empty_bytes(self, *args):  # protocols <= 2 pickle b'' (an empty array's data) as bytes()
+        if args:
+            self.refuse(f"bytes{args!r} (only bytes() of an empty array is numpy's)")
+        return b""
+
+    def latin1(self, obj, encoding="utf-8", errors="strict"):  # protocols <= 2's bytes
+        if not isinstance(obj, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+            self.refuse(f"_codecs.encode({type(obj).__name__}, {encoding!r}), not numpy's bytes")
+        return obj.encode("latin1")
+
+
+LAYOUT = "GMC's layout: {'train'|'valid'|'test': {'text', 'audio', 'vision', 'labels'}}"
+
+
+def _plain(tree, path: Path) -> dict:
+    """{split: {key: ndarray}} from what the pickle held, or one message naming what is not."""
+    if not isinstance(tree, dict):
+        raise common.DataError(f"{path}: the file holds {type(tree).__name__}, not a dict of "
+                               f"splits; {LAYOUT}")
+    out = {}
+    for split, d in tree.items():
+        if not isinstance(split, str) or not isinstance(d, dict):
+            raise common.DataError(f"{path}: split {split!r} is {type(d).__name__}, not a dict "
+                                   f"of arrays; {LAYOUT}")
+        out[split] = {}
+        for key, a in d.items():
+            if not isinstance(key, str) or not isinstance(a, np.ndarray):
+                raise common.DataError(f"{path}: {split}/{key!r} is {type(a).__name__}, not a "
+                                       f"numpy array; {LAYOUT}")
+            out[split][key] = a.view(np.ndarray)
+    return out
+
+
+def _read_npz(path: Path) -> dict:
+    """The .npz's 'split/key' entries; every entry's header (shape, dtype) checked against its
+    stored size, pickled entries refused and the total against the budget, before any is read."""
+    fmt = np.lib.format
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos, total = z.infolist(), 0
+            for info in infos:
+                if not info.filename.endswith(".npy"):
+                    raise common.DataError(f"{path}: entry {info.filename!r} is not a .npy array")
+                with z.open(info) as f:
+                    version = fmt.read_magic(f)
+                    shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                                       else fmt.read_array_header_2_0(f))
+                    head = f.tell()
+                if dtype.hasobject:
+                    raise common.DataError(f"{path}: entry {info.filename!r} holds pickled "
+                                           f"objects ({dtype}): refused (np.load(allow_pickle="
+                                           f"False) reads plain arrays only)")
+                need = math.prod(shape) * dtype.itemsize
+                if info.file_size != head + need:
+                    raise common.DataError(f"{path}: entry {info.filename!r} declares {shape} "
+                                           f"{dtype} ({need} bytes) but holds "
+                                           f"{info.file_size - head} bytes: truncated or crafted")
+                total += need
+                _budget(path, total, NPZ_RATIO, "the .npz's arrays")
+            out = {}
+            for info in infos:
+                with z.open(info) as f:
+                    split, _, key = info.filename[:-4].partition("/")
+                    out.setdefault(split, {})[key] = fmt.read_array(f, allow_pickle=False)
+            return out
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as e:
+        if isinstance(e, common.DataError):
+            raise
+        raise common.DataError(f"{path}: not a readable .npz: truncated or corrupted "
+                               f"({type(e).__name__}: {e})") from None
 
 
 def read_arrays(path) -> dict:
@@ -39,47 +204,70 @@ def read_arrays(path) -> dict:
                                 f"(github.com/yaohungt/Multimodal-Transformer; GMC's code calls "
                                 f"it mosei_data.pkl): docs/gmc.md, 'The data as distributed'")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            out = {}
-            for k in z.files:
-                split, _, key = k.partition("/")
-                out.setdefault(split, {})[key] = z[k]
-            return out
+        return _read_npz(path)
     with open(path, "rb") as f:
         try:
-            return NumpyOnly(f, encoding="latin1").load()
+            tree = NumpyOnly(f, path, encoding="latin1").load()
         except common.DataError:
             raise
         except Exception as e:  # noqa: BLE001  truncated or not a pickle
             raise common.DataError(f"{path}: not a readable pickle ({type(e).__name__}: "
                                    f"{e})") from None
+    return _plain(tree, path)
+
+
+def _items(a: np.ndarray, where: str, path: Path, spent: int = 0) -> np.ndarray:
+    """An object array's items as a plain array: numbers (None: NaN) as float64, strings as str,
+    bytes as bytes (their size with `spent` bytes already held checked first); anything else
+    (dicts, arrays, mixed kinds, ints beyond float64) one message."""
+    items = a.ravel().tolist()
+    kinds = {"number" if x is None or isinstance(x, (int, float, np.number, np.bool_))
+             else type(x).__name__ for x in items}
+    if len(kinds) > 1 or not kinds <= {"number", "str", "bytes"}:
+        raise common.DataError(f"{path}: {where} is an object array of {', '.join(sorted(kinds))}; "
+                               f"want numbers (or strings for keys GMC does not read)")
+    if kinds in ({"str"}, {"bytes"}):
+        longest = max(len(x) for x in items)
+        _budget(path, spent + len(items) * longest * (STR_RATIO if "str" in kinds else 1), STR_RATIO,
+                f"{where} as a numpy string array")
+        return np.array(items, dtype=("U" if "str" in kinds else "S") + str(max(longest, 1))
+                        ).reshape(a.shape)
+    try:
+        return np.array([np.nan if x is None else x for x in items], np.float64).reshape(a.shape)
+    except OverflowError:
+        raise common.DataError(f"{path}: {where} holds an integer beyond float64's range") from None
 
 
 def convert(path) -> Path:
     """The pickle's arrays as a .npz beside it (no pickle inside: np.load(allow_pickle=False)
     reads it)."""
+    path = Path(path)
     arrays = read_arrays(path)
-    flat = {f"{s}/{k}": (v.astype(str) if v.dtype == object else v)
-            for s, d in arrays.items() for k, v in d.items()}
-    out = Path(path).with_suffix(".npz")
+    flat, spent = {}, 0
+    for s, d in arrays.items():
+        for k, v in d.items():
+            flat[f"{s}/{k}"] = _items(v, f"{s}/{k}", path, spent) if v.dtype.hasobject else v
+            spent += flat[f"{s}/{k}"].nbytes
+    out = path.with_suffix(".npz")
     common.atomic_write(out, lambda tmp: np.savez(open(tmp, "wb"), **flat))
     return out
 
 
 def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
     """({split: {'text'|'audio'|'vision': float32 (N, T, d), 'label': (N,)}}, {what: non-finite
-    count}), shapes checked first: one message names the split and the key that is wrong."""
+    count}), shapes checked first: one message names the split and the key that is wrong.
+    Non-finite features: set to 0 and counted (G6) or refused; non-finite labels: refused."""
+    path = Path(path)
     arrays, out, fixed = read_arrays(path), {}, {}
     for split in ("train", "valid", "test"):
-        if split not in arrays or not isinstance(arrays[split], dict):
+        if split not in arrays:
             raise common.DataError(f"{path}: no '{split}' split (found {sorted(arrays)[:5]}); "
-                                   f"GMC's layout: {{'train'|'valid'|'test': {{'text', 'audio', "
-                                   f"'vision', 'labels'}}}}")
+                                   f"{LAYOUT}")
         d, n = arrays[split], None
         for key in (*MODALITIES, "labels"):
             a = d.get(key)
             if not isinstance(a, np.ndarray) or (a.ndim != 3 if key != "labels"
-                                                 else a.size != len(a)):
+                                                 else a.ndim == 0 or a.size != len(a)):
                 raise common.DataError(f"{path}: {split}/{key} is {getattr(a, 'shape', a)!r}; "
                                        f"want (N, steps, dim) for features, N values for labels")
             if n is not None and len(a) != n:
@@ -91,9 +279,22 @@ def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
                                    f"reads aligned ones")
         out[split] = {}
         for key in (*MODALITIES, "labels"):
-            a = d[key].astype(np.float32)
+            a = d[key]
+            if a.dtype.hasobject:
+                a = _items(a, f"{split}/{key}", path)
+            if a.dtype.kind not in "biuf":
+                raise common.DataError(f"{path}: {split}/{key} holds {a.dtype} values; want "
+                                       f"numbers")
+            a = a.astype(np.float32)
             bad = ~np.isfinite(a)
             if bad.any():
+                if key == "labels":
+                    rows = np.flatnonzero(bad.reshape(len(a), -1).any(1)).tolist()
+                    raise common.DataError(f"{path}: {split}/labels has {len(rows)} non-finite "
+                                           f"values (NaN, inf or None) in rows {rows[:5]}"
+                                           f"{'...' if len(rows) > 5 else ''}: a sentiment label "
+                                           f"is not set to 0 (neutral) as features are; fix or "
+                                           f"drop those rows")
                 if nonfinite == "refuse":
                     raise common.DataError(f"{path}: {split}/{key} has {int(bad.sum())} non-finite "
                                            f"values ({int(np.isneginf(a).sum())} -inf); "
