@@ -35,13 +35,14 @@ def _budget(path: Path, need: int, ratio: int, what: str) -> None:
     """Refuses `need` bytes (before they are allocated) above ratio x the file's size + SLACK or
     the machine's memory."""
     size, ram = path.stat().st_size, _ram()
+    hint = ("; an .npz saved compressed: np.savez it uncompressed, as --convert writes"
+            if ratio == NPZ_RATIO else "")
     if need > ratio * size + SLACK or (ram is not None and need > ram):
         raise common.DataError(
             f"{path}: {what} would take {need / 2**30:.2f} GiB of memory from a file of "
             f"{size / 2**20:.1f} MiB (at most {ratio}x its size + {SLACK >> 20} MiB"
             f"{f', and the machine has {ram / 2**30:.0f} GiB' if ram else ''}): refused before "
-            f"allocating (a crafted or corrupted file; an .npz saved compressed: np.savez it "
-            f"uncompressed, as --convert writes)")
+            f"allocating (a crafted or corrupted file{hint})")
 
 
 class NumpyOnly(pickle.Unpickler):
@@ -137,20 +138,24 @@ class NumpyOnly(pickle.Unpickler):
 LAYOUT = "GMC's layout: {'train'|'valid'|'test': {'text', 'audio', 'vision', 'labels'}}"
 
 
+def _kind(x) -> str:
+    return "ndarray" if isinstance(x, np.ndarray) else type(x).__name__
+
+
 def _plain(tree, path: Path) -> dict:
     """{split: {key: ndarray}} from what the pickle held, or one message naming what is not."""
     if not isinstance(tree, dict):
-        raise common.DataError(f"{path}: the file holds {type(tree).__name__}, not a dict of "
+        raise common.DataError(f"{path}: the file holds {_kind(tree)}, not a dict of "
                                f"splits; {LAYOUT}")
     out = {}
     for split, d in tree.items():
         if not isinstance(split, str) or not isinstance(d, dict):
-            raise common.DataError(f"{path}: split {split!r} is {type(d).__name__}, not a dict "
+            raise common.DataError(f"{path}: split {split!r} is {_kind(d)}, not a dict "
                                    f"of arrays; {LAYOUT}")
         out[split] = {}
         for key, a in d.items():
             if not isinstance(key, str) or not isinstance(a, np.ndarray):
-                raise common.DataError(f"{path}: {split}/{key!r} is {type(a).__name__}, not a "
+                raise common.DataError(f"{path}: {split}/{key!r} is {_kind(a)}, not a "
                                        f"numpy array; {LAYOUT}")
             out[split][key] = a.view(np.ndarray)
     return out
