@@ -30,12 +30,12 @@ Deviations (one line each; at length in docs/gmc.md)
   G3. Pairs mixed: not printed; all three, averaged; the unofficial code's one: --mix-pairs random.
   G4. L_m2's positive: the same sample's z_J; negatives: every other row of [mix; z_J] (Sec. 5.5).
   G5. Constant lr (GMC's ReduceLROnPlateau fires <= once in 40 epochs); AdamW, decay 0; clip 0.8.
-  G6. Every non-finite feature set to 0 and counted (GMC's code: audio's -inf): --nonfinite refuse.
+  G6. Non-finite features -> 0, counted (GMC's: audio's -inf); --nonfinite refuse. Labels: refused.
   G7. Partial observation as GMC's code: the mean of the observed z (not renormalised) is classified
   G8. The loss terms are gathered across ranks (global batch); GMC trains on one GPU.
 
 Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release; its layout:
-docs/gmc.md), read by plumbing/mosei.py (numpy arrays only); --convert writes a .npz once.
+docs/gmc.md), read by plumbing/mosei.py (numpy arrays only, sizes checked); --convert: a .npz.
 Commands
   python gmc.py --data data/mosei/mosei_data.pkl --method gmc-m2 --seeds 0,1,2,3,4 --out runs/gmc-m2
   python gmc.py --data data/mosei/mosei_data.pkl --convert   (then --data data/mosei/mosei_data.npz)
