@@ -227,13 +227,13 @@ def _items(a: np.ndarray, where: str, path: Path, spent: int = 0) -> np.ndarray:
     (dicts, arrays, mixed kinds, ints beyond float64) one message."""
     items = a.ravel().tolist()
     kinds = {"number" if x is None or isinstance(x, (int, float, np.number, np.bool_))
-             else type(x).__name__ for x in items}
+             else _kind(x) for x in items}
     if len(kinds) > 1 or not kinds <= {"number", "str", "bytes"}:
         raise common.DataError(f"{path}: {where} is an object array of {', '.join(sorted(kinds))}; "
                                f"want numbers (or strings for keys GMC does not read)")
     if kinds in ({"str"}, {"bytes"}):
-        longest = max(len(x) for x in items)
-        _budget(path, spent + len(items) * longest * (STR_RATIO if "str" in kinds else 1), STR_RATIO,
+        longest, width = max(len(x) for x in items), 4 if "str" in kinds else 1  # UCS-4 | bytes
+        _budget(path, spent + len(items) * longest * width, STR_RATIO,
                 f"{where} as a numpy string array")
         return np.array(items, dtype=("U" if "str" in kinds else "S") + str(max(longest, 1))
                         ).reshape(a.shape)
