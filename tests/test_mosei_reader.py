@@ -52,7 +52,8 @@ def address_space(extra_mib):
     declares fails with MemoryError instead of taking the machine's memory. Restored after."""
     size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (size + (extra_mib << 20), hard))
+    cap = size + (extra_mib << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
     try:
         yield
     finally:
