@@ -168,6 +168,9 @@ def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: S
           f"{claims_table(claims)}\n\nwall time {wall:.0f}s")
     if "processes" in extra:  # lab.run_jobs' threads per job
         extra["job_threads"] = JOB_THREADS
+    perturb = int(os.environ.get("CLIPFT_PERTURB", "0") or 0)
+    if perturb:  # the weights moved by one ulp (lab.tiny.perturbed_weights): a stability rerun, never a demo
+        extra["perturb"] = perturb
     record = {"settings": "demo settings (not the paper's)", **extra, "seeds": list(seeds()), "base": base,
               "per_seed": runs, "claims": claims, "table": table, "figure": str(fig), "wall_seconds": wall,
               "machine": machine_info()}

@@ -139,12 +139,41 @@ def load_shipped(path: Path) -> dict:
     return {**blob["state"], "token_embedding.weight": emb}
 
 
-def pretrain_tiny(force: bool = False) -> Path:
+# Issue 39, item 3: the float-rounding perturbation of a whole demo. CLIPFT_PERTURB=N (N >= 1) hands every run the
+# pretrained weights with each nonzero float moved one unit in the last place, up or down by a draw of seed N
+# (perturbed_weights); never a demo's setting, recorded in its results file as `perturb`.
+PERTURB = int(os.environ.get("CLIPFT_PERTURB", "0") or 0)
+
+
+def perturbed_weights(seed: int, path: Path | None = None) -> Path:
+    """The tiny pretrained weights (or the full state_dict at `path`) with every nonzero float tensor entry moved
+    one ulp towards +inf or -inf (each direction drawn from `seed`): a perturbation at float-rounding level, the
+    same on every machine. Cached beside the source file, with its sidecar."""
+    path = Path(path or pretrain_tiny(perturb=0))
+    out = path.with_name(f"{path.stem}-ulp{seed}{path.suffix}")
+    if _cached(out):
+        return out
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    g = torch.Generator().manual_seed(seed)
+    for k, v in sd.items():
+        if v.is_floating_point():
+            towards = torch.where(torch.rand(v.shape, generator=g) < 0.5, -torch.inf, torch.inf).to(v.dtype)
+            sd[k] = torch.where(v == 0, v, torch.nextafter(v, towards))
+    common._atomic_save(sd, out)
+    common.atomic_write(Path(f"{out}.json"), Path(f"{path}.json").read_text())
+    return out
+
+
+def pretrain_tiny(force: bool = False, perturb: int | None = None) -> Path:
     """The tiny backbone's 'pretrained' weights, as a full state_dict in
     CLIPFT_CACHE: expanded from the shipped file of the current recipe
     (lab/weights/), so every machine starts from the same weights and nothing
     pretrains; without one (a changed recipe) it pretrains into the cache and
-    says how to ship the new weights."""
+    says how to ship the new weights. perturb (default CLIPFT_PERTURB): > 0
+    returns perturbed_weights(perturb) instead."""
+    perturb = PERTURB if perturb is None else perturb
+    if perturb:
+        return perturbed_weights(perturb, pretrain_tiny(force, perturb=0))
     key = recipe_key()
     path = base.CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if _cached(path) and not force:

@@ -206,6 +206,30 @@ def test_job_threads_are_one_unless_the_stability_check_asks(monkeypatch):
     assert torch.get_num_threads() == before
 
 
+def test_perturbed_weights_move_every_nonzero_float_one_ulp(monkeypatch):
+    """Issue 39.3's machine-independent perturbation: each nonzero weight moved by exactly one ulp (up or down, by
+    the seed), zeros kept, the same file for the same seed; CLIPFT_PERTURB hands it to every tiny run."""
+    import lab.tiny as tiny
+    plain = torch.load(tiny.pretrain_tiny(perturb=0), weights_only=True)
+    path = tiny.perturbed_weights(1)
+    moved = torch.load(path, weights_only=True)
+    ups = 0
+    for k, v in plain.items():
+        if not v.is_floating_point():
+            assert torch.equal(v, moved[k])
+            continue
+        nz = v != 0
+        assert torch.equal(moved[k][~nz], v[~nz])
+        up, down = torch.nextafter(v, torch.full_like(v, torch.inf)), torch.nextafter(v, torch.full_like(v, -torch.inf))
+        assert bool(((moved[k] == up) | (moved[k] == down))[nz].all()), k
+        ups += int((moved[k] == up)[nz].sum())
+    total = sum(int((v != 0).sum()) for v in plain.values() if v.is_floating_point())
+    assert 0.45 < ups / total < 0.55  # both directions, by the draw
+    assert tiny.perturbed_weights(1) == path and tiny.perturbed_weights(2) != path
+    monkeypatch.setattr(tiny, "PERTURB", 1)
+    assert tiny.pretrain_tiny() == path
+
+
 def test_paired_statistics_and_verdicts():
     mean, std, se = lab.paired_stats([1.0, 2.0, 3.0])
     assert (mean, std) == (2.0, 1.0) and se == pytest.approx(1 / math.sqrt(3))
