@@ -175,7 +175,8 @@ def parse_config(cls, argv=None, **overrides):
     return cls(**values)
 
 
-LAB_FLAGS = ("--demo", "--demo-cmcl")  # a command the lab parses (its own flags: --seeds, --processes, ...)
+# a command the lab parses (its own flags: --seeds, --processes, ...)
+LAB_FLAGS = ("--demo", "--demo-cmcl", "--demo-unimodal")
 
 
 def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None):

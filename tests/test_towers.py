@@ -339,3 +339,13 @@ def test_a_saved_towers_model_loads_without_open_clips_random_init_warning(small
         models.load_model(small_towers, "random")
     assert [r for r in caplog.records if "initialized randomly" in r.getMessage()]
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_the_unimodal_demo_takes_the_labs_own_flags():
+    """`python m2mix.py --demo-unimodal --seeds 10,11` reaches the lab (the early flag check left it to argparse,
+    which refused --seeds); a method flag error is still answered early."""
+    from plumbing import flags
+    import m2mix
+    flags.answer_early(m2mix.M2MixConfig, argv=["--demo-unimodal", "--seeds", "10,11,12"])  # no exit
+    with pytest.raises(SystemExit):
+        flags.answer_early(m2mix.M2MixConfig, argv=["--seeds", "10,11,12"])
