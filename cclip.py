@@ -20,13 +20,13 @@ Code name -> paper symbol
 
 Deviations (no official code: "research code" = the first author's SmallPigPeppa/clip-lightning,
 clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in docs/cclip.md)
-  1. alpha = 0.5 merge every task (Sec. 4.1); research code: full, then a_mix: --merge-schedule.
+  1. alpha = 0.5 merge every task (Sec. 4.1); research: full, a_mix, averages: --merge-schedule.
   2. LoRA on the attention too: parametrizations of in_proj, out_proj, c_fc, c_proj: --lora-targets.
   3. LoRA dropout masks A's input columns, one mask per step; default 0 (others 0.1).
   4. Only adapters and h_psi train (Sec. 4.1); --train-rest also the rest (research code).
   5. h_psi on unnormalised embeddings, per modality; CKC's temperature the current logit_scale.
   6. Features are gathered over ranks before both losses (the research code does not).
-  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); weight decay 0.2 (research code: 0.1).
+  7. Warm-up 12 % of the steps (Sec. 5: 5 of 40 epochs); wd 0.2, beta2 0.99 (research: 0.1, 0.999).
   8. Towers at the per-encoder lrs (Sec. 5.2.3), h_psi at --lr; logit_scale per method.
   9. Zero-shot PD on ImageNet, CIFAR-100 (2 of Sec. 3.2's 6); more: --zero-shot imagefolder:<path>.
  10. L_CKC as printed, the SUM of both directions; the research code's mean: --ckc-directions.
@@ -34,7 +34,7 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  12. A fresh (seeded) h_psi per task (research code; paper silent); KoyoImai keeps one.
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
-
+ 15. Every task trains augmented; research: 4 fractional-split tasks unaugmented: --train-transform.
 Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)"""
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ class CClipConfig(flags.Config):
     lora_dropout: float = arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
     lora_targets: str = arg(DEFAULT_TARGETS, "parameter-name suffixes adapted, both towers")
     merge_alpha: float = arg(0.5, "integration coefficient alpha (Sec. 4.1)")
-    merge_schedule: str = arg("alpha", "Sec. 4.1 | a_mix.sh, dev. 1", choices=("alpha", "research"))
+    merge_schedule: str = arg("alpha", "Sec. 4.1 | dev. 1", choices=("alpha", "research", "a_mix"))
+    train_transform: str = arg("augment", "ours | dev. 15", choices=("augment", "research"))
     train_rest: bool = arg(False, "also train the non-adapted weights (research code, deviation 4)")
     proj_hidden: int = arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
     ckc_weight: float = arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
@@ -78,7 +79,7 @@ class CClipConfig(flags.Config):
     lr_text: float = arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
     lr_preset: str = arg("paper", "per-task lrs of Sec. 5.2.3 | none", choices=("paper", "none"))
     wd: float = arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
-    beta2: float = arg(0.99, "AdamW beta2 (Sec. 5)")
+    beta2: float = arg(0.99, "AdamW beta2 (Sec. 5; research code: torch's 0.999, dev. 7)")
     warmup: int = arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
     schedule: str = arg("paper", "per step | per epoch (dev. 13)", choices=("paper", "research"))
     projector_lr: str = arg("lr", "h_psi at --lr | image (research code)", choices=("lr", "image"))
@@ -102,7 +103,6 @@ from torch.nn.utils import parametrize
 import common
 import eval as evaluation
 from plumbing import cclip_tasks, models, wise_ft
-from plumbing.cclip_tasks import PAPER_TASKS, resolve_eval_sets, resolve_tasks, task_lrs
 
 
 # --- Losses ---
@@ -285,8 +285,8 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
     rank = common.dist_info()[0]
-    tasks = resolve_tasks(cfg)
-    unseen, zero_shot = resolve_eval_sets(cfg)
+    tasks = cclip_tasks.resolve_tasks(cfg)
+    unseen, zero_shot = cclip_tasks.resolve_eval_sets(cfg)
     if cfg.tasks == "vlcl" and cfg.zero_shot == "auto":
         print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
               "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
@@ -300,8 +300,12 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         if cfg.stop_after_tasks and i >= cfg.stop_after_tasks:
             raise Interrupted(f"stopped before task {i + 1} (--stop-after-tasks)")
         torch.manual_seed(cfg.seed + i)  # fresh adapters / projector, the same on resume
+        research = cfg.merge_schedule in ("research", "a_mix")  # deviation 1
+        averaged = cfg.merge_schedule == "research" and i + 1 >= cclip_tasks.AVERAGE_FROM_TASK
+        if averaged:  # from task 5: start (and distil) from the average of the tasks' own results
+            model.load_state_dict(cclip_tasks.average_of_task_results(out, tasks, i))
         teacher = copy.deepcopy(model) if use_ckc else None  # the model at the end of task i-1
-        previous = copy.deepcopy(model.state_dict()) if cfg.merge_schedule == "research" else None
+        previous = copy.deepcopy(model.state_dict()) if research else None
         if use_lora:
             add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
                      cfg.lora_targets.split(","))
@@ -311,10 +315,11 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         # deviation 12: a fresh projector for every task, dropped at its end
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
         net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
-        lr_image, lr_text = task_lrs(cfg, task.name)
+        lr_image, lr_text = cclip_tasks.task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
                                        train_data=task.train)
-        dataset = common.training_set(cfg, task.train, train_tf)
+        dataset = common.training_set(
+            cfg, task.train, cclip_tasks.train_transform(cfg, task.name, train_tf, eval_tf))
         schedule = (cclip_tasks.epoch_warmup_cosine(  # deviation 13
             len(dataset) // cfg.batch_size, min(5, cfg.epochs - 1), cfg.epochs, 0.01 * lr_image,
             0.01 * lr_image) if cfg.schedule == "research" else None)
@@ -326,9 +331,12 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
                               f"(--stop-at)")
         # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (dev. 1)
         if use_lora:
-            merge_lora(model, 1.0 if cfg.merge_schedule == "research" else cfg.merge_alpha)
-        # a_mix.py: new share 1/2 after task 2, 1/3 after later ones
-        if cfg.merge_schedule == "research" and i > 0:
+            merge_lora(model, 1.0 if research else cfg.merge_alpha)
+        if cfg.merge_schedule == "research" and rank == 0:  # the task's own result (averaged later)
+            models.save_model(model, Path(task_out) / cclip_tasks.OWN_RESULT, cfg.backbone,
+                              twin=False)
+        # a_mix.py: new share 1/2 after task 2, 1/3 later ones (from task 5: the average instead)
+        if research and i > 0 and not averaged:
             model.load_state_dict(wise_ft.interpolate_weights(previous, model.state_dict(),
                                                                  1 / (1 + min(i, 2))))
         model.requires_grad_(True)
@@ -376,20 +384,22 @@ def main(argv=None):
     cfg = common.parse_config(CClipConfig, argv)
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
         import lab  # noqa: F401
-    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS
+    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in cclip_tasks.PAPER_TASKS
              for s in ("train", "test")]
     cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
                               "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python "
                               "-m plumbing.vlcl builds them)")
-    common.preflight(cfg, [t.train for t in resolve_tasks(cfg)], continual=True)  # before a model
+    tasks = cclip_tasks.resolve_tasks(cfg)
+    common.preflight(cfg, [t.train for t in tasks], continual=True)  # before a model
     try:
         summary = run(cfg)
     except Interrupted as e:
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
-    print(evaluation.continual_tables(summary, [t.name for t in resolve_tasks(cfg)]))
-    row = {"method": cfg.method, **evaluation.continual_headline(summary, *resolve_eval_sets(cfg))}
+    print(evaluation.continual_tables(summary, [t.name for t in tasks]))
+    row = {"method": cfg.method,
+           **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
     table = common.markdown_table([row], list(row))  # method, then the headline's columns in order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}

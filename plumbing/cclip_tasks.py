@@ -1,8 +1,9 @@
 """C-CLIP's plumbing (cclip.py's, no other method's): the paper's 8 tasks in the order of Sec. 3.2 as
 data/vlcl/<name>/{train,test}.jsonl (python -m plumbing.vlcl builds them), --tasks into the task sequence,
 the unseen retrieval set and zero-shot sets each --tasks is evaluated on (deviation 9), the paper's
-per-task learning rates (Sec. 5.2.3, --lr-preset paper), and the research code's schedule, --schedule
-research (deviation 13)."""
+per-task learning rates (Sec. 5.2.3, --lr-preset paper), the research code's schedule, --schedule
+research (deviation 13), its start of task 5 on (--merge-schedule research, deviation 1) and its training transform of
+the fractionally split tasks (--train-transform research, deviation 15)."""
 from __future__ import annotations
 
 import math
@@ -18,6 +19,40 @@ PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six t
 # sketch our assumption: docs/cclip.md, "Per-task learning rates")
 PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
                   **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
+# The tasks the research code splits by a fraction of one split (plumbing.vlcl's research sources); its data module
+# (SmallPigPeppa/clip-lightning, clip_openai/dataloaders/data_module_dil_json_zeroshot_hf_all.py at 038845e) builds
+# them as two Subsets of ONE dataset and then sets that dataset's transform to the evaluation one, so they train
+# without augmentation (--train-transform research, deviation 15)
+FRACTIONAL_TASKS = ("simpsons", "wikiart", "kream", "sketch")
+# --merge-schedule research, from task 5 on (deviation 1): the research scripts start a task from, and distil from,
+# the uniform average of the listed per-task checkpoints (clip_openai/aaaa_train_bs1024_simpson.sh at 08a8d88: four;
+# model_distill_zeroshot_lora_best_v2.py at 7053e46 averages a comma-separated --model.old_checkpoint_path), each the
+# model right after its task's training (LoRA merged at full strength, before a_mix.sh)
+AVERAGE_FROM_TASK = 5
+OWN_RESULT = "own.pt"  # that per-task model, kept in the task's folder under --merge-schedule research
+
+
+def train_transform(cfg, task_name: str, train_tf, eval_tf):
+    """The transform task `task_name` trains with: ours (open_clip's training transform), or under
+    --train-transform research the evaluation one for FRACTIONAL_TASKS."""
+    return eval_tf if cfg.train_transform == "research" and task_name in FRACTIONAL_TASKS else train_tf
+
+
+def average_of_task_results(out, tasks, i: int) -> dict:
+    """The start (and CKC teacher) of task i + 1 >= AVERAGE_FROM_TASK under --merge-schedule research: the uniform
+    average of tasks 1..i's own results (OWN_RESULT in their folders). Float tensors averaged, others taken from
+    the first (they are equal)."""
+    total = None
+    for k in range(i):
+        sd = common.load_weights_only(Path(out) / f"task{k + 1}-{tasks[k].name}" / OWN_RESULT)
+        if total is None:
+            total = {n: v.double() if v.is_floating_point() else v for n, v in sd.items()}
+            dtypes = {n: v.dtype for n, v in sd.items()}
+            continue
+        for n, v in sd.items():
+            if v.is_floating_point():
+                total[n] += v.double()
+    return {n: (v / i).to(dtypes[n]) if v.is_floating_point() else v for n, v in total.items()}
 
 
 def resolve_tasks(cfg) -> list[common.Task]:

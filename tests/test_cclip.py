@@ -467,3 +467,58 @@ def test_research_schedule_is_pl_bolts_per_epoch_closed_form(monkeypatch, tmp_pa
     cfg = common.parse_config(cclip.CClipConfig, ["--schedule", "research", "--projector-lr", "image"])
     assert cclip.make_lr_of(cfg, 2e-6, 3e-5)("projector.0.weight") == 2e-6
     assert cclip.make_lr_of(dataclasses.replace(cfg, projector_lr="lr"), 2e-6, 3e-5)("projector.0.weight") == cfg.lr
+
+
+def test_research_schedule_starts_task_5_from_the_average_of_the_tasks_own_results(tmp_path, monkeypatch):
+    """--merge-schedule research from task 5 on (deviation 1; clip-lightning's aaaa_train_bs1024_simpson.sh lists
+    four per-task checkpoints, its model file averages them): task 5 starts from, and distils from, the uniform
+    average of tasks 1-4's own results (own.pt, the model right after each task's training), not from a_mix's
+    chain (task 4's model.pt); after task 5 no a_mix either. --merge-schedule a_mix keeps the chain."""
+    root = tmp_path / "data"
+    domains = ("photo", "night", "pattern", "sketch", "photo")
+    spec = ",".join(f"t{k + 1}={lab.synthetic_manifest(f'task-{d}', root, n=16)}:"
+                    f"{lab.synthetic_manifest(f'task-{d}-test', root, n=16)}" for k, d in enumerate(domains))
+    starts, real = {}, common.train
+
+    def spy(task_cfg, net, *args, **kw):
+        starts[Path(task_cfg.out).name] = ({k: v.clone() for k, v in net.model.state_dict().items()},
+                                           {k: v.clone() for k, v in net.teacher.state_dict().items()})
+        return real(task_cfg, net, *args, **kw)
+
+    monkeypatch.setattr(common, "train", spy)
+
+    def run(name, schedule):
+        argv = _argv(root, tmp_path / name, "--method", "ckc", "--merge-schedule", schedule)
+        cclip.main([*argv[:5], spec, *argv[6:]])  # five tasks in place of _argv's two
+        return tmp_path / name
+
+    out = run("avg", "research")
+    own = [torch.load(out / f"task{k}-t{k}" / "own.pt", weights_only=True) for k in range(1, 5)]
+    average = {k: sum(o[k] for o in own) / 4 for k in own[0]}
+    start, teacher = starts["task5-t5"]
+    for k in average:
+        torch.testing.assert_close(start[k], average[k], atol=1e-6, rtol=0, msg=k)
+        torch.testing.assert_close(teacher[k], average[k], atol=1e-6, rtol=0, msg=k)
+    chain = torch.load(out / "task4-t4" / "model.pt", weights_only=True)
+    assert any(not torch.allclose(chain[k], average[k]) for k in average)  # the chain is something else
+    final, own5 = (torch.load(out / "task5-t5" / f, weights_only=True) for f in ("model.pt", "own.pt"))
+    assert all(torch.equal(final[k], own5[k]) for k in final)  # no a_mix after the average's task
+    out = run("chain", "a_mix")
+    chained = torch.load(out / "task4-t4" / "model.pt", weights_only=True)
+    assert all(torch.equal(starts["task5-t5"][0][k], chained[k]) for k in chained)
+    assert not (out / "task1-t1" / "own.pt").exists()
+
+
+def test_research_train_transform_leaves_the_fractional_tasks_unaugmented():
+    """--train-transform research (deviation 15): the research code's data module sets the shared dataset's
+    transform to the evaluation one, so the tasks it splits by a fraction (plumbing.vlcl's research sources) train
+    unaugmented; the others, and every task by default, with the training transform."""
+    from plumbing import vlcl
+    fractional = {name for name, hf in vlcl.RESEARCH.items() if getattr(hf, "fraction", 0)}
+    assert fractional == set(cclip_tasks.FRACTIONAL_TASKS)
+    research = common.parse_config(cclip.CClipConfig, ["--train-transform", "research"])
+    ours = common.parse_config(cclip.CClipConfig, [])
+    for name in cclip_tasks.PAPER_TASKS:
+        assert cclip_tasks.train_transform(ours, name, "train", "eval") == "train"
+        assert cclip_tasks.train_transform(research, name, "train", "eval") == (
+            "eval" if name in fractional else "train")
