@@ -19,7 +19,7 @@ Code name -> paper symbol
   m2/uni/vl_weight  lambda_1..3    weights of L_m2, L_uni, L_VL (Tab. 6)
   flip(x), I_R      x_{i'}, I_R    the batch reversed (i' = B-1-i); the identity flipped on its rows
 
-Deviations (one line each; at length in docs/m2mix.md under the same number, with the towers' T1-T6)
+Deviations (one line each; at length in docs/m2mix.md under the same number, with the towers' T1-T7)
   1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) in [1e-6, pi - 1e-6]: finite at a = +-b.
   2. V-/L-Mix normalise over the mixed row (Algorithm 1, the code), not Sec. 4.2.1's printed one.
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2); the code's I + I_R: --vl-target code.
@@ -32,14 +32,15 @@ Deviations (one line each; at length in docs/m2mix.md under the same number, wit
  10. Data (Sec. 5.1): F30k Karpathy train -> test, COCO train2017 -> val2017; --coco-split karpathy.
  11. One lam per batch and per term, drawn from the step's seeded generator (same on every rank).
  12. Numerics, not the paper: every loss (logits included) in float32, autocast off: common.float32
- 13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, Alg. 1, code): --m2-form printed.
+ 13. Eq. (4)'s denominator keeps the positive (Sec. 4.1's text, the code): --m2-form printed.
  14. L_uni = 1/2 (C_V + C_L) (Sec. 4.2.1); the code weights C_V and C_L each: --uni-combine sum.
  15. SIMAT (Tab. 5): eval.py's protocol (test split, 14 lambdas); the code's: --simat-protocol code.
  16. Float32 weights and lam between steps; the code keeps both in fp16 (main.py): --fp16-weights.
  17. No weight decay on gains, biases, embeddings, logit_scale; the code decays all: --decay-all.
  18. Flickr30k: Karpathy's split; the code reads its own captions3.txt (unreleased; 1 per image)
  19. AdamW beta2 0.98, eps 1e-6 (Sec. 5.1); the code: torch's 0.999, 1e-8: --beta2 0.999 --eps 1e-8
-
+ 20. C_m2(T, I)'s negatives are mix_lam(I_j, T_j) too (the code), not Eq. (4) swapped (T, I).
+ 21. Training images randomly cropped (open_clip, 0.9-1); the code centre-crops: --augment none.
 Commands: README.md (runs, --collect, --demo, the towers); docs/m2mix.md (torchrun, the code's)
 """
 from __future__ import annotations
@@ -98,7 +99,6 @@ if __name__ == "__main__":  # --help and flag errors: answered here, before torc
     flags.answer_early(M2MixConfig)
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import common
@@ -121,11 +121,12 @@ def soft_cross_entropy(logits, target):
 def m2mix_loss(img, txt, logit_scale, lam, directions: str = "mean", form: str = "text"):
     """Eqs. (4)-(5): m2-Mix, hard negatives made by mixing image and text.
         mix_j = mix_lam(I_j, T_j)
-      form="text" (Sec. 4.1's text, Algorithm 1, the code; deviation 13):
+      form="text" (Sec. 4.1's text, the code; deviation 13; Algorithm 1 also keeps the positive
+      but anchors its rows on the mixes, mix_j . T_i: docs/m2mix.md):
         C_m2(I,T) = -1/B sum_i log exp(s I_i.T_i) / [exp(s I_i.T_i) + sum_{j!=i} exp(s I_i.mix_j)]
       form="printed" (Eq. (4) as printed):
         C_m2(I,T) = -1/B sum_i log exp(s I_i.T_i) / sum_{j=1}^{B} exp(s I_i.mix_j)
-      C_m2(T,I) = the same with T_i as anchor: negatives s T_i.mix_j
+      C_m2(T,I) = the same with T_i as anchor: negatives s T_i.mix_j, the same mix_j (deviation 20)
         L_m2 = 1/2 (C_m2(I,T) + C_m2(T,I))          (directions="sum": without the 1/2, the code)
     img, txt: (B, D) normalised; logit_scale: s; lam: float in [0, 1]."""
     if form not in ("text", "printed") or directions not in ("mean", "sum"):
@@ -201,7 +202,7 @@ class Fp16Storage:
     biases; proj, text_projection) are rounded to fp16, as the code's convert_weights after each
     step; norms, embeddings, logit_scale stay float32."""
     def __init__(self, model):
-        casts = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.MultiheadAttention)
+        casts = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear, torch.nn.MultiheadAttention)
         self.params = list({id(p): p for m in model.modules()
                             for n, p in m.named_parameters(recurse=False)
                             if isinstance(m, casts) or n in ("proj", "text_projection")}.values())
@@ -226,7 +227,7 @@ class M2Mix(common.Method):
         self.logit_scale2 = None
         if cfg.m2_own_tau:  # Algorithm 1's t2 (deviation 5): ln(1/t2), --m2-tau or the model's
             init = math.log(1.0 / cfg.m2_tau) if cfg.m2_tau else float(model.logit_scale.detach())
-            self.logit_scale2 = nn.Parameter(torch.tensor(init))
+            self.logit_scale2 = torch.nn.Parameter(torch.tensor(init))
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -298,7 +299,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += common.kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
-    dataset = common.training_set(cfg, manifest, train_tf)
+    dataset = common.training_set(cfg, manifest,
+                                  eval_tf if cfg.augment == "none" else train_tf)  # deviation 21
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
     heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)

@@ -112,8 +112,9 @@ class Config:
 
 @dataclass(frozen=True)
 class TowerConfig(Config):
-    """--backbone bert-resnet50's settings (m2-Mix Sec. 5.4, m2mix.py's deviations T1-T6; plumbing/towers.py): the
-    towers' weights, what the paper leaves open. m2mix.py's config extends it."""
+    """--backbone bert-resnet50's settings (m2-Mix Sec. 5.4, m2mix.py's deviations T1-T7; plumbing/towers.py): the
+    towers' weights, what the paper leaves open; and the released code's data handling (--augment, for CLIP too).
+    m2mix.py's config extends it."""
     text_weights: str = arg("", "the text tower's save_pretrained folder (default: "
                                 "bert-base-uncased in the HF cache)")
     image_weights: str = arg("", "the image trunk's state_dict "
@@ -125,6 +126,10 @@ class TowerConfig(Config):
                                 "| mean", choices=("cls", "mean"))
     head_lr: float = arg(0.0, "bert-resnet50: lr of the two projection heads; 0: --lr "
                               "(the code: one lr)")
+    augment: str = arg("crop", "training images: crop (open_clip's random resized crop, scale 0.9-1) | none "
+                               "(the code: CLIP's resize + centre crop; m2mix.py dev. 21)", choices=("crop", "none"))
+    caption_cleaning: str = arg("open_clip", "bert-resnet50: open_clip (ftfy, HTML entities unescaped before BERT) "
+                                "| none (the code's raw captions; T7)", choices=("open_clip", "none"))
 
 
 # Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the

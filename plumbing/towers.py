@@ -209,8 +209,10 @@ def _seeded(seed: int):
 
 
 def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "", text_weights: str = "",
-         image_weights: str = "", seed: int = 0, embed_dim: int = 0, pool: str = "cls"):
-    """(model, train_transform, eval_transform, tokenizer) as models.load_model returns them.
+         image_weights: str = "", seed: int = 0, embed_dim: int = 0, pool: str = "cls", clean: str = "open_clip"):
+    """(model, train_transform, eval_transform, tokenizer) as models.load_model returns them. clean: 'open_clip'
+    (its HFTokenizer runs ftfy and unescapes HTML entities before BERT) or 'none' (the captions as given, as the
+    released m2-Mix code hands them to BertTokenizer: T7).
     pretrained: '' (the towers' pre-trained weights, found offline), 'random', or a checkpoint file that
     models.save_model wrote for this backbone (its sidecar carries the config and the text tower's folder)."""
     meta = read_sidecar(pretrained) if pretrained and os.path.isfile(pretrained) else {}
@@ -249,7 +251,10 @@ def load(backbone: str, pretrained: str = "", device="cpu", cache_dir: str = "",
         sd = _read_state(pretrained)
         model.load_state_dict(sd)
     model.towers = {"backbone": name, "model_cfg": cfg, "text_dir": str(text_dir)}  # for save_model's sidecar
-    return model, train_tf, eval_tf, open_clip.get_tokenizer(name)  # models.load_model caches it
+    tokenizer = open_clip.get_tokenizer(name)  # a new HFTokenizer (models.load_model caches its output)
+    if clean == "none":  # T7: no ftfy / HTML unescaping (BERT's own normalisation still applies)
+        tokenizer.clean_fn = str
+    return model, train_tf, eval_tf, tokenizer
 
 
 def sidecar(model, path) -> dict:
@@ -276,4 +281,4 @@ def tower_settings(cfg) -> dict:
     if cfg.export:  # open_clip's hub layout would name a text tower folder of this machine
         raise UsageError("--export is not for towers: model.pt, its sidecar and model-text/ load as they are")
     return dict(text_weights=cfg.text_weights, image_weights=cfg.image_weights, seed=cfg.seed,
-                embed_dim=cfg.tower_dim, pool=cfg.text_pool)
+                embed_dim=cfg.tower_dim, pool=cfg.text_pool, clean=cfg.caption_cleaning)

@@ -349,3 +349,38 @@ def test_the_unimodal_demo_takes_the_labs_own_flags():
     flags.answer_early(m2mix.M2MixConfig, argv=["--demo-unimodal", "--seeds", "10,11,12"])  # no exit
     with pytest.raises(SystemExit):
         flags.answer_early(m2mix.M2MixConfig, argv=["--seeds", "10,11,12"])
+
+
+def test_caption_cleaning_none_hands_bert_the_captions_as_given(small_towers):
+    """Issue 40.4, T7: open_clip's HFTokenizer runs ftfy and unescapes HTML entities before BERT ('&amp;' becomes
+    '&'); the released code hands the raw caption to BertTokenizer: --caption-cleaning none."""
+    cfg = common.parse_config(m2mix.M2MixConfig, ["--backbone", small_towers, "--caption-cleaning", "none"])
+    assert towers.tower_settings(cfg)["clean"] == "none"
+    cleaned = models.load_model(small_towers)[3]
+    raw = models.load_model(small_towers, **towers.tower_settings(cfg))[3]
+    assert torch.equal(cleaned(["a red &amp; blue star"]), cleaned(["a red & blue star"]))
+    assert not torch.equal(raw(["a red &amp; blue star"]), raw(["a red & blue star"]))
+    assert torch.equal(raw(["a red & blue star"]), cleaned(["a red & blue star"]))  # nothing else changes
+
+
+@pytest.mark.parametrize("augment", ["crop", "none"])
+def test_augment_none_trains_on_the_evaluation_transform(augment, monkeypatch, tmp_path):
+    """Issue 40.4, m2mix.py deviation 21: the released code feeds clip.load's preprocess (resize + centre crop) to
+    its training set; ours open_clip's random resized crop unless --augment none."""
+    class Seen(Exception):
+        pass
+
+    real = common.training_set
+
+    def stop(cfg, manifest, transform=None, **kw):
+        if transform is None:  # the preflight's row check
+            return real(cfg, manifest, **kw)
+        raise Seen(transform)
+
+    monkeypatch.setattr(common, "training_set", stop)
+    with pytest.raises(Seen) as seen:
+        m2mix.main(["--backbone", "tiny", "--train-data", "synthetic", "--data-root", str(tmp_path / "data"),
+                    "--out", str(tmp_path / "run"), "--eval-on", "none", "--no-eval-zs", "--augment", augment,
+                    "--device", "cpu", "--precision", "fp32", "--workers", "0"])
+    shown = str(seen.value.args[0])
+    assert ("RandomResizedCrop" in shown) == (augment == "crop") and ("CenterCrop" in shown) == (augment == "none")
