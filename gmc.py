@@ -11,12 +11,13 @@ At length (the model, the data, each deviation, the demo): docs/gmc.md.
 
 Implements (each loss written out once, in the docstring of the function named)
   GMC's MOSEI model   a GRU per modality -> Linear(steps*30, 60); MulT's joint encoder (5 layers,
-                      width 30); one shared head + L2 norm for all four; a residual classifier: GMC
+                      width 30; padded steps get no position, as GMC's); one shared head + L2
+                      norm for all four; a residual classifier: GMC
   GMC's loss          NT-Xent of (z_J, z_m) over the 2B rows, tau 0.3, summed over m: gmc_loss
   Sec. 5.5            1/2 L_clf + 1/2 L_gmc + alpha L_m2; L_m2: the geodesic mix (m2-Mix's Eq. 3,
                       common.geodesic_mix) of two modalities' latents against z_J: m2_gmc_loss
   Table 4             binary accuracy, align, unif for Full, T, V, A, T+V, T+A, V+A; --seeds: mean
-                      +- std: evaluate, table4
+                      +- std: evaluate, plumbing.mosei.table4
 
 Code name -> symbol
   z[m], z_joint   z_m, z_J      the shared head's unit vectors (B, 60); m: 0 text, 1 audio, 2 vision
@@ -29,10 +30,12 @@ Deviations (one line each; at length in docs/gmc.md)
   G2. The objective's 1/2 weights are the paper's; both codes weight 1 and 1: --weights code.
   G3. Pairs mixed: not printed; all three, averaged; the unofficial code's one: --mix-pairs random.
   G4. L_m2's positive: the same sample's z_J; negatives: every other row of [mix; z_J] (Sec. 5.5).
-  G5. Constant lr (GMC's ReduceLROnPlateau fires <= once in 40 epochs); AdamW, decay 0; clip 0.8.
+  G5. Constant lr (GMC's ReduceLROnPlateau fires <= once in 40 epochs); clip 0.8. Adam: GMC's.
   G6. Non-finite features -> 0, counted (GMC's: audio's -inf); --nonfinite refuse. Labels: refused.
   G7. Partial observation as GMC's code: the mean of the observed z (not renormalised) is classified
   G8. The loss terms are gathered across ranks (global batch); GMC trains on one GPU.
+  G9. The last partial batch is dropped (exact resume); GMC keeps it (<= 23 rows of ~16k an epoch).
+  G10. DMM's unofficial scripts (G3's alpha, Beta) also train at batch 128, tau tuned: --batch-size.
 
 Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release; its layout:
 docs/gmc.md), read by plumbing/mosei.py (numpy arrays only, sizes checked); --convert: a .npz.
@@ -68,6 +71,8 @@ class GMCConfig(flags.Config):
     wd: float = arg(0.0, "weight decay (GMC: none)")
     warmup: int = arg(0, "warm-up steps (GMC: none)")
     grad_clip: float = arg(0.8, "gradient norm clipping (GMC's)")
+    beta2: float = arg(0.999, "Adam beta2 (GMC's code: torch's default; G5)")
+    eps: float = arg(1e-8, "Adam eps (GMC's code: torch's default; G5)")
     out: str = arg("runs/gmc", "output folder")
     tau: float = arg(0.3, "NT-Xent temperature (GMC's)")
     m2_weight: float = arg(0.2, "alpha, the weight of L_m2 (G3)")
@@ -90,13 +95,12 @@ class GMCConfig(flags.Config):
 if __name__ == "__main__":  # --help and flag errors are answered here, before torch loads
     flags.answer_early(GMCConfig)
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from plumbing import m2mix_analysis, mosei, published
+from plumbing import m2mix_analysis, mosei
 
 
 # --- Losses ---
@@ -150,19 +154,22 @@ def sinusoid(n: int, d: int, device) -> torch.Tensor:
 
 
 class CrossModalLayer(nn.Module):
-    """MulT's layer, pre-LayerNorm: x += Attn(LN(x), LN(y), LN(y)) under a causal mask;
-    x += FFN(LN(x))."""
+    """MulT's layer, pre-LayerNorm: x += Attn(LN(x), LN(k), LN(v)) under a causal mask, ONE LN
+    for all three (GMC's layer_norms[0]); x += FFN(LN'(x)). Xavier weights, zero biases."""
     def __init__(self, d: int, heads: int, attn_dropout: float, dropout: float = 0.1):
         super().__init__()
-        self.ln_q, self.ln_kv, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, dropout=attn_dropout)
+        self.ln_a, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, dropout=attn_dropout)  # in_proj: xavier
         self.ffn = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Dropout(dropout),
                                  nn.Linear(4 * d, d))
         self.drop = nn.Dropout(dropout)
+        for lin in (self.attn.out_proj, self.ffn[0], self.ffn[3]):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
 
-    def forward(self, x, y, mask):
-        q, kv = self.ln_q(x), self.ln_kv(y)
-        x = x + self.drop(self.attn(q, kv, kv, attn_mask=mask, need_weights=False)[0])
+    def forward(self, x, k, v, mask):
+        q, k, v = self.ln_a(x), self.ln_a(k), self.ln_a(v)
+        x = x + self.drop(self.attn(q, k, v, attn_mask=mask, need_weights=False)[0])
         return x + self.drop(self.ffn(self.ln_f(x)))
 
 
@@ -175,14 +182,17 @@ class CrossModalTransformer(nn.Module):
         self.layers = nn.ModuleList(CrossModalLayer(d, heads, attn_dropout) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
 
-    def forward(self, x, y=None):  # (T, B, d)
-        x = self.drop(math.sqrt(self.d) * x + sinusoid(len(x), self.d, x.device))
-        y = (None if y is None
-             else self.drop(math.sqrt(self.d) * y + sinusoid(len(y), self.d, y.device)))
+    def embed(self, x):  # GMC's fairseq positions: none where channel 0 is 0 (a padded step)
+        pos = sinusoid(len(x), self.d, x.device) * (x[..., :1] != 0)
+        return self.drop(math.sqrt(self.d) * x + pos)
+
+    def forward(self, x, y=None):  # (T, B, d); keys and values embedded apart: two dropout masks
+        kv = None if y is None else (self.embed(y), self.embed(y))
+        x = self.embed(x)
         mask = torch.ones(len(x), len(x if y is None else y), dtype=torch.bool,
                           device=x.device).triu(1)
         for layer in self.layers:
-            x = layer(x, x if y is None else y, mask)
+            x = layer(x, *(kv or (x, x)), mask)
         return self.ln(x)
 
 
@@ -301,24 +311,6 @@ def evaluate(model: GMC, split: dict, batch: int = 256) -> dict:
     return out
 
 
-def table4(rows: dict) -> str:
-    """Table 4's layout: our rows (name -> [per-seed results]: mean +- std) under the paper's
-    (published.M2MIX_TABLE4)."""
-    cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(SUBSETS)[1:]
-                                        for m in ("acc", "align", "unif")]
-    lines = []
-    for name, paper in published.M2MIX_TABLE4.items():
-        lines.append({"method": f"{name} (paper)",
-                      **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
-    for name, runs in rows.items():
-        cells = {}
-        for c in cols:
-            v = np.array([r[c] for r in runs])
-            cells[c] = f"{v.mean():.2f}" + (f" ± {v.std(ddof=1):.2f}" if len(v) > 1 else "")
-        lines.append({"method": f"{name} (ours, {len(runs)} seed{'s' * (len(runs) > 1)})", **cells})
-    return common.markdown_table(lines, ["method", *cols])
-
-
 # --- Training, the command line ---
 METHOD_NAMES = {"gmc": "GMC", "gmc-m2": "GMC+m2-Mix"}
 
@@ -367,7 +359,7 @@ def main(argv=None):
         results[seed] = run(dataclasses.replace(cfg, seed=seed, out=str(out)), splits)
     if any("test" not in r for r in results.values()):
         return results
-    table = table4({METHOD_NAMES[cfg.method]: [r["test"] for r in results.values()]})
+    table = mosei.table4({METHOD_NAMES[cfg.method]: [r["test"] for r in results.values()]}, SUBSETS)
     if cfg.seeds:
         common.write_results(cfg.out, {"seeds": seeds,
                                        "per_seed": {s: r["test"] for s, r in results.items()},

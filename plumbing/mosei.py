@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import common
+from plumbing import published
 
 MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
 SLACK = 64 << 20  # bytes any file may declare beyond its ratio (small files, headers, copies)
@@ -322,3 +323,21 @@ class Split(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {k: v[i] for k, v in self.arrays.items()}
+
+
+def table4(rows: dict, subsets) -> str:
+    """gmc.py's Table 4 layout: our rows (name -> [per-seed results]: mean +- std) under the paper's
+    (published.M2MIX_TABLE4); subsets: gmc.SUBSETS' names, Full first."""
+    cols = ["Full acc", "Full unif"] + [f"{s} {m}" for s in list(subsets)[1:]
+                                        for m in ("acc", "align", "unif")]
+    lines = []
+    for name, paper in published.M2MIX_TABLE4.items():
+        lines.append({"method": f"{name} (paper)",
+                      **{c: "-" if paper.get(c) is None else f"{paper[c]:g}" for c in cols}})
+    for name, runs in rows.items():
+        cells = {}
+        for c in cols:
+            v = np.array([r[c] for r in runs])
+            cells[c] = f"{v.mean():.2f}" + (f" ± {v.std(ddof=1):.2f}" if len(v) > 1 else "")
+        lines.append({"method": f"{name} (ours, {len(runs)} seed{'s' * (len(runs) > 1)})", **cells})
+    return common.markdown_table(lines, ["method", *cols])

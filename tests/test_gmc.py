@@ -181,3 +181,62 @@ def test_the_committed_demo_is_the_one_its_docs_print():
     assert saved["seeds"] == list(lab.SEEDS) and saved["config"]["steps"] == 200
     assert lab.claims_table(saved["claims"]) in (root / "docs" / "gmc.md").read_text()
     assert report.claims_lines(root / "docs" / "gmc-demo-results.json") in (root / "README.md").read_text()
+
+
+def _fairseq_positions(n: int, d: int) -> torch.Tensor:
+    """GMC's SinusoidalPositionalEmbedding.get_embedding written out: rows 0..n, row 0 (padding_idx) zero."""
+    half = d // 2
+    freq = [math.exp(-k * math.log(10000) / (half - 1)) for k in range(half)]
+    rows = [[0.0] * d] + [[math.sin(p * f) for f in freq] + [math.cos(p * f) for f in freq] + [0.0] * (d - 2 * half)
+                          for p in range(1, n + 1)]
+    return torch.tensor(rows)
+
+
+def test_padded_steps_get_no_position_as_in_gmcs_code():
+    """Issue 40.3: GMC's encoder keys its fairseq positions on the input's first channel with padding index 0,
+    so an all-zero (padded) step gets none; the others get position t (1..n); inputs scaled by sqrt(d) first."""
+    torch.manual_seed(0)
+    enc = gmc.CrossModalTransformer(30, layers=1).eval()
+    x = torch.randn(7, 3, 30, dtype=torch.float64)
+    x[:3, 0] = 0  # left padding, as MulT's aligned MOSEI
+    x[5, 2] = 0
+    got = enc.double().embed(x)
+    pe = _fairseq_positions(7, 30).double()
+    for t in range(7):
+        for b in range(3):
+            padded = bool(x[t, b, 0] == 0)
+            want = math.sqrt(30) * x[t, b] + (0 if padded else pe[t + 1])
+            torch.testing.assert_close(got[t, b], want, rtol=0, atol=1e-6)  # the table in float32, as GMC's
+    assert bool((got[:3, 0] == 0).all())
+
+
+def test_gmcs_layer_one_layernorm_for_query_keys_values_two_dropout_masks_and_fairseq_init():
+    """Issue 40.3: one LayerNorm for query, keys and values (GMC's layer_norms[0]; ours had two), keys and values
+    embedded with their own dropout masks (GMC draws two), xavier weights and zero biases on the attention's
+    output and the FFN (fairseq's Linear)."""
+    torch.manual_seed(0)
+    enc = gmc.CrossModalTransformer(30, layers=1)
+    layer = enc.layers[0]
+    assert sum(isinstance(m, torch.nn.LayerNorm) for m in layer.modules()) == 2
+    for lin in (layer.attn.out_proj, layer.ffn[0], layer.ffn[3]):
+        assert bool((lin.bias == 0).all())
+        bound = math.sqrt(6 / (lin.in_features + lin.out_features))
+        assert lin.weight.abs().max() <= bound
+    seen = []
+    real = type(layer).forward
+    type(layer).forward = lambda self, x, k, v, mask: seen.append((k, v)) or real(self, x, k, v, mask)
+    try:
+        x, y = torch.randn(5, 2, 30), torch.randn(5, 2, 30)
+        enc.train()(x, y)
+        assert not torch.equal(*seen[-1])  # two masks while training
+        enc.eval()(x, y)
+        assert torch.equal(*seen[-1])
+    finally:
+        type(layer).forward = real
+
+
+def test_adam_as_gmcs_code_by_default():
+    """Issue 40.3, G5: GMC's code builds optim.Adam(params, lr), torch's betas (0.9, 0.999) and eps 1e-8 (ours
+    inherited the shared config's 0.98 / 1e-6)."""
+    cfg = gmc.GMCConfig()
+    assert (cfg.beta1, cfg.beta2, cfg.eps, cfg.wd) == (0.9, 0.999, 1e-8, 0.0)
