@@ -368,8 +368,9 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         first_row=first_row)
     if rank == 0:
         models.save_model(model, out / "model.pt", cfg.backbone, source=f"cclip {cfg.method}")
-        if cfg.export:  # the merged model, in open_clip's hub layout
-            models.export_open_clip(model, cfg.export, cfg.backbone)
+        if cfg.export:  # the merged model, in open_clip's hub layout (results kept if it fails)
+            summary.update(models.export_after_training(model, cfg.export, cfg.backbone,
+                                                        out / "model.pt"))
         common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks],
                                    **summary}, cfg)
     return summary

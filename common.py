@@ -969,8 +969,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if export:
             models.save_model(net.model, out / "model.pt", cfg.backbone, source=cfg.pretrained or "default")
         if export and cfg.export:
-            models.export_open_clip(net.model, cfg.export, cfg.backbone)
-            summary["export"] = cfg.export
+            summary.update(models.export_after_training(net.model, cfg.export, cfg.backbone, out / "model.pt"))
     return summary
 
 
@@ -1157,6 +1156,8 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     the --out folder (writable, lock, an old run there, --resume's settings). continual=True: --out holds a task
     sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
+    if getattr(cfg, "export", ""):
+        models.check_export(cfg.export)
     if cfg.report_to == "tensorboard":
         runfolder.needs_tensorboard()
     if cfg.val_every and continual:

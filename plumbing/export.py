@@ -40,7 +40,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import common  # noqa: E402
-from plumbing import models  # noqa: E402
+from plumbing import base, models  # noqa: E402
 
 BOS, EOS = 49406, 49407  # OpenAI's BPE: <start_of_text>, <end_of_text> (open_clip pools at the EOT token)
 
@@ -152,20 +152,24 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
     if not gap <= 1e-4:
         raise common.RunError(f"export to transformers: the converted model's features differ from ours by {gap:.2g}"
                               f" (> 1e-4): this architecture is not the OpenAI layout the converter handles")
-    folder.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(str(folder))
-    _tokenizer_files(folder, config["text_config"]["max_position_embeddings"])
     pp = getattr(model.visual, "preprocess_cfg", {})
-    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-                       image_mean=list(pp.get("mean", (0.48145466, 0.4578275, 0.40821073))),
-                       image_std=list(pp.get("std", (0.26862954, 0.26130258, 0.27577711)))).save_pretrained(str(folder))
-    return folder
+
+    def write(tmp: Path):  # whole or not at all (base.atomic_folder), as the open_clip layout
+        hf.save_pretrained(str(tmp))
+        _tokenizer_files(tmp, config["text_config"]["max_position_embeddings"])
+        CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+                           image_mean=list(pp.get("mean", (0.48145466, 0.4578275, 0.40821073))),
+                           image_std=list(pp.get("std", (0.26862954, 0.26130258, 0.27577711)))
+                           ).save_pretrained(str(tmp))
+    models.check_export(folder, "--out")
+    return base.atomic_folder(folder, write)
 
 
 def main(argv=None):
     a = command_line().parse_args(argv)
     if models.wants_lab(a) and not models.LAB_HOOKS:  # the lab sits above this module: it is never imported here
         raise common.UsageError("--backbone tiny is the lab's: run this command as python -m lab export ARGS")
+    models.check_export(a.out, "--out")  # before the model is read
     model = models.load_model(a.backbone, a.pretrained)[0]
     if a.format == "open_clip":
         models.export_open_clip(model, a.out, a.backbone)

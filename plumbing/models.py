@@ -295,14 +295,48 @@ def open_clip_config(model, backbone: str) -> dict:
     return {"model_cfg": cfg, "preprocess_cfg": keep}
 
 
+EXPORT_MARKS = ("open_clip_config.json", "config.json")  # what makes a folder an export (open_clip's, HF's)
+
+
+def check_export(folder, flag: str = "--export"):
+    """Before anything is trained or loaded: `folder` must be a new path, an empty folder or a previous export
+    (it is replaced whole, base.atomic_folder), below a writable folder. One UsageError otherwise."""
+    folder = Path(folder)
+    base.recover_folder(folder)  # a killed export's leftovers first
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {folder}: a file is there; give a folder path")
+    if folder.is_dir() and any(folder.iterdir()) and not any((folder / m).is_file() for m in EXPORT_MARKS):
+        raise UsageError(f"{flag} {folder}: a folder that holds other files (no {' or '.join(EXPORT_MARKS)}); the "
+                         f"export replaces its folder whole, so give a new or empty folder, or a previous export")
+    parent = folder.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {folder}: {parent} is not writable; choose another folder")
+
+
 def export_open_clip(model, folder, backbone: str) -> Path:
     """open_clip's hub layout in `folder`: open_clip_model.safetensors and open_clip_config.json, so that
     open_clip.create_model_from_pretrained('local-dir:<folder>') (or 'hf-hub:<repo>' after an upload) builds the
     same model with the same features. Models with an HF tokenizer name it in model_cfg; OpenAI's BPE ships with
-    open_clip."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    open_clip. Written whole or not at all (base.atomic_folder: a kill leaves the previous export or this one)."""
+    check_export(folder)
     sd = {k.removeprefix("module."): v for k, v in model.state_dict().items()}
-    atomic_write(folder / "open_clip_model.safetensors", lambda tmp: safetensors_save(sd, tmp))
-    atomic_write(folder / "open_clip_config.json", json.dumps(open_clip_config(model, backbone), indent=2))
-    return folder
+    config = json.dumps(open_clip_config(model, backbone), indent=2)
+
+    def write(tmp: Path):
+        safetensors_save(sd, tmp / "open_clip_model.safetensors")
+        (tmp / "open_clip_config.json").write_text(config)
+    return base.atomic_folder(folder, write)
+
+
+def export_after_training(model, folder, backbone: str, run_model: Path) -> dict:
+    """--export at the end of a run: the summary's entry. A failure (full disk, an interrupt, a folder that turned
+    unusable) is printed with the command that exports the saved model later; the run's results are kept."""
+    try:
+        return {"export": str(export_open_clip(model, folder, backbone))}
+    except (RunError, UsageError, OSError) as e:
+        command = f"python -m plumbing.export --backbone {backbone} --pretrained {run_model} --out {folder}"
+        print(f"error: --export {folder} failed ({base.printable(str(e))}); the run itself finished and its "
+              f"results are written: export it later with {command}", file=sys.stderr)
+        return {"export_failed": str(e), "export_command": command}
