@@ -167,9 +167,15 @@ def load_hf(src: HF, split: str, hf_cache: str, path: str, online: bool):
         p = Path(path)
         if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
             ds = datasets.load_from_disk(str(p))
-            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise FileNotFoundError(f"{p} has no split '{split}' (it holds {', '.join(ds) or 'none'})")
+                ds = ds[split]
         elif p.exists():
-            ds = datasets.load_dataset(str(p), split=split)
+            try:
+                ds = datasets.load_dataset(str(p), split=split)
+            except ValueError as e:  # an unknown split: datasets names the ones there are
+                raise FileNotFoundError(f"{p}: no split '{split}' ({e})") from None
         else:
             raise FileNotFoundError(f"{p} not found")
     else:
@@ -272,9 +278,9 @@ def hf_task(task: str, src: HF, out: Path, cfg, source: str, splits: dict) -> tu
                     w.dropped += 1
                     continue
                 data, ext = _image_bytes(row[src.image])
-                image = folder / f"{i:07d}.{ext}"
-                if not image.exists():  # written once; the name is the source row
-                    image.write_bytes(data)
+                image = folder / f"{i:07d}.{ext}"  # the name is the source row
+                if not image.is_file() or image.read_bytes() != data:  # new, changed, or cut by a kill
+                    common.atomic_write(image, data)
                 rel = str(image.relative_to(out))
                 getattr(w, part).extend(_rows(rel, caps, part, cfg.train_captions, i))
     return w, {"dataset": src.repo, "fingerprints": fingerprints, "split": rule, "columns": [src.image, src.caption]}
@@ -309,6 +315,16 @@ def check_source(task: str, src, cfg) -> dict:
                   for split in ((src.test_only,) if src.test_only else src.splits or (src.split,))}
         if src.captions_from and not Path(cfg.paths.get(src.captions_from, "")).is_file():
             raise FileNotFoundError(f"--task-path {src.captions_from}=FILE (KoyoImai's wikiart_blip_captions.parquet)")
+        for split, ds in splits.items():  # what hf_task reads, checked before anything is written
+            wanted = [src.image] + ([] if src.captions_from else [src.caption])
+            lacking = [c for c in wanted if c not in ds.column_names]
+            if lacking:
+                raise FileNotFoundError(f"split '{split}' has no column {' or '.join(map(repr, lacking))} (its "
+                                        f"columns: {', '.join(ds.column_names)})")
+            if len(ds) and not isinstance(ds.features[src.image], _datasets().Image) and not isinstance(
+                    ds[0][src.image], (bytes, dict)):
+                raise FileNotFoundError(f"split '{split}': column '{src.image}' holds "
+                                        f"{type(ds[0][src.image]).__name__} values, not images")
         return splits
     return {}
 
@@ -363,9 +379,11 @@ def prepare(cfg) -> dict:
             src = sources[task]
             missing.append(f"  {task}: {e}" + (f"; fetch: {fetch_hint(src.repo)}" if isinstance(src, HF) else ""))
     if missing:
-        raise common.DataError(f"{len(missing)} of {len(names)} C-CLIP source(s) missing (--source {cfg.source}; "
+        raise common.DataError(f"{len(missing)} of {len(names)} C-CLIP source(s) missing or unreadable (--source "
+                               f"{cfg.source}; nothing was written; "
                                f"offline: the Hugging Face cache {cfg.hf_cache or '(HF_HOME)'} and --task-path):\n"
                                + "\n".join(missing))
+    record_file.unlink(missing_ok=True)  # the build is marked complete (prepare.json) only at its end
     built = {}
     for task in names:
         src, out = sources[task], root / task
@@ -384,7 +402,8 @@ def prepare(cfg) -> dict:
         entry = {"source": source, "dropped_empty_captions": w.dropped}
         for part in ("train", "test"):
             rows = getattr(w, part)
-            if not rows:
+            if not rows:  # never a previous build's manifest beside this record
+                (out / f"{part}.jsonl").unlink(missing_ok=True)
                 continue
             path = common.atomic_write(out / f"{part}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
             images = len({r["image"] for r in rows})
@@ -400,9 +419,20 @@ def prepare(cfg) -> dict:
     return rec
 
 
+def unusable(rec: dict) -> list[str]:
+    """The tasks prepare() could not give both splits (the unseen set: its test split), with why."""
+    needs = {**{t: ("train", "test") for t in TASKS}, UNSEEN: ("test",)}
+    return [f"  {task}: no {' / '.join(p for p in parts if p not in rec['tasks'][task])} rows "
+            f"({rec['tasks'][task]['dropped_empty_captions']} dropped for an empty caption)"
+            for task, parts in needs.items() if any(p not in rec["tasks"][task] for p in parts)]
+
+
 def main(argv=None):
     a = command_line(argv)
-    prepare(a)
+    empty = unusable(prepare(a))
+    if empty:
+        raise common.DataError(f"the benchmark in {Path(a.data_root) / 'vlcl'} is not usable: {len(empty)} "
+                               f"task(s) came out empty (prepare.json records them):\n" + "\n".join(empty))
     print(f"python cclip.py --tasks vlcl --data-root {a.data_root}")
 
 

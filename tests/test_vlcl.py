@@ -215,3 +215,81 @@ def test_the_research_codes_split_counts_and_caption_choices_behind_their_switch
     assert vlcl._rows("x.jpg", caps, "train", "draw", 0)[0]["captions"] == caps
     a = vlcl.command_line(["--split-counts", "research", "--train-captions", "longest"])
     assert (a.split_counts, a.train_captions) == ("research", "longest")
+
+
+# ----------------------------------------------------------------------------- issue 41.5
+def _fresh(sources, tmp_path):
+    """The module's sources with a data root of this test's own (the Hugging Face tasks stay --task-path)."""
+    import shutil
+    data, args = sources
+    shutil.copytree(data, tmp_path / "data", ignore=shutil.ignore_patterns("vlcl"))
+    return tmp_path / "data", list(args["research"])
+
+
+def _swap(args, task, folder):
+    return [a if not a.startswith(f"{task}=") else f"{task}={folder}" for a in args]
+
+
+def test_a_changed_or_cut_image_is_written_again_not_kept(sources, tmp_path):
+    """A rebuild after the source's images changed pairs the new captions with the NEW images (they were written
+    once by row number and kept); an image cut by a kill half-way is rewritten, not kept."""
+    data, args = _fresh(sources, tmp_path)
+    _prepare(data, args)
+    row = _rows(data, "lexica", "train")[0]
+    image = data / "vlcl" / "lexica" / row["image"]
+    before = image.read_bytes()
+    image.write_bytes(before[: len(before) // 2])  # what a SIGKILL mid-write left
+    _prepare(data, args)
+    assert image.read_bytes() == before
+    recoloured = {"train": datasets.Dataset.from_dict(
+        {"image": [Image.new("RGB", (12, 12), (0, 0, 9 * i)) for i in range(10)],
+         "prompt": [f"new lexica {i}" for i in range(10)]},
+        features=datasets.Features({"image": datasets.Image(), "prompt": datasets.Value("string")}))}
+    folder = tmp_path / "lexica-new"
+    old = datasets.load_from_disk(next(a.split("=")[1] for a in args if a.startswith("lexica=")))
+    datasets.DatasetDict({**recoloured, "test": old["test"]}).save_to_disk(str(folder))
+    _prepare(data, _swap(args, "lexica", folder))
+    with Image.open(data / "vlcl" / "lexica" / row["image"]) as im:
+        assert im.getpixel((0, 0)) == (0, 0, 9 * row["source_row"])  # the new source's image for that row
+    again = next(r for r in _rows(data, "lexica", "train") if r["image"] == row["image"])
+    assert again["captions"] == [f"new lexica {row['source_row']}"]
+
+
+def test_a_source_that_yields_no_rows_leaves_no_old_manifest_and_no_ready_line(sources, tmp_path, capsys):
+    data, args = _fresh(sources, tmp_path)
+    _prepare(data, args)
+    capsys.readouterr()
+    empty = tmp_path / "lexica-empty"
+    _hf(empty, {"train": 4, "test": 2}, caption_col="prompt", captions=lambda i: "  ")
+    with pytest.raises(SystemExit) as ended:
+        common.cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
+                               *[x for a in _swap(args, "lexica", empty) for x in ("--task-path", a)]])
+    out = capsys.readouterr()
+    assert ended.value.code == 1 and "python cclip.py" not in out.out
+    assert "lexica: no train / test rows (6 dropped for an empty caption)" in out.err and "Traceback" not in out.err
+    assert not any((data / "vlcl" / "lexica" / f"{p}.jsonl").exists() for p in ("train", "test"))
+    rec = json.loads((data / "vlcl" / "prepare.json").read_text())
+    assert "train" not in rec["tasks"]["lexica"]
+
+
+@pytest.mark.parametrize("case", ["caption column renamed", "image column of strings", "no test split"])
+def test_a_malformed_source_is_one_message_before_anything_is_written(sources, tmp_path, capsys, case):
+    data, args = _fresh(sources, tmp_path)
+    bad = tmp_path / "pets-bad"
+    if case == "caption column renamed":
+        _hf(bad, {"train": 4, "test": 2}, caption_col="description")
+    elif case == "no test split":
+        _hf(bad, {"train": 4}, caption_col="caption_enriched")
+    else:
+        datasets.DatasetDict({s: datasets.Dataset.from_dict({"image": [f"img{i}.jpg" for i in range(3)],
+                                                             "caption_enriched": ["a", "b", "c"]})
+                              for s in ("train", "test")}).save_to_disk(str(bad))
+    with pytest.raises(SystemExit):
+        common.cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
+                               *[x for a in _swap(args, "pets", bad) for x in ("--task-path", a)]])
+    err = capsys.readouterr().err
+    assert "1 of 9 C-CLIP source(s) missing or unreadable" in err and "Traceback" not in err
+    assert {"caption column renamed": "no column 'caption_enriched' (its columns: image, description)",
+            "no test split": "has no split 'test' (it holds train)",
+            "image column of strings": "column 'image' holds str values, not images"}[case] in err
+    assert not (data / "vlcl").exists()  # nothing written, no other task's images either
