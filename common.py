@@ -53,7 +53,7 @@ from plumbing.cli import StopSignals, cli
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
-from plumbing.manifests import (MAX_LISTED, CompactRows, bad_rows_message, dist_info, image_check_cache,
+from plumbing.manifests import (CompactRows, Tally, bad_rows_message, dist_info, image_check_cache,
                                 image_problems, read_manifest)
 from plumbing.training_sets import coco_sharegpt4v_manifest
 from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
@@ -849,7 +849,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                                               find_unused_parameters=cfg.find_unused) if world > 1 else net
 
     new_settings = optimizer_settings(opt)
-    data, data_change, failed = data_fingerprint(train_set), None, []
+    data, data_change, failed = data_fingerprint(train_set), None, Tally()
     step = 0
     n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
     if cfg.resume:  # the checkpoint's weights, optimizer, schedule, scaler, RNG and step (plumbing/runfolder.py)
@@ -891,7 +891,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             epoch = step // steps_per_epoch
             sampler.set_epoch(epoch, step % steps_per_epoch)
             for batch in loader:
-                failed += batch.pop("_failed")  # images replaced by the next row (--check-images sample / none)
+                failed.add(batch.pop("_failed"))  # images replaced by the next row (--check-images sample / none)
                 batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
                 ctx = SimpleNamespace(step=step, epoch=epoch, total_steps=total, device=device,
                                       generator=step_generator(cfg.seed, step), precision=precision)
@@ -956,11 +956,11 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     if world > 1:  # every rank's replaced images, counted together
         shares = [None] * world
         dist.all_gather_object(shares, failed)
-        failed = [f for share in shares for f in share]
-    summary["undecodable_images"] = {"count": len(failed), "first": failed[:MAX_LISTED]}
-    if failed:
-        print(f"[data] {len(failed)} undecodable image(s) replaced by the next row during training, e.g. "
-              f"{printable(failed[0])}", file=sys.stderr)
+        failed = Tally().merge(shares)
+    summary["undecodable_images"] = {"count": failed.count, "first": failed.first}
+    if failed.count:
+        print(f"[data] {failed.count} undecodable image(s) replaced by the next row during training, e.g. "
+              f"{printable(failed.first[0])}", file=sys.stderr)
     if rank == 0 and cfg.val_every:  # every validation of the run, resumed parts included (metrics.jsonl's)
         summary["validation"] = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                                  if any(k.startswith("val/") for k in r)]

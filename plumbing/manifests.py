@@ -25,6 +25,23 @@ from plumbing.base import DataError, atomic_write
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
 
 
+class Tally:
+    """Problems met during a long run (images replaced in training): every one counted, the first `keep` named;
+    memory stays flat however many there are. Tallies of several processes add up (merge)."""
+    def __init__(self, keep: int = MAX_LISTED):
+        self.keep, self.count, self.first = keep, 0, []
+
+    def add(self, problems):
+        self.count += len(problems)
+        self.first += list(problems)[:self.keep - len(self.first)]
+
+    def merge(self, others):
+        for other in others:
+            self.count += other.count
+            self.first += other.first[:self.keep - len(self.first)]
+        return self
+
+
 def dist_info():
     """(rank, world, local_rank) from torchrun's environment; (0, 1, 0) otherwise."""
     if dist.is_available() and dist.is_initialized():

@@ -184,14 +184,14 @@ def test_an_unchanged_image_is_decoded_once_per_process(tmp_path, monkeypatch):
 
 
 def test_many_bad_rows_named_up_to_a_limit_then_counted(tmp_path):
-    n = common.MAX_LISTED + 5
+    n = manifests.MAX_LISTED + 5
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps({"image": "nope.png", "caption": "a"}) + "\n" for _ in range(n))
                  + json.dumps({"image": _good_image(tmp_path), "caption": "ok"}) + "\n")
     with pytest.raises(common.DataError) as e:
         common.ManifestDataset(p)
     msg = str(e.value)
-    assert f"{n} bad row(s)" in msg and f"m.jsonl:{common.MAX_LISTED}:" in msg and "and 5 more" in msg
+    assert f"{n} bad row(s)" in msg and f"m.jsonl:{manifests.MAX_LISTED}:" in msg and "and 5 more" in msg
     assert len(common.ManifestDataset(p, skip_bad=True).skipped) == n
 
 

@@ -263,3 +263,26 @@ def test_a_process_started_alone_where_slurm_claims_two_ends_with_one_message(tm
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "rank 0 of 2: waiting for the other processes" in r.stderr
     assert "did not join" in r.stderr and "SLURM_NTASKS=2" in r.stderr and "srun" in r.stderr
+
+
+def test_the_undecodable_images_kept_for_the_summary_are_bounded_and_the_count_exact(tmp_path):
+    """Issue 41 (item 1's leftover): common.train kept every replaced image's message for the whole run (memory
+    growing with bad images over a long run); now a Tally keeps the first MAX_LISTED and counts every one, also
+    when the processes' tallies are merged."""
+    from plumbing.manifests import Tally
+    t = Tally(keep=3)
+    for k in range(1000):
+        t.add([f"bad {k}a", f"bad {k}b"])
+    assert t.count == 2000 and t.first == ["bad 0a", "bad 0b", "bad 1a"]
+    other = Tally(keep=3)
+    other.add(["x"])
+    merged = Tally(keep=3).merge([other, t])
+    assert merged.count == 2001 and merged.first == ["x", "bad 0a", "bad 0b"]
+    path = _broken_manifest(tmp_path / "data", broken=(3, 5, 9))
+    torch.manual_seed(0)
+    model, train_tf, _, tok = models.load_model("tiny", "random")
+    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "r"),
+                        log_every=1, device="cpu", check_images="none")
+    summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, path, train_tf),
+                           common.Collate(tok), export=False)
+    assert summary["undecodable_images"]["count"] == 6  # 3 bad rows, 2 epochs of 16 rows
