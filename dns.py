@@ -17,7 +17,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
   7. Schedule: shared warm-up + cosine, not the code's linear decay; AdamW betas/eps PyTorch's.
   8. eigh (float64) instead of SVD (same subspace); --lambda-relative (ours): relative threshold.
   9. Features extracted once with the eval transform, cached under --feature-cache.
- 10. Evaluation after every task: R@1/R@10, per-task classification, --zeroshot sets; Acc/BWT.
+ 10. Evaluation after every task: R@1/R@10, per-task classification, --zero-shot sets; Acc/BWT.
  11. One process: dns.py refuses WORLD_SIZE > 1 (two D x D maps, torchrun brings nothing).
  12. Speed (ours): the same projection in the form of fewest operations: --projection-form.
  13. Output covariance re-mapped with the current maps (ours); the code's: --output-cov per-task.

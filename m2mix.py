@@ -345,8 +345,8 @@ def main(argv=None):
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy],
                               "Flickr30K and Karpathy's split file, Sec. 5.1")
     # before training: the tasks; then rows, --out, device before any model is loaded
-    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root,
-                           "--eval-on")
+    flag = "--eval-tasks" if cfg.eval_on else "--train-data (evaluated as the default task)"
+    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root, flag)
     common.preflight(cfg, [train_manifests.train_manifest(cfg)])
     return finetune(cfg)
 

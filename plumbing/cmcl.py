@@ -665,7 +665,7 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
 
 
 def resolve_eval_sets(cfg):
-    """--task-classes / --zeroshot auto: the lab's sets only when the lab is the data (--tasks synthetic), else none:
+    """--task-classes / --zero-shot auto: the lab's sets only when the lab is the data (--tasks synthetic), else none:
     the tiny backbone on a user's own tasks is not evaluated on the lab's synthetic sets."""
     synthetic = cfg.tasks == "synthetic"
     return dataclasses.replace(

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from plumbing import base
 from plumbing.base import world_size
 
 
@@ -154,6 +155,16 @@ def checked(typ, rule: str):
     return check
 
 
+# Issue 42.1, one spelling per idea in every script: a field named differently in one paper's script is spelled
+# on the command line as in the others (open_clip's spelling where it has one); the old spelling is still read,
+# with one line naming the new one. field name -> (the flag, the old spellings)
+SPELLINGS = {
+    "eval_on": ("--eval-tasks", ("--eval-on",)),  # m2mix.py: erclip / longclip's name for the evaluation tasks
+    "eval_zs": ("--eval-base", ("--eval-zs",)),  # m2mix.py: the evaluation before fine-tuning
+    "zeroshot": ("--zero-shot", ("--zeroshot",)),  # dns.py: cclip / eval's name for the zero-shot sets
+}
+
+
 def parse_config(cls, argv=None, **overrides):
     """argparse built from the dataclass fields; returns a frozen cfg. --batch-size-per-gpu sets --batch-size."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -161,17 +172,22 @@ def parse_config(cls, argv=None, **overrides):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     for f in dataclasses.fields(cls):
         default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        name = "--" + f.name.replace("_", "-")
+        name, old = SPELLINGS.get(f.name, ("--" + f.name.replace("_", "-"), ()))
         help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help strings with %
+        said = [a.split("=")[0] for a in argv if a.split("=")[0] in {*old, *(f"--no-{o[2:]}" for o in old)}]
+        for a in said:
+            base.warn_once(f"note: {a} is now spelled {name if not a.startswith('--no-') else '--no-' + name[2:]} "
+                           f"(one name per idea across the scripts); {a} still works")
         if f.type in ("bool", bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+            p.add_argument(name, *old, action=argparse.BooleanOptionalAction, default=default, help=help_,
+                           dest=f.name)
         else:
             typ = {"int": int, "float": float, "str": str}.get(
                 f.type if isinstance(f.type, str) else f.type.__name__, str)
             if f.name in POSITIVE + COUNTS + UNIT:
                 typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
-            p.add_argument(name, *f.metadata.get("aliases", ()), type=f.metadata.get("type", typ), default=default,
-                           help=help_, choices=f.metadata.get("choices"))
+            p.add_argument(name, *f.metadata.get("aliases", ()), *old, type=f.metadata.get("type", typ),
+                           default=default, help=help_, choices=f.metadata.get("choices"), dest=f.name)
     values = vars(p.parse_args(argv))
     if values.get("batch_size_per_gpu"):  # open_clip's meaning of a batch size, made global here
         if any(a.split("=")[0] == "--batch-size" for a in argv):

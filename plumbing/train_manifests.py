@@ -60,7 +60,7 @@ def _write_rows(rows, path: Path) -> Path:
     return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-# ---- m2mix.py's choice of training manifest and test protocols (--train-data, --coco-split, --eval-on) ----
+# ---- m2mix.py's choice of training manifest and test protocols (--train-data, --coco-split, --eval-tasks) ----
 def train_manifest(cfg) -> Path:
     """The manifest m2mix.py trains on (cfg: m2mix.M2MixConfig); written under <out>/data/."""
     data_dir = Path(cfg.out) / "data"
@@ -92,6 +92,6 @@ def eval_tasks(cfg) -> dict:
         one = karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
     if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
-        raise common.UsageError("--train-data names tar shards: pass --eval-on (eval.py tasks or "
+        raise common.UsageError("--train-data names tar shards: pass --eval-tasks (eval.py tasks or "
                                 "manifests; 'none': train without evaluating)")
     return {Path(cfg.train_data).stem: cfg.train_data}

@@ -364,3 +364,40 @@ def test_ctrl_c_on_the_command_line_with_loader_workers(tmp_path, root):
     assert "erclip.py --steps 100" in err and err.rstrip().endswith(f"--out {out} --resume latest")
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"] == logged[-1] < 100
+
+
+def test_one_spelling_per_idea_and_the_old_one_still_read_with_one_line(capsys):
+    """Issue 42.1: the evaluation tasks, the evaluation before fine-tuning and the zero-shot sets are spelled as in
+    the other scripts (--eval-tasks, --eval-base, --zero-shot); m2mix's --eval-on / --eval-zs and dns's --zeroshot
+    are still read, each with one line naming the new spelling."""
+    import dns
+    import m2mix
+    from plumbing import flags
+    new = flags.parse_config(m2mix.M2MixConfig, ["--eval-tasks", "a,b", "--no-eval-base"])
+    assert (new.eval_on, new.eval_zs) == ("a,b", False) and capsys.readouterr().err == ""
+    old = flags.parse_config(m2mix.M2MixConfig, ["--eval-on", "a,b", "--no-eval-zs"])
+    assert (old.eval_on, old.eval_zs) == ("a,b", False)
+    err = capsys.readouterr().err
+    assert "--eval-on is now spelled --eval-tasks" in err and "--no-eval-zs is now spelled --no-eval-base" in err
+    cfg_cls = next(v for k, v in vars(dns).items() if k.endswith("Config") and v is not flags.Config
+                   and isinstance(v, type) and issubclass(v, flags.Config))
+    assert flags.parse_config(cfg_cls, ["--zero-shot", ""]).zeroshot == ""
+    assert flags.parse_config(cfg_cls, ["--zeroshot", ""]).zeroshot == ""
+    assert "--zeroshot is now spelled --zero-shot" in capsys.readouterr().err
+    for cls in (m2mix.M2MixConfig, cfg_cls):  # the help shows the new spelling
+        with pytest.raises(SystemExit):
+            flags.parse_config(cls, ["--help"])
+    shown = capsys.readouterr().out
+    assert "--eval-tasks" in shown and "--eval-base" in shown and "--zero-shot" in shown
+
+
+def test_a_folder_as_m2mix_training_data_is_not_blamed_on_a_flag_never_passed(tmp_path, capsys):
+    """Issue 42.4: the training path is also m2mix's default evaluation task; the message named --eval-on, a flag
+    the user never passed."""
+    import m2mix
+    (tmp_path / "imgs").mkdir()
+    with pytest.raises(SystemExit):
+        common.cli(m2mix.main, ["--backbone", "tiny", "--train-data", str(tmp_path / "imgs"), "--out",
+                                str(tmp_path / "run"), "--data-root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--train-data (evaluated as the default task)" in err and "--eval-on" not in err
