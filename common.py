@@ -841,6 +841,10 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
             generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
+    if warmup >= total and not schedule and rank == 0:  # issue 42.4: the lr never leaves its warm-up
+        warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): the lr only climbs "
+                  f"(to {min(total, warmup) / max(warmup, 1):.2g} x --lr at the last step); a negative --warmup is a "
+                  f"percentage of the run")
     opt = make_optimizer(cfg, net, device, lr_of)
     multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, multipliers)

@@ -118,7 +118,7 @@ def _numbers(text: str) -> list[float]:
 
 def command_line() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(), allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=flags.HelpWithDefaults)
     p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
     p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")
     p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
@@ -196,7 +196,7 @@ def _require(path: Path, task: str, root):
         return path
     layout, source = BENCHMARKS[task]
     raise MissingData(f"{task}: {path} not found. Expected under the data root ({root}): {layout}. "
-                      f"Get it from {source}. See README.md, 'Evaluation data'.")
+                      f"Get it from {source}. See docs/data.md (each benchmark's layout).")
 
 
 def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=False) -> RetrievalSet:

@@ -18,6 +18,10 @@ from plumbing.base import world_size
 
 
 
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help with the description as written and every option's default (eval.py's)."""
+
+
 def arg(default, help: str, **kw):
     """A dataclass field that carries its argparse help text."""
     if isinstance(default, (list, dict)):
@@ -63,7 +67,7 @@ class Config:
     workers: int = arg(2, "DataLoader workers")
     # optimisation
     epochs: int = arg(1, "epochs over the training set")
-    steps: int = arg(0, "stop after this many steps (0: epochs decide)")
+    steps: int = arg(0, "stop after this many steps (0: epochs decide); cclip.py, dns.py: per task")
     batch_size: int = arg(64, "GLOBAL batch size, split across the processes (open_clip's --batch-size is per GPU: "
                           "see --batch-size-per-gpu)")
     batch_size_per_gpu: int = arg(0, "per-process micro-batch, as open_clip's --batch-size: --batch-size becomes it x "

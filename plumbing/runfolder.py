@@ -175,10 +175,14 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     global RUN_OUT
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
-    out.mkdir(parents=True, exist_ok=True)
-    probe = out / f".write-test{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
+    try:  # the flag named: an OSError alone says "No such file or directory (/proc/x)"
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot be created or written ({e.strerror}"
+                         f"{f': {e.filename}' if e.filename else ''}); choose a writable folder") from None
     lock_out(out)
     if RUN_OUT is None or not out.absolute().is_relative_to(RUN_OUT.absolute()):  # a task: inside
         RUN_OUT = out

@@ -401,3 +401,29 @@ def test_a_folder_as_m2mix_training_data_is_not_blamed_on_a_flag_never_passed(tm
                                 str(tmp_path / "run"), "--data-root", str(tmp_path)])
     err = capsys.readouterr().err
     assert "--train-data (evaluated as the default task)" in err and "--eval-on" not in err
+
+
+def test_messages_name_the_cause(tmp_path, capsys):
+    """Issue 42.4: an unwritable --out names --out (it said "No such file or directory (/proc/x)"); a warm-up as
+    long as the run says so (--steps 4 with --warmup 200 trained at lr 1.25e-07 without a word); eval.py's --help
+    shows the defaults; a missing benchmark points at docs/data.md (README's 'Evaluation data' does not exist)."""
+    import erclip
+    import eval as evaluation
+    import lab
+    with pytest.raises(SystemExit):
+        common.cli(erclip.main, ["--backbone", "tiny", "--train-data", "synthetic", "--out", "/proc/clipft-x",
+                                 "--data-root", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert "--out /proc/clipft-x: cannot be created or written" in err and "Traceback" not in err
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    model, train_tf, _, tok = models.load_model("tiny", "random")
+    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), warmup=200,
+                        device="cpu", log_every=1)
+    common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
+                 export=False)
+    assert "--warmup 200 is not shorter than the run (4 steps)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluation.main(["--help"])
+    assert "(default:" in capsys.readouterr().out
+    with pytest.raises(evaluation.MissingData, match="docs/data.md"):
+        evaluation.load_retrieval("flickr30k", str(tmp_path / "nothing"))
