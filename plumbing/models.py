@@ -106,6 +106,8 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         model, train_tf, eval_tf, tokenizer = towers.load(backbone, pretrained, device=device, cache_dir=cache_dir,
                                                           **towers_kw)
         return model, train_tf, eval_tf, CachedTokenizer(tokenizer)
+    if pretrained.startswith("local-dir:") or pretrained and os.path.isdir(pretrained):  # an --export folder
+        return load_export(pretrained.removeprefix("local-dir:"), device)
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_hook("pretrain_tiny")())
@@ -158,6 +160,25 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                          f"backbone it was trained with (--backbone), or weights of {name}") from None
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
     return model, train_tf, eval_tf, get_tokenizer(name, context)
+
+
+def load_export(folder, device="cpu"):
+    """(model, train_transform, eval_transform, tokenizer) of a folder in open_clip's hub layout (what --export and
+    plumbing.export write): open_clip builds it from the folder's own config, QuickGELU and text window included,
+    as open_clip.create_model_from_pretrained('local-dir:FOLDER') does."""
+    folder = Path(folder)
+    config = folder / "open_clip_config.json"
+    if not config.is_file() or not (folder / "open_clip_model.safetensors").is_file():
+        raise UsageError(f"--pretrained {folder}: a folder, but not open_clip's hub layout (open_clip_config.json "
+                         f"and open_clip_model.safetensors); pass a model file, a folder --export wrote, or a tag")
+    try:
+        cfg = json.loads(config.read_text())["model_cfg"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{config}: not open_clip's config ({type(e).__name__}: {e})") from None
+    ref = f"local-dir:{folder}"
+    model, train_tf, eval_tf = open_clip.create_model_and_transforms(ref, device=device)
+    model.quick_gelu = bool(cfg.get("quick_gelu", False))  # remembered for a later save's sidecar
+    return model, train_tf, eval_tf, CachedTokenizer(open_clip.get_tokenizer(ref))
 
 
 SIDECAR_FIELDS = {"model": (str, "a backbone name"), "backbone": (str, "a backbone name"),

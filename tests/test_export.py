@@ -153,3 +153,20 @@ def test_an_export_failing_after_training_keeps_the_results_and_names_the_comman
     assert "export it later with python -m plumbing.export" in capsys.readouterr().err
     json.dumps(summary)  # the summary goes into results.json as it is
     assert torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+
+
+def test_an_exported_folder_is_accepted_back_as_pretrained(tmp_path):
+    """Issue 42.6: `--pretrained exported/x` or `local-dir:exported/x` was "neither a file nor an open_clip tag";
+    now open_clip builds the model from the folder's own config: the same features, the same tokens."""
+    model, _, _, tok = models.load_model("tiny", "random")
+    folder = models.export_open_clip(model, tmp_path / "exported" / "x", "tiny")
+    image = torch.randn(2, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    for ref in (str(folder), f"local-dir:{folder}"):
+        again, _, _, tok2 = models.load_model("tiny", ref)
+        assert torch.equal(tok(["a red circle"]), tok2(["a red circle"]))
+        with torch.no_grad():
+            assert torch.equal(model.encode_image(image), again.encode_image(image))
+            assert torch.equal(model.encode_text(tok(["a red circle"])), again.encode_text(tok2(["a red circle"])))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(base.UsageError, match="not open_clip's hub layout"):
+        models.load_model("tiny", str(tmp_path / "other"))
