@@ -26,11 +26,15 @@ from pathlib import Path
 
 
 def command_line() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "), allow_abbrev=False,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
-    p.add_argument("--pretrained", required=True, help="the model to export: a model.pt / model.safetensors")
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--format", default="open_clip", choices=("open_clip", "transformers"))
+    p.add_argument("--pretrained", required=True, help="the model to export: a model.pt / model.safetensors a "
+                                                        "run wrote (its .json sidecar beside it)")
+    p.add_argument("--out", required=True, help="the folder to write, whole or not at all (a new or empty "
+                                                "folder, or a previous export, which it replaces)")
+    p.add_argument("--format", default="open_clip", choices=("open_clip", "transformers"),
+                   help="open_clip's hub layout (local-dir:) or a transformers CLIPModel folder")
     return p
 
 

@@ -170,3 +170,10 @@ def test_an_exported_folder_is_accepted_back_as_pretrained(tmp_path):
     (tmp_path / "other").mkdir()
     with pytest.raises(base.UsageError, match="not open_clip's hub layout"):
         models.load_model("tiny", str(tmp_path / "other"))
+
+
+def test_export_help_is_whole_sentences():
+    """Issue 42.4: `python -m plumbing.export --help` stopped mid-sentence ("... or a Hugging Face")."""
+    from plumbing import export
+    text = export.command_line().format_help()
+    assert "transformers CLIPModel folder (OpenAI-architecture ViTs)." in " ".join(text.split())
