@@ -53,8 +53,8 @@ from plumbing.cli import StopSignals, cli
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
-from plumbing.manifests import (CompactRows, Tally, bad_rows_message, dist_info, image_check_cache,
-                                image_problems, read_manifest)
+from plumbing.manifests import (CAPTION_KEYS, IMAGE_KEYS, CompactRows, Tally, bad_rows_message, dist_info,
+                                image_check_cache, image_problems, read_manifest)
 from plumbing.training_sets import coco_sharegpt4v_manifest
 from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
                                 checkpoint_state, data_fingerprint, kept_result, latest_checkpoint,
@@ -273,8 +273,6 @@ def continual_metrics(R):
 # =============================================================================
 # 2. Data
 # =============================================================================
-IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")
-CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list: training draws one, evaluation the first
 
 
 class ManifestDataset(torch.utils.data.Dataset):
@@ -291,18 +289,21 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool | str = True, extra: Sequence[str] = (), across_ranks: bool = False,
-                 replace_undecodable: bool = False, draw_caption: bool = False):
-        self.path, self.transform = Path(path), transform
-        rows = read_manifest(self.path, keep_bad=True)
+                 replace_undecodable: bool = False, draw_caption: bool = False, keys=("", ""), sep: str = ""):
+        self.path, self.transform = Path(path), transform  # keys, sep: open_clip's --csv-img-key / -caption-key
+        rows = read_manifest(self.path, keep_bad=True, sep=sep)  # / --csv-separator ('': detected)
         good = [r for r in rows if "_error" not in r]
         if not good:
             if rows:
                 raise DataError(bad_rows_message(self.path, [f"{self.path}:{r['_line']}: {r['_error']}" for r in rows]))
             raise DataError(f"{self.path}: no rows")
         cols = set(good[0]) - {"_line"}
-        self.image_key = next((k for k in IMAGE_KEYS if k in cols), None)
-        self.caption_key = next((k for k in CAPTION_KEYS if k in cols), None)
-        missing = [n for n, k in (("image", self.image_key), ("caption", self.caption_key)) if k is None]
+        self.image_key = next((k for k in (keys[0],) if k in cols), None) if keys[0] else \
+            next((k for k in IMAGE_KEYS if k in cols), None)
+        self.caption_key = next((k for k in (keys[1],) if k in cols), None) if keys[1] else \
+            next((k for k in CAPTION_KEYS if k in cols), None)
+        missing = [n for n, k in ((keys[0] or "image", self.image_key), (keys[1] or "caption", self.caption_key))
+                   if k is None]
         if need_long and "long_caption" not in cols:
             missing.append("long_caption")
         missing += [k for k in extra if k not in cols]
@@ -411,7 +412,8 @@ def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:
         return shards.ShardSet(path, transform, kw.get("need_long", False), cfg.train_num_samples,
                                readers=world_size() * max(1, cfg.workers))
     return ManifestDataset(path, transform, skip_bad=cfg.skip_bad, check_images=cfg.check_images, across_ranks=True,
-                           replace_undecodable=cfg.check_images != "full", draw_caption=True, **kw)
+                           replace_undecodable=cfg.check_images != "full", draw_caption=True,
+                           keys=(cfg.csv_img_key, cfg.csv_caption_key), sep=cfg.csv_separator, **kw)
 
 
 class Collate:

@@ -58,6 +58,11 @@ class Config:
     train_data: str = arg("auto", "auto: the paper's training data under --data-root (the synthetic world with "
                           "--backbone tiny when it is absent) | a manifest (JSONL/CSV) | synthetic")
     skip_bad: bool = arg(False, "skip and count bad rows/images instead of stopping")
+    csv_img_key: str = arg("", "open_clip's: the manifest's image column ('': the first of image, filepath, "
+                           "image_path, file_name, img)")
+    csv_caption_key: str = arg("", "open_clip's: the caption column ('': the first of caption, title, text, "
+                               "captions)")
+    csv_separator: str = arg("", "open_clip's: a CSV's separator ('': detected among , TAB ; |)")
     check_images: str = arg("full", "the row check's decoding before training: full (every image; split across the "
                             "processes, remembered on disk) | sample (1,000 of them) | none; with sample / none an "
                             "image failing during training is replaced by the next row and counted",

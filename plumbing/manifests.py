@@ -23,6 +23,11 @@ from plumbing.base import DataError, atomic_write
 
 
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
+IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")  # the columns a manifest's image may sit in
+CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list: training draws one, evaluation the first
+LAYOUTS = ("a manifest: JSONL / JSON array / CSV or TSV rows with an image column ({}) and a caption column ({}), "
+           "image paths relative to the manifest; or webdataset tar shards 'DIR/{{00000..00099}}.tar' (docs/data.md)"
+           ).format(", ".join(IMAGE_KEYS), ", ".join(CAPTION_KEYS))
 
 
 class Tally:
@@ -77,14 +82,17 @@ def _json_array_rows(path, text) -> list[dict]:
     return rows
 
 
-def read_manifest(path, keep_bad: bool = False) -> list[dict]:
+def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     """Rows of a manifest: JSONL (lines end at "\\n" only, since U+2028 or \\x85 may sit inside a JSON string),
     a JSON array of objects, or CSV/TSV (separator detected; a quoted caption may span lines). Each row carries
     `_line`, the line where it starts. A line that is not UTF-8 or not JSON raises a DataError naming file and
-    line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad)."""
+    line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad). sep: a CSV's
+    separator (open_clip's --csv-separator); '' detects it."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
+    if path.is_dir():  # an image folder, a Hugging Face folder, ...: not read as such (issue 42.2)
+        raise DataError(f"{path} is a folder; training and evaluation data are {LAYOUTS}")
     text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
     def bad(line, why):
@@ -110,8 +118,11 @@ def read_manifest(path, keep_bad: bool = False) -> list[dict]:
                 continue
             rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
     else:
+        sep = {"\\t": "\t", "tab": "\t"}.get(sep, sep)  # open_clip's "\t" as typed in a shell
+        if len(sep) > 1:
+            raise DataError(f"--csv-separator {sep!r}: one character (or \\t), as csv reads it")
         try:
-            sep = csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
+            sep = sep or csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
         except csv.Error:
             sep = ","
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)

@@ -304,3 +304,28 @@ def test_control_characters_in_a_message_are_escaped(tmp_path, capsys):
     assert "\r" not in err and "\x1b" not in err and "\x00" not in err
     assert "x\\r\\x1b[32mall rows OK" in err and "\\x00.jsonl" in err and err.startswith("error: manifest not found")
     assert "\nsecond line" in err
+
+
+def test_open_clips_csv_flags_and_a_folder_named_with_the_accepted_layouts(tmp_path, capsys):
+    """Issue 42.2: open_clip's --csv-img-key / --csv-caption-key / --csv-separator were refused ("unrecognized
+    arguments" after a 45-line usage); a folder as --train-data was "Is a directory (...)". Now the flags choose
+    the columns and separator, and a folder is one message listing the layouts that are read."""
+    from PIL import Image
+    import m2mix
+    from plumbing import flags
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / f"{i}.png")
+    (tmp_path / "pairs.csv").write_text("path;words;caption\n" + "".join(
+        f"{i}.png;a red square number {i};not this one\n" for i in range(4)))
+    cfg = flags.parse_config(m2mix.M2MixConfig, ["--csv-img-key", "path", "--csv-caption-key", "words",
+                                                 "--csv-separator", ";", "--check-images", "none"])
+    rows = common.training_set(cfg, tmp_path / "pairs.csv")
+    assert [rows[i]["caption"] for i in range(4)] == [f"a red square number {i}" for i in range(4)]
+    (tmp_path / "tabbed.tsv").write_text("filepath\ttitle\n0.png\ta caption\n")
+    tab = flags.parse_config(m2mix.M2MixConfig, ["--csv-separator", "\\t", "--check-images", "none"])
+    assert common.training_set(tab, tmp_path / "tabbed.tsv")[0]["caption"] == "a caption"  # open_clip's defaults
+    wrong = flags.parse_config(m2mix.M2MixConfig, ["--csv-img-key", "nope", "--check-images", "none"])
+    with pytest.raises(common.DataError, match=r"missing column\(s\) \[.nope.\]"):
+        common.training_set(wrong, tmp_path / "pairs.csv")
+    with pytest.raises(common.DataError, match=r"is a folder; training and evaluation data are a manifest: JSONL"):
+        common.training_set(cfg, tmp_path)
