@@ -159,7 +159,7 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import m2mix_analysis, models, wise_ft
+from plumbing import loading, m2mix_analysis, models, wise_ft
 
 
 # =============================================================================
@@ -586,12 +586,7 @@ class _Images(torch.utils.data.Dataset):
         item = self.paths[i]
         if isinstance(item, Image.Image):
             return self.transform(common.to_rgb(item))
-        try:
-            with Image.open(item) as im:
-                image = common.to_rgb(im)
-        except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
-            raise common.DataError(f"undecodable image {item} ({type(e).__name__}: {e})") from None
-        return self.transform(image)
+        return loading.EVAL_IMAGES.get(item, self.transform)  # decoded and transformed once per process
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ import common
 from plumbing import models
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
-from lab.runs import PROCESSES, hold_out, run_jobs, scratch_run, take_processes_flag
+from lab.runs import PROCESSES, hold_out, job_pool, run_jobs, scratch_run, take_processes_flag
 from lab.stats import (SEEDS, claim, claims_table, machine_info, mean_std_table, paired, paired_stats, report_demo,
                        run_seeds, seeds, take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)

@@ -30,7 +30,20 @@ def _one_thread():
     import lab  # noqa: F401  (registers the tiny backbone and the world in the worker)
 
 
-def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, done: Callable | None = None) -> list:
+@contextlib.contextmanager
+def job_pool(processes: int = PROCESSES):
+    """The spawned one-thread workers of run_jobs, kept for several calls (a demo's batches of runs: each worker
+    imports torch and the project once, ~6 s, not once per batch); None for processes <= 1."""
+    if processes <= 1:
+        yield None
+        return
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_one_thread) as pool:
+        yield pool
+
+
+def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, done: Callable | None = None,
+             pool=None) -> list:
     """[fn(*job) for job in jobs], each in ONE torch thread: in `processes` spawned workers, or here when
     processes is 1. The numbers are the same either way (every job is seeded by its arguments and runs on one
     thread); the workers fill the cores that a tiny model's two-thread matmuls leave idle (a C-CLIP sequence:
@@ -47,8 +60,7 @@ def run_jobs(fn: Callable, jobs: Sequence[tuple], processes: int = PROCESSES, do
         finally:
             torch.set_num_threads(threads)
         return results
-    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=multiprocessing.get_context(
-            "spawn"), initializer=_one_thread) as pool:
+    with contextlib.nullcontext(pool) if pool else job_pool(min(processes, len(jobs))) as pool:
         futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         try:
             for f in concurrent.futures.as_completed(futures):

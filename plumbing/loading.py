@@ -22,7 +22,7 @@ import open_clip
 import torch
 from PIL import Image
 
-from plumbing.base import UnsafeFileError, UsageError, atomic_write
+from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write
 
 
 def _hub_reachable(timeout=3.0) -> bool:
@@ -231,3 +231,32 @@ def file_sha256(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class EvalImages:
+    """Evaluation images as the model sees them (decoded, then the evaluation transform), remembered per process
+    up to `budget` bytes: a continual run evaluates every task's test set after every task (C-CLIP's R[i][j]),
+    and the lab's demos evaluate the same sets in every run. Keyed by the file (path, size, mtime) and the
+    transform's description, so a changed file or another preprocessing is read again. The transform must be
+    deterministic (the evaluation's resize / centre crop / normalise); the first items in set order are kept."""
+    def __init__(self, budget: int = 256 << 20):
+        self.budget, self.used, self.items = budget, 0, {}
+
+    def get(self, path, transform):
+        try:
+            st = os.stat(path)
+            key = (str(path), st.st_size, st.st_mtime_ns, repr(transform))
+            hit = self.items.get(key)
+            if hit is None:
+                with Image.open(path) as im:
+                    hit = transform(to_rgb(im))
+        except Exception as e:  # PIL raises many types; name the file (a worker's traceback would not)
+            raise DataError(f"undecodable image {path} ({type(e).__name__}: {e})") from None
+        if key not in self.items:
+            size = hit.numel() * hit.element_size() if torch.is_tensor(hit) else self.budget
+            if self.used + size <= self.budget:
+                self.items[key], self.used = hit, self.used + size
+        return hit
+
+
+EVAL_IMAGES = EvalImages()

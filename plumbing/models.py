@@ -240,6 +240,13 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
     prompts every zero-shot head, and the pure-Python BPE costs ~60 us a text."""
     name = resolve_backbone(backbone)
     config = json.dumps(open_clip.get_model_config(name), sort_keys=True)
+    return _cached_tokenizer(name, context_length, config)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_tokenizer(name: str, context_length: int | None, config: str):
+    """One CachedTokenizer per (backbone, window, config) in a process: its remembered texts serve every model
+    loaded after (the lab's demos load a model per run; tokens depend on the text alone)."""
     return CachedTokenizer(_open_clip_tokenizer(name, context_length, config))
 
 

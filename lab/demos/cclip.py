@@ -127,14 +127,15 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
         return lambda i, _: print(f"[cclip demo] seed {jobs[i][2]} {DEMO_NAMES[jobs[i][1]]}: {time.time() - t0:.0f}s "
                                   f"so far", file=sys.stderr)
     first = [(cfg, m, seeds[0], None) for m in names]
-    summaries = lab.run_jobs(one_sequence, first, processes, progress(first))
-    row0 = first_row(summaries[0])
-    for m, summary in zip(names, summaries):
-        if first_row(summary) != row0:
-            raise RuntimeError(f"{DEMO_NAMES[m]} evaluated the pretrained weights differently: "
-                               f"{first_row(summary)} against {row0}")
-    rest = [(cfg, m, seed, row0) for seed in seeds[1:] for m in names]
-    summaries += lab.run_jobs(one_sequence, rest, processes, progress(rest))
+    with lab.job_pool(processes) as pool:  # one set of workers for both batches
+        summaries = lab.run_jobs(one_sequence, first, processes, progress(first), pool)
+        row0 = first_row(summaries[0])
+        for m, summary in zip(names, summaries):
+            if first_row(summary) != row0:
+                raise RuntimeError(f"{DEMO_NAMES[m]} evaluated the pretrained weights differently: "
+                                   f"{first_row(summary)} against {row0}")
+        rest = [(cfg, m, seed, row0) for seed in seeds[1:] for m in names]
+        summaries += lab.run_jobs(one_sequence, rest, processes, progress(rest), pool)
     base = demo_base(summaries[0], unseen)
     runs = {name: [] for name in DEMO_NAMES.values()}
     for (_, m, seed, _), summary in zip(first + rest, summaries):
