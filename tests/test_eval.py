@@ -2,6 +2,7 @@
 missing-data errors, text modes, geometry / ECE / SIMAT by hand, WiSE-FT
 endpoints, continual matrices, and end-to-end runs of main()."""
 import json
+import os
 import math
 import pickle
 import subprocess
@@ -637,3 +638,29 @@ def test_a_broken_cache_entry_is_rebuilt_with_one_line(tmp_path, tiny_random, ca
     assert torch.equal(first, again) and f"cache file {entry} could not be read" in capsys.readouterr().err
     assert torch.equal(torch.load(entry, weights_only=True), first)  # the rebuilt entry reads back
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_evaluation_images_are_prepared_once_per_process_and_again_when_the_file_changes(tmp_path):
+    """Issue 39.4 (the C-CLIP demo's budget): a continual run evaluates every test set after every task; the
+    evaluation images are decoded and transformed once per process (loading.EvalImages), the same tensors as
+    before, read again when the file or the transform changes, and never beyond the byte budget."""
+    import torchvision.transforms as T
+    from PIL import Image
+    from plumbing import loading
+    path = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(path)
+    memo, tf = loading.EvalImages(budget=10 ** 6), T.Compose([T.ToTensor()])
+    first = memo.get(path, tf)
+    assert memo.get(path, tf) is first and torch.equal(first, tf(Image.open(path).convert("RGB")))
+    other = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
+    assert not torch.equal(memo.get(path, other), first)  # another preprocessing: prepared again
+    Image.new("RGB", (8, 8), (200, 20, 30)).save(path)
+    os.utime(path, ns=(10 ** 18, 10 ** 18))
+    assert not torch.equal(memo.get(path, tf), first)  # a changed file: read again
+    small = loading.EvalImages(budget=8 * 8 * 3 * 4)  # room for one image's tensor
+    small.get(path, tf)
+    small.get(path, other)
+    assert small.used <= small.budget and len(small.items) == 1
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(common.DataError, match="undecodable image .*bad.png"):
+        memo.get(tmp_path / "bad.png", tf)

@@ -347,3 +347,15 @@ def test_a_diverged_model_is_refused_not_scored_100(tmp_path):
         assert evaluation.evaluate(model, pre, tok, [task], tmp_path, synthetic_n=16)  # the healthy one scores
         with pytest.raises(common.RunError, match=f"{task}: 16 of 16 image rows are not finite"):
             evaluation.evaluate(broken, pre, tok, [task], tmp_path, synthetic_n=16)
+
+
+def test_one_pool_serves_several_batches_of_runs_with_the_same_numbers():
+    """Issue 39.4: lab.job_pool keeps the spawned workers for a demo's batches; the results are those of
+    running the jobs one at a time."""
+    import lab.runs as runs
+    with runs.job_pool(2) as pool:
+        a = runs.run_jobs(torch.get_num_threads, [(), ()], 2, pool=pool)
+        b = runs.run_jobs(math.factorial, [(5,), (6,)], 2, pool=pool)
+    assert a == [1, 1] and b == [120, 720]
+    with runs.job_pool(1) as none:
+        assert none is None
