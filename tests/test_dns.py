@@ -357,7 +357,7 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
                     f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
     res = dns.main(["--tasks", spec, "--data-root", str(tmp_path), "--out", str(out), "--batch-size", "16",
-                    "--epochs", "2", "--zeroshot", "synthetic-color", "--task-classes", "shape", "--device", "cpu"])
+                    "--epochs", "2", "--zero-shot", "synthetic-color", "--task-classes", "shape", "--device", "cpu"])
     written = json.loads((out / "results.json").read_text())
     R = written["continual"]["matrices"]["acc"]
     assert len(R) == 3 and len(R[0]) == 2  # row 0 = before training, then one row per task
@@ -375,7 +375,7 @@ def test_a_projector_that_holds_a_map_fixed_says_so(tmp_path, capsys):
     spec = (f"a={lab.synthetic_manifest('task-photo', tmp_path, n=96)},"
             f"b={lab.synthetic_manifest('task-night', tmp_path, n=32)}")
     args = ["--tasks", spec, "--data-root", str(tmp_path), "--batch-size", "16", "--epochs", "1", "--lr", "1e-2",
-            "--zeroshot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu"]
+            "--zero-shot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu"]
     res = dns.main(args + ["--out", str(tmp_path / "frozen"), "--lambda-min", "0", "--lambda-min-out", "0"])
     dim = res["tasks"][1]["old_rank"]["W_img_in"]
     err = capsys.readouterr().err
@@ -395,7 +395,7 @@ def test_resume_inside_a_projected_task_equals_an_uninterrupted_run(tmp_path, co
     spec = (f"a={lab.synthetic_manifest('task-photo', tmp_path, n=32)},"
             f"b={lab.synthetic_manifest('task-night', tmp_path, n=96)}")
     args = ["--tasks", spec, "--data-root", str(tmp_path), "--batch-size", "16", "--epochs", "1", "--lr", "1e-2",
-            "--zeroshot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu",
+            "--zero-shot", "", "--task-classes", "", "--pretrained", "random", "--device", "cpu",
             "--feature-cache", str(tmp_path / "features")]
     if code_settings:
         args += ["--loss", "code", "--bias", "--output-cov", "per-task", "--lambda-min", "0.1", "--lambda-min-out", "0"]

@@ -242,7 +242,7 @@ def test_val_every_in_m2mix_and_longclip_and_refused_for_a_task_sequence(tmp_pat
     common_argv = ["--backbone", "tiny", "--data-root", str(root), "--train-data", "synthetic", "--batch-size", "8",
                    "--steps", "2", "--workers", "0", "--device", "cpu", "--pretrained", "random", "--val-every", "1",
                    "--val-data", val]
-    m2 = m2mix.main(common_argv + ["--no-eval-zs", "--eval-on", "none", "--out", str(tmp_path / "m2")])
+    m2 = m2mix.main(common_argv + ["--no-eval-base", "--eval-tasks", "none", "--out", str(tmp_path / "m2")])
     assert [r["step"] for r in m2["summary"]["validation"]] == [1, 2]
     lc = longclip.main(common_argv + ["--train-pairs", "16", "--pca-dim", "4", "--eval-tasks", "none",
                                       "--out", str(tmp_path / "lc")])

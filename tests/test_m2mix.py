@@ -479,7 +479,7 @@ def test_train_data_synthetic_runs_from_a_fresh_process_that_never_imported_the_
             "print(r['summary']['steps'], sorted({x['task'] for x in r['records']}))")
     args = ["--train-data", "synthetic", "--data-root", str(root), "--out", str(tmp_path / "o"), "--steps", "1",
             "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0",
-            "--backbone", "tiny", "--method", "m2", "--no-eval-zs"]
+            "--backbone", "tiny", "--method", "m2", "--no-eval-base"]
     out = subprocess.run([sys.executable, "-c", code, *args], cwd=Path(m2mix.__file__).parent, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr

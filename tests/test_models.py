@@ -90,7 +90,7 @@ def test_open_clips_tokenizer_is_built_once_per_backbone_and_window():
     import lab  # noqa: F401  the tiny backbone's config
     texts = ["a red circle.", "two blue stars at the top left and a ring below them."]
     first, second = models.get_tokenizer("tiny"), models.get_tokenizer("tiny")
-    assert first.tokenizer is second.tokenizer and first is not second  # each model its own text memo
+    assert first is second  # one text memo per process and backbone (tokens depend on the text alone): issue 39.4
     assert torch.equal(first(texts), open_clip.get_tokenizer(models.TINY_NAME)(texts))
     short = models.get_tokenizer("tiny", 8)
     assert short.tokenizer is not first.tokenizer

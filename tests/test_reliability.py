@@ -258,12 +258,12 @@ def test_m2mix_eval_on_none_trains_without_evaluating_and_a_bad_name_fails_first
     root = tmp_path / "data"
     lab.synthetic_manifest("train", root, n=16)
     argv = ["--backbone", "tiny", "--data-root", str(root), "--train-data", "synthetic", "--batch-size", "8",
-            "--steps", "1", "--workers", "0", "--device", "cpu", "--pretrained", "random", "--no-eval-zs", "--out"]
-    assert m2mix.main(argv + [str(tmp_path / "a"), "--eval-on", "none"])["records"] == []
+            "--steps", "1", "--workers", "0", "--device", "cpu", "--pretrained", "random", "--no-eval-base", "--out"]
+    assert m2mix.main(argv + [str(tmp_path / "a"), "--eval-tasks", "none"])["records"] == []
     trained = []
     monkeypatch.setattr(common, "train", lambda *a, **k: trained.append(1))
-    code, err = _cli(capsys, m2mix.main, argv + [str(tmp_path / "b"), "--eval-on", "nosuch"])
-    assert code == 2 and "--eval-on: unknown retrieval task 'nosuch'" in err and not trained
+    code, err = _cli(capsys, m2mix.main, argv + [str(tmp_path / "b"), "--eval-tasks", "nosuch"])
+    assert code == 2 and "--eval-tasks: unknown retrieval task 'nosuch'" in err and not trained
 
 
 def test_an_epochs_sweep_with_steps_is_refused_up_front(tmp_path, capsys, no_model):

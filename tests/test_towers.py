@@ -81,7 +81,7 @@ def test_every_method_trains_saves_loads_and_evaluates(small_towers, method, tmp
     manifest = lab.synthetic_manifest("train", data, n=24)
     out = tmp_path / method
     res = m2mix.main(["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data),
-                      "--eval-on", "synthetic-short", "--out", str(out), "--steps", "3", "--batch-size", "8",
+                      "--eval-tasks", "synthetic-short", "--out", str(out), "--steps", "3", "--batch-size", "8",
                       "--precision", "fp32", "--device", "cpu", "--workers", "0", "--log-every", "1",
                       "--save-every", "0", "--method", method, "--head-lr", "1e-3"])
     log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -111,8 +111,8 @@ def test_head_lr_puts_the_projections_in_their_own_group(small_towers):
 def test_resume_is_exact_on_the_towers(small_towers, tmp_path):
     data = tmp_path / "data"
     manifest = lab.synthetic_manifest("train", data, n=32)
-    base = ["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data), "--eval-on", "none",
-            "--no-eval-zs", "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0",
+    base = ["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data), "--eval-tasks", "none",
+            "--no-eval-base", "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0",
             "--method", "m3", "--steps", "4", "--lr", "1e-3"]
     m2mix.main(base + ["--out", str(tmp_path / "straight"), "--save-every", "0"])
     cut = m2mix.main(base + ["--out", str(tmp_path / "cut"), "--save-every", "2", "--stop-at", "2"])
@@ -139,7 +139,7 @@ def hf_cache(root: Path, repo: str, files_from: Path) -> Path:
 def run_args(tmp_path, *extra):
     manifest = lab.synthetic_manifest("train", tmp_path / "data", n=4)
     return ["--backbone", "bert-resnet50", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
-            "--eval-on", "none", "--no-eval-zs", "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "2",
+            "--eval-tasks", "none", "--no-eval-base", "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "2",
             "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0", *extra]
 
 
@@ -226,8 +226,8 @@ def test_two_processes_train_the_towers_like_one(small_towers, tmp_path):
     import socket
     data = tmp_path / "data"
     manifest = lab.synthetic_manifest("train", data, n=32)
-    args = ["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data), "--eval-on", "none",
-            "--no-eval-zs", "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0",
+    args = ["--backbone", small_towers, "--train-data", str(manifest), "--data-root", str(data), "--eval-tasks", "none",
+            "--no-eval-base", "--batch-size", "8", "--precision", "fp32", "--device", "cpu", "--workers", "0",
             "--method", "m3", "--steps", "3", "--lr", "1e-3", "--save-every", "0"]
     m2mix.main(args + ["--out", str(tmp_path / "one")])
     with socket.socket() as s:
@@ -380,7 +380,7 @@ def test_augment_none_trains_on_the_evaluation_transform(augment, monkeypatch, t
     monkeypatch.setattr(common, "training_set", stop)
     with pytest.raises(Seen) as seen:
         m2mix.main(["--backbone", "tiny", "--train-data", "synthetic", "--data-root", str(tmp_path / "data"),
-                    "--out", str(tmp_path / "run"), "--eval-on", "none", "--no-eval-zs", "--augment", augment,
+                    "--out", str(tmp_path / "run"), "--eval-tasks", "none", "--no-eval-base", "--augment", augment,
                     "--device", "cpu", "--precision", "fp32", "--workers", "0"])
     shown = str(seen.value.args[0])
     assert ("RandomResizedCrop" in shown) == (augment == "crop") and ("CenterCrop" in shown) == (augment == "none")

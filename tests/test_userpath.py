@@ -145,7 +145,7 @@ def test_unwritable_out_is_found_before_the_model(tmp_path, root, capsys, no_mod
     blocker.write_text("")
     code, err = _cli(capsys, erclip.main, ["--data-root", str(root), "--train-data", "synthetic",
                                            "--train-pairs", "16", "--batch-size", "8", "--out", str(blocker / "out")])
-    assert code == 1 and str(blocker) in err and "Traceback" not in err
+    assert code == 2 and f"--out {blocker / 'out'}: cannot be created" in err and "Traceback" not in err
 
 
 def test_batch_larger_than_the_data_is_found_before_the_model(tmp_path, root, capsys, no_model):
