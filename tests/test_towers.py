@@ -140,7 +140,8 @@ def run_args(tmp_path, *extra):
     manifest = lab.synthetic_manifest("train", tmp_path / "data", n=4)
     return ["--backbone", "bert-resnet50", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
             "--eval-tasks", "none", "--no-eval-base", "--out", str(tmp_path / "run"), "--steps", "1",
-            "--batch-size", "2", "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0", *extra]
+            "--batch-size", "2", "--precision", "fp32", "--device", "cpu", "--workers", "0", "--save-every", "0",
+            *extra]
 
 
 def test_bert_resnet50_stops_with_one_message_naming_what_is_missing(tmp_path, bert, monkeypatch):
