@@ -784,9 +784,7 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
     scaler.update()
     skipped = scaler._get_scale_async() < scale if scale is not None else None  # only a skip lowers it
     if sched is not None:
-        with warnings.catch_warnings():  # torch takes a skipped FIRST step for a misordered scheduler call
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            sched.step()
+        sched.step()
     if hooks is not None:
         hooks.after_optimizer_step(net)
     logit_scale = getattr(net.model, "logit_scale", None)
@@ -808,6 +806,9 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     modules' train/eval modes are put back after it, so the run is the one it would be without it)."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
+    # torch takes a skipped FIRST step (GradScaler) for a misordered scheduler call. Set once a run: a filter set
+    # every step resets Python's once-per-place memo, so open_clip's all_gather FutureWarning printed every step
+    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
     precision = resolve_precision(cfg.precision, device)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)

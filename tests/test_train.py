@@ -190,3 +190,25 @@ def test_atomic_write_text_bytes_callable_and_failure(tmp_path):
         common.atomic_write(p, half_written)
     assert torch.load(p) == {"x": 1}  # the old file is intact
     assert sorted(x.name for x in p.parent.iterdir()) == ["f.json"]  # no temporary file left
+
+
+def test_a_dependencys_warning_is_shown_once_per_run_not_every_step(tmp_path):
+    """Issue 42.4: under torchrun open_clip's all_gather FutureWarning printed twice per rank per step (24 lines for
+    6 steps): a warnings filter set inside every step reset Python's once-per-place memo. Now it is set once."""
+    import warnings
+    import lab
+    from plumbing import models
+
+    class Noisy(lab.ClipFineTune):
+        def features(self, batch, ctx=None):
+            warnings.warn("a dependency's deprecation", FutureWarning)
+            return super().features(batch, ctx)
+
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    model, train_tf, _, tok = models.load_model("tiny", "random")
+    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
+                        device="cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        common.train(cfg, Noisy(model), common.ManifestDataset(data, train_tf), common.Collate(tok), export=False)
+    assert sum(issubclass(w.category, FutureWarning) for w in seen) == 1
