@@ -33,7 +33,8 @@ import torch
 
 import common
 from plumbing import models
-from eval import cached, image_features, load_classification, manifest_retrieval, masked_continual_metrics
+from eval import (cached, continual_tables, image_features, load_classification, manifest_retrieval,
+                  masked_continual_metrics)
 
 
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
@@ -618,7 +619,9 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True) -> dict:
     results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
                "tasks": learner.summaries}
     common.write_results(out, results, cfg)
-    if show:
+    if show:  # R[i][j] per metric, as cclip.py prints them (issue 42.4), then the method's row
+        matrices = continual_tables(summary, [t.name for t in tasks])
+        print(f"\n## {cfg.mode}: R[i][j] on each task's test set\n\n{matrices}\n")
         print(dns_results_table([(cfg.mode, results)]))
     return results
 
@@ -659,7 +662,9 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
     results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
                "drift": {"test": drift}, "tasks": learner.summaries}
     common.write_results(cfg.out, results, cfg)
-    if show:
+    if show:  # R[i][j] per metric, as cclip.py prints them (issue 42.4), then CMCL's row
+        names = [st.name for st in steps]
+        print(f"\n## {cfg.mode}: R[i][j] on each step's test set\n\n{continual_tables(summary, names)}\n")
         print(cmcl_table([(cfg.mode, results)]))
     return results
 

@@ -352,7 +352,7 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
 
 
 # --- end to end -----------------------------------------------------------------
-def test_main_end_to_end(tmp_path, model_files_as_readme_says):
+def test_main_end_to_end(tmp_path, model_files_as_readme_says, capsys):
     spec = ",".join(f"{d}={lab.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
                     f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
@@ -367,6 +367,8 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     assert (out / "features").is_dir() and (out / "boundary.pt").exists()
     model_files_as_readme_says("dns", out)
     assert not (out / "task2-night" / "checkpoints").exists()  # a recorded task's training checkpoint is dropped
+    shown = capsys.readouterr().out  # issue 42.4: the R[i][j] matrices, as cclip.py prints them
+    assert "R[i][j], acc:" in shown and "| after | photo | night |" in shown and "| task 2 |" in shown
 
 
 def test_a_projector_that_holds_a_map_fixed_says_so(tmp_path, capsys):
