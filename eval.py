@@ -945,7 +945,9 @@ def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
                 **{f"image_retrieval_recall@{k}": value[f"t2i_R@{k}"] for k in ks},
                 **{f"text_retrieval_recall@{k}": value[f"i2t_R@{k}"] for k in ks}}
         dataset = CLIP_BENCHMARK_DATASETS.get(task, Path(task).stem if Path(task).suffix else task)
-        out[f"{dataset}_{slug}_{model}_en_{kind}.json".replace("/", "_")] = {
+        tag = dataset if task in CLIP_BENCHMARK_DATASETS else (  # ours: unique per task path (two test.jsonl)
+            f"{dataset}-{hashlib.sha256(task.encode()).hexdigest()[:8]}")
+        out[re.sub(r"[^A-Za-z0-9._-]", "_", f"{tag}_{slug}_{model}_en_{kind}.json")] = {  # safe on any file system
             "dataset": dataset, "model": model, "pretrained": pretrained or "default", "task": kind,
             "metrics": metrics, "language": "en"}
     return out

@@ -262,3 +262,16 @@ def test_cclip_exports_its_merged_model_and_dns_refuses_export(tmp_path, capsys)
     with pytest.raises(SystemExit) as e:
         common.cli(dns.main, ["--export", str(tmp_path / "x"), "--out", str(tmp_path / "d")])
     assert e.value.code == 2 and "writes no CLIP model" in capsys.readouterr().err
+
+
+def test_clip_benchmark_file_names_are_safe_and_unique_per_task_path():
+    """Issue 42.3: a name held ':' (imagefolder:_tmp_...json) and two test sets named test.jsonl in different
+    folders wrote one file; CLIP_benchmark's own datasets keep their names."""
+    records = [{"task": t, "metric": "top1", "value": 50.0, "text_mode": "prompt-ensemble"}
+               for t in ("imagefolder:/data/a b/pets", "cifar10")]
+    records += [{"task": t, "metric": m, "value": 10.0, "text_mode": "truncate"}
+                for t in ("/data/one/test.jsonl", "/data/two/test.jsonl") for m in ("i2t_R@1", "t2i_R@1")]
+    names = list(evaluation.clip_benchmark_files(records, "ViT-B-16", "openai"))
+    assert len(names) == 4 and "cifar10_openai_ViT-B-16_en_zeroshot_classification.json" in names
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    assert len({n for n in names if n.startswith("test-")}) == 2
