@@ -47,8 +47,9 @@ from PIL import Image
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
 from plumbing import manifests, models, runfolder, shards
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable, rendezvous_watch,
-                           warn_once, world_size)
+from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable,
+                           rendezvous_watch, warn_once, world_size)
+from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
 from plumbing.cli import StopSignals, cli
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
@@ -1013,13 +1014,6 @@ def write_results(out, results: dict, cfg=None):
         results = {**results, "config": dataclasses.asdict(cfg), "switches": {
             f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}}
     return atomic_write(Path(out) / "results.json", json.dumps(results, indent=1, default=float))
-
-
-def markdown_table(rows: list[dict], columns: Sequence[str], floatfmt="{:.1f}") -> str:
-    def fmt(v):
-        return floatfmt.format(v) if isinstance(v, float) else ("" if v is None else str(v))
-    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "\n".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows)
 
 
 # =============================================================================

@@ -50,7 +50,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbing import flags  # torch-free settings and parser: --help answers before torch loads
+from plumbing import flags, published  # torch-free: --help and --collect answer before torch loads
 from plumbing.flags import arg
 
 
@@ -90,13 +90,13 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     eval_on: str = arg("", "eval.py tasks (a,b) in place of the training set's; 'none': no eval")
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "SIMAT's split, lambdas (dev. 15)", choices=("ours", "code"))
-    collect: str = arg("", "run folders (a,b): print Table 1 from their results.json and exit")
+    collect: str = arg("", "run folders a,b: Table 1 of their results, printed and in a/collect.md")
     demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2-Mix, m3-Mix, synthetic) and exit")
     demo_unimodal: bool = arg(False, "run lab/demos/towers.py (Sec. 5.4's towers) and exit")
 
 
 if __name__ == "__main__":  # --help and flag errors: answered here, before torch loads (2-5 s)
-    flags.answer_early(M2MixConfig)
+    flags.answer_early(M2MixConfig, commands={"collect": published.collect_command})
 
 import torch
 import torch.nn.functional as F
@@ -338,7 +338,7 @@ def main(argv=None):
     if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         import lab  # noqa: F401
     if cfg.collect:
-        table = m2mix_analysis.collect(cfg.collect.split(","))
+        table = published.collect(cfg.collect.split(","))
         print(table)
         return table
     karpathy = Path(cfg.data_root) / "flickr30k" / "dataset_flickr30k.json"

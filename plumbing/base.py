@@ -208,6 +208,14 @@ def _disk_full(folder) -> bool:
         return False
 
 
+def markdown_table(rows: list[dict], columns, floatfmt="{:.1f}") -> str:
+    """rows as a markdown table of `columns` (floats through floatfmt, None as an empty cell)."""
+    def fmt(v):
+        return floatfmt.format(v) if isinstance(v, float) else ("" if v is None else str(v))
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "\n".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows)
+
+
 class DataError(ValueError):
     pass
 

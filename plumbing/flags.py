@@ -209,10 +209,15 @@ def parse_config(cls, argv=None, **overrides):
 LAB_FLAGS = ("--demo", "--demo-cmcl", "--demo-unimodal")
 
 
-def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None):
+def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None, commands: dict | None = None):
     """A script's `if __name__ == "__main__":` before its heavy imports: parse_config(cls, argv, **defaults(argv))
     exits with the help text or argparse's one-line error, so both come in well under a second; a valid command
-    line returns, and main() parses it again with torch loaded. A lab command (--demo) is left to the lab."""
+    line returns, and main() parses it again with torch loaded. A lab command (--demo) is left to the lab.
+    commands: {field: fn(cfg)} answered here too when the field is set (m2mix.py --collect), then exit 0."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not any(a.split("=")[0] in LAB_FLAGS for a in argv):
-        parse_config(cls, argv, **(defaults(argv) if defaults else {}))
+        cfg = parse_config(cls, argv, **(defaults(argv) if defaults else {}))
+        for name, fn in (commands or {}).items():
+            if getattr(cfg, name):
+                fn(cfg)
+                sys.exit(0)

@@ -5,14 +5,13 @@ evaluate runs them (--analyses geometry,ece; the task 'simat', whose reader eval
 Table 4 uses geometry."""
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import torch
 
 import common
 from plumbing import published, towers
+from plumbing.published import m2mix_table1  # noqa: F401  (torch-free; tests and callers read it here)
 
 
 @torch.no_grad()
@@ -171,52 +170,8 @@ def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, 
 
 
 # ---- m2-Mix's tables (m2mix.py prints them; the papers' numbers: plumbing/published.py) ----
-def m2mix_table1(records, paper_tables=None, metrics=published.M2MIX_TABLE1_METRICS) -> str:
-    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
-    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
-    paper_tables=published.M2MIX_TABLE3, metrics=published.M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT
-    (Table 5) as a column."""
-    by, simat = {}, {}
-    for r in records:
-        if r["task"] == "simat" and "simat" in metrics:
-            simat[r["model"]] = r["value"]
-        else:
-            by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
-    out = []
-    for task, models in by.items():
-        paper = (published.M2MIX_TABLE1 if paper_tables is None else paper_tables).get(task, {})
-        rows = []
-        for name in dict.fromkeys([*(n for n in ("ZS", "FT") if n in models), *paper, *models]):
-            row, ours_row = {"method": name}, {**models.get(name, {}),
-                                               **({"simat": simat[name]} if name in simat else {})}
-            for m in metrics:
-                ours, theirs = ours_row.get(m), paper.get(name, {}).get(m)
-                digits = 1 if "R@" in m or m == "simat" else 2 if "ece" in m else 3
-                row[m] = "-" if ours is None else f"{ours:.{digits}f}"
-                row[m] += "" if theirs is None else f" ({theirs})"
-            rows.append(row)
-        head = f"### {task}" + (" - ours (paper)" if paper else "")
-        out.append(head + "\n" + common.markdown_table(rows, ("method", *metrics)))
-    return "\n\n".join(out)
-
-
 def table(records, backbone: str) -> str:
     """Table 1 for CLIP; Table 3 with Table 5's SIMAT column for the uni-modal towers."""
     if towers.known(backbone):
         return m2mix_table1(records, published.M2MIX_TABLE3, published.M2MIX_TABLE3_METRICS)
     return m2mix_table1(records)
-
-
-def collect(run_dirs) -> str:
-    """Table 1 (m2mix_table1) from several runs' results.json (each row from the first run
-    that has it)."""
-    records, seen, backbone = [], set(), ""
-    for d in run_dirs:
-        results = json.loads((Path(d) / "results.json").read_text())
-        backbone = backbone or results.get("config", {}).get("backbone", "")
-        for r in results["records"]:
-            key = (r["task"], r["model"], r["metric"])
-            if key not in seen:
-                seen.add(key)
-                records.append(r)
-    return table(records, backbone)

@@ -1,9 +1,13 @@
 """The papers' published numbers, the one home of every number a table puts beside ours, and the pure-Python
-layout of ERCLIP's Tables 1-2 (standard library only: no torch, no common; the tables' markdown: eval.py, m2-Mix's
-tables: plumbing/m2mix_analysis.py). eval.py's published_numbers() picks a paper's CLIP row for a backbone."""
+layout of ERCLIP's Tables 1-2 and m2-Mix's Tables 1 / 3 with `m2mix.py --collect` (standard library only: no torch,
+no common, so --collect answers before torch loads). eval.py's published_numbers() picks a paper's CLIP row."""
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
+
+from plumbing.base import markdown_table
 
 # ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
 # on the four long-caption sets as (I2T, T2I) pairs, keyed by (ViT, model).
@@ -162,3 +166,58 @@ def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
     (c1, c2), w = erclip_cols(window is not None), [] if window is None else [window]
     return dict(zip(c1, [name, vit, *w, *t1, *avg])), dict(zip(c2, [name, vit, *w, pres, *t2]))
 
+
+def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> str:
+    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
+    cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
+    paper_tables=M2MIX_TABLE3, metrics=M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT
+    (Table 5) as a column."""
+    by, simat = {}, {}
+    for r in records:
+        if r["task"] == "simat" and "simat" in metrics:
+            simat[r["model"]] = r["value"]
+        else:
+            by.setdefault(r["task"], {}).setdefault(r["model"], {})[r["metric"]] = r["value"]
+    out = []
+    for task, models in by.items():
+        paper = (M2MIX_TABLE1 if paper_tables is None else paper_tables).get(task, {})
+        rows = []
+        for name in dict.fromkeys([*(n for n in ("ZS", "FT") if n in models), *paper, *models]):
+            row, ours_row = {"method": name}, {**models.get(name, {}),
+                                               **({"simat": simat[name]} if name in simat else {})}
+            for m in metrics:
+                ours, theirs = ours_row.get(m), paper.get(name, {}).get(m)
+                digits = 1 if "R@" in m or m == "simat" else 2 if "ece" in m else 3
+                row[m] = "-" if ours is None else f"{ours:.{digits}f}"
+                row[m] += "" if theirs is None else f" ({theirs})"
+            rows.append(row)
+        head = f"### {task}" + (" - ours (paper)" if paper else "")
+        out.append(head + "\n" + markdown_table(rows, ("method", *metrics)))
+    return "\n\n".join(out)
+
+
+def collect(run_dirs, write: bool = True) -> str:
+    """m2mix.py --collect: Table 1 (Table 3 with SIMAT for the uni-modal towers, known from a run's model sidecar)
+    from several runs' results.json, each row from the first run that has it; torch-free, so it answers in well
+    under a second. write: also into <first run>/collect.md (said on the last line)."""
+    records, seen, towers = [], set(), False
+    for d in run_dirs:
+        results = json.loads((Path(d) / "results.json").read_text())
+        sidecar = Path(d) / "model.pt.json"
+        towers = towers or (sidecar.is_file() and "towers" in json.loads(sidecar.read_text()))
+        for r in results["records"]:
+            key = (r["task"], r["model"], r["metric"])
+            if key not in seen:
+                seen.add(key)
+                records.append(r)
+    text = m2mix_table1(records, M2MIX_TABLE3, M2MIX_TABLE3_METRICS) if towers else m2mix_table1(records)
+    if write:
+        target = Path(run_dirs[0]) / "collect.md"
+        target.write_text(text + "\n")
+        text += f"\n\n(written to {target})"
+    return text
+
+
+def collect_command(cfg):
+    """flags.answer_early's --collect: print, write, exit 0, before torch loads."""
+    print(collect(cfg.collect.split(",")))

@@ -4,6 +4,8 @@ the training wrapper and an end-to-end run on the synthetic world."""
 import copy
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -440,6 +442,16 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_
     model_files_as_readme_says("m2mix", out)
     table = m2mix.main(["--collect", str(out)])
     assert "m3-Mix" in table and "ZS" in table
+    # issue 42.3: `python m2mix.py --collect` answers before torch is imported (it took 20 s) and writes what it
+    # prints into the first run's folder
+    (out / "collect.md").unlink()
+    code = ("import runpy, sys; sys.argv = ['m2mix.py', '--collect', sys.argv[1]]\n"
+            "try:\n    runpy.run_path('m2mix.py', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    assert e.code == 0, e.code\nassert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=Path(m2mix.__file__).parent,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "m3-Mix" in done.stdout and (out / "collect.md").read_text().strip() in done.stdout
 
 
 @pytest.mark.slow
