@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-from plumbing.base import markdown_table
+from plumbing.base import UsageError, markdown_table
 
 # ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
 # on the four long-caption sets as (I2T, T2I) pairs, keyed by (ViT, model).
@@ -202,7 +203,12 @@ def collect(run_dirs, write: bool = True) -> str:
     under a second. write: also into <first run>/collect.md (said on the last line)."""
     records, seen, towers = [], set(), False
     for d in run_dirs:
-        results = json.loads((Path(d) / "results.json").read_text())
+        try:
+            results = json.loads((Path(d) / "results.json").read_text())
+            results["records"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"--collect {d}: no readable results.json of an m2mix.py run there "
+                             f"({type(e).__name__}: {e})") from None
         sidecar = Path(d) / "model.pt.json"
         towers = towers or (sidecar.is_file() and "towers" in json.loads(sidecar.read_text()))
         for r in results["records"]:
@@ -219,5 +225,8 @@ def collect(run_dirs, write: bool = True) -> str:
 
 
 def collect_command(cfg):
-    """flags.answer_early's --collect: print, write, exit 0, before torch loads."""
-    print(collect(cfg.collect.split(",")))
+    """flags.answer_early's --collect: print, write, exit 0, before torch loads (a bad folder: one message)."""
+    try:
+        print(collect(cfg.collect.split(",")))
+    except UsageError as e:
+        sys.exit(f"error: {e}")

@@ -508,3 +508,9 @@ def test_demo_claims_take_their_paper_column_from_eval():
     committed = json.loads((Path(m2mix.__file__).parent / "docs" / "m2mix-demo-results.json").read_text())
     assert papers == [c["paper"] for c in committed["claims"]]
     assert papers[:5] == ["F30k I2T +0.9, COCO +1.3", "+10", "+174", "-0.74", "-0.72"]
+
+
+def test_collect_of_a_folder_without_results_is_one_message(tmp_path):
+    from plumbing import published
+    with pytest.raises(published.UsageError, match="--collect .*no readable results.json"):
+        published.collect([str(tmp_path)])
