@@ -783,6 +783,9 @@ def erclip_tables(rows1, rows2, window: bool = False) -> str:
             + common.markdown_table(rows2, c2, "{:.2f}"))
 
 
+OWN_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "top1")  # a user's own tasks
+
+
 def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
     """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
     a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""

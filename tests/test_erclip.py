@@ -371,3 +371,15 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     assert verdicts["RT+P about equal to M+P on long R@1 (RT+P - M+P; equal within 1 point)"] == "by construction"
     cards = {n: json.loads((out / f"{n}-seed0" / "config.json").read_text()) for n in ("RTP", "RTP-own-lr")}
     assert cards["RTP"]["fusion_lr"] == 0.0 and cards["RTP-own-lr"]["fusion_lr"] == erclip_demo.DEMO_FUSION_LR > 0
+
+
+def test_own_evaluation_tasks_print_their_own_numbers(tmp_path, capsys):
+    """Issue 42.3: with the user's own training manifest and --eval-tasks, erclip printed the paper's Tables 1-2
+    with empty cells and never the user's numbers; now its own table (R@1/5/10 both ways, top-1), before and
+    after fine-tuning."""
+    train = lab.synthetic_manifest("train", tmp_path / "data", n=16)  # a manifest path, not the lab's name
+    small = str(lab.synthetic_manifest("test", tmp_path / "data", n=12))
+    result = _run(tmp_path, "--train-data", str(train), "--out", str(tmp_path / "run"), "--eval-tasks", small)
+    shown = capsys.readouterr().out
+    assert "Table 1" not in shown and "i2t_R@10" in shown and "t2i_R@5" in shown
+    assert shown.count(f"| {small} |") == 2 and {r["task"] for r in result["tuned"]} == {small}
