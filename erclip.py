@@ -63,7 +63,7 @@ class ERCLIPConfig(flags.Config):
     lr: float = flags.arg(5e-6, "peak learning rate")                          # Sec. 4
     wd: float = flags.arg(0.05, "AdamW weight decay")                           # Sec. 4
     warmup: int = flags.arg(200, "linear warm-up steps, then cosine")           # Sec. 4
-    batch_size: int = flags.arg(64, "global batch size")                        # Sec. 4
+    batch_size: int = flags.arg(64, "global batch size (paper: Sec. 4)")        # Sec. 4
     epochs: int = flags.arg(1, "epochs (the paper's fixed budget)")             # Sec. 4, 4.3
     label_smoothing: float = flags.arg(0.1, "eps of CE_eps (not printed; ours)")  # deviation 1
     alpha: float = flags.arg(1.0, "weight of L_long")                           # Sec. 4

@@ -91,7 +91,7 @@ class LongCLIPConfig(flags.Config):
     beta2: float = flags.arg(0.999, "AdamW beta2")                      # train.md
     eps: float = flags.arg(1e-8, "AdamW eps")                           # train.md
     warmup: int = flags.arg(200, "linear warm-up steps, then cosine")   # train.md, scheduler.py
-    batch_size: int = flags.arg(2048, "global batch size")              # train.md
+    batch_size: int = flags.arg(2048, "global batch (Long-CLIP's train.md)")  # train.md
     epochs: int = flags.arg(6, "epochs")                                # train.md
     label_smoothing: float = flags.arg(0.1, "eps of both CLIP losses")  # model_longclip.py, dev. 4
     log_scale: float = flags.arg(LN_100, "set logit_scale (log 1/tau) to this; < 0: keep the "

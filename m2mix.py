@@ -56,13 +56,13 @@ from plumbing.flags import arg
 
 @dataclass(frozen=True)
 class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
-    backbone: str = arg("ViT-B/32", "CLIP backbone | bert-resnet50 (Sec. 5.4's towers)")  # Sec. 5.1
+    backbone: str = arg("ViT-B/32", "paper: Sec. 5.1 | bert-resnet50 (Sec. 5.4)")  # Sec. 5.1
     train_data: str = arg("auto", "auto: flickr30k in --data-root (tiny: synthetic if absent) | "
                           "flickr30k (Karpathy) | coco (--coco-split) | a manifest | synthetic")
     coco_split: str = arg("2017", "coco's split (deviation 10)", choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first (Sec. 5.1) | all captions", choices=("first", "all"))
     epochs: int = arg(9, "epochs")  # code scripts
-    batch_size: int = arg(128, "global batch size")  # code scripts
+    batch_size: int = arg(128, "global batch (the code's scripts)")  # code scripts
     lr: float = arg(1e-5, "peak lr")  # ours, inside the code's sweep {1e-5, 7e-6}
     wd: float = arg(0.2, "AdamW weight decay")  # ours, inside the code's sweep {0.2, 0.01}
     warmup: int = arg(-10, "warm-up steps; negative = percent of all steps")  # code: 10% warm-up

@@ -49,7 +49,8 @@ def precision_name(text: str) -> str:
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
     # model
-    backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny'")
+    backbone: str = arg("tiny", "OpenAI name (ViT-B/16), open_clip name (ViT-B-16) or 'tiny' (the lab's, the "
+                            "default where no paper fixes one; m2mix.py and cclip.py default to their papers')")
     pretrained: str = arg("", "weights: '' = default (openai, or 'synthetic' for tiny), an open_clip tag, "
                               "or a checkpoint path")
     cache_dir: str = arg("", "where open_clip looks for / stores downloaded weights")
