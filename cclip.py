@@ -102,7 +102,7 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
-from plumbing import cclip_tasks, models, wise_ft
+from plumbing import cclip_tasks, models, results, wise_ft
 
 
 # --- Losses ---
@@ -349,7 +349,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
         records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root,
                                       device=device, synthetic_n=cfg.eval_n or None)
-        row = evaluation.continual_row(records, names, zero_shot=extra)
+        row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)
         i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
         row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
         return row
@@ -371,8 +371,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
         if cfg.export:  # the merged model, in open_clip's hub layout (results kept if it fails)
             summary.update(models.export_after_training(model, cfg.export, cfg.backbone,
                                                         out / "model.pt"))
-        common.write_results(out, {"method": cfg.method, "tasks": [t.name for t in tasks],
-                                   **summary}, cfg)
+        common.write_results(out, results.of_sequence("cclip", summary, tasks), cfg)
     return summary
 
 
@@ -397,6 +396,7 @@ def main(argv=None):
     except Interrupted as e:
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
+    print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
     row = {"method": cfg.method,

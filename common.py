@@ -51,6 +51,7 @@ from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, ato
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
 from plumbing.cli import StopSignals, cli
+from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
@@ -921,7 +922,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                            "sec_per_step": dt}
                     if scaler.is_enabled():
                         rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
-                    metrics_f.write(json.dumps(rec) + "\n")
+                    metrics_f.write(to_json(rec, indent=None) + "\n")
                     metrics_f.flush()
                     for k, v in rec.items() if board else ():
                         if isinstance(v, (int, float)) and k not in ("step", "epoch"):
@@ -931,7 +932,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                     bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
                 if rank == 0 and cfg.val_every and (step % cfg.val_every == 0 or step == total):
                     val = {"step": step, **{f"val/{k}": v for k, v in validation(net, validate).items()}}
-                    metrics_f.write(json.dumps(val) + "\n")
+                    metrics_f.write(to_json(val, indent=None) + "\n")
                     metrics_f.flush()
                     for k, v in val.items() if board else ():
                         if k != "step":
@@ -1009,11 +1010,12 @@ def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
 
 
 def write_results(out, results: dict, cfg=None):
-    """<out>/results.json, atomically; with cfg its settings and, as 'switches', those off their defaults."""
+    """<out>/results.json, atomically, in strict JSON (plumbing.results: NaN as null, listed in 'non_finite');
+    with cfg its settings and, as 'switches', those off their defaults."""
     if cfg is not None:
         results = {**results, "config": dataclasses.asdict(cfg), "switches": {
             f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}}
-    return atomic_write(Path(out) / "results.json", json.dumps(results, indent=1, default=float))
+    return atomic_write(Path(out) / "results.json", to_json(results))
 
 
 # =============================================================================
@@ -1060,7 +1062,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
     state_file, boundary = out / "continual.json", out / "boundary.pt"
     rec = {"tasks": [dataclasses.asdict(t) for t in tasks], "rows": [], "scalars": [], "seconds": [], "steps": []}
     if resume and state_file.exists():
-        rec = json.loads(state_file.read_text())
+        rec = from_json(state_file.read_text(), restore=True)  # NaN (a task without classes) back
         if [t["name"] for t in rec["tasks"]] != [t.name for t in tasks]:
             raise RunError(f"{state_file} was written for another task sequence; continue with the same --tasks, "
                            f"or start afresh with --overwrite")
@@ -1072,7 +1074,7 @@ def run_continual(out, tasks: Sequence[Task], learn_task: Callable, evaluate: Ca
         for key, value in zip(("rows", "scalars", "seconds", "steps"),
                               (row["per_task"], row.get("scalars", {}), seconds, steps)):
             rec[key].append(value)
-        atomic_write(state_file, json.dumps(rec, indent=1))
+        atomic_write(state_file, to_json(rec))
 
     if not rec["rows"]:
         record(first_row or evaluate(), 0.0, 0)

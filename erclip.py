@@ -100,6 +100,7 @@ import torch.nn.functional as F
 import common
 import eval as evaluation
 from plumbing import models, sweeps
+from plumbing.results import document, own_table, staged
 
 
 # --- Losses and fusion ---
@@ -417,15 +418,14 @@ def main(argv=None):
                                 model_name=cfg.backbone,
                                 weights=str(Path(cfg.out) / "model.pt")) if tasks else []
     name, vit = variant_name(cfg), published.vit_key(cfg.backbone)
-    own = evaluation.OWN_METRICS  # the user's own tasks: their numbers, R@1/5/10 and top-1 (42.3)
-    text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r, own)}"
-                       for title, r in (("CLIP", base), (f"ERCLIP {name}", tuned)) if r)
-    if cfg.train_data != "synthetic" and cfg.eval_tasks == "auto":  # the paper's tasks: Tables 1-2
+    records = staged(base, "base") + staged(tuned, "tuned")  # one schema for every method
+    text = own_table(records, title=f"Your tasks (base: before fine-tuning, tuned: ERCLIP {name})")
+    if cfg.train_data != "synthetic" and cfg.eval_tasks == "auto":  # the paper's: Tables 1-2 too
         ours = ([("CLIP", base, 0.0)] if base else []) + [(name, tuned, cfg.lambda_p)]
-        text = paper_tables(ours, vit)
+        text += "\n\n" + paper_tables(ours, vit)
     print(text)
-    common.write_results(cfg.out, {"variant": name, "manifest": str(manifest), "summary": summary,
-                                   "base": base, "tuned": tuned, "tables": text}, cfg)
+    common.write_results(cfg.out, document("erclip", records, variant=name, manifest=str(manifest),
+                                           summary=summary, tables=text), cfg)
     return {"summary": summary, "base": base, "tuned": tuned}
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 from plumbing import base, flags, published
+from plumbing.results import OWN_METRICS, document, staged  # one results.json for every method (42.3)
 
 
 # =============================================================================
@@ -783,10 +784,7 @@ def erclip_tables(rows1, rows2, window: bool = False) -> str:
             + common.markdown_table(rows2, c2, "{:.2f}"))
 
 
-OWN_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "top1")  # a user's own tasks
-
-
-def results_table(records, metrics=("i2t_R@1", "t2i_R@1", "top1"), published=None) -> str:
+def results_table(records, metrics=OWN_METRICS, published=None) -> str:
     """Markdown table, one row per task (and text mode when several); with `published` ({(task, metric): value})
     a 'paper' column after each metric; a 'missing' column when some benchmark lacked images."""
     modes = {r["text_mode"] for r in records if not is_classification(r["task"])} - {"words"}
@@ -863,9 +861,10 @@ def continual_headline(summary, unseen, zero_shot) -> dict:
 
 
 def continual_tables(summary, tasks) -> str:
-    """Markdown: each metric's matrix R (rows = after task i), its summaries, and PD."""
+    """Markdown: each metric's matrix R (rows = after task i; one direction's R@5 / R@10: in the summaries and the
+    records only), its summaries, and PD."""
     parts = []
-    for m, R in summary["matrices"].items():
+    for m, R in ((m, R) for m, R in summary["matrices"].items() if m.startswith("R@") or not m.endswith(("@5", "@10"))):
         rows = [{"after": "pretrained" if i == 0 else f"task {i}", **dict(zip(tasks, map(float, row)))}
                 for i, row in enumerate(R)]
         parts.append(f"R[i][j], {m}:\n\n" + common.markdown_table(rows, ["after", *tasks]))
@@ -1007,13 +1006,13 @@ def main(argv=None):
     if a.paper and not published:
         print(f"[eval] {a.paper} publishes no CLIP row for {a.backbone}", file=sys.stderr)
     t0 = time.time()
-    results = {"backbone": a.backbone, "pretrained": a.pretrained or "default", "tasks": tasks,
-               "text_mode": a.text_mode, "data_root": a.data_root}
+    results = document("eval", [], tasks=tasks, config=vars(a))  # stages: eval, alpha A, task i (row i)
     if a.continual:
         zs = _expand(a.zero_shot)
         summary = evaluate_checkpoints(a.backbone, a.continual.split(","), tasks, zs, a.data_root, device, **kw)
         print(continual_tables(summary, tasks))
-        results.update(continual=summary, records=summary.pop("records"))
+        results.update(continual=summary, records=[dict(r, stage=f"task {r['row']}" if r["row"] else "base")
+                                                   for r in summary.pop("records")])
     else:
         model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
@@ -1029,14 +1028,15 @@ def main(argv=None):
                                     lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
                                                        model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
             print(wise_ft.wise_ft_table(curve))
-            results.update(wise_ft=curve, records=[dict(r, alpha=c["alpha"]) for c in curve for r in c["records"]])
+            results.update(wise_ft=curve, records=[r for c in curve for r in staged(
+                c["records"], f"alpha {c['alpha']:g}", alpha=c["alpha"])])
         else:
             records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
                                weights=a.pretrained or "default", **kw)
             print(results_table(records, published=published))
             if extra := analysis_table(records, published):
                 print("\n" + extra)
-            results["records"] = records
+            results["records"] = staged(records, "eval")
     results["seconds"] = time.time() - t0
     results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:

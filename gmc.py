@@ -101,6 +101,7 @@ import torch.nn.functional as F
 
 import common
 from plumbing import m2mix_analysis, mosei
+from plumbing.results import document, staged
 
 
 # --- Losses ---
@@ -326,11 +327,12 @@ def run(cfg: GMCConfig, splits: dict) -> dict:
                            common.Collate(None), export=False, schedule=constant)
     if "stopped_at" in summary or common.dist_info()[0] != 0:
         return {"summary": summary}
-    result = {"config": dataclasses.asdict(cfg), "summary": summary,
-              "test": evaluate(model, splits["test"])}
+    test = evaluate(model, splits["test"])  # Table 4's cells of this seed, as records (one schema)
+    cells = [{"task": f"{cfg.data}:test", "metric": k, "value": v} for k, v in test.items()]
+    records = staged(cells, "tuned", seed=cfg.seed)
     common.atomic_write(Path(cfg.out) / "model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
-    common.write_results(cfg.out, result, cfg)
-    return result
+    common.write_results(cfg.out, document("gmc", records, summary=summary), cfg)
+    return {"config": dataclasses.asdict(cfg), "summary": summary, "test": test, "records": records}
 
 
 def main(argv=None):
@@ -361,9 +363,9 @@ def main(argv=None):
         return results
     table = mosei.table4({METHOD_NAMES[cfg.method]: [r["test"] for r in results.values()]}, SUBSETS)
     if cfg.seeds:
-        common.write_results(cfg.out, {"seeds": seeds,
-                                       "per_seed": {s: r["test"] for s, r in results.items()},
-                                       "table": table, "nonfinite": fixed}, cfg)
+        common.write_results(cfg.out, document(
+            "gmc", [x for r in results.values() for x in r["records"]], seeds=seeds, table=table,
+            nonfinite=fixed), cfg)
     print(table)
     return {"results": results, "table": table, "nonfinite": fixed}
 

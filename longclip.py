@@ -144,6 +144,7 @@ import common
 import eval as evaluation
 from plumbing import models
 from plumbing.longclip_data import first_sentence, read_erclip_results, train_manifest
+from plumbing.results import document, own_table, staged
 
 
 # --- Losses (and the stretching they train) ---
@@ -394,24 +395,22 @@ def main(argv=None):
                              model_name=cfg.backbone,
                              weights=str(Path(cfg.out) / "model.pt")) if tasks else []
     name = "Long-CLIP" + (" same budget" if cfg.recipe == "erclip-budget" else "") + " (ours)"
-    if cfg.train_data == "synthetic":
-        parts = [("CLIP (ours)", base)] + [
-            (f"{name}, window {w}", [r for r in tuned if r["window"] in (w, None)])
-            for w in sorted(tokenizers)]
-        text = "\n\n".join(f"{title}\n\n{evaluation.results_table(r)}" for title, r in parts if r)
-    else:
+    records = staged(base, "base") + staged(tuned, "tuned")  # one schema for every method
+    erclip_own = staged(erclip_run[1], f"ERCLIP {erclip_run[0]}") if erclip_run else []
+    text = own_table(records + erclip_own, title=f"Your tasks (base: before fine-tuning; tuned: "
+                     f"{name}{'; ERCLIP: --erclip-results' * bool(erclip_run)}; window: tokens)")
+    if cfg.train_data != "synthetic" and cfg.eval_tasks == "auto":  # the paper's: Tables 1-2 too
         ours = [("CLIP (ours)", base, base_window, "-")] if base else []
         if erclip_run:
-            variant, records, lambda_p = erclip_run
-            ours.append((f"ERCLIP {variant} (ours, --erclip-results)", records, short_window,
+            variant, erclip_records, lambda_p = erclip_run
+            ours.append((f"ERCLIP {variant} (ours, --erclip-results)", erclip_records, short_window,
                          "yes" if lambda_p > 0 else "no"))
         ours += [(name, tuned, w, "no") for w in sorted(tokenizers)]
-        text = paper_tables(ours, cfg.backbone)
+        text += "\n\n" + paper_tables(ours, cfg.backbone)
     print(text)
-    common.write_results(cfg.out, {"recipe": cfg.recipe, "manifest": str(manifest),
-                                   "summary": summary, "windows": sorted(tokenizers), "base": base,
-                                   "tuned": tuned, "tables": text,
-                                   "erclip_results": cfg.erclip_results}, cfg)
+    common.write_results(cfg.out, document(
+        "longclip", records, recipe=cfg.recipe, manifest=str(manifest), summary=summary,
+        windows=sorted(tokenizers), tables=text, erclip_results=cfg.erclip_results), cfg)
     return {"summary": summary, "base": base, "tuned": tuned}
 
 

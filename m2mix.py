@@ -103,7 +103,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import m2mix_analysis, models, towers, train_manifests
+from plumbing import m2mix_analysis, models, results, towers, train_manifests
 
 
 # --- Losses ---
@@ -297,8 +297,8 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
     manifest = train_manifests.train_manifest(cfg)
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
-        records += common.kept_result(
-            cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS"))
+        records += results.staged(common.kept_result(
+            cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest,
                                   eval_tf if cfg.augment == "none" else train_tf)  # deviation 21
     net = M2Mix(model, cfg)
@@ -310,12 +310,13 @@ def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
                                cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
-    records += evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
-    results = {"config": vars(cfg), "summary": summary, "records": records}
-    common.write_results(cfg.out, results, cfg)
+    tuned = evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
+    records += results.staged(tuned, "tuned")
+    doc = results.document("m2mix", records, summary=summary)  # one schema for every method
+    common.write_results(cfg.out, doc, cfg)
     if show:
         print(m2mix_analysis.table(records, cfg.backbone))
-    return results
+    return doc
 
 
 # --- Main: Table 1, the command line ---

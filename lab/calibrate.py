@@ -39,6 +39,7 @@ from pathlib import Path
 from plumbing.sweeps import drop_weights
 import common
 from plumbing import models
+from plumbing.results import to_json
 import lab
 
 PILOT_SEED = 99  # not in lab.SEEDS
@@ -351,7 +352,7 @@ def main(argv=None):
     t0 = time.time()
     record = {"demo": argv[0], "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[argv[0]](),
               "seconds": time.time() - t0, "machine": lab.machine_info()}
-    path = common.atomic_write(DOCS / f"calibration-{argv[0]}.json", json.dumps(record, indent=1, default=float))
+    path = common.atomic_write(DOCS / f"calibration-{argv[0]}.json", to_json(record))  # strict JSON
     print(json.dumps({k: record[k] for k in record if k in ("chosen", "fusion_lr")}), path)
     return record
 

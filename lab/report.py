@@ -8,9 +8,10 @@ comes from a results file a stated command wrote.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from plumbing.results import from_json
 
 import lab
 
@@ -24,7 +25,7 @@ def threads(r: dict) -> str:
 
 def demo_markdown(path, command: str) -> str:
     path = Path(path)
-    r = json.loads(path.read_text())
+    r = from_json(path.read_text(), restore=True, strict=False)
     m = r["machine"]
     figure = Path(r["figure"]).name
     head = (f"Run: `{command}` on {m['cores']} CPU cores ({m['cpu']}), torch {m['torch']}, {threads(r)}; wall time "
@@ -36,14 +37,14 @@ def demo_markdown(path, command: str) -> str:
 
 def claims_lines(path) -> str:
     """The README's one line per claim: verdict, claim, our mean, the paper."""
-    r = json.loads(Path(path).read_text())
+    r = from_json(Path(path).read_text(), restore=True, strict=False)
     return "\n".join(f"- {c['verdict']}: {c['claim']}: {c['mean']:+.2f} (paper {c['paper']})" for c in r["claims"])
 
 
 def heldout_markdown(path, heldout) -> str:
     """Each claim at the demo's seeds beside the same claim at held-out seeds (issue 39: a verdict reproduced at
     seeds 0-4 must repeat at 10-14)."""
-    a, b = (json.loads(Path(p).read_text()) for p in (path, heldout))
+    a, b = (from_json(Path(p).read_text(), restore=True, strict=False) for p in (path, heldout))
     other = {c["claim"]: c for c in b["claims"]}
     lo, hi = (f"seeds {r['seeds'][0]}-{r['seeds'][-1]}" for r in (a, b))
     rows = [f"| {c['claim']} | {c['mean']:+.2f} ± {c['std']:.2f} | {c['verdict']} | "

@@ -14,9 +14,10 @@ verdict changes. Claims made 'by construction' are judged by their own rule
 (every per-seed difference within the claim's margin)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from plumbing.results import from_json
 
 import common
 from lab.stats import verdict
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     docs = []
     for p in argv:
         try:
-            docs.append(json.loads(Path(p).read_text()))
+            docs.append(from_json(Path(p).read_text(), restore=True, strict=False))
         except (OSError, ValueError) as e:
             sys.exit(f"error: {p}: not a readable results file ({e.__class__.__name__}: {e})")
     base, other = docs

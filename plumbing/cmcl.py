@@ -33,6 +33,7 @@ import torch
 
 import common
 from plumbing import models
+from plumbing.results import of_sequence, sequence_table
 from eval import (cached, continual_tables, image_features, load_classification, manifest_retrieval,
                   masked_continual_metrics)
 
@@ -350,7 +351,7 @@ def evaluate_maps(maps, tests, task_clf=None, zeroshot=None) -> dict:
     per_task = {}
     for f in tests:
         img, txt = map_img(f["img"]), map_txt(f["txt"])
-        r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 10))
+        r = common.retrieval_metrics(img, txt, f["t2i"], ks=(1, 5, 10))
         r["R@1"], r["R@10"] = (0.5 * (r[f"i2t_R@{k}"] + r[f"t2i_R@{k}"]) for k in (1, 10))
         if with_acc:
             r["acc"] = common.zero_shot_accuracy(img, map_txt(task_clf.t()).t(), f["labels"], ks=(1,))["top1"]
@@ -616,10 +617,10 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True) -> dict:
               "projection_ms_per_step": 1e3 * sum(s["projection_seconds"] for s in learner.summaries)
               / max(1, sum(s["steps"] for s in learner.summaries if s["old_rank"])),  # over projected steps
               "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
-    results = {"config": dataclasses.asdict(cfg), "continual": summary, "drift": drift, "timing": timing,
-               "tasks": learner.summaries}
-    common.write_results(out, results, cfg)
-    if show:  # R[i][j] per metric, as cclip.py prints them (issue 42.4), then the method's row
+    results = of_sequence("dns", summary, tasks, drift=drift, timing=timing, tasks=learner.summaries)
+    common.write_results(out, results, cfg)  # plumbing.results' schema, the settings
+    if show:  # the user's numbers (42.3), R[i][j] per metric as cclip.py prints them (42.4), the method's row
+        print(sequence_table(summary, tasks))
         matrices = continual_tables(summary, [t.name for t in tasks])
         print(f"\n## {cfg.mode}: R[i][j] on each task's test set\n\n{matrices}\n")
         print(dns_results_table([(cfg.mode, results)]))
@@ -627,6 +628,10 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True) -> dict:
 
 
 # CMCL's own setting: M modalities, modality-pair steps, features from files
+CMCL_METRICS = tuple(f"{d} R@{k}" for d in ("A->B", "B->A") for k in (1, 5, 10)) + ("acc",)  # 42.3's table
+NO_ACC = {"acc": "no accuracy: the step's dataset has no classes, or its pair no text side (as CMCL's eval_util)"}
+
+
 def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
     """dns.run_cmcl: DNS on CMCL's step sequence from cached features (--features); learner_class:
     dns.DNSLearner, score_drift: dns.score_drift."""
@@ -659,10 +664,11 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
         x = data[(st.dataset, "test")]["x"]
         maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
         drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
-    results = {"config": dataclasses.asdict(cfg), "steps": [st.name for st in steps], "continual": summary,
-               "drift": {"test": drift}, "tasks": learner.summaries}
-    common.write_results(cfg.out, results, cfg)
-    if show:  # R[i][j] per metric, as cclip.py prints them (issue 42.4), then CMCL's row
+    results = of_sequence("dns", summary, tasks, NO_ACC, steps=[st.name for st in steps], drift={"test": drift},
+                          tasks=learner.summaries)
+    common.write_results(cfg.out, results, cfg)  # plumbing.results' schema, the settings
+    if show:  # the user's numbers (42.3), R[i][j] per metric as cclip.py prints them (42.4), CMCL's row
+        print(sequence_table(summary, tasks, CMCL_METRICS))
         names = [st.name for st in steps]
         print(f"\n## {cfg.mode}: R[i][j] on each step's test set\n\n{continual_tables(summary, names)}\n")
         print(cmcl_table([(cfg.mode, results)]))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import common
 from plumbing import models
+from plumbing.results import pick, read
 
 
 def first_sentence(text: str) -> str:
@@ -61,10 +62,11 @@ def train_manifest(cfg) -> Path:
 
 
 def read_erclip_results(path) -> tuple[str, list, float]:
-    """(variant, tuned records, lambda_p) of an erclip.py results.json."""
+    """(variant, tuned records, lambda_p) of an erclip.py results.json (plumbing.results' schema: the records of
+    stage 'tuned'; a file written before it: its 'tuned' list)."""
     p = Path(path)
     try:
-        res = json.loads(p.read_text())
-        return res["variant"], res["tuned"], float(res["config"]["lambda_p"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        res = read(p, "--erclip-results")
+        return res["variant"], pick(res["records"], stage="tuned"), float(res["config"]["lambda_p"])
+    except (KeyError, TypeError) as e:
         raise common.DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")

@@ -21,6 +21,7 @@ import torch
 
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
 from plumbing.loading import file_sha256, load_weights_only
+from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
            "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command",
@@ -378,13 +379,13 @@ def kept_result(cfg, name: str, compute: Callable[[], object]):
     path = Path(cfg.out) / f"{name}.json"
     key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE or k.startswith("eval")}
     try:
-        saved = json.loads(path.read_text())
+        saved = from_json(path.read_text(), restore=True)
         if saved["settings"] == key:
             return saved["value"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     value = compute()
-    atomic_write(path, json.dumps({"settings": key, "value": value}, default=float))
+    atomic_write(path, to_json({"settings": key, "value": value}, indent=None))  # strict JSON
     return value
 
 

@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from plumbing import manifests, models, published, runfolder
+from plumbing.results import document, from_json, staged, to_json
 import common
 import eval as evaluation
 
@@ -54,11 +55,11 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     done = folder / "run.json"
     if done.exists():
         print(f"[sweep] {name}: finished earlier, skipped ({done})", file=sys.stderr)
-        return json.loads(done.read_text())
+        return from_json(done.read_text(), restore=True)
     remove_run_folder(folder)
     folder.mkdir(parents=True)
     record = {"run": name, **fn(folder)}
-    common.atomic_write(done, json.dumps(record, indent=1, default=float))
+    common.atomic_write(done, to_json(record))
     return record
 
 
@@ -235,9 +236,12 @@ def run_sweep(method: Method, cfg, sizes=None):
             for run, over in sweep_plan(name, sizes)]
     text = sweep_tables(name, base_records, runs, published.vit_key(cfg.backbone), method.paper_tables)
     print(text)
-    common.write_results(root, {"sweep": name, "base": base_records, "runs": runs, "tables": text,
-                                "config": dataclasses.asdict(cfg), "machine": runfolder.machine_info(),
-                                "wall_seconds": time.time() - t0})
+    records = staged(base_records, "base") + [  # the one schema (plumbing.results); stage: the run's name
+        r for run in runs for e, m in enumerate(run["measures"], 1)
+        for r in staged(m, run["name"] + (f", epoch {e}" if len(run["measures"]) > 1 else ""), seed=run["seed"])]
+    common.write_results(root, document("erclip sweep", records, **{
+        "sweep": name, "base": base_records, "runs": runs, "tables": text, "config": dataclasses.asdict(cfg),
+        "machine": runfolder.machine_info(), "wall_seconds": time.time() - t0}))
     return {"base": base_records, "runs": runs, "tables": text}
 
 

@@ -111,3 +111,29 @@ def model_files_as_readme_says():
         assert found == README_MODEL_FILES[entry], f"{entry} wrote {sorted(found)}"
     check.claims = README_MODEL_FILES
     return check
+
+
+def _no_constant(name):
+    raise ValueError(f"bare {name} in a results file (strict JSON readers refuse it)")
+
+
+@pytest.fixture
+def results_files_are_strict_json():
+    """check(folder, method): every .json file under the run folder parses with a strict parser (a bare NaN or
+    Infinity is an error, as in JSON.parse), and its results.json is plumbing.results' schema: `method`, and
+    records of task, metric, value (a number, or null with a reason) and stage. Returns the results.json
+    (issue 42.3; every method's end-to-end test calls it)."""
+    import json
+
+    def check(folder, method: str) -> dict:
+        files = [p for p in Path(folder).rglob("*.json")]
+        for p in files:
+            json.loads(p.read_text(), parse_constant=_no_constant)
+        saved = json.loads((Path(folder) / "results.json").read_text())
+        assert saved["schema"] == "clipft-results/1" and saved["method"] == method and "config" in saved
+        assert saved["records"], "no records"
+        for r in saved["records"]:
+            assert {"task", "metric", "value", "stage"} <= set(r), r
+            assert isinstance(r["value"], (int, float)) or r["value"] is None and r["reason"], r
+        return saved
+    return check

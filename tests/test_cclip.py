@@ -326,7 +326,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, stop):
         torch.testing.assert_close(sd_a[k], sd_b[k], atol=1e-6, rtol=0, msg=k)
 
 
-def test_main_end_to_end(tmp_path, model_files_as_readme_says):
+def test_main_end_to_end(tmp_path, model_files_as_readme_says, results_files_are_strict_json, capsys):
     """Pretrained tiny backbone, two small synthetic tasks, unseen retrieval
     and zero-shot classification; results, matrices and per-task models."""
     root, out = tmp_path / "data", tmp_path / "run"
@@ -339,8 +339,12 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says):
     assert len(R) == 3 and len(R[0]) == 2 and all(0 <= v <= 100 for r in R for v in r)
     assert set(s["metrics"]["R@1"]) == {"last", "avg", "bwt", "forgetting"}
     assert "synthetic-shape/top1" in s["pd"] and f"{unseen}/i2t_R@1" in s["scalars"][-1]
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["method"] == "cclip" and saved["matrices"]["R@1"] == R
+    saved = results_files_are_strict_json(out, "cclip")  # issue 42.3: one schema, strict JSON
+    assert saved["continual"]["matrices"]["R@1"] == R and saved["continual"]["tasks"] == ["photo", "night"]
+    assert {r["stage"] for r in saved["records"]} == {"base", "task 1", "task 2"}
+    shown = capsys.readouterr().out  # the user's numbers first: both ends, every recall, zero-shot top-1
+    assert shown.index("Your tasks") < shown.index("R[i][j], R@1") and "| task 2 | night |" in shown
+    assert "| i2t_R@10 |" in shown and "| task 2 | synthetic-shape |" in shown
     for i, d in enumerate(("photo", "night"), 1):
         sd = torch.load(out / f"task{i}-{d}" / "model.pt", weights_only=True)
         assert not any("parametrizations" in k for k in sd)

@@ -352,13 +352,13 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
 
 
 # --- end to end -----------------------------------------------------------------
-def test_main_end_to_end(tmp_path, model_files_as_readme_says, capsys):
+def test_main_end_to_end(tmp_path, model_files_as_readme_says, capsys, results_files_are_strict_json):
     spec = ",".join(f"{d}={lab.synthetic_manifest(f'task-{d}', tmp_path, n=48)}:"
                     f"{lab.synthetic_manifest(f'task-{d}-test', tmp_path, n=24)}" for d in ("photo", "night"))
     out = tmp_path / "run"
     res = dns.main(["--tasks", spec, "--data-root", str(tmp_path), "--out", str(out), "--batch-size", "16",
                     "--epochs", "2", "--zero-shot", "synthetic-color", "--task-classes", "shape", "--device", "cpu"])
-    written = json.loads((out / "results.json").read_text())
+    written = results_files_are_strict_json(out, "dns")  # issue 42.3: one schema, strict JSON
     R = written["continual"]["matrices"]["acc"]
     assert len(R) == 3 and len(R[0]) == 2  # row 0 = before training, then one row per task
     assert set(written["continual"]["metrics"]) >= {"i2t_R@1", "t2i_R@1", "i2t_R@10", "t2i_R@10", "R@10", "acc"}
@@ -369,6 +369,7 @@ def test_main_end_to_end(tmp_path, model_files_as_readme_says, capsys):
     assert not (out / "task2-night" / "checkpoints").exists()  # a recorded task's training checkpoint is dropped
     shown = capsys.readouterr().out  # issue 42.4: the R[i][j] matrices, as cclip.py prints them
     assert "R[i][j], acc:" in shown and "| after | photo | night |" in shown and "| task 2 |" in shown
+    assert "| task 2 | night |" in shown and "| t2i_R@5 |" in shown  # issue 42.3: the user's numbers
 
 
 def test_a_projector_that_holds_a_map_fixed_says_so(tmp_path, capsys):

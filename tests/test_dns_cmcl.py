@@ -266,7 +266,7 @@ def test_masked_metrics_equal_continual_metrics_on_full_matrices():
 
 
 # --- end to end --------------------------------------------------------------------
-def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
+def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path, results_files_are_strict_json):
     """python dns.py --features <dir> --tasks cmcl --perceptor imagebind, on
     a small fixture in the code's h5 layout."""
     world = lab.synthetic_multimodal(tmp_path / "features_storage", "cmcl", dim=8, n_train=48, n_test=24)
@@ -274,6 +274,9 @@ def test_main_runs_the_cmcl_steps_on_the_codes_layout(tmp_path):
                   "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--precision", "fp32",
                   "--out", str(tmp_path / "run")])
     assert len(r["steps"]) == 11 and (tmp_path / "run" / "results.json").exists()
+    # issue 42.3: accuracy of a step without classes was a bare NaN; now null with a reason, strict JSON
+    saved = results_files_are_strict_json(tmp_path / "run", "dns")
+    assert any(x["value"] is None and "no classes" in x["reason"] for x in saved["records"] if x["metric"] == "acc")
     acc, R10 = (np.array(r["continual"]["matrices"][k], dtype=float) for k in ("acc", "R@10"))
     assert acc.shape == R10.shape == (12, 11) and np.isfinite(R10).all()
     # accuracy where the dataset has classes and the pair includes text: ucf101, esc50, vggsound_s T-A, T-VI

@@ -328,7 +328,8 @@ def _run(tmp_path, *extra):
                         "--device", "cpu", *extra])
 
 
-def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says):
+def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says,
+                                                results_files_are_strict_json):
     out = tmp_path / "run"
     small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     result = _run(tmp_path, "--fusion", "rt", "--max-sentences", "2", "--out", str(out), "--eval-tasks", small)
@@ -343,7 +344,9 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_
     assert all(math.isfinite(m["loss_long"]) and m["loss_pres"] >= -1e-6 for m in metrics)
     ck = torch.load(out / "checkpoints" / "last.pt", weights_only=False)
     assert not any(k.startswith("teacher.") for k in ck["net"]) and any(k.startswith("fusion.") for k in ck["net"])
-    assert (out / "model.pt").exists() and json.loads((out / "results.json").read_text())["variant"] == "RT+P"
+    saved = results_files_are_strict_json(out, "erclip")  # issue 42.3: one schema, strict JSON
+    assert (out / "model.pt").exists() and saved["variant"] == "RT+P"
+    assert {r["stage"] for r in saved["records"]} == {"base", "tuned"}
     model_files_as_readme_says("erclip", out)
 
 

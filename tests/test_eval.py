@@ -563,14 +563,14 @@ def test_help_lists_every_task(capsys):
         assert t.startswith("synthetic-") and t != "synthetic-*" or t in out, t  # the lab's: by pattern
 
 
-def test_main_end_to_end_synthetic(tmp_path):
+def test_main_end_to_end_synthetic(tmp_path, results_files_are_strict_json):
     """The pretrained tiny backbone on the synthetic world: table + results.json."""
     out = tmp_path / "out"
     recs = ev.main(["--backbone", "tiny", "--tasks", "synthetic-short,synthetic-long,synthetic-color",
                     "--synthetic-n", "48", "--data-root", str(tmp_path), "--out", str(out),
                     "--analyses", "geometry,ece", "--cache-dir", str(tmp_path / "cache")])
-    res = json.loads((out / "results.json").read_text())
-    assert res["records"] == json.loads(json.dumps(recs))
+    res = results_files_are_strict_json(out, "eval")  # issue 42.3: one schema, strict JSON
+    assert res["records"] == json.loads(json.dumps(recs)) and {r["stage"] for r in recs} == {"eval"}
     by = {(r["task"], r["metric"]): r["value"] for r in recs}
     chance = 100 / 48
     assert by[("synthetic-short", "i2t_R@1")] > 5 * chance  # pretrained on short captions

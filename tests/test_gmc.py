@@ -147,13 +147,15 @@ def test_a_run_trains_resumes_exactly_and_evaluates_every_subset(tmp_path, capsy
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def test_seeds_give_mean_and_std_and_a_results_file(tmp_path):
+def test_seeds_give_mean_and_std_and_a_results_file(tmp_path, results_files_are_strict_json):
     data = sentiment_world(tmp_path, sizes=SMALL)
     res = gmc.main(["--data", str(data), "--layers", "1", "--batch-size", "16", "--steps", "2", "--device", "cpu",
                     "--workers", "0", "--method", "gmc", "--seeds", "3,4", "--out", str(tmp_path / "s")])
     assert sorted(res["results"]) == [3, 4] and (tmp_path / "s" / "seed4" / "model.pt").exists()
-    saved = json.loads((tmp_path / "s" / "results.json").read_text())
+    saved = results_files_are_strict_json(tmp_path / "s", "gmc")  # issue 42.3: one schema, strict JSON
     assert saved["seeds"] == [3, 4] and "±" in saved["table"]
+    assert {r["seed"] for r in saved["records"]} == {3, 4} and {r["stage"] for r in saved["records"]} == {"tuned"}
+    assert results_files_are_strict_json(tmp_path / "s" / "seed3", "gmc")["records"][0]["metric"] == "Full acc"
 
 
 def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo_results):

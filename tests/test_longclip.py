@@ -377,7 +377,8 @@ def test_paper_tables_layout():
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says):
+def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says,
+                                                results_files_are_strict_json, capsys):
     out = tmp_path / "run"
     small = str(lab.synthetic_manifest("train", tmp_path / "data", n=16))  # a 16-image retrieval set
     folder = tmp_path / "zs"  # a 4-image zero-shot set (2 colours)
@@ -398,8 +399,12 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_
     assert {r["window"] for r in result["base"] if r["task"] == small} == {24}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 3 and all(m["logit_scale"] == pytest.approx(100.0, rel=1e-5) for m in metrics)
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["windows"] == [24, TINY_WINDOW] and "window 78" in saved["tables"]
+    saved = results_files_are_strict_json(out, "longclip")  # issue 42.3: one schema, strict JSON
+    assert saved["windows"] == [24, TINY_WINDOW] and saved["tables"] in capsys.readouterr().out
+    # the user's own tasks: a row per stage, task and window, R@1/5/10 both ways and top-1 (issue 42.3)
+    assert f"| tuned | {small} | {TINY_WINDOW} |" in saved["tables"] and "| t2i_R@10 | top1 |" in saved["tables"]
+    assert {(r["stage"], r["window"]) for r in saved["records"] if r["task"] == small} == {
+        ("base", 24), ("tuned", 24), ("tuned", TINY_WINDOW)}
     model_files_as_readme_says("longclip", out)
     model, _, pre, tok = models.load_model("tiny", str(out / "model.pt"))  # the export, with its window
     assert model.context_length == TINY_WINDOW and tok.context_length == TINY_WINDOW

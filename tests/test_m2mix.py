@@ -426,7 +426,8 @@ def test_table1_puts_paper_values_beside_the_matching_protocol():
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says):
+def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_says,
+                                                results_files_are_strict_json):
     manifest = lab.synthetic_manifest("train", tmp_path / "data", n=32)
     out = tmp_path / "run"
     args = ["--backbone", "tiny", "--train-data", str(manifest), "--data-root", str(tmp_path / "data"),
@@ -439,6 +440,8 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_
     log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"loss_clip", "loss_m2", "loss_uni", "loss_vl"} <= set(log[-1])
     assert (out / "model.pt").exists() and (out / "results.json").exists()
+    saved = results_files_are_strict_json(out, "m2mix")  # issue 42.3: one schema, strict JSON
+    assert {(r["model"], r["stage"]) for r in saved["records"]} == {("ZS", "base"), ("m3-Mix", "tuned")}
     model_files_as_readme_says("m2mix", out)
     table = m2mix.main(["--collect", str(out)])
     assert "m3-Mix" in table and "ZS" in table

@@ -12,7 +12,6 @@ live in plumbing/published.py (ERCLIP_LAMBDA_IN, ERCLIP_DATA, ERCLIP_EPOCH_CHANG
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import lab
 from lab import report
 from lab.demos import erclip as demo
 from plumbing import published
+from plumbing.results import from_json
 
 # The lab's stand-ins (ours, fixed before the seeds ran): the pool is the world's 'train' split
 # (2,000 scenes), so the paper's sizes scale by 2,000 / 50,000 at the demo's fixed 40 steps; an
@@ -230,7 +230,7 @@ def sweep_markdown(path, timing: str = "") -> str:
     """The README block of a demo sweep, from its results file alone:
     python -c "from lab.demos import erclip_sweeps as s; print(s.sweep_markdown('docs/erclip-sweep-epochs.json'))"
     timing: a remark on the wall time (e.g. that the machine was shared)."""
-    r = json.loads(Path(path).read_text())
+    r = from_json(Path(path).read_text(), restore=True, strict=False)  # NaN: null in strict files
     m = r["machine"]
     head = (f"`python erclip.py --demo --sweep {r['sweep']}`: {r['definition']}. Seeds {r['seeds']}; "
             f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, {report.threads(r)}, wall time "
