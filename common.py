@@ -46,7 +46,7 @@ from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import manifests, models, runfolder, shards
+from plumbing import flags, manifests, models, runfolder, shards
 from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
@@ -291,9 +291,10 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def __init__(self, path, transform=None, need_long: bool = False, skip_bad: bool = False,
                  check_images: bool | str = True, extra: Sequence[str] = (), across_ranks: bool = False,
-                 replace_undecodable: bool = False, draw_caption: bool = False, keys=("", ""), sep: str = ""):
+                 replace_undecodable: bool = False, draw_caption: bool = False, keys=None, sep: str | None = None):
         self.path, self.transform = Path(path), transform  # keys, sep: open_clip's --csv-img-key / -caption-key
-        rows = read_manifest(self.path, keep_bad=True, sep=sep)  # / --csv-separator ('': detected)
+        keys = keys or (flags.CSV_COLUMNS["csv_img_key"], flags.CSV_COLUMNS["csv_caption_key"])  # None: the run's
+        rows = read_manifest(self.path, keep_bad=True, sep=flags.CSV_COLUMNS["csv_separator"] if sep is None else sep)
         good = [r for r in rows if "_error" not in r]
         if not good:
             if rows:

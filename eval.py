@@ -33,7 +33,6 @@ import argparse
 import csv
 import hashlib
 import json
-import math
 import os
 import pickle
 import re
@@ -106,25 +105,14 @@ def _task_help() -> str:
     return "\n".join(lines)
 
 
-def _numbers(text: str) -> list[float]:
-    """--alphas: comma-separated finite numbers."""
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0.5,1, got {text!r}")
-    return values
-
-
 def command_line() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=_task_help(), allow_abbrev=False,
                                 formatter_class=flags.HelpWithDefaults)
-    p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
+    p.add_argument("--backbone", "--model", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
     p.add_argument("--pretrained", default="", help="'' = default weights, an open_clip tag, or a checkpoint path")
-    p.add_argument("--tasks", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
+    p.add_argument("--tasks", "--dataset", default="synthetic-short,synthetic-long,synthetic-shape,synthetic-color",
                    help="comma-separated task names or groups (see below)")
-    p.add_argument("--data-root", default="data")
+    p.add_argument("--data-root", "--dataset_root", default="data")
     p.add_argument("--text-mode", default="truncate", choices=("truncate", "sentence-mean", "both"))
     p.add_argument("--context-length", type=flags.checked(int, ">= 0"), default=0,
                    help="tokenise with this text window, e.g. 77 on a stretched Long-CLIP model (0: the model's)")
@@ -136,16 +124,17 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="fail when any benchmark image is missing")
     p.add_argument("--wise-ft", default="", help="fine-tuned checkpoint: evaluate the WiSE-FT curve to it")
     p.add_argument("--wise-base", default="", help="its starting weights (default: --pretrained)")
-    p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=_numbers, help="WiSE-FT mixing coefficients")
+    p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=flags.numbers, help="WiSE-FT mixing coefficients")
     p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
     p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
     p.add_argument("--synthetic-n", type=flags.checked(int, "> 0"), default=None,
                    help="first n scenes of each synthetic split")
-    p.add_argument("--batch-size", type=flags.checked(int, "> 0"), default=256)
-    p.add_argument("--workers", type=flags.checked(int, ">= 0"), default=0)
+    p.add_argument("--batch-size", "--batch_size", type=flags.checked(int, "> 0"), default=256)
+    p.add_argument("--workers", "--num_workers", type=flags.checked(int, ">= 0"), default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--cache-dir", default=str(base.CACHE_DIR / "classifiers"), help="zero-shot classifier cache")
-    p.add_argument("--out", default="runs/eval", help="folder for results.json")
+    p.add_argument("--out", "--output", default="runs/eval", help="folder for results.json")
+    flags.add_fields(p, flags.Config, ("csv_img_key", "csv_caption_key", "csv_separator"))  # manifest tasks
     p.add_argument("--format", default="ours", choices=("ours", "clip_benchmark"),
                    help="clip_benchmark: also one CLIP_benchmark result file per (dataset, task) in --out")
     return p
@@ -426,7 +415,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     if name in REAL_RETRIEVAL_TASKS:
         return REAL_RETRIEVAL_TASKS[name](root, strict=strict)
     path, _, column = name.partition("#")
-    if path.endswith((".jsonl", ".csv", ".tsv")):
+    if path.endswith((".jsonl", ".json", ".csv", ".tsv", ".parquet")) or Path(path).is_dir():  # folders: 42.2
         return manifest_retrieval(path, column or "caption", strict)
     raise common.UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
 
@@ -988,6 +977,11 @@ def _expand(spec: str) -> list:
 
 def main(argv=None):
     a = command_line().parse_args(argv)
+    flags.note_spellings(sys.argv[1:] if argv is None else argv, flags.CLIP_BENCHMARK, "CLIP_benchmark's")
+    if a.out.endswith(".json"):
+        raise common.UsageError(f"--out / --output {a.out}: a folder here (results.json, and CLIP_benchmark's files "
+                                f"with --format clip_benchmark), not a file name")
+    flags.CSV_COLUMNS.update({k: getattr(a, k) for k in flags.CSV_COLUMNS})  # the manifests in --tasks
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")

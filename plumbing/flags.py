@@ -168,6 +168,9 @@ def checked(typ, rule: str):
 # Issue 42.1, one spelling per idea in every script: a field named differently in one paper's script is spelled
 # on the command line as in the others (open_clip's spelling where it has one); the old spelling is still read,
 # with one line naming the new one. field name -> (the flag, the old spellings)
+CSV_COLUMNS = {"csv_img_key": "", "csv_caption_key": "", "csv_separator": ""}  # this run's (parse_config sets
+# them): every manifest it reads, for training and evaluation alike, as open_clip's flags apply to both
+
 SPELLINGS = {
     "eval_on": ("--eval-tasks", ("--eval-on",)),  # m2mix.py: erclip / longclip's name for the evaluation tasks
     "eval_zs": ("--eval-base", ("--eval-zs",)),  # m2mix.py: the evaluation before fine-tuning
@@ -203,6 +206,7 @@ def parse_config(cls, argv=None, **overrides):
         if any(a.split("=")[0] == "--batch-size" for a in argv):
             p.error("pass --batch-size (global) or --batch-size-per-gpu, not both")
         values["batch_size"] = values["batch_size_per_gpu"] * world_size() * values.get("accum_freq", 1)
+    CSV_COLUMNS.update({k: values.get(k, "") for k in CSV_COLUMNS})
     return cls(**values)
 
 
@@ -222,3 +226,33 @@ def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None,
             if getattr(cfg, name):
                 fn(cfg)
                 sys.exit(0)
+
+
+def numbers(text: str) -> list[float]:
+    """A flag of comma-separated finite numbers (eval.py --alphas)."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0.5,1, got {text!r}")
+    return values
+
+
+def add_fields(parser: argparse.ArgumentParser, cls, names):
+    """Config fields as a hand-made parser's flags (eval.py), with the same names, defaults and help."""
+    for f in (f for f in dataclasses.fields(cls) if f.name in names):
+        parser.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata.get("help", ""))
+
+
+# CLIP_benchmark's (LAION-AI/CLIP_benchmark, clip_benchmark/cli.py) spellings of eval.py's flags: read too, with
+# one line naming ours. Its --output is a file-name template; ours is a folder (--format clip_benchmark names the
+# files in it as CLIP_benchmark does).
+CLIP_BENCHMARK = {"--model": "--backbone", "--dataset": "--tasks", "--dataset_root": "--data-root",
+                  "--batch_size": "--batch-size", "--num_workers": "--workers", "--output": "--out"}
+
+
+def note_spellings(argv, spellings: dict, whose: str):
+    """One line per other spelling given: which flag of ours it is."""
+    for a in dict.fromkeys(a.split("=")[0] for a in argv if a.split("=")[0] in spellings):
+        base.warn_once(f"note: {a} is {whose} spelling of {spellings[a]} here; both work")

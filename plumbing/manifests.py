@@ -18,7 +18,7 @@ import numpy as np
 import torch.distributed as dist
 from PIL import Image
 
-from plumbing import base
+from plumbing import base, datafolders
 from plumbing.base import DataError, atomic_write
 
 
@@ -26,8 +26,8 @@ MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
 IMAGE_KEYS = ("image", "filepath", "image_path", "file_name", "img")  # the columns a manifest's image may sit in
 CAPTION_KEYS = ("caption", "title", "text", "captions")  # "captions": a list: training draws one, evaluation the first
 LAYOUTS = ("a manifest: JSONL / JSON array / CSV or TSV rows with an image column ({}) and a caption column ({}), "
-           "image paths relative to the manifest; or webdataset tar shards 'DIR/{{00000..00099}}.tar' (docs/data.md)"
-           ).format(", ".join(IMAGE_KEYS), ", ".join(CAPTION_KEYS))
+           "image paths relative to the manifest; {}; or webdataset tar shards 'DIR/{{00000..00099}}.tar' "
+           "(docs/data.md)").format(", ".join(IMAGE_KEYS), ", ".join(CAPTION_KEYS), datafolders.FOLDER_LAYOUTS)
 
 
 class Tally:
@@ -91,8 +91,8 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
-    if path.is_dir():  # an image folder, a Hugging Face folder, ...: not read as such (issue 42.2)
-        raise DataError(f"{path} is a folder; training and evaluation data are {LAYOUTS}")
+    if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
+        return datafolders.rows(path, IMAGE_KEYS, LAYOUTS)
     text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
     def bad(line, why):

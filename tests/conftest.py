@@ -137,3 +137,13 @@ def results_files_are_strict_json():
             assert isinstance(r["value"], (int, float)) or r["value"] is None and r["reason"], r
         return saved
     return check
+
+
+@pytest.fixture(autouse=True)
+def _csv_columns_of_one_test():
+    """plumbing.flags.CSV_COLUMNS is a run's open_clip CSV flags (parse_config sets them): one test's never
+    reach the next."""
+    from plumbing import flags
+    saved = dict(flags.CSV_COLUMNS)
+    yield
+    flags.CSV_COLUMNS.update(saved)

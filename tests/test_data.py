@@ -327,5 +327,5 @@ def test_open_clips_csv_flags_and_a_folder_named_with_the_accepted_layouts(tmp_p
     wrong = flags.parse_config(m2mix.M2MixConfig, ["--csv-img-key", "nope", "--check-images", "none"])
     with pytest.raises(common.DataError, match=r"missing column\(s\) \[.nope.\]"):
         common.training_set(wrong, tmp_path / "pairs.csv")
-    with pytest.raises(common.DataError, match=r"is a folder; training and evaluation data are a manifest: JSONL"):
+    with pytest.raises(common.DataError, match=r"no layout read here; training and evaluation data are a manifest"):
         common.training_set(cfg, tmp_path)

@@ -17,6 +17,7 @@ LAYERS = (
     ("base: errors, atomic writes, world size (standard library only)", ("plumbing", "plumbing.base")),
     ("the results schema and strict JSON (standard library only; issue 42.3)", ("plumbing.results",)),
     ("settings (standard library only) and the papers' numbers", ("plumbing.flags", "plumbing.published")),
+    ("folders read as data: Hugging Face datasets, images with sidecars", ("plumbing.datafolders",)),
     ("safe file reading, manifests", ("plumbing.loading", "plumbing.manifests")),
     ("one paper's training set from its sources", ("plumbing.training_sets",)),
     ("run folder, uni-modal towers, shards", ("plumbing.runfolder", "plumbing.towers", "plumbing.shards")),

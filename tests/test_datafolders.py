@@ -1,0 +1,103 @@
+"""Issue 42.2: the folders researchers keep, read as training and evaluation data (plumbing.datafolders): a
+Hugging Face `save_to_disk` folder, parquet files, images with .txt / .json sidecars; every other folder one
+message listing the layouts read. Before, each was `error: Is a directory (...)`."""
+import json
+
+import pytest
+from PIL import Image
+
+import common
+import eval as evaluation
+from plumbing import datafolders, flags
+
+datasets = pytest.importorskip("datasets")  # in requirements.txt; the test names what it needs
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(datafolders, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "cache" / "folder-data"
+
+
+def _images(n):
+    return [Image.new("RGB", (8, 8), (40 * i, 255 - 40 * i, 0)) for i in range(n)]
+
+
+def _hf(n=4):
+    return datasets.Dataset.from_dict({
+        "image": _images(n), "text": [f"a square number {i}" for i in range(n)],
+        "long_caption": [f"a square number {i}, drawn small. It has a colour." for i in range(n)],
+    }).cast_column("image", datasets.Image())
+
+
+def test_a_save_to_disk_folder_trains_with_its_columns_converted_once(tmp_path, cache):
+    _hf().save_to_disk(str(tmp_path / "hf"))
+    ds = common.ManifestDataset(tmp_path / "hf", need_long=True)
+    assert len(ds) == 4 and ds[2]["caption"] == "a square number 2" and ds[2]["long_caption"].startswith("a square")
+    assert ds[1]["image"].getpixel((0, 0)) == (40, 215, 0)  # the stored bytes, as they were
+    [converted] = list(cache.iterdir())
+    stamp = (converted / "rows.jsonl").stat().st_mtime_ns
+    common.ManifestDataset(tmp_path / "hf")  # read again: not converted again
+    assert (converted / "rows.jsonl").stat().st_mtime_ns == stamp and len(list(cache.iterdir())) == 1
+    _hf(3).save_to_disk(str(tmp_path / "hf2"))  # another dataset: its own conversion
+    assert len(common.ManifestDataset(tmp_path / "hf2")) == 3 and len(list(cache.iterdir())) == 2
+
+
+def test_parquet_files_a_folder_of_them_or_one(tmp_path, cache):
+    _hf().to_parquet(str(tmp_path / "pq" / "data" / "train-00000-of-00001.parquet"))
+    for path in (tmp_path / "pq", tmp_path / "pq" / "data" / "train-00000-of-00001.parquet"):
+        ds = common.ManifestDataset(path)
+        assert len(ds) == 4 and ds[3]["caption"] == "a square number 3" and ds[3]["image"].size == (8, 8)
+
+
+def test_images_with_txt_and_json_sidecars(tmp_path):
+    folder = tmp_path / "shards" / "00000"
+    folder.mkdir(parents=True)
+    for i, im in enumerate(_images(3)):
+        im.save(folder / f"{i:06d}.jpg")
+        (folder / f"{i:06d}.txt").write_text(f"caption {i}\n")
+        (folder / f"{i:06d}.json").write_text(json.dumps({"long_caption": f"a long caption {i}", "id": i}))
+    ds = common.ManifestDataset(tmp_path / "shards", need_long=True, extra=("id",))
+    assert [ds[i]["caption"] for i in range(3)] == ["caption 0", "caption 1", "caption 2"]
+    assert ds[1]["long_caption"] == "a long caption 1" and ds[2]["id"] == 2
+    (folder / "000001.json").write_text("[1]")
+    with pytest.raises(common.DataError, match=r"000001.json: a sidecar must be a JSON object"):
+        common.ManifestDataset(tmp_path / "shards")
+
+
+def test_other_folders_are_one_message_naming_what_is_read(tmp_path, cache):
+    datasets.DatasetDict({"train": _hf(), "test": _hf(2)}).save_to_disk(str(tmp_path / "dict"))
+    with pytest.raises(common.DataError, match=r"DatasetDict \(splits train, test\): name one split, e\.g\. \S+"):
+        common.ManifestDataset(tmp_path / "dict")
+    assert len(common.ManifestDataset(tmp_path / "dict" / "train")) == 4
+    (tmp_path / "pets" / "cat").mkdir(parents=True)
+    _images(1)[0].save(tmp_path / "pets" / "cat" / "a.png")
+    with pytest.raises(common.DataError, match=r"an ImageFolder .*evaluate it as imagefolder:.*pets"):
+        common.ManifestDataset(tmp_path / "pets")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(common.DataError, match=r"no layout read here; .*Hugging Face datasets folder.*sidecars"):
+        common.ManifestDataset(tmp_path / "empty")
+
+
+def test_folders_are_evaluation_tasks_too(tmp_path, cache):
+    _hf().save_to_disk(str(tmp_path / "hf"))
+    rs = evaluation.load_retrieval(str(tmp_path / "hf"))
+    assert len(rs.image_paths) == 4 and rs.texts[1] == "a square number 1"
+    assert evaluation.load_retrieval(str(tmp_path / "hf") + "#long_caption").texts[0].startswith("a square number 0,")
+
+
+def test_eval_reads_open_clips_csv_flags_and_clip_benchmarks_spellings(tmp_path, capsys):
+    """eval.py refused --csv-img-key (a manifest task's columns) and CLIP_benchmark's --model / --dataset /
+    --output; now both are read, CLIP_benchmark's with one line naming ours."""
+    for i, im in enumerate(_images(4)):
+        im.save(tmp_path / f"{i}.png")
+    (tmp_path / "pairs.csv").write_text("path;words\n" + "".join(f"{i}.png;square {i}\n" for i in range(4)))
+    a = evaluation.command_line().parse_args(["--model", "ViT-B/16", "--dataset", "x", "--output", "o",
+                                              "--dataset_root", "r", "--batch_size", "8", "--num_workers", "1"])
+    assert (a.backbone, a.tasks, a.out, a.data_root, a.batch_size, a.workers) == ("ViT-B/16", "x", "o", "r", 8, 1)
+    with pytest.raises(common.UsageError, match=r"--out / --output r.json: a folder here"):
+        evaluation.main(["--output", "r.json", "--tasks", str(tmp_path / "pairs.csv")])
+    assert "note: --output is CLIP_benchmark's spelling of --out here" in capsys.readouterr().err
+    flags.CSV_COLUMNS.update(csv_img_key="path", csv_caption_key="words", csv_separator=";")
+    rs = evaluation.load_retrieval(str(tmp_path / "pairs.csv"))
+    assert rs.texts == [f"square {i}" for i in range(4)]
