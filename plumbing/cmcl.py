@@ -19,7 +19,6 @@ Layer: above common and eval (tests/test_layout.py); dns.py and the lab import i
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import torch
 
 import common
 from plumbing import models
+from plumbing.manifests import content_sha256
 from plumbing.results import of_sequence, sequence_table
 from eval import (cached, continual_tables, image_features, load_classification, manifest_retrieval,
                   masked_continual_metrics)
@@ -318,7 +318,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
 
     def of_manifest(path, column):
         key = base | {"manifest": str(Path(path).resolve()), "column": column,
-                      "sha1": hashlib.sha1(Path(path).read_bytes()).hexdigest()}
+                      "sha256": content_sha256(path)}  # a file's bytes, a data folder's rows
         return cached(cache, key, lambda: manifest_features(model, preprocess, tok, path, column, device))
 
     column, task_clf = "", None

@@ -20,6 +20,7 @@ from PIL import Image
 
 from plumbing import base, datafolders
 from plumbing.base import DataError, atomic_write
+from plumbing.loading import file_sha256
 
 
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
@@ -132,6 +133,16 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
             rows.append(dict(r, _line=end + 1))
             end = reader.line_num
     return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
+
+
+def content_sha256(path) -> str:
+    """A data source's content: a manifest file's bytes; a data folder's rows (plumbing.datafolders: its captions,
+    columns and image paths), so that a resume or a feature cache sees a changed folder."""
+    path = Path(path)
+    if path.is_file():
+        return file_sha256(path)
+    rows = json.dumps(read_manifest(path), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(rows.encode("utf-8", errors="surrogateescape")).hexdigest()
 
 
 def image_problem(path) -> str | None:

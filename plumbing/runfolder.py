@@ -20,7 +20,8 @@ import open_clip
 import torch
 
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
-from plumbing.loading import file_sha256, load_weights_only
+from plumbing.loading import load_weights_only
+from plumbing.manifests import content_sha256
 from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
@@ -313,8 +314,8 @@ def data_fingerprint(train_set) -> dict:
     if hasattr(train_set, "fingerprint"):  # shards.ShardSet
         return train_set.fingerprint()
     fp, path = {"rows": len(train_set)}, getattr(train_set, "path", None)
-    if path is not None and Path(path).is_file():
-        fp.update(manifest=str(path), sha256=file_sha256(path))
+    if path is not None and Path(path).exists():  # a manifest file, or a data folder (its rows)
+        fp.update(manifest=str(path), sha256=content_sha256(path))
     return fp
 
 

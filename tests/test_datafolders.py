@@ -101,3 +101,17 @@ def test_eval_reads_open_clips_csv_flags_and_clip_benchmarks_spellings(tmp_path,
     flags.CSV_COLUMNS.update(csv_img_key="path", csv_caption_key="words", csv_separator=";")
     rs = evaluation.load_retrieval(str(tmp_path / "pairs.csv"))
     assert rs.texts == [f"square {i}" for i in range(4)]
+
+
+def test_a_changed_folder_is_seen_by_a_resume_and_the_feature_cache(tmp_path):
+    """The resume check and DNS's feature cache hashed a manifest file's bytes; a folder's rows now (a folder
+    gave IsADirectoryError in DNS, and no content check on resume)."""
+    from plumbing import manifests, runfolder
+    for i, im in enumerate(_images(2)):
+        im.save(tmp_path / f"{i}.png")
+        (tmp_path / f"{i}.txt").write_text(f"caption {i}")
+    before = runfolder.data_fingerprint(common.ManifestDataset(tmp_path))
+    (tmp_path / "1.txt").write_text("another caption")
+    after = runfolder.data_fingerprint(common.ManifestDataset(tmp_path))
+    assert before["rows"] == after["rows"] == 2 and before["sha256"] != after["sha256"]
+    assert manifests.content_sha256(tmp_path) == after["sha256"]
