@@ -8,11 +8,12 @@ import argparse
 import copy
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from plumbing import base
+from plumbing import base, outfolder
 from plumbing.base import world_size
 
 
@@ -226,6 +227,9 @@ def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None,
             if getattr(cfg, name):
                 fn(cfg)
                 sys.exit(0)
+        if os.environ.get("RANK", "0") == "0" and (problem := outfolder.early_problem(cfg)) is not None:
+            print(f"error: {base.printable(str(problem))}", file=sys.stderr)  # as plumbing.cli, before torch loads
+            sys.exit(2 if isinstance(problem, base.UsageError) else problem.code)
 
 
 def numbers(text: str) -> list[float]:

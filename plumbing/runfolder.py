@@ -22,6 +22,8 @@ import torch
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
 from plumbing.loading import load_weights_only
 from plumbing.manifests import content_sha256
+from plumbing.outfolder import (BOTH, LOCK, _pid_alive, holds_run, live_holder, lock_state, locked, occupied,
+                                unwritable)  # torch-free (issue 42.4); LOCK, live_holder, holds_run: re-exported
 from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
@@ -30,7 +32,6 @@ __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_h
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
 RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
-LOCK = ".lock"
 # Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
              "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
@@ -42,16 +43,6 @@ RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
                "threads", "task_safetensors", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
                "collect", "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq"}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def lock_out(out: Path):
@@ -66,15 +57,11 @@ def lock_out(out: Path):
             state, held = lock_state(out)
             if state == "mine":
                 return
-            pid = held.get("pid")
-            if state == "live" and held.get("host") not in (None, me["host"]):
-                raise RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
-                               f"delete {path}")
             if state == "live":
-                raise RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose "
-                               f"another --out")
+                raise locked(out, held)
             if state == "stale":
-                print(f"[out] taking over the stale lock of PID {pid} (no longer running) in {out}", file=sys.stderr)
+                print(f"[out] taking over the stale lock of PID {held.get('pid')} (no longer running) in {out}",
+                      file=sys.stderr)
             path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
@@ -83,30 +70,6 @@ def lock_out(out: Path):
         atexit.register(lambda: _unlock(path, me))
         return
     raise RunError(f"could not take the lock {path}")
-
-
-def lock_state(folder: Path) -> tuple[str, dict]:
-    """(state, the lock's content) of `folder`'s lock: 'free' (none), 'mine' (this process's), 'live' (a live
-    process on this host, or any on another host: it cannot be checked from here) or 'stale' (its process is gone,
-    or the file is unreadable)."""
-    try:
-        held = json.loads((Path(folder) / LOCK).read_text() or "{}")
-    except FileNotFoundError:
-        return "free", {}
-    except (OSError, ValueError):
-        held = {}
-    if held == {"pid": os.getpid(), "host": socket.gethostname()}:
-        return "mine", held
-    pid = held.get("pid")
-    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and _pid_alive(pid)
-    return ("live" if alive else "stale"), held
-
-
-def live_holder(folder: Path) -> dict | None:
-    """{pid, host} of the live process other than this one whose lock is on `folder`; None when the folder is
-    free, its lock stale or this process's own."""
-    state, held = lock_state(folder)
-    return held if state == "live" else None
 
 
 def _unlock(path: Path, me: dict):
@@ -129,11 +92,6 @@ def clean_temporary(out: Path) -> list[Path]:
     if gone:
         print(f"[out] removed {len(gone)} temporary file(s) left by an interrupted run in {out}", file=sys.stderr)
     return gone
-
-
-def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in ("checkpoints/last.pt", "continual.json")) or (
-        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
 
 
 def clear_run(out: Path):
@@ -176,15 +134,14 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
     global RUN_OUT
     if cfg.resume and cfg.overwrite:
-        raise UsageError("--resume continues the run in --out and --overwrite deletes it: pass one of them")
+        raise UsageError(BOTH)
     try:  # the flag named: an OSError alone says "No such file or directory (/proc/x)"
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"--out {out}: cannot be created or written ({e.strerror}"
-                         f"{f': {e.filename}' if e.filename else ''}); choose a writable folder") from None
+        raise unwritable(out, f"{e.strerror}{f': {e.filename}' if e.filename else ''}") from None
     lock_out(out)
     if RUN_OUT is None or not out.absolute().is_relative_to(RUN_OUT.absolute()):  # a task: inside
         RUN_OUT = out
@@ -192,9 +149,7 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     if not cfg.resume:
         if holds_run(out):
             if not cfg.overwrite:
-                raise RunError(f"{out} holds a run already (checkpoints / metrics.jsonl); continue it with "
-                               f"--resume latest, start it afresh with --overwrite (deletes its run files), or "
-                               f"choose another --out")
+                raise occupied(out)
             print(f"[out] --overwrite: deleting the old run's files in {out}", file=sys.stderr)
             clear_run(out)
         return []

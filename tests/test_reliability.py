@@ -228,7 +228,7 @@ def test_another_models_checkpoint_under_override_resume_is_one_message(stopped,
 @pytest.mark.parametrize("argv, says", [
     (["--device", "meta"], "--device meta: expected auto, cpu, cuda or cuda:N"),
     (["--tasks", "nosuch"], "unknown retrieval task 'nosuch'"),
-    (["--batch-size", "0"], "argument --batch-size: must be > 0, got 0"),
+    (["--batch-size", "0"], "argument --batch-size/--batch_size: must be > 0, got 0"),  # CLIP_benchmark: 42.1
     (["--alphas", "a,b", "--wise-ft", "x.pt"], "argument --alphas: expected comma-separated numbers"),
     (["--continual", "pretrained,a.pt,b.pt", "--tasks", "synthetic-shape"], "need 2 checkpoints for 1 task(s)"),
 ])

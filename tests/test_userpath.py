@@ -427,3 +427,25 @@ def test_messages_name_the_cause(tmp_path, capsys):
     assert "(default:" in capsys.readouterr().out
     with pytest.raises(evaluation.MissingData, match="docs/data.md"):
         evaluation.load_retrieval("flickr30k", str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("script", ["erclip", "longclip", "m2mix", "cclip", "dns", "gmc"])
+def test_an_occupied_or_locked_out_is_answered_before_torch_loads(tmp_path, script):
+    """Issue 42.4: an --out holding a run, or locked by a live run, was reported after torch and open_clip loaded
+    (18.7 s); now flags.answer_early answers it (plumbing.outfolder, standard library only) with start_run's
+    message and exit code, torch never imported. Every method script, as run from the shell."""
+    occupied, busy = tmp_path / "occupied", tmp_path / "busy"
+    (occupied / "checkpoints").mkdir(parents=True)
+    (occupied / "checkpoints" / "last.pt").write_bytes(b"x")
+    busy.mkdir()
+    (busy / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
+    code = ("import runpy, sys; sys.argv = [sys.argv[1] + '.py', *sys.argv[2:]]\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
+            "    print('exit', e.code)\nprint('torch' in sys.modules)")
+    for out, flags_, said, exit_code in (
+            (occupied, [], "holds a run already", 1), (busy, [], f"another run (PID {os.getppid()}) is writing", 1),
+            (occupied, ["--resume", "latest", "--overwrite"], "pass one of them", 2)):
+        done = subprocess.run([sys.executable, "-c", code, script, "--out", str(out), *flags_], cwd=REPO,
+                              capture_output=True, text=True, env=RUN_ENV)
+        assert said in done.stderr and done.stderr.startswith("error: "), done.stderr
+        assert done.stdout.split() == ["exit", str(exit_code), "False"], done.stdout

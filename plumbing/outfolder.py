@@ -1,0 +1,91 @@
+"""The --out folder's checks that need no torch (issue 42.4): one run per --out (its .lock), a run already there,
+a folder that cannot be written. Standard library only, so a script answers a collision in well under a second
+(flags.answer_early), before torch and open_clip load; plumbing.runfolder takes the lock and starts the run
+with the same checks and messages."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from plumbing.base import RunError, UsageError
+
+LOCK = ".lock"
+BOTH = "--resume continues the run in --out and --overwrite deletes it: pass one of them"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def lock_state(folder: Path) -> tuple[str, dict]:
+    """(state, the lock's content) of `folder`'s lock: 'free' (none), 'mine' (this process's), 'live' (a live
+    process on this host, or any on another host: it cannot be checked from here) or 'stale' (its process is gone,
+    or the file is unreadable)."""
+    try:
+        held = json.loads((Path(folder) / LOCK).read_text() or "{}")
+    except FileNotFoundError:
+        return "free", {}
+    except (OSError, ValueError):
+        held = {}
+    if held == {"pid": os.getpid(), "host": socket.gethostname()}:
+        return "mine", held
+    pid = held.get("pid")
+    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and _pid_alive(pid)
+    return ("live" if alive else "stale"), held
+
+
+def live_holder(folder: Path) -> dict | None:
+    """{pid, host} of the live process other than this one whose lock is on `folder`; None when the folder is
+    free, its lock stale or this process's own."""
+    state, held = lock_state(folder)
+    return held if state == "live" else None
+
+
+def locked(out: Path, held: dict) -> RunError:
+    """The refusal of an --out that a live process holds."""
+    pid, path = held.get("pid"), out / LOCK
+    if held.get("host") not in (None, socket.gethostname()):
+        return RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
+                        f"delete {path}")
+    return RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose another --out")
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in ("checkpoints/last.pt", "continual.json")) or (
+        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
+
+
+def occupied(out: Path) -> RunError:
+    return RunError(f"{out} holds a run already (checkpoints / metrics.jsonl); continue it with --resume latest, "
+                    f"start it afresh with --overwrite (deletes its run files), or choose another --out")
+
+
+def unwritable(out: Path, why: str) -> UsageError:
+    return UsageError(f"--out {out}: cannot be created or written ({why}); choose a writable folder")
+
+
+def early_problem(cfg) -> Exception | None:
+    """What start_run would refuse about cfg.out, found without writing anything: --resume with --overwrite, a
+    folder that cannot be made or written, a live lock, a run already there (without --resume / --overwrite).
+    None when none of them (start_run still checks everything when it claims the folder)."""
+    if cfg.resume and cfg.overwrite:
+        return UsageError(BOTH)
+    out = Path(cfg.out)
+    existing = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return unwritable(out, f"Not a directory: {existing}")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return unwritable(out, f"Permission denied: {existing}")
+    if (held := live_holder(out)) is not None:
+        return locked(out, held)
+    if not cfg.resume and not cfg.overwrite and holds_run(out):
+        return occupied(out)
+    return None
