@@ -62,7 +62,7 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     coco_split: str = arg("2017", "coco's split (deviation 10)", choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first (Sec. 5.1) | all captions", choices=("first", "all"))
     epochs: int = arg(9, "epochs")  # code scripts
-    batch_size: int = arg(128, "global batch (the code's scripts)")  # code scripts
+    batch_size: int = arg(128, "global batch")  # code scripts
     lr: float = arg(1e-5, "peak lr")  # ours, inside the code's sweep {1e-5, 7e-6}
     wd: float = arg(0.2, "AdamW weight decay")  # ours, inside the code's sweep {0.2, 0.01}
     warmup: int = arg(-10, "warm-up steps; negative = percent of all steps")  # code: 10% warm-up

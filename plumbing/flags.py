@@ -5,11 +5,16 @@ it; this module imports nothing of the project and nothing outside the standard 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
+import inspect
+import io
 import math
 import os
 import sys
+import textwrap
+import tokenize
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -179,15 +184,39 @@ SPELLINGS = {
 }
 
 
+def default_sources(cls) -> dict:
+    """{field: its trailing comment} in the config classes' source (erclip.py's `lr = arg(5e-6, ...)  # Sec. 4`):
+    where a default comes from, which --help shows beside it (issue 42.1). Empty when the source is not at hand."""
+    found = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        try:
+            lines, start = inspect.getsourcelines(klass)
+            body = ast.parse(textwrap.dedent("".join(lines))).body[0].body
+            tokens = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent("".join(lines))).readline))
+        except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+            continue
+        comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
+        for node in body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                said = [c for n in range(node.lineno, node.end_lineno + 1) if (c := comments.get(n))
+                        and not c.startswith("noqa")]
+                found[node.target.id] = "; ".join(said)
+    return {k: v for k, v in found.items() if v}
+
+
 def parse_config(cls, argv=None, **overrides):
     """argparse built from the dataclass fields; returns a frozen cfg. --batch-size-per-gpu sets --batch-size."""
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=(sys.modules[cls.__module__].__doc__ or "").split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    sources = default_sources(cls) if any(a in ("-h", "--help") for a in argv) else {}
     for f in dataclasses.fields(cls):
         default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
         name, old = SPELLINGS.get(f.name, ("--" + f.name.replace("_", "-"), ()))
-        help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help strings with %
+        help_ = f.metadata.get("help", "")
+        if (source := sources.get(f.name)) and source not in help_:
+            help_ += f" [{source}]"  # the default's source, as the file says it
+        help_ = help_.replace("%", "%%")  # argparse formats help strings with %
         said = [a.split("=")[0] for a in argv if a.split("=")[0] in {*old, *(f"--no-{o[2:]}" for o in old)}]
         for a in said:
             base.warn_once(f"note: {a} is now spelled {name if not a.startswith('--no-') else '--no-' + name[2:]} "

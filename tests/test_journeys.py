@@ -153,3 +153,27 @@ def test_6_image_folder_to_eval_with_clip_benchmarks_spellings(scenes, tmp_path)
     assert {(r["metric"], r["stage"]) for r in doc["records"]} >= {("top1", "eval")}
     [name] = [p.name for p in out.glob("*.json") if p.name != "results.json"]
     assert ":" not in name and json.loads((out / name).read_text())["task"] == "zeroshot_classification"
+
+
+def test_the_docs_name_every_key_read_and_their_commands_parse():
+    """docs/data.md names every column read, open_clip's CSV flags and each folder layout (nothing in README or
+    docs named the accepted keys), and each journey's command there parses with its script's flags."""
+    import shlex
+
+    from plumbing import flags, manifests
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    for key in (*manifests.IMAGE_KEYS, *manifests.CAPTION_KEYS, "long_caption", "--csv-img-key", "--csv-caption-key",
+                "--csv-separator"):
+        assert f"`{key}`" in text, key
+    for word in ("save_to_disk", "parquet", "NAME.txt", "NAME.json", "imagefolder:DIR", "DatasetDict"):
+        assert word in text, word
+    block = text.split("## Your own data: six journeys")[1].split("```bash\n")[1].split("```")[0]
+    commands = [shlex.split(c) for c in block.replace("\\\n", " ").splitlines() if c.startswith("python ")]
+    configs = {"erclip.py": erclip.ERCLIPConfig, "m2mix.py": m2mix.M2MixConfig, "cclip.py": cclip.CClipConfig,
+               "longclip.py": longclip.LongCLIPConfig, "dns.py": dns.DNSConfig}
+    assert len(commands) == 7
+    for _, script, *argv in commands:
+        if script == "eval.py":
+            evaluation.command_line().parse_args(argv)
+        else:
+            flags.parse_config(configs[script], argv)

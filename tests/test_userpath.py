@@ -449,3 +449,17 @@ def test_an_occupied_or_locked_out_is_answered_before_torch_loads(tmp_path, scri
                               capture_output=True, text=True, env=RUN_ENV)
         assert said in done.stderr and done.stderr.startswith("error: "), done.stderr
         assert done.stdout.split() == ["exit", str(exit_code), "False"], done.stdout
+
+
+@pytest.mark.parametrize("script", ["erclip", "longclip", "m2mix", "cclip", "dns", "gmc"])
+def test_every_default_says_where_it_comes_from(script):
+    """Issue 42.1: --batch-size 128 / 1024 / 64 and a backbone default per script, with no word of whose. Now the
+    help of each method's main settings names its source: the paper's section, the authors' code, ours or the lab's
+    (a trailing comment in the config class is shown in brackets: plumbing.flags.default_sources)."""
+    import re
+    done = subprocess.run([sys.executable, f"{script}.py", "--help"], cwd=REPO, capture_output=True, text=True,
+                          env=RUN_ENV)
+    text = " ".join(done.stdout.split())
+    for flag in ("--backbone", "--batch-size", "--lr", "--epochs"):
+        said = re.search(rf" {flag} [A-Z_]+ (.*?) \(default: ", text).group(1)
+        assert re.search(r"Sec\.|paper|code|train\.md|GMC|lab's|ours", said), (flag, said)
