@@ -258,7 +258,7 @@ def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None,
                 sys.exit(0)
         if os.environ.get("RANK", "0") == "0" and (problem := outfolder.early_problem(cfg)) is not None:
             print(f"error: {base.printable(str(problem))}", file=sys.stderr)  # as plumbing.cli, before torch loads
-            sys.exit(2 if isinstance(problem, base.UsageError) else problem.code)
+            sys.exit(2 if isinstance(problem, base.UsageError) else getattr(problem, "code", 1))
 
 
 def numbers(text: str) -> list[float]:

@@ -1,7 +1,7 @@
-"""The --out folder's checks that need no torch (issue 42.4): one run per --out (its .lock), a run already there,
-a folder that cannot be written. Standard library only, so a script answers a collision in well under a second
-(flags.answer_early), before torch and open_clip load; plumbing.runfolder takes the lock and starts the run
-with the same checks and messages."""
+"""The checks that need no torch (issue 42.4): a training manifest that is not there; the --out folder's: one run
+per --out (its .lock), a run already there, a folder that cannot be written. Standard library only, so a script
+answers them in well under a second (flags.answer_early), before torch and open_clip load; plumbing.runfolder
+takes the lock and starts the run with the same checks and messages."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import os
 import socket
 from pathlib import Path
 
-from plumbing.base import RunError, UsageError
+from plumbing.base import DataError, RunError, UsageError
 
 LOCK = ".lock"
 BOTH = "--resume continues the run in --out and --overwrite deletes it: pass one of them"
@@ -72,10 +72,18 @@ def unwritable(out: Path, why: str) -> UsageError:
     return UsageError(f"--out {out}: cannot be created or written ({why}); choose a writable folder")
 
 
+MANIFEST_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+
+
 def early_problem(cfg) -> Exception | None:
-    """What start_run would refuse about cfg.out, found without writing anything: --resume with --overwrite, a
-    folder that cannot be made or written, a live lock, a run already there (without --resume / --overwrite).
-    None when none of them (start_run still checks everything when it claims the folder)."""
+    """What the run would refuse, found without torch and without writing anything: a --train-data file that
+    does not exist (a path, not a name such as auto or coco, nor shards); then what start_run refuses about
+    cfg.out: --resume with --overwrite, a folder that cannot be made or written, a live lock, a run already there
+    (without --resume / --overwrite). None when none of them (the run still checks everything itself)."""
+    data = str(getattr(cfg, "train_data", "") or "")
+    if (data.endswith(MANIFEST_SUFFIXES) or os.sep in data) and not data.endswith(".tar") and "{" not in data \
+            and not Path(data).exists():
+        return DataError(f"--train-data {data}: manifest not found")
     if cfg.resume and cfg.overwrite:
         return UsageError(BOTH)
     out = Path(cfg.out)

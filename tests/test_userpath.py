@@ -431,9 +431,10 @@ def test_messages_name_the_cause(tmp_path, capsys):
 
 @pytest.mark.parametrize("script", ["erclip", "longclip", "m2mix", "cclip", "dns", "gmc"])
 def test_an_occupied_or_locked_out_is_answered_before_torch_loads(tmp_path, script):
-    """Issue 42.4: an --out holding a run, or locked by a live run, was reported after torch and open_clip loaded
-    (18.7 s); now flags.answer_early answers it (plumbing.outfolder, standard library only) with start_run's
-    message and exit code, torch never imported. Every method script, as run from the shell."""
+    """Issue 42.4: an --out holding a run, or locked by a live run, or a --train-data file that is not there was
+    reported after torch and open_clip loaded (18.7 s; erclip named a missing paper benchmark first); now
+    flags.answer_early answers it (plumbing.outfolder, standard library only) with the run's own message and exit
+    code, torch never imported. Every method script, as run from the shell."""
     occupied, busy = tmp_path / "occupied", tmp_path / "busy"
     (occupied / "checkpoints").mkdir(parents=True)
     (occupied / "checkpoints" / "last.pt").write_bytes(b"x")
@@ -444,7 +445,9 @@ def test_an_occupied_or_locked_out_is_answered_before_torch_loads(tmp_path, scri
             "    print('exit', e.code)\nprint('torch' in sys.modules)")
     for out, flags_, said, exit_code in (
             (occupied, [], "holds a run already", 1), (busy, [], f"another run (PID {os.getppid()}) is writing", 1),
-            (occupied, ["--resume", "latest", "--overwrite"], "pass one of them", 2)):
+            (occupied, ["--resume", "latest", "--overwrite"], "pass one of them", 2),
+            *[(tmp_path / "new", ["--train-data", str(tmp_path / "none.jsonl")], "none.jsonl: manifest not found", 1)]
+            * (script not in ("cclip", "dns"))):  # a training manifest that is not there (cclip, dns: --tasks)
         done = subprocess.run([sys.executable, "-c", code, script, "--out", str(out), *flags_], cwd=REPO,
                               capture_output=True, text=True, env=RUN_ENV)
         assert said in done.stderr and done.stderr.startswith("error: "), done.stderr
