@@ -114,8 +114,17 @@ def to_json(obj, indent: int | None = 1) -> str:
             if len(place["at"]) >= 2 and place["at"][-1] == "value" and isinstance(record := _get(
                     clean, place["at"][:-1]), dict) and "metric" in record:
                 record.setdefault("reason", f"{place['was']} (not a finite number)")
+        clean.pop("non_finite", None)
+        clean["non_finite"] = []  # last: filled below
+    text = json.dumps(clean, indent=indent, allow_nan=False)
+    if found and isinstance(clean, dict) and indent is not None:  # one line per place, however deep it is
+        pad = " " * (2 * indent)
+        places = ",\n".join(pad + json.dumps(p, allow_nan=False) for p in found)
+        return text.removesuffix("[]\n}") + f"[\n{places}\n{' ' * indent}]\n}}"
+    if found and isinstance(clean, dict):
         clean["non_finite"] = found
-    return json.dumps(clean, indent=indent, allow_nan=False)
+        text = json.dumps(clean, allow_nan=False)
+    return text
 
 
 def _get(obj, at):
