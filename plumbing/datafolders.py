@@ -21,9 +21,11 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from plumbing.base import CACHE_DIR, DataError
+from plumbing.outfolder import pid_alive
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SIDECARS = (".txt", ".json")
@@ -115,6 +117,11 @@ def _hf_rows(path: Path, found: str, image_keys) -> list[dict]:
 
 def _convert(path: Path, found: str, image_keys, target: Path):
     key, records = _records(path, found, image_keys)
+    print(f"[data] {path}: a Hugging Face dataset; its rows and images are written once into {target}",
+          file=sys.stderr, flush=True)
+    for left in target.parent.glob(f".{target.name}.new-*"):  # an interrupted conversion's, its process gone
+        if left.name.rpartition("-")[2].isdigit() and not pid_alive(int(left.name.rpartition("-")[2])):
+            shutil.rmtree(left, ignore_errors=True)
     tmp = target.with_name(f".{target.name}.new-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "images").mkdir(parents=True)
@@ -134,6 +141,8 @@ def _convert(path: Path, found: str, image_keys, target: Path):
         elif isinstance(image, str):  # a path, relative to the dataset folder
             row = {**row, key: str((base / image).resolve())}
         lines.append(json.dumps({k: v for k, v in row.items() if _plain(v)}, ensure_ascii=False))
+        if (i + 1) % 10000 == 0:
+            print(f"[data] {path}: {i + 1} rows written", file=sys.stderr, flush=True)
     (tmp / "rows.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp / "source.json").write_text(json.dumps({"source": str(path.resolve()), "layout": found, "rows": len(lines),
                                                  "image_column": key}))

@@ -15,7 +15,7 @@ LOCK = ".lock"
 BOTH = "--resume continues the run in --out and --overwrite deletes it: pass one of them"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -38,7 +38,7 @@ def lock_state(folder: Path) -> tuple[str, dict]:
     if held == {"pid": os.getpid(), "host": socket.gethostname()}:
         return "mine", held
     pid = held.get("pid")
-    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and _pid_alive(pid)
+    alive = held.get("host") not in (None, socket.gethostname()) or isinstance(pid, int) and pid_alive(pid)
     return ("live" if alive else "stale"), held
 
 

@@ -22,7 +22,7 @@ import torch
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
 from plumbing.loading import load_weights_only
 from plumbing.manifests import content_sha256
-from plumbing.outfolder import (BOTH, LOCK, _pid_alive, holds_run, live_holder, lock_state, locked, occupied,
+from plumbing.outfolder import (BOTH, LOCK, pid_alive, holds_run, live_holder, lock_state, locked, occupied,
                                 unwritable)  # torch-free (issue 42.4); LOCK, live_holder, holds_run: re-exported
 from plumbing.results import from_json, to_json
 
@@ -86,7 +86,7 @@ def clean_temporary(out: Path) -> list[Path]:
     gone = []
     for p in out.rglob("*.tmp*"):
         m = re.fullmatch(r".+\.tmp(\d+)", p.name)
-        if m and p.is_file() and not _pid_alive(int(m.group(1))):
+        if m and p.is_file() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
             gone.append(p)
     if gone:

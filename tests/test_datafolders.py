@@ -2,6 +2,8 @@
 Hugging Face `save_to_disk` folder, parquet files, images with .txt / .json sidecars; every other folder one
 message listing the layouts read. Before, each was `error: Is a directory (...)`."""
 import json
+import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -30,14 +32,16 @@ def _hf(n=4):
     }).cast_column("image", datasets.Image())
 
 
-def test_a_save_to_disk_folder_trains_with_its_columns_converted_once(tmp_path, cache):
+def test_a_save_to_disk_folder_trains_with_its_columns_converted_once(tmp_path, cache, capsys):
     _hf().save_to_disk(str(tmp_path / "hf"))
     ds = common.ManifestDataset(tmp_path / "hf", need_long=True)
+    assert "a Hugging Face dataset; its rows and images are written once into" in capsys.readouterr().err
     assert len(ds) == 4 and ds[2]["caption"] == "a square number 2" and ds[2]["long_caption"].startswith("a square")
     assert ds[1]["image"].getpixel((0, 0)) == (40, 215, 0)  # the stored bytes, as they were
     [converted] = list(cache.iterdir())
     stamp = (converted / "rows.jsonl").stat().st_mtime_ns
     common.ManifestDataset(tmp_path / "hf")  # read again: not converted again
+    assert "written once" not in capsys.readouterr().err
     assert (converted / "rows.jsonl").stat().st_mtime_ns == stamp and len(list(cache.iterdir())) == 1
     _hf(3).save_to_disk(str(tmp_path / "hf2"))  # another dataset: its own conversion
     assert len(common.ManifestDataset(tmp_path / "hf2")) == 3 and len(list(cache.iterdir())) == 2
@@ -115,3 +119,16 @@ def test_a_changed_folder_is_seen_by_a_resume_and_the_feature_cache(tmp_path):
     after = runfolder.data_fingerprint(common.ManifestDataset(tmp_path))
     assert before["rows"] == after["rows"] == 2 and before["sha256"] != after["sha256"]
     assert manifests.content_sha256(tmp_path) == after["sha256"]
+
+
+def test_an_interrupted_conversion_leaves_nothing_used_and_is_cleared(tmp_path, cache):
+    """A conversion killed half-way leaves its hidden folder: never read (the finished one appears in one rename),
+    and removed by the next conversion once its process is gone."""
+    _hf().save_to_disk(str(tmp_path / "hf"))
+    name = datafolders._fingerprint(tmp_path / "hf", "hf-disk")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = cache / f".{name}.new-{int(dead.stdout)}"
+    (left / "images").mkdir(parents=True)
+    (left / "rows.jsonl").write_text('{"image": "images/x.png", "text": "half"}\n')
+    assert len(common.ManifestDataset(tmp_path / "hf")) == 4 and not left.exists()
+    assert [p.name for p in cache.iterdir()] == [name]
