@@ -787,7 +787,7 @@ def results_table(records, metrics=OWN_METRICS, published=None) -> str:
         if published and (r["task"], r["metric"]) in published:
             row[f"{r['metric']} (paper)"] = float(published[(r["task"], r["metric"])])
     cols = ["task"]
-    for m in metrics:
+    for m in (m for m in metrics if any(m in row for row in rows.values())):  # columns some task has
         cols += [m, f"{m} (paper)"] if published and any(k[1] == m for k in published) else [m]
     if any(row["missing"] for row in rows.values()):
         cols.append("missing")
