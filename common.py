@@ -444,10 +444,11 @@ class ResumableSampler(torch.utils.data.Sampler):
     without replaying the data). batch_size is the per-rank batch. Each global batch of the one shuffle is split
     by rank (rank r takes positions r*batch ... (r+1)*batch - 1), so the global batch that gather() assembles in
     rank order is, sample for sample, one process's batch with batch_size * world: N processes under torchrun
-    train on the data order of one. keys=True yields (epoch, index) for SeededSamples."""
-    def __init__(self, n, batch_size, seed=0, shuffle=True, rank=0, world=1, keys: bool = False):
+    train on the data order of one. keys=True yields (epoch, index) for SeededSamples. keep_last (one process): the
+    last partial batch too, after the whole ones, as a DataLoader without drop_last."""
+    def __init__(self, n, batch_size, seed=0, shuffle=True, rank=0, world=1, keys: bool = False, keep_last=False):
         self.n, self.batch, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
-        self.epoch, self.skip_batches, self.keys = 0, 0, keys
+        self.epoch, self.skip_batches, self.keys, self.keep_last = 0, 0, keys, keep_last and world == 1
 
     def set_epoch(self, epoch, skip_batches=0):
         self.epoch, self.skip_batches = epoch, skip_batches
@@ -460,7 +461,7 @@ class ResumableSampler(torch.utils.data.Sampler):
             idx = list(range(self.n))
         n_global, b = self.n // (self.batch * self.world), self.batch  # drop_last: whole global batches only
         mine = [idx[(g * self.world + self.rank) * b:(g * self.world + self.rank + 1) * b] for g in range(n_global)]
-        return [i for batch in mine for i in batch]
+        return [i for batch in mine for i in batch] + (idx[n_global * b:] if self.keep_last else [])
 
     def __iter__(self):
         idx = self._indices()[self.skip_batches * self.batch:]
@@ -799,14 +800,15 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
 
 def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export: bool = True,
           hooks=None, method_state: Callable[[], dict] | None = None, schedule: Callable | None = None,
-          validate: Callable[[nn.Module], dict] | None = None):
+          validate: Callable[[nn.Module], dict] | None = None, keep_last: bool = False):
     """Trains `net` (a wrapper with .model = the open_clip model, whose forward(batch, ctx) returns the loss
     terms) and returns a summary dict. hooks: optional object with before_optimizer_step(net) (after unscaling
     and clipping) and after_optimizer_step(net); DNS projects there. Each step is train_step (its docstring gives
     the order and what an fp16 skipped step does); metrics.jsonl logs grad_scale and skipped_steps under fp16.
     schedule(opt, steps_per_epoch, total): LambdaLR's lr_lambda(s) (default: warm-up, then cosine to 0).
     validate(model) -> {name: value}: --val-every's evaluation (rank 0; the training's random state and the
-    modules' train/eval modes are put back after it, so the run is the one it would be without it)."""
+    modules' train/eval modes are put back after it, so the run is the one it would be without it). keep_last: an
+    epoch ends with its partial batch (one process, no --accum-freq, not shards; gmc.py's --keep-last-batch)."""
     device = init_distributed(cfg.device)
     rank, world, _ = dist_info()
     # torch takes a skipped FIRST step (GradScaler) for a misordered scheduler call. Set once a run: a filter set
@@ -834,16 +836,18 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     lock_towers(cfg, net.model)
     if len(train_set) < cfg.batch_size:
         raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
-    steps_per_epoch = len(train_set) // cfg.batch_size
+    if keep_last and (world > 1 or cfg.accum_freq > 1 or hasattr(train_set, "loader")):
+        raise UsageError("--keep-last-batch: one process, without --accum-freq, on a manifest (not shards) only")
+    steps_per_epoch = -(-len(train_set) // cfg.batch_size) if keep_last else len(train_set) // cfg.batch_size
     if hasattr(train_set, "loader"):  # webdataset shards: each process reads its own (shards.ShardStream)
         loader = train_set.loader(local_batch, CountFailures(collate), cfg.seed, rank, world, cfg.workers,
                                   steps_per_epoch, pin_memory=device.type == "cuda")
         sampler = loader.dataset  # set_epoch(epoch, batch) as the sampler's
     else:
-        sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, keys=True)
+        sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, True, keep_last)
         loader = torch.utils.data.DataLoader(
             SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
-            collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=True,
+            collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=not keep_last,
             generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
     total = cfg.steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)

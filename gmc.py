@@ -4,10 +4,10 @@ Papers: Changdae Oh et al. "Geodesic Multi-Modal Mixup for Robust Fine-Tuning." 
 https://arxiv.org/abs/2203.03897, Sec. 5.1 (setup) and 5.5 (Table 4, Fig. 7). Petra Poklukar,
 Miguel Vasco, Hang Yin, Francisco S. Melo, Ana Paiva, Danica Kragic. "Geometric Multimodal
 Contrastive Representation Learning." ICML 2022, https://arxiv.org/abs/2202.03390.
-GMC's code ("GMC's code" below): github.com/miguelsvasco/gmc, gmc_code/supervised
-(architectures/models/gmc.py, gmc_networks.py, data_modules/extra/affect_dataset.py,
-modules/trainers/model_evaluation_metrics.py). m2-Mix's released code has no GMC part.
-At length (the model, the data, each deviation, the demo): docs/gmc.md.
+GMC's code: github.com/miguelsvasco/gmc at 68cef1a, gmc_code/supervised (architectures/models/
+gmc.py, gmc_networks.py, baselines/transformer_networks.py, modules/trainers/model_trainer.py).
+m2-Mix's code (changdaeoh/multimodal-mixup) has none of it; the unofficial GMC + m2-Mix code
+("DMM's"): github.com/teang1995/DMM at feaa2d9, gmc/gmc_code/supervised_mix. At length: docs/gmc.md.
 
 Implements (each loss written out once, in the docstring of the function named)
   GMC's MOSEI model   a GRU per modality -> Linear(steps*30, 60); MulT's joint encoder (5 layers,
@@ -34,14 +34,15 @@ Deviations (one line each; at length in docs/gmc.md)
   G6. Non-finite features -> 0, counted (GMC's: audio's -inf); --nonfinite refuse. Labels: refused.
   G7. Partial observation as GMC's code: the mean of the observed z (not renormalised) is classified
   G8. The loss terms are gathered across ranks (global batch); GMC trains on one GPU.
-  G9. The last partial batch is dropped (exact resume); GMC keeps it (<= 23 rows of ~16k an epoch).
-  G10. DMM's unofficial scripts (G3's alpha, Beta) also train at batch 128, tau tuned: --batch-size.
+  G9. The last partial batch is dropped (equal batches on all ranks); GMC's kept: --keep-last-batch.
+  G10. DMM's reporting scripts (G3's alpha, Beta) train at batch 128, tau 0.25 / 0.2: see Commands.
 
-Data: the aligned CMU-MOSEI pickle GMC reads (mosei_data.pkl, MulT's release; its layout:
-docs/gmc.md), read by plumbing/mosei.py (numpy arrays only, sizes checked); --convert: a .npz.
+Data: MulT's aligned CMU-MOSEI pickle GMC reads (layout: docs/gmc.md), read by plumbing/mosei.py.
 Commands
   python gmc.py --data data/mosei/mosei_data.pkl --method gmc-m2 --seeds 0,1,2,3,4 --out runs/gmc-m2
   python gmc.py --data data/mosei/mosei_data.pkl --convert   (then --data data/mosei/mosei_data.npz)
+  python gmc.py --data ... --clf l1 --weights code --mix-pairs random --keep-last-batch --batch-size
+      128 --tau 0.25   (the unofficial code's settings: G1-G3, G9, G10; its 2nd script: --tau 0.2)
   python gmc.py --demo      (lab/demos/gmc.py: a synthetic three-modality sentiment world, 5 seeds)
 """
 from __future__ import annotations
@@ -66,17 +67,18 @@ class GMCConfig(flags.Config):
     method: str = arg("gmc-m2", "gmc: GMC | gmc-m2: GMC + m2-Mix (Sec. 5.5)",
                       choices=("gmc", "gmc-m2"))
     epochs: int = arg(40, "epochs (GMC's)")
-    batch_size: int = arg(24, "batch size (GMC's)")
+    batch_size: int = arg(24, "batch size (GMC's; DMM's reporting scripts: 128, G10)")
     lr: float = arg(1e-3, "lr (GMC's Adam)")
     wd: float = arg(0.0, "weight decay (GMC: none)")
     warmup: int = arg(0, "warm-up steps (GMC: none)")
     grad_clip: float = arg(0.8, "gradient norm clipping (GMC's)")
     beta2: float = arg(0.999, "Adam beta2 (GMC's code: torch's default; G5)")
     eps: float = arg(1e-8, "Adam eps (GMC's code: torch's default; G5)")
+    keep_last_batch: bool = arg(False, "each epoch ends with its partial batch, as GMC's (G9)")
     out: str = arg("runs/gmc", "output folder")
-    tau: float = arg(0.3, "NT-Xent temperature (GMC's)")
-    m2_weight: float = arg(0.2, "alpha, the weight of L_m2 (G3)")
-    beta: float = arg(2.0, "lam ~ Beta(beta, beta) (G3)")
+    tau: float = arg(0.3, "NT-Xent temperature, both terms (GMC's; DMM's scripts 0.25 / 0.2: G10)")
+    m2_weight: float = arg(0.2, "alpha, the weight of L_m2 (G3: DMM's reporting scripts')")
+    beta: float = arg(2.0, "lam ~ Beta(beta, beta) (G3: DMM's reporting scripts')")
     mix_pairs: str = arg("all", "all: every modality pair | random: one per batch (G3)",
                          choices=("all", "random"))
     clf: str = arg("ce", "ce: the paper's cross-entropy on the sign | l1: GMC's regression (G1)",
@@ -324,7 +326,8 @@ def run(cfg: GMCConfig, splits: dict) -> dict:
     model = GMC(dims, splits["train"]["text"].shape[1], layers=cfg.layers)
     constant = lambda opt, steps_per_epoch, total: lambda step: 1.0  # noqa: E731  G5
     summary = common.train(cfg, GMCNet(model, cfg), mosei.Split(splits["train"]),
-                           common.Collate(None), export=False, schedule=constant)
+                           common.Collate(None), export=False, schedule=constant,
+                           keep_last=cfg.keep_last_batch)  # G9
     if "stopped_at" in summary or common.dist_info()[0] != 0:
         return {"summary": summary}
     test = evaluate(model, splits["test"])  # Table 4's cells of this seed, as records (one schema)
@@ -344,9 +347,6 @@ def main(argv=None):
     if cfg.convert:
         print(f"wrote {mosei.convert(cfg.data)}")
         return None
-    splits, fixed = mosei.load_splits(cfg.data, cfg.nonfinite)  # before any training
-    if fixed:
-        print(f"[gmc] non-finite feature values set to 0 (G6): {fixed}", file=sys.stderr)
     try:
         seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()] if cfg.seeds else [cfg.seed]
     except ValueError:
@@ -355,6 +355,9 @@ def main(argv=None):
     if cfg.layers < 0 or cfg.tau <= 0 or len(set(seeds)) != len(seeds):
         raise common.UsageError(f"--layers {cfg.layers} (>= 0), --tau {cfg.tau:g} (> 0) and "
                                 f"--seeds {seeds} (each once): one of them is off")
+    splits, fixed = mosei.load_splits(cfg.data, cfg.nonfinite)  # flags first, then the data
+    if fixed:
+        print(f"[gmc] non-finite feature values set to 0 (G6): {fixed}", file=sys.stderr)
     results = {}
     for seed in seeds:
         out = Path(cfg.out) / f"seed{seed}" if cfg.seeds else Path(cfg.out)

@@ -242,3 +242,67 @@ def test_adam_as_gmcs_code_by_default():
     inherited the shared config's 0.98 / 1e-6)."""
     cfg = gmc.GMCConfig()
     assert (cfg.beta1, cfg.beta2, cfg.eps, cfg.wd) == (0.9, 0.999, 1e-8, 0.0)
+
+
+def test_the_joint_encoder_has_gmcs_layernorm_count():
+    """Issue 40.3: GMC's TransformerEncoderLayer holds two LayerNorms (layer_norms[0] for query, keys and values;
+    layer_norms[1] before the FFN) and each encoder one more at its end: (2 layers + 1) LayerNorms of 2 d values per
+    encoder, six cross-modal ones at d = 30 and three memories at d = 60 (ours had a third per layer: 3,600 more)."""
+    want = lambda layers: (6 * 2 * 30 + 3 * 2 * 60) * (2 * layers + 1)  # noqa: E731
+    for layers in (1, 5):
+        joint = gmc.GMC([16, 8, 6], 8, layers=layers).joint
+        got = sum(p.numel() for m in joint.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters())
+        assert got == want(layers)
+    assert want(5) + 3600 == (6 * 2 * 30 + 3 * 2 * 60) * (3 * 5 + 1)  # the separate-LayerNorm count of the issue
+
+
+def test_the_optimizer_flags_reach_adam():
+    """G5: by default Adam as GMC's model_trainer.py builds it (torch's betas (0.9, 0.999), eps 1e-8, no decay);
+    --beta2 / --eps give the shared config's (0.98, 1e-6) or any other, and the optimizer gets them."""
+    net = gmc.GMCNet(gmc.GMC([5, 4, 3], 6, layers=1), gmc.GMCConfig())
+    for argv, betas, eps in (([], (0.9, 0.999), 1e-8), (["--beta2", "0.98", "--eps", "1e-6"], (0.9, 0.98), 1e-6)):
+        opt = common.make_optimizer(common.parse_config(gmc.GMCConfig, argv), net, "cpu")
+        assert all(g["betas"] == betas and g["eps"] == eps and g["weight_decay"] == 0 for g in opt.param_groups)
+
+
+def test_keep_last_batch_ends_each_epoch_with_the_partial_batch_and_resumes_exactly(tmp_path):
+    """G9: GMC's DataLoader (shuffle, no drop_last) ends each epoch with the partial batch; --keep-last-batch does
+    the same after the whole batches of the shared shuffle, which a resume part-way into an epoch continues."""
+    plain, kept = common.ResumableSampler(37, 8, seed=5), common.ResumableSampler(37, 8, seed=5, keep_last=True)
+    for s in (plain, kept):
+        s.set_epoch(2)
+    full = list(kept)
+    assert full[:32] == list(plain) and sorted(full) == list(range(37))
+    kept.set_epoch(2, skip_batches=4)
+    assert len(kept) == 5 and list(kept) == full[32:]
+    data = sentiment_world(tmp_path, sizes=SMALL)  # 64 training rows: batches of 24, 24 and 16
+    base = ["--data", str(data), "--layers", "1", "--batch-size", "24", "--epochs", "2", "--device", "cpu",
+            "--precision", "fp32", "--workers", "0", "--log-every", "1", "--method", "gmc-m2"]
+    drop = gmc.main(base + ["--out", str(tmp_path / "d")])["results"][0]["summary"]
+    straight = gmc.main(base + ["--keep-last-batch", "--out", str(tmp_path / "a")])["results"][0]["summary"]
+    assert (drop["steps"], straight["steps"]) == (4, 6)
+    cut = gmc.main(base + ["--keep-last-batch", "--out", str(tmp_path / "b"), "--save-every", "2", "--stop-at", "2"])
+    assert cut[0]["summary"]["stopped_at"] == 2  # the next step is the first epoch's partial batch
+    gmc.main(base + ["--keep-last-batch", "--out", str(tmp_path / "b"), "--resume", "latest"])
+    a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in ("a", "b"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    with pytest.raises(common.UsageError, match="--keep-last-batch: one process, without --accum-freq"):
+        gmc.main(base + ["--keep-last-batch", "--accum-freq", "2", "--out", str(tmp_path / "c")])
+
+
+def test_the_unofficial_codes_settings_line_parses_to_its_reporting_scripts():
+    """G10: the docstring's settings line of the unofficial GMC + m2-Mix code (teang1995/DMM feaa2d9,
+    supervised_mix/1003_m2_reporting1.sh: multi_mix 0.2, beta 2.0, temperature 0.25, batch 128; L1, weights 1,
+    one random pair per batch, a DataLoader that keeps the last batch) is a command gmc.py accepts."""
+    doc = gmc.__doc__.splitlines()
+    at = next(i for i, line in enumerate(doc) if "--keep-last-batch" in line and "python gmc.py" in line)
+    words = (doc[at] + " " + doc[at + 1]).split("(")[0].split()
+    cfg = common.parse_config(gmc.GMCConfig, [w.replace("...", "x.pkl") for w in words[2:]])
+    assert (cfg.clf, cfg.weights, cfg.mix_pairs, cfg.keep_last_batch) == ("l1", "code", "random", True)
+    assert (cfg.batch_size, cfg.tau, cfg.m2_weight, cfg.beta, cfg.epochs) == (128, 0.25, 0.2, 2.0, 40)
+
+
+def test_flags_are_checked_before_the_data_is_read(tmp_path):
+    """A wrong --seeds is one message before the MOSEI file (GBs) is opened: here the file does not even exist."""
+    with pytest.raises(common.UsageError, match="--seeds 'a,b'"):
+        gmc.main(["--data", str(tmp_path / "missing.pkl"), "--seeds", "a,b"])
