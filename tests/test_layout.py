@@ -15,7 +15,8 @@ METHODS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc")
 # (tests aside) stands in exactly one.
 LAYERS = (
     ("base: errors, atomic writes, world size (standard library only)", ("plumbing", "plumbing.base")),
-    ("settings (standard library only) and the papers' numbers", ("plumbing.flags", "plumbing.published")),
+    ("settings (standard library only), the papers' numbers, folders written whole",
+     ("plumbing.flags", "plumbing.published", "plumbing.folders")),
     ("safe file reading, manifests", ("plumbing.loading", "plumbing.manifests")),
     ("one paper's training set from its sources", ("plumbing.training_sets",)),
     ("run folder, uni-modal towers, shards", ("plumbing.runfolder", "plumbing.towers", "plumbing.shards")),
@@ -144,7 +145,8 @@ def test_no_module_forwards_names_it_does_not_define():
         assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"], path
 
 
-@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py", "plumbing/published.py"])
+@pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py", "plumbing/published.py",
+                                    "plumbing/folders.py"])
 def test_the_bottom_modules_import_the_standard_library_only(module):
     """--help answers before torch loads (issue 26.15): base and flags import nothing installed."""
     tree = ast.parse((ROOT / module).read_text())
