@@ -196,9 +196,10 @@ def load_export(folder, device="cpu", backbone: str | None = None):
         name = resolve_backbone(backbone)
         if not same_architecture(cfg, open_clip.get_model_config(name)):
             like = [n for n in open_clip.list_models() if same_architecture(cfg, open_clip.get_model_config(n))]
+            said = "tiny" if like and like[0] == TINY_NAME else openai_name(like[0]) if like else None
             raise UsageError(f"--pretrained {folder} holds {'a ' + like[0] if like else 'another'} model, not "
                              f"{name} (--backbone {backbone}); runs save and export it under --backbone, so pass "
-                             f"--backbone {openai_name(like[0]) if like else 'the one it was exported from'}")
+                             f"--backbone {said or 'the one it was exported from'}")
     ref = f"local-dir:{folder}"
     model, train_tf, eval_tf = open_clip.create_model_and_transforms(ref, device=device)
     model.quick_gelu = bool(cfg.get("quick_gelu", False))  # remembered for a later save's sidecar
