@@ -1015,12 +1015,14 @@ def validation(net, validate: Callable[[nn.Module], dict]) -> dict:
 
 
 def write_results(out, results: dict, cfg=None):
-    """<out>/results.json, atomically, in strict JSON (plumbing.results: NaN as null, listed in 'non_finite');
-    with cfg its settings and, as 'switches', those off their defaults."""
+    """<out>/results.json, atomically, strict JSON (plumbing.results), with cfg's settings ('switches': off their
+    defaults). A run whose --export failed ends here, its results written, with one message (exit 1)."""
     if cfg is not None:
         results = {**results, "config": dataclasses.asdict(cfg), "switches": {
             f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}}
-    return atomic_write(Path(out) / "results.json", to_json(results))
+    written = atomic_write(Path(out) / "results.json", to_json(results))
+    models.export_failure(results, written)
+    return written
 
 
 # =============================================================================
@@ -1165,7 +1167,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     sequence (cclip.py, dns.py); its config.json is written here, since common.train writes per task."""
     check_device(cfg)
     if getattr(cfg, "export", ""):
-        models.check_export(cfg.export)
+        models.check_export(cfg.export, out=cfg.out)
     if cfg.report_to == "tensorboard":
         runfolder.needs_tensorboard()
     if cfg.val_every and continual:

@@ -89,115 +89,12 @@ def atomic_write(path, content) -> Path:
             tmp.write_text(content, encoding="utf-8")
         os.replace(tmp, path)
     except BaseException as e:
-        full = isinstance(e, (RuntimeError, OSError)) and _disk_full(path.parent)
+        full = isinstance(e, (RuntimeError, OSError)) and _disk_full(path.parent) or "(os error 28)" in str(e)
         tmp.unlink(missing_ok=True)  # no stray temporary file after a failure
-        if full and getattr(e, "errno", None) != errno.ENOSPC:  # torch.save says only "file write failed"
+        if full and getattr(e, "errno", None) != errno.ENOSPC:  # torch.save says only "file write failed",
+            # safetensors' save_file a SafetensorError "... No space left on device (os error 28)"
             raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swaps two paths in one step (Linux renameat2 with RENAME_EXCHANGE); False where that is not available."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        swap = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    if swap(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system or kernel without it
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
-def folder_leftovers(path) -> list[Path]:
-    """What a killed atomic_folder(path) left beside it: `.NAME.new-*` (a new folder, whole or not) and
-    `.NAME.old-*` (the previous folder, moved aside or swapped out)."""
-    path = Path(path)
-    return sorted(path.parent.glob(f".{path.name}.new-*")) + sorted(path.parent.glob(f".{path.name}.old-*"))
-
-
-def recover_folder(path) -> list[str]:
-    """Puts a killed atomic_folder(path) right: an aside copy goes back when `path` is missing (the kill fell
-    between moving the old folder out and the new one in), every other leftover is removed. Returns what it did."""
-    path, done = Path(path), []
-    for left in folder_leftovers(path):
-        if ".old-" in left.name and not path.exists():
-            os.replace(left, path)
-            done.append(f"{left.name} put back as {path.name}")
-        else:
-            shutil.rmtree(left, ignore_errors=True)
-            done.append(f"{left.name} removed")
-    return done
-
-
-def atomic_folder(path, write) -> Path:
-    """Writes a whole folder so that a reader, a crash or SIGKILL at any point finds either the previous folder or
-    the new one, never a mix: write(tmp) fills a hidden sibling `.NAME.new-PID`; its files get the process's umask
-    (safetensors writes 0600) and are fsynced with the folder; then it takes `path`'s place: in one step by
-    renameat2(RENAME_EXCHANGE) where Linux has it, else the old folder is renamed aside first. The old copy is
-    removed last. A killed write's leftovers are put right first (recover_folder). An interrupt or a full disk
-    is one RunError saying that nothing changed at `path`."""
-    path = Path(path)
-    recover_folder(path)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{path} is a file, not a folder: choose another path for the export")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    kept = "the previous folder there is unchanged" if path.exists() else "no folder was made"
-    try:
-        tmp.mkdir()
-        write(tmp)
-        mask = _umask()
-        for root, dirs, files in os.walk(tmp):
-            for f in files:
-                os.chmod(os.path.join(root, f), 0o666 & ~mask)
-                with open(os.path.join(root, f), "rb") as fh:
-                    os.fsync(fh.fileno())
-            for d in [*dirs, "."]:
-                os.chmod(os.path.join(root, d), 0o777 & ~mask)
-                fd = os.open(os.path.join(root, d), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    except KeyboardInterrupt:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"interrupted while writing {path}: nothing of it was kept, {kept}", 130) from None
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC or _disk_full(path.parent):
-            raise RunError(f"no space left on device while writing {path}: nothing of it was kept, {kept}; free "
-                           f"space there and run the command again") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if _exchange(tmp, path):
-            os.replace(tmp, old)  # tmp now names the previous folder
-        else:
-            os.replace(path, old)
-            os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     return path
 
 

@@ -20,21 +20,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
 
+EPILOG = """Examples:
+  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
+  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \\
+      --format transformers
+  python -m lab export --backbone tiny --pretrained runs/x/model.pt --out exported/tiny
+
+Loading the result: open_clip.create_model_from_pretrained("local-dir:OUT") for the open_clip layout,
+transformers.CLIPModel.from_pretrained("OUT") for the transformers one, and --pretrained OUT (or
+local-dir:OUT) in every script of this repository. docs/interop.md has the details."""
+
+
 def command_line() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "), allow_abbrev=False,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backbone", default="tiny", help="OpenAI name (ViT-B/16), open_clip name, or 'tiny'")
-    p.add_argument("--pretrained", required=True, help="the model to export: a model.pt / model.safetensors a "
-                                                        "run wrote (its .json sidecar beside it)")
-    p.add_argument("--out", required=True, help="the folder to write, whole or not at all (a new or empty "
-                                                "folder, or a previous export, which it replaces)")
+    prog = sys.argv[0] if sys.argv[0].startswith("python -m") else "python -m plumbing.export"  # lab's: its own
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, epilog=EPILOG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backbone", default="tiny",
+                   help="The architecture the model was trained as: an OpenAI name (ViT-B/16), an open_clip name "
+                        "(ViT-B-16), or 'tiny' (the lab's, through python -m lab export). Default: tiny.")
+    p.add_argument("--pretrained", required=True,
+                   help="The model to export: a model.pt or model.safetensors that a run wrote (its .json sidecar "
+                        "beside it), or a folder that --export wrote. Required.")
+    p.add_argument("--out", required=True,
+                   help="The folder to write, whole or not at all: a new path, an empty folder, or a previous "
+                        "export, which is replaced only once the new one is complete. Required.")
     p.add_argument("--format", default="open_clip", choices=("open_clip", "transformers"),
-                   help="open_clip's hub layout (local-dir:) or a transformers CLIPModel folder")
+                   help="The layout to write: open_clip's hub layout (loaded with local-dir:OUT), or a "
+                        "transformers CLIPModel folder (OpenAI-architecture ViTs only). Default: open_clip.")
     return p
 
 
@@ -44,7 +62,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import common  # noqa: E402
-from plumbing import base, models  # noqa: E402
+from plumbing import folders, models  # noqa: E402
 
 BOS, EOS = 49406, 49407  # OpenAI's BPE: <start_of_text>, <end_of_text> (open_clip pools at the EOT token)
 
@@ -158,7 +176,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
                               f" (> 1e-4): this architecture is not the OpenAI layout the converter handles")
     pp = getattr(model.visual, "preprocess_cfg", {})
 
-    def write(tmp: Path):  # whole or not at all (base.atomic_folder), as the open_clip layout
+    def write(tmp: Path):  # whole or not at all (folders.atomic_folder), as the open_clip layout
         hf.save_pretrained(str(tmp))
         _tokenizer_files(tmp, config["text_config"]["max_position_embeddings"])
         CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
@@ -166,7 +184,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
                            image_std=list(pp.get("std", (0.26862954, 0.26130258, 0.27577711)))
                            ).save_pretrained(str(tmp))
     models.check_export(folder, "--out")
-    return base.atomic_folder(folder, write)
+    return folders.atomic_folder(folder, write)
 
 
 def main(argv=None):
@@ -174,11 +192,17 @@ def main(argv=None):
     if models.wants_lab(a) and not models.LAB_HOOKS:  # the lab sits above this module: it is never imported here
         raise common.UsageError("--backbone tiny is the lab's: run this command as python -m lab export ARGS")
     models.check_export(a.out, "--out")  # before the model is read
-    model = models.load_model(a.backbone, a.pretrained)[0]
-    if a.format == "open_clip":
-        models.export_open_clip(model, a.out, a.backbone)
-    else:
-        to_transformers(model, a.out)
+    try:
+        model = models.load_model(a.backbone, a.pretrained)[0]
+        if a.format == "open_clip":
+            models.export_open_clip(model, a.out, a.backbone)
+        else:
+            to_transformers(model, a.out)
+    except KeyboardInterrupt as e:  # before the writing began (folders.atomic_folder names what it wrote)
+        signum = getattr(e, "signum", signal.SIGINT)
+        raise common.RunError(f"interrupted (signal {signum}) while reading {a.pretrained} and preparing the "
+                              f"export, before anything was written to {a.out}: nothing there changed; run the "
+                              f"command again to export", 128 + signum) from None
     print(f"[export] {a.pretrained} -> {a.out} ({a.format})", file=sys.stderr)
     return Path(a.out)
 

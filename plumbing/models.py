@@ -19,7 +19,7 @@ from typing import Callable
 import open_clip
 import torch
 
-from plumbing import base, towers
+from plumbing import base, folders, runfolder, towers
 from plumbing.base import RunError, UsageError, atomic_write
 from plumbing.loading import (_atomic_save, _hub_reachable, _weights_cached, foreign_checkpoint, read_sidecar,
                               state_shapes)
@@ -106,8 +106,9 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         model, train_tf, eval_tf, tokenizer = towers.load(backbone, pretrained, device=device, cache_dir=cache_dir,
                                                           **towers_kw)
         return model, train_tf, eval_tf, CachedTokenizer(tokenizer)
-    if pretrained.startswith("local-dir:") or pretrained and os.path.isdir(pretrained):  # an --export folder
-        return load_export(pretrained.removeprefix("local-dir:"), device)
+    if pretrained.startswith("local-dir:") or pretrained and (os.path.isdir(pretrained) or folders.is_leftover(
+            pretrained) or not os.path.exists(pretrained) and folders.leftovers(pretrained)):  # an --export folder
+        return load_export(pretrained.removeprefix("local-dir:"), device, backbone)
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_hook("pretrain_tiny")())
@@ -162,19 +163,43 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     return model, train_tf, eval_tf, get_tokenizer(name, context)
 
 
-def load_export(folder, device="cpu"):
+def load_export(folder, device="cpu", backbone: str | None = None):
     """(model, train_transform, eval_transform, tokenizer) of a folder in open_clip's hub layout (what --export and
     plumbing.export write): open_clip builds it from the folder's own config, QuickGELU and text window included,
-    as open_clip.create_model_from_pretrained('local-dir:FOLDER') does."""
+    as open_clip.create_model_from_pretrained('local-dir:FOLDER') does. backbone: the architecture the caller
+    will save and export the model as (a run's sidecar, its --export); a folder of another one is refused
+    (unchecked for 'tiny' while the lab is not loaded). An interrupted export's leftovers are never loaded."""
     folder = Path(folder)
+    if folders.is_leftover(folder):
+        real = folder.parent / folders.LEFTOVER.match(folder.name)["name"]
+        raise UsageError(f"--pretrained {folder}: the temporary or set-aside copy of an interrupted export into "
+                         f"{real}, not a model to load: pass {real} (the next export into it removes this copy)")
+    if not folder.is_dir():
+        left = folders.leftovers(folder)
+        raise UsageError(f"--pretrained {folder}: no such folder" + (
+            f"; an export into it was interrupted and left {', '.join(p.name for p in left)}: run the export "
+            f"again (it first puts the previous folder back), or rename the .old-* copy to {folder.name}"
+            if left else ""))
     config = folder / "open_clip_config.json"
     if not config.is_file() or not (folder / "open_clip_model.safetensors").is_file():
+        run = f" (a run folder: pass {folder / 'model.pt'})" if (folder / "model.pt").is_file() else ""
         raise UsageError(f"--pretrained {folder}: a folder, but not open_clip's hub layout (open_clip_config.json "
-                         f"and open_clip_model.safetensors); pass a model file, a folder --export wrote, or a tag")
+                         f"and open_clip_model.safetensors){run}; pass a model file, a folder --export wrote, or "
+                         f"a tag")
     try:
         cfg = json.loads(config.read_text())["model_cfg"]
+        if not isinstance(cfg, dict):
+            raise TypeError(f"model_cfg is {type(cfg).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{config}: not open_clip's config ({type(e).__name__}: {e})") from None
+    if backbone and (backbone != "tiny" or "tiny_config" in LAB_HOOKS):
+        name = resolve_backbone(backbone)
+        if not same_architecture(cfg, open_clip.get_model_config(name)):
+            like = [n for n in open_clip.list_models() if same_architecture(cfg, open_clip.get_model_config(n))]
+            said = "tiny" if like and like[0] == TINY_NAME else openai_name(like[0]) if like else None
+            raise UsageError(f"--pretrained {folder} holds {'a ' + like[0] if like else 'another'} model, not "
+                             f"{name} (--backbone {backbone}); runs save and export it under --backbone, so pass "
+                             f"--backbone {said or 'the one it was exported from'}")
     ref = f"local-dir:{folder}"
     model, train_tf, eval_tf = open_clip.create_model_and_transforms(ref, device=device)
     model.quick_gelu = bool(cfg.get("quick_gelu", False))  # remembered for a later save's sidecar
@@ -184,6 +209,18 @@ def load_export(folder, device="cpu"):
 SIDECAR_FIELDS = {"model": (str, "a backbone name"), "backbone": (str, "a backbone name"),
                   "quick_gelu": (bool, "true or false"), "context_length": (int, "a whole number of positions >= 1"),
                   "towers": (dict, "an object")}
+
+
+def same_architecture(a: dict, b: dict) -> bool:
+    """Whether two open_clip model configs build the same modules: every key both hold agrees, QuickGELU and
+    the text window aside (an export records the weights' own; Long-CLIP stretches the window)."""
+    for key in a.keys() & b.keys():
+        if key in ("quick_gelu", "context_length"):
+            continue
+        both_dicts = isinstance(a[key], dict) and isinstance(b[key], dict)
+        if not (same_architecture(a[key], b[key]) if both_dicts else a[key] == b[key]):
+            return False
+    return True
 
 
 def model_sidecar(path) -> dict:
@@ -306,8 +343,10 @@ def save_model(model, path, backbone: str, source: str = "", twin: bool = True):
 
 
 def safetensors_save(sd: dict, path):
+    """safetensors' save_file, with the mode every other file gets (it creates 0600 files, whatever the umask)."""
     from safetensors.torch import save_file  # installed with open_clip
     save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, str(path))
+    folders.follow_umask(path)
 
 
 def open_clip_config(model, backbone: str) -> dict:
@@ -326,28 +365,25 @@ def open_clip_config(model, backbone: str) -> dict:
 EXPORT_MARKS = ("open_clip_config.json", "config.json")  # what makes a folder an export (open_clip's, HF's)
 
 
-def check_export(folder, flag: str = "--export"):
+def check_export(folder, flag: str = "--export", out=None):
     """Before anything is trained or loaded: `folder` must be a new path, an empty folder or a previous export
-    (it is replaced whole, base.atomic_folder), below a writable folder. One UsageError otherwise."""
-    folder = Path(folder)
-    base.recover_folder(folder)  # a killed export's leftovers first
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{flag} {folder}: a file is there; give a folder path")
-    if folder.is_dir() and any(folder.iterdir()) and not any((folder / m).is_file() for m in EXPORT_MARKS):
-        raise UsageError(f"{flag} {folder}: a folder that holds other files (no {' or '.join(EXPORT_MARKS)}); the "
-                         f"export replaces its folder whole, so give a new or empty folder, or a previous export")
-    parent = folder.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{flag} {folder}: {parent} is not writable; choose another folder")
+    (it is replaced whole, folders.atomic_folder), where this process can write (folders.check_target), and
+    neither the run's --out `out` nor a folder holding it (replacing it would remove the run). One UsageError
+    otherwise."""
+    folders.check_target(folder, flag, EXPORT_MARKS)
+    if out is not None:
+        target, run = Path(os.path.realpath(folder)), Path(os.path.realpath(out))
+        if target == run or target in run.parents:
+            raise UsageError(f"{flag} {folder}: the run's --out {out} is {'that folder' if target == run else 'in it'}"
+                             f"; an export replaces its folder whole and would remove the run: give a folder "
+                             f"outside --out (a subfolder of --out is fine)")
 
 
 def export_open_clip(model, folder, backbone: str) -> Path:
     """open_clip's hub layout in `folder`: open_clip_model.safetensors and open_clip_config.json, so that
     open_clip.create_model_from_pretrained('local-dir:<folder>') (or 'hf-hub:<repo>' after an upload) builds the
     same model with the same features. Models with an HF tokenizer name it in model_cfg; OpenAI's BPE ships with
-    open_clip. Written whole or not at all (base.atomic_folder: a kill leaves the previous export or this one)."""
+    open_clip. Written whole or not at all (folders.atomic_folder: a kill leaves the previous export or this one)."""
     check_export(folder)
     sd = {k.removeprefix("module."): v for k, v in model.state_dict().items()}
     config = json.dumps(open_clip_config(model, backbone), indent=2)
@@ -355,16 +391,32 @@ def export_open_clip(model, folder, backbone: str) -> Path:
     def write(tmp: Path):
         safetensors_save(sd, tmp / "open_clip_model.safetensors")
         (tmp / "open_clip_config.json").write_text(config)
-    return base.atomic_folder(folder, write)
+    return folders.atomic_folder(folder, write)
 
 
 def export_after_training(model, folder, backbone: str, run_model: Path) -> dict:
-    """--export at the end of a run: the summary's entry. A failure (full disk, an interrupt, a folder that turned
-    unusable) is printed with the command that exports the saved model later; the run's results are kept."""
+    """--export at the end of a run: the summary's entry. A failure (full disk, a folder that turned unusable) is
+    printed with the command that exports the saved model, and the run goes on to write its results (then
+    exits 1: export_failure); SIGINT / SIGTERM during the export stop the run with one message naming what is
+    saved and the commands that finish it."""
+    command = f"python -m plumbing.export --backbone {backbone} --pretrained {run_model} --out {folder}"
     try:
         return {"export": str(export_open_clip(model, folder, backbone))}
+    except folders.FolderInterrupted as e:
+        raise RunError(f"{e}. Training had finished and its model is saved as {run_model}; results.json is not "
+                       f"written. Finish the run (evaluation and export, no training) with:\n  "
+                       f"{runfolder.resume_command()}\nor export the saved model alone with:\n  {command}",
+                       e.code) from None
     except (RunError, UsageError, OSError) as e:
-        command = f"python -m plumbing.export --backbone {backbone} --pretrained {run_model} --out {folder}"
-        print(f"error: --export {folder} failed ({base.printable(str(e))}); the run itself finished and its "
-              f"results are written: export it later with {command}", file=sys.stderr)
+        print(f"[export] --export {folder} failed: {base.printable(str(e))}; the run goes on and writes its "
+              f"results; export the saved model later with: {command}", file=sys.stderr)
         return {"export_failed": str(e), "export_command": command}
+
+
+def export_failure(results: dict, written) -> None:
+    """After a run's results are written (common.write_results): the run ends with one message and exit code 1
+    when its --export failed (export_after_training's entry, in results['summary'] or at the top)."""
+    summary = results.get("summary") if isinstance(results.get("summary"), dict) else results
+    if summary.get("export_failed"):
+        raise RunError(f"the run finished and its results are in {written}, but its --export failed: "
+                       f"{summary['export_failed']}. Export the saved model with:\n  {summary['export_command']}")

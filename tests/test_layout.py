@@ -17,7 +17,8 @@ LAYERS = (
     ("base: errors, atomic writes, world size (standard library only)", ("plumbing", "plumbing.base")),
     ("the results schema and strict JSON (standard library only; issue 42.3)", ("plumbing.results",)),
     ("the --out checks before torch loads (standard library only; issue 42.4)", ("plumbing.outfolder",)),
-    ("settings (standard library only) and the papers' numbers", ("plumbing.flags", "plumbing.published")),
+    ("settings (standard library only), the papers' numbers, folders written whole",
+     ("plumbing.flags", "plumbing.published", "plumbing.folders")),
     ("safe file reading", ("plumbing.loading",)),
     ("folders read as data: Hugging Face datasets, images with sidecars", ("plumbing.datafolders",)),
     ("manifests", ("plumbing.manifests",)),
@@ -149,7 +150,7 @@ def test_no_module_forwards_names_it_does_not_define():
 
 
 @pytest.mark.parametrize("module", ["plumbing/base.py", "plumbing/flags.py", "plumbing/published.py",
-                                    "plumbing/results.py", "plumbing/outfolder.py"])
+                                    "plumbing/results.py", "plumbing/outfolder.py", "plumbing/folders.py"])
 def test_the_bottom_modules_import_the_standard_library_only(module):
     """--help answers before torch loads (issue 26.15): base and flags import nothing installed."""
     tree = ast.parse((ROOT / module).read_text())
