@@ -98,7 +98,7 @@ SIMAT_PROTOCOL_NAMES = ("ours", "code")
 def _task_help() -> str:
     lines = [f"retrieval tasks: {', '.join(RETRIEVAL_NAMES)}",
              "  synthetic world (the lab's, loaded when --tasks names one): synthetic-*, e.g. the group 'synthetic'",
-             "  any manifest: path/to/file.jsonl|.csv|.tsv[#column]",
+             "  your data: file.jsonl|.csv|.tsv|.parquet, a Hugging Face or sidecar folder[#column] (docs/data.md)",
              f"classification tasks: {', '.join(CLASSIFICATION_TASKS)}, imagefolder:<path>", "other: simat",
              "task groups: " + "; ".join(f"{k} = {v}" for k, v in TASK_GROUPS.items()), "",
              "data root layout (--data-root):", *(f"  {name:15s} {layout}" for name, (layout, _) in BENCHMARKS.items())]
