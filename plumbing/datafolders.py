@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from plumbing.base import CACHE_DIR, DataError
-from plumbing.outfolder import pid_alive
+from plumbing.folders import recover
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SIDECARS = (".txt", ".json")
@@ -119,9 +119,7 @@ def _convert(path: Path, found: str, image_keys, target: Path):
     key, records = _records(path, found, image_keys)
     print(f"[data] {path}: a Hugging Face dataset; its rows and images are written once into {target}",
           file=sys.stderr, flush=True)
-    for left in target.parent.glob(f".{target.name}.new-*"):  # an interrupted conversion's, its process gone
-        if left.name.rpartition("-")[2].isdigit() and not pid_alive(int(left.name.rpartition("-")[2])):
-            shutil.rmtree(left, ignore_errors=True)
+    recover(target)  # an interrupted conversion's hidden folder, its process gone (one still running: left alone)
     tmp = target.with_name(f".{target.name}.new-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "images").mkdir(parents=True)

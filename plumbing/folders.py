@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from plumbing.base import RunError, UsageError
+from plumbing.outfolder import pid_alive
 
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>new|old)-(?P<pid>\d+)$")  # .NAME.new-PID / .NAME.old-PID
 STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -76,13 +77,7 @@ def _writer_alive(left: Path) -> bool:
     pid = int(LEFTOVER.match(left.name)["pid"])
     if pid == os.getpid():
         return False  # this process writes one folder at a time: a leftover of ours is from an earlier call
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _remove(path: Path):
