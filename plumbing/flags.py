@@ -171,12 +171,12 @@ def checked(typ, rule: str):
     return check
 
 
-# Issue 42.1, one spelling per idea in every script: a field named differently in one paper's script is spelled
-# on the command line as in the others (open_clip's spelling where it has one); the old spelling is still read,
-# with one line naming the new one. field name -> (the flag, the old spellings)
 CSV_COLUMNS = {"csv_img_key": "", "csv_caption_key": "", "csv_separator": ""}  # this run's (parse_config sets
 # them): every manifest it reads, for training and evaluation alike, as open_clip's flags apply to both
 
+# Issue 42.1, one spelling per idea in every script: a field named differently in one paper's script is spelled
+# on the command line as in the others (open_clip's spelling where it has one); the old spelling is still read,
+# with one line naming the new one. field name -> (the flag, the old spellings)
 SPELLINGS = {
     "eval_on": ("--eval-tasks", ("--eval-on",)),  # m2mix.py: erclip / longclip's name for the evaluation tasks
     "eval_zs": ("--eval-base", ("--eval-zs",)),  # m2mix.py: the evaluation before fine-tuning
@@ -190,9 +190,9 @@ def default_sources(cls) -> dict:
     found = {}
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
         try:
-            lines, start = inspect.getsourcelines(klass)
-            body = ast.parse(textwrap.dedent("".join(lines))).body[0].body
-            tokens = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent("".join(lines))).readline))
+            source = textwrap.dedent(inspect.getsource(klass))
+            body = ast.parse(source).body[0].body
+            tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
         except (OSError, TypeError, SyntaxError, tokenize.TokenError):
             continue
         comments = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
