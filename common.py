@@ -301,10 +301,9 @@ class ManifestDataset(torch.utils.data.Dataset):
                 raise DataError(bad_rows_message(self.path, [f"{self.path}:{r['_line']}: {r['_error']}" for r in rows]))
             raise DataError(f"{self.path}: no rows")
         cols = set(good[0]) - {"_line"}
-        self.image_key = next((k for k in (keys[0],) if k in cols), None) if keys[0] else \
-            next((k for k in IMAGE_KEYS if k in cols), None)
-        self.caption_key = next((k for k in (keys[1],) if k in cols), None) if keys[1] else \
-            next((k for k in CAPTION_KEYS if k in cols), None)
+        # the named column (--csv-img-key / --csv-caption-key) when given, else the first known one present
+        self.image_key = next((k for k in ((keys[0],) if keys[0] else IMAGE_KEYS) if k in cols), None)
+        self.caption_key = next((k for k in ((keys[1],) if keys[1] else CAPTION_KEYS) if k in cols), None)
         missing = [n for n, k in ((keys[0] or "image", self.image_key), (keys[1] or "caption", self.caption_key))
                    if k is None]
         if need_long and "long_caption" not in cols:
