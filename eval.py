@@ -853,7 +853,9 @@ def continual_tables(summary, tasks) -> str:
     """Markdown: each metric's matrix R (rows = after task i; one direction's R@5 / R@10: in the summaries and the
     records only), its summaries, and PD."""
     parts = []
-    for m, R in ((m, R) for m, R in summary["matrices"].items() if m.startswith("R@") or not m.endswith(("@5", "@10"))):
+    for m, R in summary["matrices"].items():
+        if m.endswith(("@5", "@10")) and not m.startswith("R@"):  # one direction's R@5 / R@10: not printed
+            continue
         rows = [{"after": "pretrained" if i == 0 else f"task {i}", **dict(zip(tasks, map(float, row)))}
                 for i, row in enumerate(R)]
         parts.append(f"R[i][j], {m}:\n\n" + common.markdown_table(rows, ["after", *tasks]))
