@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from plumbing import base, flags, published
-from plumbing.results import OWN_METRICS, document, staged  # one results.json for every method (42.3)
+from plumbing.results import OWN_METRICS, document, sequence_stage, staged  # one results.json for every method (42.3)
 
 
 # =============================================================================
@@ -1007,7 +1007,7 @@ def main(argv=None):
         zs = _expand(a.zero_shot)
         summary = evaluate_checkpoints(a.backbone, a.continual.split(","), tasks, zs, a.data_root, device, **kw)
         print(continual_tables(summary, tasks))
-        results.update(continual=summary, records=[dict(r, stage=f"task {r['row']}" if r["row"] else "base")
+        results.update(continual=summary, records=[dict(r, stage=sequence_stage(r["row"]))
                                                    for r in summary.pop("records")])
     else:
         model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device)

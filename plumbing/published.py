@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from plumbing.base import DataError, UsageError, markdown_table
+from plumbing.base import DataError, UsageError, atomic_write, markdown_table
 from plumbing.results import read
 
 # ERCLIP (Le, Tran, Nguyen, Zhou, Gurrin, arXiv:2610.29939), Table 1: R@1 (%)
@@ -222,7 +222,7 @@ def collect(run_dirs, write: bool = True) -> str:
     text = m2mix_table1(records, M2MIX_TABLE3, M2MIX_TABLE3_METRICS) if towers else m2mix_table1(records)
     if write:
         target = Path(run_dirs[0]) / "collect.md"
-        target.write_text(text + "\n")
+        atomic_write(target, text + "\n")
         text += f"\n\n(written to {target})"
     return text
 

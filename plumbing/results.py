@@ -49,17 +49,21 @@ def staged(records, stage: str | None, reasons: dict | None = None, **extra) -> 
     return out
 
 
+def sequence_stage(i: int) -> str:
+    """The stage of a task sequence's row i: 'base' before the first task, else 'task i'."""
+    return "base" if i == 0 else f"task {i}"
+
+
 def continual_records(summary: dict, tasks, reasons: dict | None = None) -> list[dict]:
     """The records of a task sequence (common.summarize_continual's dict): R[i][j] of every metric as (task j,
     metric, stage 'task i'; row 0 'base'), and each row's scalars (zero-shot sets: '<set>_top1' or
     '<set>/<metric>') as (set, metric, the row's stage)."""
-    stage = lambda i: "base" if i == 0 else f"task {i}"  # noqa: E731
-    out = [{"task": t, "metric": metric, "value": v, "stage": stage(i)}
+    out = [{"task": t, "metric": metric, "value": v, "stage": sequence_stage(i)}
            for metric, R in summary["matrices"].items() for i, row in enumerate(R) for t, v in zip(tasks, row)]
     for i, scalars in enumerate(summary.get("scalars", [])):
         for key, v in scalars.items():
             task, metric = (key[:-len("_top1")], "top1") if key.endswith("_top1") else key.rpartition("/")[::2]
-            out.append({"task": task, "metric": metric, "value": v, "stage": stage(i)})
+            out.append({"task": task, "metric": metric, "value": v, "stage": sequence_stage(i)})
     return staged(out, None, reasons)
 
 
