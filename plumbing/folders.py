@@ -15,11 +15,10 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 from plumbing.base import RunError, UsageError
-from plumbing.outfolder import pid_alive
+from plumbing.outfolder import pid_alive, write_problem
 
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>new|old)-(?P<pid>\d+)$")  # .NAME.new-PID / .NAME.old-PID
 STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -126,16 +125,11 @@ def check_target(folder, flag: str, marks: tuple[str, ...]):
     if folder.is_dir() and any(folder.iterdir()) and not any((folder / m).is_file() for m in marks):
         raise UsageError(f"{flag} {folder}: a folder that holds other files (no {' or '.join(marks)}); the "
                          f"export replaces its folder whole, so give a new or empty folder, or a previous export")
-    ancestor = Path(os.path.realpath(folder)).parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise UsageError(f"{flag} {folder}: {ancestor} is a file, not a folder; choose another path")
-    try:  # os.access says yes to root on a read-only file system: try it
-        os.rmdir(tempfile.mkdtemp(prefix=f".{folder.name}.probe-", dir=ancestor))
-    except OSError as e:
-        raise UsageError(f"{flag} {folder}: cannot write in {ancestor} ({e.strerror}); choose a writable "
-                         f"folder") from None
+    problem = write_problem(Path(os.path.realpath(folder)).parent)
+    if problem is not None and not problem[0].is_dir():
+        raise UsageError(f"{flag} {folder}: {problem[0]} is a file, not a folder; choose another path")
+    if problem is not None:
+        raise UsageError(f"{flag} {folder}: cannot write in {problem[0]} ({problem[1]}); choose a writable folder")
 
 
 def disk_full(e: BaseException, where) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 from plumbing.base import DataError, RunError, UsageError
@@ -72,11 +73,28 @@ def unwritable(out: Path, why: str) -> UsageError:
     return UsageError(f"--out {out}: cannot be created or written ({why}); choose a writable folder")
 
 
+def write_problem(start) -> tuple[Path, str] | None:
+    """(the nearest existing folder at or above `start`, why nothing can be made in it) or None when something
+    can: it is a file, or a probe folder cannot be made there (tried and removed at once: os.access says yes to
+    root on a read-only file system). --out's early check and folders.check_target (an export's parent) ask it."""
+    ancestor = Path(os.path.realpath(start))
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return ancestor, "a file, not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=ancestor))
+    except OSError as e:
+        return ancestor, e.strerror or str(e)
+    return None
+
+
 MANIFEST_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
 
 def early_problem(cfg) -> Exception | None:
-    """What the run would refuse, found without torch and without writing anything: a --train-data file that
+    """What the run would refuse, found without torch and without writing anything (but write_problem's probe): a
+    --train-data file that
     does not exist (a path, not a name such as auto or coco, nor shards); then what start_run refuses about
     cfg.out: --resume with --overwrite, a folder that cannot be made or written, a live lock, a run already there
     (without --resume / --overwrite). None when none of them (the run still checks everything itself)."""
@@ -87,11 +105,8 @@ def early_problem(cfg) -> Exception | None:
     if cfg.resume and cfg.overwrite:
         return UsageError(BOTH)
     out = Path(cfg.out)
-    existing = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        return unwritable(out, f"Not a directory: {existing}")
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        return unwritable(out, f"Permission denied: {existing}")
+    if (problem := write_problem(out)) is not None:
+        return unwritable(out, f"{problem[1]}: {problem[0]}")
     if (held := live_holder(out)) is not None:
         return locked(out, held)
     if not cfg.resume and not cfg.overwrite and holds_run(out):
