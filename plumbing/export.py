@@ -184,7 +184,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
                            image_std=list(pp.get("std", (0.26862954, 0.26130258, 0.27577711)))
                            ).save_pretrained(str(tmp))
     models.check_export(folder, "--out")
-    return folders.atomic_folder(folder, write)
+    return folders.atomic_folder(folder, write, marker=models.EXPORT_RECEIPT)
 
 
 def main(argv=None):

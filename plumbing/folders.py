@@ -7,10 +7,15 @@ step with Linux's renameat2(RENAME_EXCHANGE), else by renaming the old folder as
 SIGINT / SIGTERM wait during that step, so a signal finds nothing changed or the new folder complete.
 A SIGKILL at any point leaves the old folder or the new one at `path` (in the fallback, the old one beside it
 for an instant, put back by recover); the leftovers of a killed export are put right by the next export or
-check_target, never loaded as a model (plumbing.models refuses their names)."""
+check_target, never loaded as a model (plumbing.models refuses their names).
+
+A folder is replaced only when this project wrote it: atomic_folder(..., marker=NAME) adds the file NAME listing
+every file it wrote (a folder's receipt), and check_target refuses a folder without that receipt or holding
+anything it does not list (a run folder's checkpoints/ and results.json, a downloaded model's README.md)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -110,11 +115,40 @@ def recover(path) -> list[str]:
     return done
 
 
-def check_target(folder, flag: str, marks: tuple[str, ...]):
+RECEIPT_BY = "written by this repository's export (plumbing.folders.atomic_folder)"
+
+
+def receipt(folder: Path, marker: str) -> dict:
+    """The receipt atomic_folder wrote in `folder` as `marker` ({'written_by', 'files'}), or {} when there is
+    none or it is not ours."""
+    try:
+        got = json.loads((folder / marker).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(got, dict) and got.get("written_by") == RECEIPT_BY and isinstance(got.get("files"), list)
+    return got if ok else {}
+
+
+def foreign_entries(folder: Path, marker: str) -> list[str]:
+    """What in `folder` its receipt does not list (top-level names, a folder's with '/'): every entry when it
+    has no receipt of ours. Empty: atomic_folder may replace it."""
+    got = receipt(folder, marker)
+    listed = {marker, *got["files"]} if got else set()
+    out = []
+    for entry in sorted(folder.iterdir()):
+        deep = entry.is_dir() and not entry.is_symlink()
+        files = [p for p in entry.rglob("*") if not p.is_dir()] if deep else [entry]
+        if not files or any(p.relative_to(folder).as_posix() not in listed for p in files):
+            out.append(entry.name + ("/" if deep else ""))
+    return out
+
+
+def check_target(folder, flag: str, marker: str):
     """A folder atomic_folder may replace, checked before anything expensive: not a leftover's name, not a
-    file, empty or holding one of `marks` (a previous folder of this kind: it is replaced whole, so a folder of
-    other files is refused), under a folder this process can create folders in (tried: a hidden probe folder
-    made and removed). A killed write's leftovers are put right first. One UsageError otherwise."""
+    file, new or empty or one that atomic_folder wrote with this `marker` and nothing added since (it is
+    replaced whole, so any other folder is refused, naming what it holds), under a folder this process can
+    create folders in (tried: a hidden probe folder made and removed). A killed write's leftovers are put right
+    first. One UsageError otherwise."""
     folder = Path(folder)
     if is_leftover(folder):
         raise UsageError(f"{flag} {folder}: that is the name of an interrupted write's temporary copy; give the "
@@ -122,9 +156,13 @@ def check_target(folder, flag: str, marks: tuple[str, ...]):
     recover(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{flag} {folder}: a file is there; give a folder path")
-    if folder.is_dir() and any(folder.iterdir()) and not any((folder / m).is_file() for m in marks):
-        raise UsageError(f"{flag} {folder}: a folder that holds other files (no {' or '.join(marks)}); the "
-                         f"export replaces its folder whole, so give a new or empty folder, or a previous export")
+    foreign = foreign_entries(folder, marker) if folder.is_dir() else []
+    if foreign:
+        names = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        why = ("it holds what an export does not write" if receipt(folder, marker)
+               else f"it is not a folder this repository exported (no {marker} of ours)")
+        raise UsageError(f"{flag} {folder}: {why}: {names}. An export replaces its folder whole, so nothing "
+                         f"there is touched: give a new or empty folder, or a previous export")
     problem = write_problem(Path(os.path.realpath(folder)).parent)
     if problem is not None and not problem[0].is_dir():
         raise UsageError(f"{flag} {folder}: {problem[0]} is a file, not a folder; choose another path")
@@ -183,9 +221,10 @@ def _size(folder: Path) -> str:
     return f"{sum(p.stat().st_size for p in folder.rglob('*') if p.is_file()) / 2 ** 20:.1f} MiB"
 
 
-def atomic_folder(path, write, what: str = "export") -> Path:
+def atomic_folder(path, write, what: str = "export", marker: str | None = None) -> Path:
     """Writes the folder `path` whole or not at all: write(tmp) fills `tmp` (a hidden sibling); see the module
-    docstring. A symlink at `path` keeps pointing at it: its target is replaced. Failures, each one message:
+    docstring. With `marker`, the file of that name lists what write() wrote (check_target's receipt). A
+    symlink at `path` keeps pointing at it: its target is replaced. Failures, each one message:
     SIGINT / SIGTERM while writing (FolderInterrupted: what had been written, removed, and that `path` is
     unchanged) or as it is put in place (FolderInterrupted, in_place: it is complete there); a full disk or
     quota (RunError: how much had been written, `path` unchanged). Returns `path`."""
@@ -202,6 +241,8 @@ def atomic_folder(path, write, what: str = "export") -> Path:
     try:
         tmp.mkdir()
         write(tmp)
+        if marker is not None:
+            (tmp / marker).write_text(json.dumps({"written_by": RECEIPT_BY, "files": _files(tmp)}, indent=1))
         for root, dirs, files in os.walk(tmp):
             for f in files:
                 follow_umask(os.path.join(root, f))

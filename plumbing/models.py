@@ -362,15 +362,16 @@ def open_clip_config(model, backbone: str) -> dict:
     return {"model_cfg": cfg, "preprocess_cfg": keep}
 
 
-EXPORT_MARKS = ("open_clip_config.json", "config.json")  # what makes a folder an export (open_clip's, HF's)
+EXPORT_RECEIPT = "export_receipt.json"  # the files an export wrote: only such a folder is ever replaced (issue 55.1)
 
 
 def check_export(folder, flag: str = "--export", out=None):
     """Before anything is trained or loaded: `folder` must be a new path, an empty folder or a previous export
-    (it is replaced whole, folders.atomic_folder), where this process can write (folders.check_target), and
-    neither the run's --out `out` nor a folder holding it (replacing it would remove the run). One UsageError
-    otherwise."""
-    folders.check_target(folder, flag, EXPORT_MARKS)
+    holding nothing but what it wrote (it is replaced whole, folders.atomic_folder; a run folder, a downloaded
+    model or an export with files added is refused, naming them), where this process can write
+    (folders.check_target), and neither the run's --out `out` nor a folder holding it (replacing it would remove
+    the run). One UsageError otherwise."""
+    folders.check_target(folder, flag, EXPORT_RECEIPT)
     if out is not None:
         target, run = Path(os.path.realpath(folder)), Path(os.path.realpath(out))
         if target == run or target in run.parents:
@@ -391,7 +392,7 @@ def export_open_clip(model, folder, backbone: str) -> Path:
     def write(tmp: Path):
         safetensors_save(sd, tmp / "open_clip_model.safetensors")
         (tmp / "open_clip_config.json").write_text(config)
-    return folders.atomic_folder(folder, write)
+    return folders.atomic_folder(folder, write, marker=EXPORT_RECEIPT)
 
 
 def export_after_training(model, folder, backbone: str, run_model: Path) -> dict:

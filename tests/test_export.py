@@ -49,7 +49,7 @@ def _which(folder: Path, exports) -> str | None:
 
 
 # A child process (the standard library and plumbing.folders only: no torch) writes export A into `target`, then
-# export B over it, and SIGKILLs itself at STAGE of the second write.
+# export B over it, and SIGKILLs itself at STAGE of the second write (models.EXPORT_RECEIPT spelled out).
 _CHILD = r"""
 import os, shutil, signal, sys
 from pathlib import Path
@@ -65,7 +65,7 @@ def copy(src, die_after=()):
             if name in die_after:
                 kill()
     return write
-folders.atomic_folder(target, copy(a))
+folders.atomic_folder(target, copy(a), marker="export_receipt.json")
 real_exchange, real_replace, real_remove = folders._exchange, os.replace, folders._remove
 if stage == "exchange":
     folders._exchange = lambda x, y: real_exchange(x, y) and kill()
@@ -83,7 +83,8 @@ if stage in ("aside", "aside-moved"):
 if stage == "cleanup":
     folders._remove = lambda p: kill() if ".old-" in str(p) else real_remove(p)
 folders.atomic_folder(target, copy(b, {"weights": ["open_clip_model.safetensors"],
-                                       "config": ["open_clip_config.json"]}.get(stage, ())))
+                                       "config": ["open_clip_config.json"]}.get(stage, ())),
+                      marker="export_receipt.json")
 """
 
 
@@ -173,7 +174,8 @@ def test_a_signal_as_the_folder_is_put_in_place_waits_until_it_is_complete(tmp_p
 
 
 def _contents(folder: Path) -> set:
-    return {f.read_text() for f in folder.iterdir()} if folder.is_dir() else set()
+    """The texts of a folder's files, its export receipt left out."""
+    return {f.read_text() for f in folder.iterdir() if f.name != models.EXPORT_RECEIPT} if folder.is_dir() else set()
 
 
 def _safetensors_full(*args, **kwargs):
@@ -189,7 +191,8 @@ def test_a_full_disk_is_one_message_for_the_export_and_the_runs_safetensors(tmp_
     model = models.load_model("tiny", "random")[0]
     run_model = models.save_model(model, tmp_path / "run" / "model.pt", "tiny")
     target = tmp_path / "exported"
-    folders.atomic_folder(target, lambda t: (t / "open_clip_config.json").write_text("old"))
+    folders.atomic_folder(target, lambda t: (t / "open_clip_config.json").write_text("old"),
+                          marker=models.EXPORT_RECEIPT)
     import safetensors.torch
     monkeypatch.setattr(safetensors.torch, "save_file", _safetensors_full)
     with pytest.raises(SystemExit) as e:
@@ -257,7 +260,8 @@ def test_exported_files_and_the_runs_safetensors_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     modes = {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()}
-    assert modes == {"open_clip_model.safetensors": 0o640, "open_clip_config.json": 0o640}
+    assert modes == {"open_clip_model.safetensors": 0o640, "open_clip_config.json": 0o640,
+                     models.EXPORT_RECEIPT: 0o640}
     assert folder.stat().st_mode & 0o777 == 0o750
     assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "run").iterdir()} == {
         n: 0o640 for n in ("model.pt", "model.pt.json", "model.safetensors", "model.safetensors.json")}
@@ -279,11 +283,11 @@ def test_the_export_folder_is_checked_before_anything_runs(tmp_path):
     (tmp_path / "file").write_text("x")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "thesis.tex").write_text("x")
-    (tmp_path / "previous").mkdir()
-    (tmp_path / "previous" / "open_clip_config.json").write_text("{}")
+    folders.atomic_folder(tmp_path / "previous", lambda t: (t / "open_clip_config.json").write_text("{}"),
+                          marker=models.EXPORT_RECEIPT)
     with pytest.raises(base.UsageError, match="a file is there"):
         models.check_export(tmp_path / "file")
-    with pytest.raises(base.UsageError, match="holds other files"):
+    with pytest.raises(base.UsageError, match="not a folder this repository exported .*: thesis.tex"):
         models.check_export(tmp_path / "notes")
     with pytest.raises(base.UsageError, match=f"{tmp_path / 'file'} is a file, not a folder"):
         models.check_export(tmp_path / "file" / "exported")  # under a file
@@ -305,6 +309,80 @@ def test_the_export_folder_is_checked_before_anything_runs(tmp_path):
         with pytest.raises(base.UsageError, match=f"--export .*{export_to}"):
             common.preflight(cfg, [data])
         assert not (tmp_path / out).exists()  # refused before the run folder was made
+
+
+def _run_folder(folder: Path) -> dict:
+    """A run folder as a method run leaves it (config.json among its files, as every run folder has): {name:
+    bytes}."""
+    files = {"config.json": b"{}", "results.json": b"{}", "metrics.jsonl": b"{}\n", "model.pt": b"weights",
+             "checkpoints/step-2.pt": b"state"}
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _unchanged(folder: Path, files: dict) -> bool:
+    return all((folder / name).read_bytes() == data for name, data in files.items()) and \
+        sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == sorted(files)
+
+
+def test_an_export_never_replaces_a_folder_it_did_not_write(tmp_path, tiny_random, capsys):
+    """Issue 55.1: any folder holding a config.json counted as a previous export and was replaced whole: `python
+    -m lab export --out runs/victim` and `erclip.py --export runs/victim2` removed another run's checkpoints,
+    metrics and model, and a transformers model folder lost its weights and README. Now an export replaces only
+    a folder holding its own receipt and nothing it does not list; every other folder is one message naming what
+    it holds, before anything is read or trained, and is left byte for byte."""
+    run_model = models.save_model(tiny_random[0], tmp_path / "good" / "model.pt", "tiny")
+    victim = tmp_path / "runs" / "victim"
+    kept = _run_folder(victim)
+    with pytest.raises(SystemExit) as e:
+        cli.cli(export.main, ["--pretrained", str(run_model), "--out", str(victim)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert f"--out {victim}: it is not a folder this repository exported" in err
+    assert "checkpoints/, config.json, metrics.jsonl, model.pt, results.json" in err
+    assert _unchanged(victim, kept)
+
+    victim2 = tmp_path / "runs" / "victim2"  # a method run's --export: refused before its run folder is made
+    kept2 = _run_folder(victim2)
+    with pytest.raises(SystemExit) as e:
+        cli.cli(erclip.main, ["--backbone", "tiny", "--steps", "1", "--batch-size", "8", "--workers", "0",
+                              "--out", str(tmp_path / "run"), "--eval-tasks", "", "--export", str(victim2),
+                              "--device", "cpu", "--data-root", str(tmp_path / "data"), "--train-pairs", "16"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--export {victim2}: it is not a folder this repository exported" in err
+    assert _unchanged(victim2, kept2) and not (tmp_path / "run" / "model.pt").exists()
+
+    hf = tmp_path / "hf-model"  # a downloaded transformers model
+    hf_files = {"config.json": b"{}", "pytorch_model.bin": b"weights", "README.md": b"# card"}
+    for name, data in hf_files.items():
+        hf.mkdir(exist_ok=True)
+        (hf / name).write_bytes(data)
+    with pytest.raises(base.UsageError, match="README.md, config.json, pytorch_model.bin"):
+        models.check_export(hf, "--out")
+    assert _unchanged(hf, hf_files)
+
+    ours = models.export_open_clip(tiny_random[0], tmp_path / "exported", "tiny")  # a previous export: replaced
+    (ours / "notes.txt").write_text("mine")  # ... but not once a user has added a file to it
+    with pytest.raises(base.UsageError, match="it holds what an export does not write: notes.txt"):
+        models.check_export(ours)
+    (ours / "notes.txt").unlink()
+    (ours / models.EXPORT_RECEIPT).write_text('{"written_by": "someone else", "files": []}')
+    with pytest.raises(base.UsageError, match="not a folder this repository exported"):
+        models.check_export(ours)
+
+
+def test_an_export_replaces_its_own_previous_export(tmp_path, two_exports):
+    """The receipt lists exactly what the export wrote, and an export over a previous one (copied, as a user
+    moves it) goes through: the folder holds the new model's files."""
+    (tmp_path / "exported").mkdir()
+    shutil.copytree(two_exports["A"][0], tmp_path / "exported" / "x")
+    receipt = json.loads((tmp_path / "exported" / "x" / models.EXPORT_RECEIPT).read_text())
+    assert receipt["files"] == ["open_clip_config.json", "open_clip_model.safetensors"]
+    model = models.load_model("tiny", str(two_exports["B"][0]))[0]
+    models.export_open_clip(model, tmp_path / "exported" / "x", "tiny")
+    assert _which(tmp_path / "exported" / "x", two_exports) == "B"
 
 
 def test_an_export_failing_after_training_keeps_the_results_names_the_command_and_exits_1(tmp_path, monkeypatch,
