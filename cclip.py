@@ -57,8 +57,7 @@ class CClipConfig(flags.Config):
     tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the paper's "
                      "8 tasks, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4 "
                      "domains; synthetic-long: long captions) | name=train[:test],... in order")
-    unseen: str = arg("auto", "unseen retrieval set, eval name or manifest ('auto': vlcl's havg / "
-                      "the lab's; '' = none)")
+    unseen: str = arg("auto", "unseen retrieval set: eval name, manifest, auto, '' = none")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
                          "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     lora_rank: int = arg(16, "LoRA rank r (Sec. 5)")
@@ -102,7 +101,8 @@ from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
-from plumbing import cclip_tasks, models, results, wise_ft
+from plumbing import models, results, wise_ft
+from papers import cclip_tasks
 
 
 # --- Losses ---
@@ -388,7 +388,7 @@ def main(argv=None):
              for s in ("train", "test")]
     cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
                               "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python "
-                              "-m plumbing.vlcl builds them)")
+                              "-m commands.vlcl builds them)")
     tasks = cclip_tasks.resolve_tasks(cfg)
     common.preflight(cfg, [t.train for t in tasks], continual=True)  # before a model
     try:

@@ -47,24 +47,24 @@ from PIL import Image
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
 from plumbing import flags, manifests, models, runfolder, shards
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, printable,
+from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite, printable,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
 from plumbing.cli import StopSignals, cli
+from plumbing.shards import is_shards
 from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
 from plumbing.manifests import (CAPTION_KEYS, IMAGE_KEYS, CompactRows, Tally, bad_rows_message, dist_info,
                                 image_check_cache, image_problems, read_manifest)
-from plumbing.training_sets import coco_sharegpt4v_manifest
 from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
                                 checkpoint_state, data_fingerprint, kept_result, latest_checkpoint,
                                 optimizer_settings, write_config)
 
 _REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
                source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
-               coco_sharegpt4v_manifest, load_weights_only)  # the methods'
+               load_weights_only)  # the methods'
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 
@@ -186,17 +186,6 @@ def zero_shot_classifier(model, tokenizer, classnames, templates, device=None, c
     return open_clip.build_zero_shot_classifier(SimpleNamespace(encode_text=trimmed), tokenizer, list(classnames),
                                                 list(templates), num_classes_per_batch=classes_per_batch,
                                                 device=device).float()
-
-
-def check_finite(name: str, **rows):
-    """A NaN or inf embedding compares False with everything, so a rank counting 'at least as good' candidates
-    would score it a hit at every k: an error naming the task and the rows instead (a diverged run, a broken
-    feature file), before anything is ranked."""
-    bad = {k: int((~torch.isfinite(v)).reshape(len(v), -1).any(1).sum()) for k, v in rows.items()}
-    if any(bad.values()):
-        raise RunError(f"{name}: " + ", ".join(f"{n} of {len(rows[k])} {k} rows" for k, n in bad.items() if n)
-                       + " are not finite (NaN or inf): the weights or the features are broken (a diverged run?); "
-                         "nothing was scored")
 
 
 @torch.no_grad()
@@ -399,10 +388,6 @@ class CountFailures:
     def __call__(self, items):
         failed = [f for item in items if isinstance(item, dict) for f in item.pop("_failed", ())]
         return {**self.collate(items), "_failed": failed}
-
-
-def is_shards(path) -> bool:  # a --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file
-    return str(path).endswith(".tar")
 
 
 def training_set(cfg, path, transform=None, **kw) -> ManifestDataset:

@@ -100,7 +100,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from plumbing import cmcl, models
+from plumbing import models
+from papers import cmcl
 
 
 # --- Losses and projections (pure functions of tensors) ---
@@ -307,7 +308,7 @@ class NullSpaceProjection:
     optimizer step. update mode: set W = W_before + project(W_after - W_before) after the step, so
     AdamW's scaling, momentum and weight decay are projected too. projectors: {param name: (P_out,
     P_in)}. form (deviation 12, all tested equal): 'dense', 'factored', 'auto': per map the fewer
-    plumbing.cmcl.projection_flops, in gradient mode the activations too (linear())."""
+    papers.cmcl.projection_flops, in gradient mode the activations too (linear())."""
     clip_grad_norm_ = cmcl.clip_grad_norm_unprojected  # --grad-clip: the raw norm decides (dev. 22)
 
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
@@ -486,12 +487,12 @@ class DNSLearner:
 
 # --- Main ---
 def run(cfg: DNSConfig, show: bool = True) -> dict:
-    """One continual run (one mode) on CLIP features of the --tasks manifests (plumbing.cmcl)."""
+    """One continual run (one mode) on CLIP features of the --tasks manifests (papers.cmcl)."""
     return cmcl.run_clip(cfg, DNSLearner, score_drift, show)
 
 
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
-    """DNS in CMCL's setting: its step sequence from cached features (--features; plumbing.cmcl)."""
+    """DNS in CMCL's setting: its step sequence from cached features (--features; papers.cmcl)."""
     return cmcl.run_steps(cfg, DNSLearner, score_drift, show)
 
 

@@ -99,7 +99,8 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models, sweeps
+from plumbing import models
+from papers import erclip_data, erclip_sweeps
 from plumbing.results import document, own_table, staged
 
 
@@ -308,7 +309,7 @@ class ERCLIP(common.Method):
 
 # --- Training ---
 # Shared with longclip.py (the same pairs, so that the two differ only in method)
-build_train_manifest = common.coco_sharegpt4v_manifest
+build_train_manifest = erclip_data.coco_sharegpt4v_manifest
 
 
 def train_manifest(cfg: ERCLIPConfig) -> Path:
@@ -350,9 +351,9 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
     return model, summary
 
 
-def sweep_method() -> sweeps.Method:
-    """What plumbing.sweeps (--sweep; the lab's sweeps) runs of this file, looked up when called."""
-    return sweeps.Method(train_manifest, train_erclip, paper_tables, TRAIN_POOL)
+def sweep_method() -> erclip_sweeps.Method:
+    """What papers.erclip_sweeps (--sweep; the lab's sweeps) runs of this file."""
+    return erclip_sweeps.Method(train_manifest, train_erclip, paper_tables, TRAIN_POOL)
 
 
 # --- Tables (ERCLIP's Tables 1 and 2, the layout written once in eval.py) ---
@@ -390,7 +391,7 @@ def main(argv=None):
         "COCO train2017 captions + ShareGPT4V descriptions, Sec. 4")
     if cfg.sweep:  # Sec. 4.3-4.4 in the real setting: the single run's preflight, then every run
         common.check_device(cfg)
-        return sweeps.run_sweep(sweep_method(), cfg)
+        return erclip_sweeps.run_sweep(sweep_method(), cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
                                  published.ERCLIP_SYNTHETIC_TASKS)

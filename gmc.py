@@ -17,7 +17,7 @@ Implements (each loss written out once, in the docstring of the function named)
   Sec. 5.5            1/2 L_clf + 1/2 L_gmc + alpha L_m2; L_m2: the geodesic mix (m2-Mix's Eq. 3,
                       common.geodesic_mix) of two modalities' latents against z_J: m2_gmc_loss
   Table 4             binary accuracy, align, unif for Full, T, V, A, T+V, T+A, V+A; --seeds: mean
-                      +- std: evaluate, plumbing.mosei.table4
+                      +- std: evaluate, papers.mosei.table4
 
 Code name -> symbol
   z[m], z_joint   z_m, z_J      the shared head's unit vectors (B, 60); m: 0 text, 1 audio, 2 vision
@@ -37,7 +37,7 @@ Deviations (one line each; at length in docs/gmc.md)
   G9. The last partial batch is dropped (equal batches on all ranks); GMC's kept: --keep-last-batch.
   G10. DMM's reporting scripts (G3's alpha, Beta) train at batch 128, tau 0.25 / 0.2: see Commands.
 
-Data: MulT's aligned CMU-MOSEI pickle GMC reads (layout: docs/gmc.md), read by plumbing/mosei.py.
+Data: MulT's aligned CMU-MOSEI pickle GMC reads (layout: docs/gmc.md), read by papers/mosei.py.
 Commands
   python gmc.py --data data/mosei/mosei_data.pkl --method gmc-m2 --seeds 0,1,2,3,4 --out runs/gmc-m2
   python gmc.py --data data/mosei/mosei_data.pkl --convert   (then --data data/mosei/mosei_data.npz)
@@ -88,8 +88,7 @@ class GMCConfig(flags.Config):
     layers: int = arg(5, "layers of each cross-modal and memory transformer (GMC's 5)")
     nonfinite: str = arg("zero", "zero: non-finite features -> 0, counted | refuse (G6)",
                          choices=("zero", "refuse"))
-    seeds: str = arg("", "comma-separated seeds: one run each, Table 4 as mean +- std (the paper: "
-                         "five runs)")
+    seeds: str = arg("", "comma-separated seeds, one run each: Table 4's mean +- std (paper: 5)")
     convert: bool = arg(False, "write the pickle's arrays to a .npz beside it and exit")
     demo: bool = arg(False, "run the lab's demo (lab/demos/gmc.py) and exit")
 
@@ -102,7 +101,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from plumbing import m2mix_analysis, mosei
+from papers import mosei
+from plumbing import m2mix_analysis
 from plumbing.results import document, staged
 
 

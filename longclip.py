@@ -143,7 +143,7 @@ import torch.nn as nn
 import common
 import eval as evaluation
 from plumbing import models
-from plumbing.longclip_data import first_sentence, read_erclip_results, train_manifest
+from papers.longclip_data import first_sentence, read_erclip_results, train_manifest
 from plumbing.results import document, own_table, staged
 
 

@@ -459,7 +459,7 @@ def bench_dns(quick):
     operation count / the matrix-product rate measured here) and against a
     step; the per-task projector rebuild."""
     import dns
-    from plumbing import cmcl
+    from papers import cmcl
     print("3b. DNS on cached features", flush=True)
     d, b = 512, 64
     g = torch.Generator().manual_seed(0)

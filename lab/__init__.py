@@ -21,7 +21,7 @@ is honestly not resolved at this size.
   lab/calibrate.py  each demo's settings, chosen once on 'val' with a pilot seed
   lab/figures.py  matplotlib figures (Agg)
   lab/runs.py     a demo's --out held, scratch run folders, runs in parallel processes
-                  (one folder per sweep run, data prefixes, snapshots: plumbing/sweeps.py)
+                  (one folder per sweep run, data prefixes, snapshots: papers/erclip_sweeps.py)
   lab/report.py   the docs' demo sections, printed from a results file
   lab/demos/      one module per method's demo; erclip_sweeps.py
   lab/__main__.py python -m lab eval|export: those commands on the lab

@@ -1,4 +1,4 @@
-"""python -m lab eval ARGS / python -m lab export ARGS: eval.py and plumbing/export.py on the lab's tiny
+"""python -m lab eval ARGS / python -m lab export ARGS: eval.py and commands/export.py on the lab's tiny
 backbone and synthetic-* sets. Neither of them imports the lab (the layers run one way: the lab sits above
 them); this entry point imports it, which registers the tiny backbone and the synthetic sets with common and
 eval, and then runs the command. The method files load the lab themselves (--demo, --backbone tiny).
@@ -9,7 +9,7 @@ eval, and then runs the command. The method files load the lab themselves (--dem
 import importlib
 import sys
 
-COMMANDS = {"eval": "eval", "export": "plumbing.export"}
+COMMANDS = {"eval": "eval", "export": "commands.export"}
 
 
 def main(argv=None):

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing.sweeps import drop_weights
+from papers.erclip_sweeps import drop_weights
 import common
 from plumbing import models
 from plumbing.results import to_json
@@ -262,7 +262,7 @@ def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long", se
 def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     import dns
     from lab.demos import dns as demo
-    from plumbing import cmcl
+    from papers import cmcl
     cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID:
@@ -296,7 +296,7 @@ def dns_2_passes(R: list[list[float]], A: list[list[float]]) -> dict:
 def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
     import dns
     from lab.demos import dns as demo
-    from plumbing import cmcl
+    from papers import cmcl
     cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID_2:

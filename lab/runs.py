@@ -1,7 +1,7 @@
 """Experiment plumbing for demos and sweeps: a demo's or a sweep's --out held
 for its whole length, a demo run's scratch folder, independent runs in
 parallel processes. One folder per sweep run, prefixes of one fixed data
-order and per-epoch snapshots are plumbing/sweeps.py (the real sweeps use
+order and per-epoch snapshots are papers/erclip_sweeps.py (the real sweeps use
 them too)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from plumbing import runfolder
-from plumbing.sweeps import drop_weights, remove_run_folder
+from papers.erclip_sweeps import drop_weights, remove_run_folder
 import common
 from lab.stats import JOB_THREADS, take_flag
 

@@ -67,7 +67,7 @@ from PIL import Image, ImageDraw
 
 import common
 import eval as evaluation
-from plumbing import cmcl
+from papers import cmcl
 
 # =============================================================================
 # 1. The world's vocabulary
@@ -435,8 +435,8 @@ def synthetic_multimodal(out, layout: str = "cmcl", perceptor: str = "imagebind"
     adds a part of each dataset's own (conflict C_{d,m}), so that a map fitted
     to one dataset misaligns another (tasks that forget). Class text
     features: normalise(A_text mu_c), noise-free. datasets: name -> (modality
-    names, has classes); default: plumbing.cmcl.CMCL_DATASETS with their real names.
-    The layouts are plumbing.cmcl.read_features'; DNS's demo in CMCL's setting and its
+    names, has classes); default: papers.cmcl.CMCL_DATASETS with their real names.
+    The layouts are papers.cmcl.read_features'; DNS's demo in CMCL's setting and its
     tests run on this world (dns.py --demo-cmcl)."""
     g = torch.Generator().manual_seed(seed)
     datasets = datasets or {k: (m, "acc" in t) for k, (m, t) in cmcl.CMCL_DATASETS.items()}

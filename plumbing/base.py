@@ -136,6 +136,17 @@ class RunError(RuntimeError):
         self.code = code
 
 
+def check_finite(name: str, **rows):
+    """A NaN or inf embedding compares False with everything, so a rank counting 'at least as good' candidates
+    would score it a hit at every k: an error naming the task and the rows instead (a diverged run, a broken
+    feature file), before anything is ranked."""
+    bad = {k: int((~v.isfinite()).reshape(len(v), -1).any(1).sum()) for k, v in rows.items()}
+    if any(bad.values()):
+        raise RunError(f"{name}: " + ", ".join(f"{n} of {len(rows[k])} {k} rows" for k, n in bad.items() if n)
+                       + " are not finite (NaN or inf): the weights or the features are broken (a diverged run?); "
+                         "nothing was scored")
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM outside training (cli's handler), told apart from Ctrl-C by its signal number."""
     def __init__(self, signum: int):

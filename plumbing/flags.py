@@ -117,7 +117,7 @@ class Config:
                          "record it; 0: off)")
     val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
     export: str = arg("", "also write the trained model to this folder in open_clip's hub layout (safetensors; "
-                      "python -m plumbing.export --format transformers converts it further)")
+                      "python -m commands.export --format transformers converts it further)")
     save_every: int = arg(200, "steps between checkpoints (always one at the end)")
     resume: str = arg("", "'latest' or a checkpoint path to continue from")
     stop_at: int = arg(0, "ours: leave after this many steps as if interrupted (tests resume)")

@@ -1,5 +1,5 @@
-"""Folders written whole or not at all: what --export and `python -m plumbing.export` write (open_clip's hub
-layout, a transformers CLIPModel folder). Standard library only; below plumbing.models and plumbing.export.
+"""Folders written whole or not at all: what --export and `python -m commands.export` write (open_clip's hub
+layout, a transformers CLIPModel folder). Standard library only; below plumbing.models and commands.export.
 
 atomic_folder(path, write) fills a hidden sibling `.NAME.new-PID`, gives its files the process's umask
 (safetensors' save_file makes 0600 files), fsyncs the files and folders, then puts it in `path`'s place: in one

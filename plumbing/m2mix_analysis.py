@@ -9,8 +9,7 @@ import math
 
 import torch
 
-import common
-from plumbing import published, towers
+from plumbing import base, published, towers
 from plumbing.published import m2mix_table1  # noqa: F401  (torch-free; tests and callers read it here)
 
 
@@ -154,7 +153,7 @@ def simat_score(img, source, value_emb, target_emb, target_ids, oscar, weights, 
       img (N, D) normalised database; source (Q,) image index of each query; value_emb, target_emb (Q, D)
       normalised word embeddings; target_ids (Q,) column of `oscar` (N, C); weights (Q,) 1/sqrt(norm2).
     A non-finite embedding is an error (argmax over NaN picks an arbitrary image: never a score)."""
-    common.check_finite("simat", images=img, words=torch.cat([value_emb, target_emb]))
+    base.check_finite("simat", images=img, words=torch.cat([value_emb, target_emb]))
     img = img.float()
     delta = (target_emb - value_emb).float()
     w = torch.as_tensor(weights, dtype=torch.float64)

@@ -165,7 +165,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
 
 def load_export(folder, device="cpu", backbone: str | None = None):
     """(model, train_transform, eval_transform, tokenizer) of a folder in open_clip's hub layout (what --export and
-    plumbing.export write): open_clip builds it from the folder's own config, QuickGELU and text window included,
+    commands.export write): open_clip builds it from the folder's own config, QuickGELU and text window included,
     as open_clip.create_model_from_pretrained('local-dir:FOLDER') does. backbone: the architecture the caller
     will save and export the model as (a run's sidecar, its --export); a folder of another one is refused
     (unchecked for 'tiny' while the lab is not loaded). An interrupted export's leftovers are never loaded."""
@@ -400,7 +400,7 @@ def export_after_training(model, folder, backbone: str, run_model: Path) -> dict
     printed with the command that exports the saved model, and the run goes on to write its results (then
     exits 1: export_failure); SIGINT / SIGTERM during the export stop the run with one message naming what is
     saved and the commands that finish it."""
-    command = f"python -m plumbing.export --backbone {backbone} --pretrained {run_model} --out {folder}"
+    command = f"python -m commands.export --backbone {backbone} --pretrained {run_model} --out {folder}"
     try:
         return {"export": str(export_open_clip(model, folder, backbone))}
     except folders.FolderInterrupted as e:

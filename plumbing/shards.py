@@ -1,7 +1,7 @@
 """webdataset shards: training on them (each process reads its own shards; a resumed run continues exactly where
-it stopped, by shard and offset); plumbing/write_shards.py writes them from a manifest.
+it stopped, by shard and offset); commands/write_shards.py writes them from a manifest.
 
-    python -m plumbing.write_shards MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., sizes.json
+    python -m commands.write_shards MANIFEST OUT_DIR [--per-shard 1000]   # OUT_DIR/00000.tar, ..., sizes.json
     python erclip.py --train-data 'OUT_DIR/{00000..00011}.tar' ...
 
 A shard holds, per sample, `<key>.jpg` (or .png / .webp: the image file's bytes as they are), `<key>.txt` (the
@@ -50,6 +50,10 @@ from plumbing.manifests import MAX_LISTED
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SHUFFLE = 1000  # samples in a shard's shuffle buffer (their encoded bytes: ~100 MB of JPEGs per worker)
+
+
+def is_shards(path) -> bool:  # a --train-data naming tar shards: 'DIR/{00000..00099}.tar', or one .tar file
+    return str(path).endswith(".tar")
 
 
 def expand(pattern) -> list[Path]:
@@ -200,7 +204,7 @@ class ShardSet:
         if len(self.shards) < readers:
             raise UsageError(f"{pattern}: {len(self.shards)} shard(s) for {readers} readers (processes x "
                                     f"DataLoader workers), each of which reads whole shards: use fewer --workers or "
-                                    f"more, smaller shards (python -m plumbing.write_shards --per-shard)")
+                                    f"more, smaller shards (python -m commands.write_shards --per-shard)")
         check_shards(pattern, self.shards)
         sources = []
         self.sizes = shard_sizes(self.shards, sources)
@@ -377,7 +381,7 @@ def no_usable_sample(data: ShardSet, shards: list[int], tried: int, reasons, exa
     return (f"{data.pattern}: no usable sample in one whole pass over shard(s) {', '.join(names[:5])}"
             f"{f' and {len(names) - 5} more' if len(names) > 5 else ''} (one reader's share, "
             f"{sum(data.sizes[s] for s in shards)} samples): {tried} tried, {sum(reasons.values())} failed: {why}; "
-            f"e.g. {example}. Training would never make a step: check the shards (python -m plumbing.write_shards "
+            f"e.g. {example}. Training would never make a step: check the shards (python -m commands.write_shards "
             f"writes a .txt caption and the image as .jpg / .png / .webp for every row)")
 
 

@@ -1,14 +1,15 @@
 """m2-Mix's training sets (m2mix.py --train-data flickr30k | coco) as JSONL manifests, from the annotation files
 eval.py's retrieval readers use: Karpathy's split files (Flickr30k train, COCO train + restval; C-CLIP's benchmark
-builder, plumbing.vlcl, reads its images too) and COCO's captions_train2017.json; and m2mix.py's choice of
+builder, commands.vlcl, reads its images too) and COCO's captions_train2017.json; and m2mix.py's choice of
 training manifest and test protocols from its flags."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import common
 from plumbing import models
+from plumbing.base import DataError, UsageError, atomic_write
+from plumbing.shards import is_shards
 
 
 KARPATHY_TRAIN_SPLITS = {"flickr30k": ("train",), "coco": ("train", "restval")}  # restval: the usual 113k
@@ -21,7 +22,7 @@ def karpathy_images(dataset: str, data_root) -> list[dict]:
     root = Path(data_root) / dataset
     ann = root / f"dataset_{dataset}.json"
     if not ann.exists():
-        raise common.DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
+        raise DataError(f"{ann} not found: put the Karpathy split file there (see README, data layout)")
     image_dir = root / "images" if dataset == "flickr30k" else root
     return [{"split": im["split"], "path": image_dir / im.get("filepath", "") / im["filename"],
              "imgid": im.get("imgid"), "sentences": [s["raw"].strip() for s in im["sentences"] if s["raw"].strip()]}
@@ -34,7 +35,7 @@ def karpathy_train_manifest(dataset: str, data_root, split: str, captions: str, 
     rows = [{"image": str(im["path"].resolve()), "caption": c} for im in karpathy_images(dataset, data_root)
             if im["split"] in splits for c in (im["sentences"][:1] if captions == "first" else im["sentences"])]
     if not rows:
-        raise common.DataError(f"{Path(data_root) / dataset}/dataset_{dataset}.json: no images in split(s) {splits}")
+        raise DataError(f"{Path(data_root) / dataset}/dataset_{dataset}.json: no images in split(s) {splits}")
     return _write_rows(rows, Path(out_dir) / f"{dataset}-karpathy-{split}-{captions}.jsonl")
 
 
@@ -44,7 +45,7 @@ def coco2017_train_manifest(data_root, captions: str, out_dir) -> Path:
     root = Path(data_root) / "coco"
     ann_file = root / "annotations" / "captions_train2017.json"
     if not ann_file.exists():
-        raise common.DataError(f"{ann_file} not found (see README, data layout)")
+        raise DataError(f"{ann_file} not found (see README, data layout)")
     ann = json.loads(ann_file.read_text())
     files = {im["id"]: str((root / "train2017" / im["file_name"]).resolve()) for im in ann["images"]}
     rows, seen = [], set()
@@ -57,7 +58,7 @@ def coco2017_train_manifest(data_root, captions: str, out_dir) -> Path:
 
 def _write_rows(rows, path: Path) -> Path:
     """A JSONL manifest, written atomically, so that the ranks of a torchrun job may all write the same file."""
-    return common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 # ---- m2mix.py's choice of training manifest and test protocols (--train-data, --coco-split, --eval-tasks) ----
@@ -91,7 +92,7 @@ def eval_tasks(cfg) -> dict:
     if cfg.train_data == "coco":
         one = karpathy_train_manifest("coco", cfg.data_root, "test", "first", Path(cfg.out) / "data")
         return {"coco-karpathy": "coco-karpathy", "coco-karpathy-1cap": str(one)}
-    if common.is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
-        raise common.UsageError("--train-data names tar shards: pass --eval-tasks (eval.py tasks or "
+    if is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
+        raise UsageError("--train-data names tar shards: pass --eval-tasks (eval.py tasks or "
                                 "manifests; 'none': train without evaluating)")
     return {Path(cfg.train_data).stem: cfg.train_data}

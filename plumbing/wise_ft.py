@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-import common
+from plumbing.base import markdown_table
+from plumbing.loading import load_weights_only
 
 
 def load_state_dict(path) -> dict:
@@ -18,7 +19,7 @@ def load_state_dict(path) -> dict:
         sd = load_file(path)
     else:
         try:
-            sd = common.load_weights_only(path)
+            sd = load_weights_only(path)
         except RuntimeError as e:
             if "TorchScript" not in str(e):
                 raise
@@ -75,4 +76,4 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
                 row[c] = r["value"]
                 cols.setdefault(c)
         rows.append(row)
-    return common.markdown_table(rows, list(cols))
+    return markdown_table(rows, list(cols))

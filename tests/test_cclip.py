@@ -18,7 +18,8 @@ from torch.nn.utils import parametrize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cclip  # noqa: E402
-from plumbing import cclip_tasks, models  # noqa: E402
+from plumbing import models
+from papers import cclip_tasks  # noqa: E402
 import common  # noqa: E402
 import lab  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
@@ -515,9 +516,9 @@ def test_research_schedule_starts_task_5_from_the_average_of_the_tasks_own_resul
 
 def test_research_train_transform_leaves_the_fractional_tasks_unaugmented():
     """--train-transform research (deviation 15): the research code's data module sets the shared dataset's
-    transform to the evaluation one, so the tasks it splits by a fraction (plumbing.vlcl's research sources) train
+    transform to the evaluation one, so the tasks it splits by a fraction (commands.vlcl's research sources) train
     unaugmented; the others, and every task by default, with the training transform."""
-    from plumbing import vlcl
+    from commands import vlcl
     fractional = {name for name, hf in vlcl.RESEARCH.items() if getattr(hf, "fraction", 0)}
     assert fractional == set(cclip_tasks.FRACTIONAL_TASKS)
     research = common.parse_config(cclip.CClipConfig, ["--train-transform", "research"])

@@ -17,7 +17,8 @@ import lab
 import dns
 import eval as evaluation
 from lab.demos import dns as dns_demo
-from plumbing import cmcl, models
+from plumbing import models
+from papers import cmcl
 
 
 def _random_projector(dim, rank, g):

@@ -17,7 +17,7 @@ import dns
 import eval as evaluation
 import lab
 from lab.demos import dns as dns_demo
-from plumbing import cmcl
+from papers import cmcl
 
 FAST = dict(device="cpu", precision="fp32", log_every=10_000)
 

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import dns
 from lab.demos import dns as dns_demo
-from plumbing import cmcl
+from papers import cmcl
 
 
 def _basis(dim, rank, g):

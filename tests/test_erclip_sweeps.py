@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import models, published, runfolder, sweeps
+from plumbing import models, published, runfolder
+from papers import erclip_sweeps as sweeps  # the real sweeps (lab.demos.erclip_sweeps: the lab's)
 import socket
 import common
 import erclip

@@ -20,7 +20,8 @@ import torch
 
 import common
 import erclip
-from plumbing import base, cli, export, folders, models
+from plumbing import base, cli, folders, models
+from commands import export
 import lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +214,7 @@ def test_a_full_disk_is_one_message_for_the_export_and_the_runs_safetensors(tmp_
 
 
 def test_the_export_command_interrupted_names_the_export_not_training(tmp_path, monkeypatch, capsys):
-    """SIGTERM while `python -m plumbing.export` reads the model said "interrupted before training saved anything
+    """SIGTERM while `python -m commands.export` reads the model said "interrupted before training saved anything
     in --out; nothing to resume"; now it names the export and that nothing was written, exit 143. While it writes:
     which files had been written (and removed), the previous export unchanged."""
     torch.manual_seed(0)
@@ -398,7 +399,7 @@ def test_an_export_failing_after_training_keeps_the_results_names_the_command_an
                               "--out", str(out), "--eval-tasks", "", "--export", str(hub), "--device", "cpu",
                               "--data-root", str(tmp_path / "data"), "--train-pairs", "16"])
     err = capsys.readouterr().err
-    command = f"python -m plumbing.export --backbone tiny --pretrained {out / 'model.pt'} --out {hub}"
+    command = f"python -m commands.export --backbone tiny --pretrained {out / 'model.pt'} --out {hub}"
     assert e.value.code == 1 and f"export the saved model later with: {command}" in err
     assert f"error: the run finished and its results are in {out / 'results.json'}, but its --export failed: " \
            f"no space left" in err and err.rstrip().endswith(command)
@@ -426,7 +427,7 @@ def test_an_interrupt_during_a_runs_export_stops_the_run_and_names_what_is_saved
     message = str(e.value)
     assert e.value.code == 143 and f"while writing the export {tmp_path / 'hub'}" in message
     assert f"Training had finished and its model is saved as {tmp_path / 'run' / 'model.pt'}" in message
-    assert "--resume latest" in message and "python -m plumbing.export --backbone tiny" in message
+    assert "--resume latest" in message and "python -m commands.export --backbone tiny" in message
     assert not (tmp_path / "hub").exists() and not folders.leftovers(tmp_path / "hub")
     assert (tmp_path / "run" / "model.pt").is_file() and not (tmp_path / "run" / "results.json").exists()
 
@@ -513,7 +514,7 @@ def test_an_export_into_a_symlink_replaces_its_target(tmp_path):
 
 
 def test_export_help_is_whole_sentences():
-    """Issue 42.4: `python -m plumbing.export --help` stopped mid-sentence, and its options were fragments with
+    """Issue 42.4: `python -m commands.export --help` stopped mid-sentence, and its options were fragments with
     "(default: None)" on the required ones; now every line of help is a sentence."""
     parser = export.command_line()
     text = " ".join(parser.format_help().split())

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import common
 import gmc
 from lab.sentiment import sentiment_world
-from plumbing import mosei, published
+from plumbing import published
+from papers import mosei
 from test_resume import _Payload  # runs code when unpickled
 
 torch.set_num_threads(1)

@@ -13,7 +13,8 @@ import torch
 
 import common
 import eval as evaluation
-from plumbing import export, models
+from plumbing import models
+from commands import export
 from plumbing import flags
 import lab
 

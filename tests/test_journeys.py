@@ -27,7 +27,8 @@ import eval as evaluation
 import lab
 import longclip
 import m2mix
-from plumbing import datafolders, models, write_shards
+from plumbing import datafolders, models
+from commands import write_shards
 
 datasets = pytest.importorskip("datasets")
 FAST = ["--steps", "2", "--warmup", "1", "--batch-size", "8", "--workers", "0", "--device", "cpu",

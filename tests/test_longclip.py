@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plumbing import longclip_data, models
+from plumbing import models
+from papers import longclip_data
 import common
 import lab
 import eval as evaluation

@@ -1,4 +1,4 @@
-"""Issue 41.4: GMC's MOSEI reader (plumbing/mosei.py). Every pickle protocol of plain numpy arrays reads (protocol
+"""Issue 41.4: GMC's MOSEI reader (papers/mosei.py). Every pickle protocol of plain numpy arrays reads (protocol
 5's _frombuffer, protocols <= 2's bytes() of an empty array) while anything else stays refused; what a file declares
 is checked against its size before memory is asked for (pickle, --convert, .npz); malformed content and
 non-finite labels are one message each. The crafted files are built here, in tmp_path."""
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import common
-from plumbing import cli, mosei
+from plumbing import cli
+from papers import mosei
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def test_an_object_array_declaring_more_items_than_it_holds_is_refused_not_a_cra
     (segmentation fault, in a subprocess here so that the old code's crash fails this test only)."""
     bad = Reduce(np._core.multiarray._reconstruct, (np.ndarray, (0,), b"b"), (1, (5,), np.dtype(object), False, [1]))
     path = write(tmp_path / "crash.pkl", {"train": {"id": bad}})
-    run = subprocess.run([sys.executable, "-c", f"from plumbing import mosei; mosei.read_arrays({str(path)!r})"],
+    run = subprocess.run([sys.executable, "-c", f"from papers import mosei; mosei.read_arrays({str(path)!r})"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "an object array declaring (5,) holds 1 items: refused" in run.stderr
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import models, runfolder, sweeps
+from plumbing import models, runfolder
+from papers import erclip_sweeps
 import socket
 from plumbing import base
 import common
@@ -102,13 +103,14 @@ def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_pa
     _held_by_another_live_process(run)
     (run / "checkpoints").mkdir()
     with pytest.raises(common.RunError, match="another live process .* not deleting it"):
-        sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
+        erclip_sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
     with pytest.raises(common.RunError, match="not deleting it"):
         with lab.scratch_run(run):
             pass
     assert (run / "checkpoints").is_dir()  # the live run's files are untouched
     (run / runfolder.LOCK).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname()}))
-    assert sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})["x"] == 1  # stale: cleared
+    stale_cleared = erclip_sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {"x": 1})
+    assert stale_cleared["x"] == 1
 
 
 def test_a_second_sweep_or_demo_into_the_same_out_stops_at_once(tmp_path, capsys):
@@ -299,7 +301,7 @@ def _features(tmp_path, **arrays):
 def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says):
     import numpy as np
 
-    from plumbing import cmcl
+    from papers import cmcl
     make = {"width": dict(text=np.ones((4, 5), "float32")), "rows": dict(text=np.ones((3, 3), "float32")),
             "pickled": dict(vision=np.array([{"a": 1}] * 4, dtype=object)),
             "strings": dict(vision=np.array([["a"] * 3] * 4)),
@@ -320,7 +322,7 @@ def test_cmcl_labels_may_be_class_names_and_a_bad_one_is_named(tmp_path):
     they name; an unknown name or an index out of range is one DataError naming samples.json."""
     import numpy as np
 
-    from plumbing import cmcl
+    from papers import cmcl
     folder = _features(tmp_path)
     np.save(tmp_path / "toy" / "classes.npy", np.eye(3, dtype="float32"))
     (tmp_path / "toy" / "meta.json").write_text(json.dumps({"modalities": ["vision", "text"],
@@ -342,7 +344,7 @@ def test_bad_h5_feature_files_are_one_message_naming_the_file(tmp_path, case, sa
     import h5py
     import numpy as np
 
-    from plumbing import cmcl
+    from papers import cmcl
     path = tmp_path / "ucf101_test_imagebind.h5"
     if case == "empty-file":
         path.write_bytes(b"")
@@ -467,13 +469,13 @@ def test_an_interrupt_before_anything_is_saved_says_so(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- 15. --help before torch loads
-SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "plumbing.export", "plumbing.write_shards",
-           "plumbing.vlcl")
+SCRIPTS = ("erclip", "longclip", "m2mix", "cclip", "dns", "gmc", "eval", "commands.export", "commands.write_shards",
+           "commands.vlcl")
 _PROBE = """
 import runpy, sys, time
 name, sys.argv = sys.argv[1], [sys.argv[1] + ".py", *sys.argv[2:]]
 t0, code = time.time(), 0
-try:  # python erclip.py ... / python -m plumbing.export ...
+try:  # python erclip.py ... / python -m commands.export ...
     runpy.run_module(name, run_name="__main__", alter_sys=True) if "." in name else runpy.run_path(sys.argv[0],
                                                                                                   run_name="__main__")
 except SystemExit as e:

@@ -106,7 +106,7 @@ def test_tables_show_r_at_10():
 
 def test_an_erclip_results_file_from_before_the_schema_is_still_read(tmp_path):
     """longclip.py --erclip-results reads erclip.py's file in the schema and in the layout before it."""
-    from plumbing.longclip_data import read_erclip_results
+    from papers.longclip_data import read_erclip_results
     rec = {"task": "urban1k", "metric": "i2t_R@1", "value": 50.0}
     (tmp_path / "old.json").write_text(json.dumps({"variant": "M+P", "base": [], "tuned": [rec],
                                                    "config": {"lambda_p": 1.0}}))

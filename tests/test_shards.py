@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from plumbing import write_shards
+from commands import write_shards
 import common
 from plumbing import models
 import lab

@@ -10,7 +10,7 @@ from PIL import Image
 import cclip
 import common
 import datasets
-from plumbing import vlcl
+from commands import vlcl
 
 
 def _png(path, i):
@@ -204,7 +204,7 @@ def test_the_research_codes_split_counts_and_caption_choices_behind_their_switch
     """Issue 40.5: the research code's fractional split takes int(N f) / int(N (1 - f)) rows (N 151, f 0.8: 120 / 30,
     a row unused; ours 121 / 30), and its base_hf.py versions with all eight tasks train on a list's first caption
     or its longest: --split-counts research, --train-captions first | longest (V1, V3)."""
-    from plumbing import vlcl
+    from commands import vlcl
     ours = vlcl.split_rows(151, 0.8, 6, "research")
     code = vlcl.split_rows(151, 0.8, 6, "research", counts="research")
     assert [len(p) for p in ours] == [121, 30] and [len(p) for p in code] == [120, 30]

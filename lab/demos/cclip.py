@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing.cclip_tasks import resolve_eval_sets, resolve_tasks
+from papers.cclip_tasks import resolve_eval_sets, resolve_tasks
 import cclip
 import common
 import eval as evaluation

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing.sweeps import drop_weights
+from papers.erclip_sweeps import drop_weights
 import common
 import dns
 import lab
-from plumbing import cmcl
+from papers import cmcl
 
 # =============================================================================
 # Demo on CLIP features (the lab: 4 task domains, tiny backbone, seeds lab.SEEDS)

@@ -1,7 +1,7 @@
 """ERCLIP's sweeps on the lab (Sec. 4.3 Fig. 3, Sec. 4.4; erclip.py deviation 14): training length,
 lambda_p, data size, and the component ablations, on the synthetic world with the demo's settings, seeds
 lab.seeds(), claims written before the seeds ran, a figure. The schedules, one run and the real setting's
-sweep are plumbing/sweeps.py; this module holds the lab's part (stand-ins, seeds, claims, figure).
+sweep are papers/erclip_sweeps.py; this module holds the lab's part (stand-ins, seeds, claims, figure).
 
   python erclip.py --demo --sweep NAME
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plumbing import models, sweeps
+from plumbing import models
+from papers import erclip_sweeps
 import erclip
 import lab
 from lab import report
@@ -38,11 +39,11 @@ def demo_plan(name: str, sizes, first_seed: bool = True) -> list[tuple[str, dict
     pre-registered RT+P with the fusion's own lr (lab/demos/erclip.py); there
     RT+P at the encoders' lr (M+P by construction) runs on the first seed only,
     as the check (demo.CHECK_ONLY)."""
-    own = [("RT+P own lr", dict(sweeps.VARIANTS["RT+P"], epochs=sweeps.EPOCHS,
+    own = [("RT+P own lr", dict(erclip_sweeps.VARIANTS["RT+P"], epochs=erclip_sweeps.EPOCHS,
                                 fusion_lr=demo.DEMO_FUSION_LR))]
     if name != "epochs":
-        return sweeps.sweep_plan(name, sizes)
-    return [r for r in sweeps.sweep_plan(name, sizes) if first_seed or r[0] not in demo.CHECK_ONLY] + own
+        return erclip_sweeps.sweep_plan(name, sizes)
+    return [r for r in erclip_sweeps.sweep_plan(name, sizes) if first_seed or r[0] not in demo.CHECK_ONLY] + own
 
 
 # --- the lab: --demo --sweep NAME (the demo's settings, lab.SEEDS, claims fixed before the runs) ---
@@ -70,7 +71,7 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
         return lab.paired(rows, a, b, key, base)
 
     if name == "epochs":
-        last = sweeps.EPOCHS
+        last = erclip_sweeps.EPOCHS
         out = [lab.claim(f"long R@1 falls from epoch 1 to {last}, {v} (epoch {last} - epoch 1)",
                          published.ERCLIP_EPOCH_CHANGE["Long avg"], d(f"{v} epoch {last}", f"{v} epoch 1", "long"),
                          "-")
@@ -94,8 +95,8 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
             lab.claim(f"... and reaches M+P by epoch 2 (RT+P own lr - M+P at epoch 2, {ZS}; equal within 1 point)",
                       "CIFAR-10, Fig. 3", d("RT+P own lr epoch 2", "M+P epoch 2", "background"), "=", margin=1.0)]
     if name == "lambda-p":
-        lp = [f"lambda_p={x:g}" for x in sweeps.LAMBDAS]
-        lo, hi = sweeps.PAPER_LAMBDA_IN[0.0], sweeps.PAPER_LAMBDA_IN[2.0]
+        lp = [f"lambda_p={x:g}" for x in erclip_sweeps.LAMBDAS]
+        lo, hi = erclip_sweeps.PAPER_LAMBDA_IN[0.0], erclip_sweeps.PAPER_LAMBDA_IN[2.0]
         return [lab.claim(f"zero-shot rises from lambda_p 0 to 2 ({ZS})",
                           f"ImageNet {demo.rounded(hi - lo)} ({lo} -> {hi})", d(lp[-1], lp[0], "background"), "+")] + [
             lab.claim(f"... monotonically: lambda_p {a[9:]} -> {b[9:]} ({ZS})", "monotone", d(b, a, "background"), "+")
@@ -107,7 +108,7 @@ def sweep_claims(name: str, base: dict, rows: dict) -> list[dict]:
     if name == "data-size":
         n = [f"N={x}" for x in DEMO_DATA_SIZES]
         def change(k, a, b, text="{a} -> {b}"):  # the paper's printed points at a and b pairs
-            x, y = sweeps.PAPER_DATA[a][k], sweeps.PAPER_DATA[b][k]
+            x, y = erclip_sweeps.PAPER_DATA[a][k], erclip_sweeps.PAPER_DATA[b][k]
             return f"{demo.rounded(y - x)} ({text.format(a=x, b=y)})"
         return [lab.claim("long R@1 rises up to the 10k stand-in (N=400 - N=40)",
                           change("long", 1000, 10000, "{a} at 1k -> {b} at 10k"),
@@ -149,23 +150,23 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
         return np.array([[base[key] if r == "CLIP" else rows[r][i][key] for r in names]
                          for i in range(len(lab.seeds()))])
     if name == "epochs":
-        epochs = sweeps.EPOCHS
+        epochs = erclip_sweeps.EPOCHS
         xs, series = list(range(epochs + 1)), {v: ["CLIP"] + [f"{v} epoch {k}" for k in range(1, epochs + 1)]
                                                for v in ("M", "M+P", "RT+P own lr")}  # RT+P: one seed, = M+P
         paper, xlabel = {}, f"epoch (1 epoch = {DEMO_EPOCH_POOL} pairs = 8 steps; 0 = CLIP)"
     elif name == "lambda-p":
-        xs, series = list(sweeps.LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in sweeps.LAMBDAS]}
-        paper = {"paper Sec. 4.4: ImageNet top-1 (%)": (list(sweeps.PAPER_LAMBDA_IN),
-                                                         list(sweeps.PAPER_LAMBDA_IN.values()))}
+        xs, series = list(erclip_sweeps.LAMBDAS), {"mean fusion": [f"lambda_p={x:g}" for x in erclip_sweeps.LAMBDAS]}
+        paper = {"paper Sec. 4.4: ImageNet top-1 (%)": (list(erclip_sweeps.PAPER_LAMBDA_IN),
+                                                         list(erclip_sweeps.PAPER_LAMBDA_IN.values()))}
         xlabel = "lambda_p (weight of L_pres)"
     elif name == "data-size":
         xs, series = list(DEMO_DATA_SIZES), {"M+P": [f"N={x}" for x in DEMO_DATA_SIZES]}
-        data = sweeps.PAPER_DATA
+        data = erclip_sweeps.PAPER_DATA
         paper = {f"paper {k}": ([n for n in data if k in data[n]], [v[k] for v in data.values() if k in v])
                  for k in ("long", "COCO", "IN")}
         xlabel = "training pairs (prefix of one order)"
     else:
-        xs, series = ["CLIP", *sweeps.VARIANTS], {"ours": ["CLIP", *sweeps.VARIANTS]}
+        xs, series = ["CLIP", *erclip_sweeps.VARIANTS], {"ours": ["CLIP", *erclip_sweeps.VARIANTS]}
         paper = {f"paper Tab. 2 B/16 {k}": (["CLIP", "M", "M+P", "RT+P"], [published.ERCLIP_TABLE2[("B/16", v)][i]
                                                                           for v in ("CLIP", "M", "M+P", "RT+P")])
                  for k, i in (("long avg T2I", 1), ("ImageNet", 6))}
@@ -181,18 +182,19 @@ def sweep_figure(name: str, base: dict, rows: dict, path, caption: str):
 
 
 def demo_sweep_job(cfg: erclip.ERCLIPConfig, root, run: str, overrides: dict, seed: int, pool) -> dict:
-    """One run of a demo sweep (a lab.run_jobs job): sweeps.sweep_one from freshly loaded pretrained weights,
+    """One run of a demo sweep (a lab.run_jobs job): erclip_sweeps.sweep_one from freshly loaded pretrained weights,
     measured by the demo's demo_measure, weights dropped."""
     def measure(model, preprocess, tokenizer, weights):
         return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
     initial = models.load_model(cfg.backbone, cfg.pretrained)
-    return sweeps.sweep_one(erclip.sweep_method(), cfg, root, run, overrides, seed, pool, initial, measure,
-                            keep_weights=False)
+    return erclip_sweeps.sweep_one(erclip.sweep_method(), cfg, root, run, overrides, seed, pool, initial,
+                                   measure, keep_weights=False)
 
 
 def demo_sweep_base(cfg: erclip.ERCLIPConfig, root) -> dict:
     """The pretrained weights measured (a job too: one torch thread, as every run)."""
-    return sweeps.sweep_run(root, "CLIP", lambda folder: {"measures": [demo.measure_pretrained(cfg)]})["measures"][0]
+    measured = erclip_sweeps.sweep_run(root, "CLIP", lambda folder: {"measures": [demo.measure_pretrained(cfg)]})
+    return measured["measures"][0]
 
 
 def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PROCESSES):
@@ -203,7 +205,7 @@ def run_demo_sweep(cfg: erclip.ERCLIPConfig, sizes=None, processes: int = lab.PR
     t0, name = time.time(), cfg.sweep
     root = lab.hold_out(Path(cfg.out) / f"sweep-{name}")
     full = lab.synthetic_manifest("train", cfg.data_root)
-    pool = {"epochs": lambda: sweeps.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
+    pool = {"epochs": lambda: erclip_sweeps.prefix_manifest(full, DEMO_EPOCH_POOL, root / "epoch-pool.jsonl"),
             "data-size": lambda: full}.get(name, lambda: None)()
     base = lab.run_jobs(demo_sweep_base, [(cfg, root)], 1)[0]
     jobs = [(cfg, root, run, over, seed, pool) for k, seed in enumerate(lab.seeds())

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plumbing import longclip_data, models
+from plumbing import models
+from papers import longclip_data
 import common
 import lab
 import longclip

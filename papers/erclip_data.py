@@ -1,5 +1,5 @@
 """One paper's training set, built from its public sources, below common: ERCLIP's COCO + ShareGPT4V pairs
-(erclip.py, and longclip.py's --recipe erclip-budget, reach it as common.coco_sharegpt4v_manifest). It
+(erclip.py, and longclip.py's --recipe erclip-budget, reach it as erclip_data.coco_sharegpt4v_manifest). It
 imports plumbing.base and plumbing.loading only."""
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ def dataset_layout(root, dataset: str, perceptor: str) -> str:
         return "ours"
     raise common.DataError(f"no features for dataset {dataset!r} under {root}: expected "
                            f"{dataset}_train_{perceptor}.h5 (the code's layout) or {dataset}/meta.json (ours); "
-                           f"see plumbing/cmcl.py, 'CMCL's cached multimodal features'")
+                           f"see papers/cmcl.py, 'CMCL's cached multimodal features'")
 
 
 def dataset_info(root, dataset: str, perceptor: str) -> dict:

@@ -1,5 +1,5 @@
 """C-CLIP's plumbing (cclip.py's, no other method's): the paper's 8 tasks in the order of Sec. 3.2 as
-data/vlcl/<name>/{train,test}.jsonl (python -m plumbing.vlcl builds them), --tasks into the task sequence,
+data/vlcl/<name>/{train,test}.jsonl (python -m commands.vlcl builds them), --tasks into the task sequence,
 the unseen retrieval set and zero-shot sets each --tasks is evaluated on (deviation 9), the paper's
 per-task learning rates (Sec. 5.2.3, --lr-preset paper), the research code's schedule, --schedule
 research (deviation 13), its start of task 5 on (--merge-schedule research, deviation 1) and its training transform of
@@ -19,7 +19,7 @@ PAPER_ZERO_SHOT = ("imagenet", "cifar100")  # Sec. 3.2 (3), the two of its six t
 # sketch our assumption: docs/cclip.md, "Per-task learning rates")
 PAPER_TASK_LRS = {"flickr30k": (8.6e-6, 1.3e-4), "coco": (5e-7, 4e-5), "pets": (3e-5, 3e-5),
                   **{k: (5e-5, 5e-5) for k in ("lexica", "simpsons", "wikiart", "kream", "sketch")}}
-# The tasks the research code splits by a fraction of one split (plumbing.vlcl's research sources); its data module
+# The tasks the research code splits by a fraction of one split (commands.vlcl's research sources); its data module
 # (SmallPigPeppa/clip-lightning, clip_openai/dataloaders/data_module_dil_json_zeroshot_hf_all.py at 038845e) builds
 # them as two Subsets of ONE dataset and then sets that dataset's transform to the evaluation one, so they train
 # without augmentation (--train-transform research, deviation 15)

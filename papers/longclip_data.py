@@ -8,6 +8,7 @@ from pathlib import Path
 
 import common
 from plumbing import models
+from papers import erclip_data
 from plumbing.results import pick, read
 
 
@@ -55,7 +56,7 @@ def train_manifest(cfg) -> Path:
         return models.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
         coco = cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json"
-        return common.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)
+        return erclip_data.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)
     if cfg.train_data == "sharegpt4v":
         return sharegpt4v_manifest(sharegpt4v, root / "longclip")
     return Path(cfg.train_data)

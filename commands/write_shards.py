@@ -3,7 +3,7 @@
 reader skips, re-encoded as PNG), `<key>.txt` (the caption) and `<key>.json` (every column), and open_clip's
 sizes.json.
 
-    python -m plumbing.write_shards MANIFEST OUT_DIR [--per-shard 1000]
+    python -m commands.write_shards MANIFEST OUT_DIR [--per-shard 1000]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def command_line(argv=None) -> argparse.Namespace:
-    """python -m plumbing.write_shards's settings (standard library only: --help and flag errors answer
+    """python -m commands.write_shards's settings (standard library only: --help and flag errors answer
     before torch loads)."""
     p = argparse.ArgumentParser(description="Write a manifest's rows as webdataset shards (+ sizes.json).",
                                 allow_abbrev=False)

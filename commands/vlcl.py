@@ -2,7 +2,7 @@
 Vision-Language Model", ICLR 2025, Sec. 3.2): the eight tasks and the unseen set, built from their public sources
 into the layout `python cclip.py --tasks vlcl` reads.
 
-    python -m plumbing.vlcl [--source research|koyoimai] [--data-root data] [--hf-cache DIR] [--task-path TASK=DIR ...]
+    python -m commands.vlcl [--source research|koyoimai] [--data-root data] [--hf-cache DIR] [--task-path TASK=DIR ...]
 
 writes data/vlcl/<task>/{train,test}.jsonl (image paths relative to them), the images the Hugging Face datasets
 carry (data/vlcl/<task>/images/<source split>/<row>.<ext>: written once, named by their source row), the unseen set

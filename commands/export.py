@@ -1,8 +1,8 @@
 """Export a fine-tuned model to the layouts other code loads: open_clip's hub folder, or a Hugging Face
 transformers CLIPModel folder (OpenAI-architecture ViTs).
 
-  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
-  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \
+  python -m commands.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
+  python -m commands.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \
       --format transformers
   (training runs do the first with --export DIR; every model.pt save_model writes has a model.safetensors twin)
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 
 EPILOG = """Examples:
-  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
-  python -m plumbing.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \\
+  python -m commands.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/erclip-b16
+  python -m commands.export --backbone ViT-B/16 --pretrained runs/erclip/model.pt --out exported/hf \\
       --format transformers
   python -m lab export --backbone tiny --pretrained runs/x/model.pt --out exported/tiny
 
@@ -38,7 +38,7 @@ local-dir:OUT) in every script of this repository. docs/interop.md has the detai
 
 
 def command_line() -> argparse.ArgumentParser:
-    prog = sys.argv[0] if sys.argv[0].startswith("python -m") else "python -m plumbing.export"  # lab's: its own
+    prog = sys.argv[0] if sys.argv[0].startswith("python -m") else "python -m commands.export"  # lab's: its own
     p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, epilog=EPILOG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbone", default="tiny",

@@ -1,0 +1,10 @@
+"""One module per paper's readers and drivers, above eval.py and below the method files: what a method needs for
+its paper's data and experiments but a reader of its math does not.
+
+  cclip_tasks     C-CLIP: the task list, evaluation sets, per-task learning rates, research merge schedule
+  cmcl            DNS: frozen CLIP features, CMCL's feature readers, step plan, tables, the drivers
+  erclip_data     ERCLIP: the COCO + ShareGPT4V training set from its public sources
+  erclip_sweeps   ERCLIP Sec. 4.3-4.4 on real data, and the folder handling of every sweep
+  longclip_data   Long-CLIP at ERCLIP's budget: training manifests, short captions, erclip.py's results
+  mosei           m2-Mix Sec. 5.5 / GMC: the CMU-MOSEI reader (python -m papers.mosei --convert)
+"""
