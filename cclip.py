@@ -278,21 +278,21 @@ def make_lr_of(cfg, lr_image, lr_text):
     return lr_of
 
 
-def run(cfg: CClipConfig, first_row: dict | None = None) -> dict:
+def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
     """The continual sequence for one method; returns the summary (first_row: row 0, when the
-    caller has it)."""
+    caller has it; world: the lab's)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
     rank = common.dist_info()[0]
-    tasks = cclip_tasks.resolve_tasks(cfg)
+    tasks = cclip_tasks.resolve_tasks(cfg, world)
     unseen, zero_shot = cclip_tasks.resolve_eval_sets(cfg)
     if cfg.tasks == "vlcl" and cfg.zero_shot == "auto":
         print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
               "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
-    model, train_tf, eval_tf, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
-                                                            device=device, cache_dir=cfg.cache_dir)
+    model, train_tf, eval_tf, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, device=device,
+                                                            cache_dir=cfg.cache_dir, world=world)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
 
@@ -382,17 +382,18 @@ def main(argv=None):
         from lab.demos import cclip as demo
         return demo.main(argv)
     cfg = common.parse_config(CClipConfig, argv)
-    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
-        import lab  # noqa: F401
+    world = None
+    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
+        from lab import WORLD as world
     needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in cclip_tasks.PAPER_TASKS
              for s in ("train", "test")]
     cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
                               "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python "
                               "-m commands.vlcl builds them)")
-    tasks = cclip_tasks.resolve_tasks(cfg)
+    tasks = cclip_tasks.resolve_tasks(cfg, world)
     common.preflight(cfg, [t.train for t in tasks], continual=True)  # before a model
     try:
-        summary = run(cfg)
+        summary = run(cfg, world=world)
     except Interrupted as e:
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}

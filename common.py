@@ -6,8 +6,8 @@ paper. Not run directly.
 
 It stands on the plumbing package (plumbing/: errors, settings, the run folder, file reading, manifests,
 towers, shards, the scripts' error handling, loading and saving models: plumbing/models.py) and imports
-nothing above it: no eval.py, method file or lab. The lab plugs its tiny backbone and synthetic world in
-through plumbing.models.LAB_HOOKS when it is imported.
+nothing above it: no eval.py, method file or lab. The lab's synthetic world reaches it as an argument
+(parse_tasks's world, a plumbing.models.LabWorld).
 
 Sections, in order:
   1. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
@@ -1019,11 +1019,12 @@ class Task:
     test: str   # manifest path (the train manifest when none is given)
 
 
-def parse_tasks(spec: str, data_root="data") -> list[Task]:
+def parse_tasks(spec: str, data_root="data", world: models.LabWorld | None = None) -> list[Task]:
     """'name=train.jsonl[:test.jsonl],...' in order, or 'synthetic' for the lab's four continual domains
-    (lab/world.py TASK_DOMAINS)."""
+    (lab/world.py TASK_DOMAINS; world: the lab's, models.LabWorld)."""
     if spec == "synthetic":
-        return [Task(d, str(tr), str(te)) for d, tr, te in models.lab_hook("task_manifests")(data_root)]
+        manifests = models.lab_world(world, "--tasks synthetic").task_manifests(data_root)
+        return [Task(d, str(tr), str(te)) for d, tr, te in manifests]
     tasks = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, eq, paths = part.partition("=")

@@ -486,9 +486,10 @@ class DNSLearner:
 
 
 # --- Main ---
-def run(cfg: DNSConfig, show: bool = True) -> dict:
-    """One continual run (one mode) on CLIP features of the --tasks manifests (papers.cmcl)."""
-    return cmcl.run_clip(cfg, DNSLearner, score_drift, show)
+def run(cfg: DNSConfig, show: bool = True, world=None) -> dict:
+    """One continual run (one mode) on CLIP features of the --tasks manifests (papers.cmcl; world: the
+    lab's, for its tiny backbone and synthetic tasks)."""
+    return cmcl.run_clip(cfg, DNSLearner, score_drift, show, world)
 
 
 def run_cmcl(cfg: DNSConfig, show: bool = True) -> dict:
@@ -503,8 +504,9 @@ def main(argv=None):
         from lab.demos import dns as demo  # the lab: world, tiny backbone, seeds (--seeds), claims
         return demo.main(argv)
     cfg = common.parse_config(DNSConfig, argv)
-    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab registers its world
-        import lab  # noqa: F401
+    world = None
+    if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
+        from lab import WORLD as world
     if cfg.export or cfg.lock_image or cfg.lock_text:
         raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it "
                                 "trains and writes no CLIP model")
@@ -512,9 +514,9 @@ def main(argv=None):
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)
     cfg = cmcl.resolve(cfg)
-    train = [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
+    train = [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root, world)]
     common.preflight(cfg, train, continual=True)
-    return run(cfg)
+    return run(cfg, world=world)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -312,11 +313,11 @@ class ERCLIP(common.Method):
 build_train_manifest = erclip_data.coco_sharegpt4v_manifest
 
 
-def train_manifest(cfg: ERCLIPConfig) -> Path:
+def train_manifest(cfg: ERCLIPConfig, world: models.LabWorld | None = None) -> Path:
     root = Path(cfg.data_root)
-    if cfg.train_data == "synthetic":
-        return models.lab_hook("synthetic_manifest")(  # the lab's world
-            "train", root, n=cfg.train_pairs or None)
+    if cfg.train_data == "synthetic":  # the lab's world
+        lab = models.lab_world(world, "--train-data synthetic")
+        return lab.synthetic_manifest("train", root, n=cfg.train_pairs or None)
     if cfg.train_data == TRAIN_POOL:
         return build_train_manifest(
             cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
@@ -330,11 +331,11 @@ def variant_name(cfg: ERCLIPConfig) -> str:
     return name + ("+P" if cfg.lambda_p > 0 else "")
 
 
-def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, validate=None):
+def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, validate=None, world=None):
     """Fine-tunes one variant of freshly loaded initial weights (so on resume
     the teacher is rebuilt from them too); returns (model, summary). hooks:
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
-    dataset = common.training_set(cfg, train_manifest(cfg), train_tf, need_long=True)
+    dataset = common.training_set(cfg, train_manifest(cfg, world), train_tf, need_long=True)
     net = ERCLIP(model, cfg)
     lr_of = ((lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr)
              if cfg.fusion_lr else None)
@@ -351,9 +352,10 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
     return model, summary
 
 
-def sweep_method() -> erclip_sweeps.Method:
+def sweep_method(world=None) -> erclip_sweeps.Method:
     """What papers.erclip_sweeps (--sweep; the lab's sweeps) runs of this file."""
-    return erclip_sweeps.Method(train_manifest, train_erclip, paper_tables, TRAIN_POOL)
+    return erclip_sweeps.Method(functools.partial(train_manifest, world=world),
+                                functools.partial(train_erclip, world=world), paper_tables, TRAIN_POOL, world)
 
 
 # --- Tables (ERCLIP's Tables 1 and 2, the layout written once in eval.py) ---
@@ -382,8 +384,9 @@ def main(argv=None):
         from lab.demos import erclip as demo
         return demo.main(argv)
     cfg = common.parse_config(ERCLIPConfig, argv)
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
-        import lab  # noqa: F401
+    world = None
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+        from lab import WORLD as world
     root = Path(cfg.data_root)
     cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
         cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
@@ -391,16 +394,16 @@ def main(argv=None):
         "COCO train2017 captions + ShareGPT4V descriptions, Sec. 4")
     if cfg.sweep:  # Sec. 4.3-4.4 in the real setting: the single run's preflight, then every run
         common.check_device(cfg)
-        return erclip_sweeps.run_sweep(sweep_method(), cfg)
+        return erclip_sweeps.run_sweep(sweep_method(world), cfg)
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
                                  published.ERCLIP_SYNTHETIC_TASKS)
     rank = common.dist_info()[0]
-    manifest = train_manifest(cfg)  # fails at once when the training data is missing
+    manifest = train_manifest(cfg, world)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
     model, train_tf, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
-                                                               cache_dir=cfg.cache_dir)
+                                                               cache_dir=cfg.cache_dir, world=world)
     device = common.init_distributed(cfg.device)
     base = []
     if tasks and cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it
@@ -408,7 +411,7 @@ def main(argv=None):
             model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
             weights="before fine-tuning"))
     model, summary = train_erclip(cfg, model, train_tf, tokenizer,
-                                  validate=evaluation.validator(cfg, preprocess, tasks))
+                                  validate=evaluation.validator(cfg, preprocess, tasks), world=world)
     if rank != 0:
         return summary
     if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated

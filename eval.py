@@ -885,15 +885,17 @@ def masked_continual_metrics(R) -> dict:
 
 
 def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="data", device="cpu",
-                         metrics=("i2t_R@1", "t2i_R@1"), **kw) -> dict:
+                         metrics=("i2t_R@1", "t2i_R@1"), world=None, **kw) -> dict:
     """Continual evaluation of checkpoints: [0] before any training ('pretrained': the backbone's default weights),
-    [i] after task i; tasks[j]: task j+1's test set. Returns common.summarize_continual's dict (+ 'records')."""
+    [i] after task i; tasks[j]: task j+1's test set (world: the lab's, for the tiny backbone's weights). Returns
+    common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
         raise common.UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
                                 f"+ one per task), got {len(checkpoints)}")
     rows, records = [], []
     for i, ck in enumerate(checkpoints):
-        model, _, preprocess, tok = models.load_model(backbone, "" if ck == "pretrained" else ck, device=device)
+        model, _, preprocess, tok = models.load_model(backbone, "" if ck == "pretrained" else ck, device=device,
+                                                      world=world)
         recs = evaluate(model, preprocess, tok, [*tasks, *zero_shot], data_root, model_name=backbone, weights=ck,
                         device=device, **kw)
         rows.append(continual_row(recs, tasks, metrics, zero_shot))
@@ -977,7 +979,7 @@ def _expand(spec: str) -> list:
     return out
 
 
-def main(argv=None):
+def main(argv=None, world=None):
     a = command_line().parse_args(argv)
     flags.note_spellings(sys.argv[1:] if argv is None else argv, flags.CLIP_BENCHMARK, "CLIP_benchmark's")
     if a.out.endswith(".json"):
@@ -987,7 +989,7 @@ def main(argv=None):
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
-    if models.wants_lab(a) and not models.LAB_HOOKS:  # eval.py never imports the lab (it sits above)
+    if models.wants_lab(a) and world is None:  # eval.py never imports the lab (it sits above)
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
@@ -1005,12 +1007,13 @@ def main(argv=None):
     results = document("eval", [], tasks=tasks, config=vars(a))  # stages: eval, alpha A, task i (row i)
     if a.continual:
         zs = _expand(a.zero_shot)
-        summary = evaluate_checkpoints(a.backbone, a.continual.split(","), tasks, zs, a.data_root, device, **kw)
+        summary = evaluate_checkpoints(a.backbone, a.continual.split(","), tasks, zs, a.data_root, device,
+                                       world=world, **kw)
         print(continual_tables(summary, tasks))
         results.update(continual=summary, records=[dict(r, stage=sequence_stage(r["row"]))
                                                    for r in summary.pop("records")])
     else:
-        model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device)
+        model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device, world=world)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
             if a.context_length > models.text_tower(model).context_length:
                 raise common.UsageError(f"--context-length {a.context_length} is longer than the model's text "

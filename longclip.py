@@ -354,8 +354,9 @@ def main(argv=None):
         from lab.demos import longclip as demo
         return demo.main(argv)
     cfg = common.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
-        import lab  # noqa: F401
+    world = None
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+        from lab import WORLD as world
     sharegpt4v = Path(cfg.data_root) / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     cfg = common.resolve_auto(cfg, "train_data", "sharegpt4v", [cfg.sharegpt4v or sharegpt4v],
                               "the ShareGPT4V descriptions with their images, Sec. 4.1")
@@ -364,11 +365,11 @@ def main(argv=None):
                                  published.ERCLIP_SYNTHETIC_TASKS)
     rank = common.dist_info()[0]
     erclip_run = read_erclip_results(cfg.erclip_results) if cfg.erclip_results else None
-    manifest = train_manifest(cfg)  # fails at once when the training data is missing
+    manifest = train_manifest(cfg, world)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
     model, train_tf, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained,
-                                                               cache_dir=cfg.cache_dir)
+                                                               cache_dir=cfg.cache_dir, world=world)
     base_window = models.text_tower(model).context_length
     device = common.init_distributed(cfg.device)
     base = []

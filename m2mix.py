@@ -286,15 +286,15 @@ def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -
     return records
 
 
-def finetune(cfg: M2MixConfig, show: bool = True) -> dict:
+def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     """Loads the backbone, evaluates it (ZS), fine-tunes with cfg.method,
-    evaluates again; writes results.json and returns it."""
+    evaluates again; writes results.json and returns it (world: the lab's)."""
     device = common.init_distributed(cfg.device)
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
-        cache_dir=cfg.cache_dir, **towers.tower_settings(cfg))
+        cache_dir=cfg.cache_dir, world=world, **towers.tower_settings(cfg))
     rank = common.dist_info()[0]
-    manifest = train_manifests.train_manifest(cfg)
+    manifest = train_manifests.train_manifest(cfg, world)
     records = []
     if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += results.staged(common.kept_result(
@@ -336,8 +336,9 @@ def main(argv=None):
         from lab.demos import m2mix as demo, towers as unimodal
         return (demo if "--demo" in argv else unimodal).main(argv)
     cfg = common.parse_config(M2MixConfig, argv)
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
-        import lab  # noqa: F401
+    world = None
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+        from lab import WORLD as world
     if cfg.collect:
         table = published.collect(cfg.collect.split(","))
         print(table)
@@ -348,8 +349,8 @@ def main(argv=None):
     # before training: the tasks; then rows, --out, device before any model is loaded
     flag = "--eval-tasks" if cfg.eval_on else "--train-data (evaluated as the default task)"
     evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root, flag)
-    common.preflight(cfg, [train_manifests.train_manifest(cfg)])
-    return finetune(cfg)
+    common.preflight(cfg, [train_manifests.train_manifest(cfg, world)])
+    return finetune(cfg, world=world)
 
 
 if __name__ == "__main__":

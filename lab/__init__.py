@@ -27,13 +27,14 @@ is honestly not resolved at this size.
   lab/__main__.py python -m lab eval|export: those commands on the lab
 
 The import graph runs one way: the lab imports common, eval and the method
-files; none of them imports the lab. Importing the lab plugs the world into
-the places common.py and eval.py look up by name (the tiny backbone, the
-'synthetic' task sequence, the synthetic-* evaluation sets), so
-`--backbone tiny` and `--train-data synthetic` work in every method; a method
-file's main() imports the lab only when its command names the lab, and
-`python -m lab eval|export ARGS` (lab/__main__.py) runs eval.py and the export
-on the lab's tiny model.
+files; none of them imports the lab. Importing the lab registers the tiny
+backbone with open_clip (open_clip.add_model_config) and the synthetic-*
+evaluation sets with eval.py (eval.register_synthetic); the rest of its world
+(the tiny backbone's weights, the synthetic manifests and task sequences, the
+label sets) is WORLD, a plumbing.models.LabWorld handed on as `world=`: a
+method file's main() takes it from the lab when its command names the lab
+(--backbone tiny, --train-data synthetic), and `python -m lab eval|export
+ARGS` (lab/__main__.py) passes it to eval.py and the export.
 """
 import common
 from plumbing import models
@@ -52,9 +53,8 @@ from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLOR
                        scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
                        world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
-models.LAB_HOOKS.update(  # what common.py, plumbing and the method files look up by name (models.lab_hook)
-    tiny_config=lambda: TINY_CFG, pretrain_tiny=pretrain_tiny, task_manifests=task_manifests,
-    synthetic_manifest=synthetic_manifest,  # --train-data synthetic (erclip, longclip, m2mix)
-    long_task_manifests=long_task_manifests,  # cclip.py --tasks synthetic-long
-    label_sets=lambda: label_sets() | scene_label_sets())  # dns.py --task-classes
+models.register_tiny(TINY_CFG)  # the tiny backbone, known to open_clip (open_clip.add_model_config)
+WORLD = models.LabWorld(  # the synthetic world, handed as `world=` to what the lab runs (models.LabWorld)
+    tiny_weights=pretrain_tiny, synthetic_manifest=synthetic_manifest, task_manifests=task_manifests,
+    long_task_manifests=long_task_manifests, label_sets=lambda: label_sets() | scene_label_sets())
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())

@@ -126,7 +126,7 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
     import erclip
     from lab.demos import erclip as demo
     cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
-    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     rows = []
     for setting in ERCLIP_GRID + ERCLIP_GRID_2:
@@ -212,7 +212,7 @@ def _full_ft(cfg, setting: dict, tasks: str, zero_shot: str, out: str) -> dict:
     import cclip
     vcfg = dataclasses.replace(cfg, method="full", tasks=tasks, unseen="", zero_shot=zero_shot, out=out,
                                overwrite=True, **setting)
-    summary = cclip.run(vcfg)
+    summary = cclip.run(vcfg, world=lab.WORLD)
     drop_weights(vcfg.out)
     return summary
 
@@ -269,7 +269,7 @@ def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
         vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=_val_tasks(data_root, long=False),
                                    out=f"{out}/vanilla-{len(rows)}", feature_cache=f"{out}/features", demo=False,
                                    **setting)
-        results = dns.run(vcfg, show=False)
+        results = dns.run(vcfg, show=False, world=lab.WORLD)
         R = _r_at_1(results["continual"]["matrices"])
         rows.append({"setting": setting, "R@1": R, "check": continual_passes(R)})
         print(f"[calibrate dns] {setting}: {rows[-1]['check']}", file=sys.stderr)
@@ -304,7 +304,7 @@ def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
         vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=tasks, out=f"{out}/vanilla-{len(rows)}",
                                    feature_cache=f"{out}/features", demo=False,
                                    **{k: v for k, v in setting.items() if k != "long"})
-        m = dns.run(vcfg, show=False)["continual"]["matrices"]
+        m = dns.run(vcfg, show=False, world=lab.WORLD)["continual"]["matrices"]
         R = _r_at_1(m)
         rows.append({"setting": setting, "R@1": R, "Acc": m["acc"], "check": dns_2_passes(R, m["acc"])})
         print(f"[calibrate dns-2] {setting}: {rows[-1]['check']}", file=sys.stderr)

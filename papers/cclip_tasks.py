@@ -55,14 +55,16 @@ def average_of_task_results(out, tasks, i: int) -> dict:
     return {n: (v / i).to(dtypes[n]) if v.is_floating_point() else v for n, v in total.items()}
 
 
-def resolve_tasks(cfg) -> list[common.Task]:
+def resolve_tasks(cfg, world: models.LabWorld | None = None) -> list[common.Task]:
+    """cclip.py's --tasks: vlcl's layout, the lab's (world: models.LabWorld) or the user's manifests."""
     if cfg.tasks == "synthetic-long":  # ours: the lab's 4 domain tasks, trained and tested on their long captions
-        return [common.Task(*t) for t in models.lab_hook("long_task_manifests")(cfg.data_root)]
+        long_tasks = models.lab_world(world, "--tasks synthetic-long").long_task_manifests(cfg.data_root)
+        return [common.Task(*t) for t in long_tasks]
     if cfg.tasks == "vlcl":
         root = Path(cfg.data_root) / "vlcl"
         spec = ",".join(f"{n}={root / n / 'train.jsonl'}:{root / n / 'test.jsonl'}" for n in PAPER_TASKS)
         return common.parse_tasks(spec, cfg.data_root)
-    return common.parse_tasks(cfg.tasks, cfg.data_root)
+    return common.parse_tasks(cfg.tasks, cfg.data_root, world)
 
 
 def resolve_eval_sets(cfg):

@@ -301,16 +301,17 @@ def read_cmcl_steps(root, spec: str, perceptor: str):
     return steps, data, dims.pop()
 
 
-def frozen_task_features(cfg, tasks, device) -> dict:
+def frozen_task_features(cfg, tasks, device, world=None) -> dict:
     """Every frozen feature a run of linear maps needs (dns.py; cfg: its DNSConfig), extracted once and cached:
     per task the train pairs and the test set, the per-task class prompts, the zero-shot sets."""
     if cfg.pretrained == "random":  # tests: random weights made a function of the seed, so caching them is sound
         torch.manual_seed(cfg.seed)
-    model, _, preprocess, tok = models.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir)
+    model, _, preprocess, tok = models.load_model(cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir,
+                                                  world=world)
     model.eval()
     weights = (cfg.pretrained if cfg.pretrained != "random" else f"random-seed{cfg.seed}") or "default"
     if cfg.backbone == "tiny" and cfg.pretrained in ("", "synthetic"):
-        weights = str(models.lab_hook("pretrain_tiny")())
+        weights = str(models.lab_world(world, "the tiny backbone's pretrained weights").tiny_weights())
     elif os.path.isfile(weights):
         weights += f"@{os.path.getsize(weights)}-{os.path.getmtime(weights)}"
     base = {"backbone": cfg.backbone, "weights": weights}
@@ -323,7 +324,7 @@ def frozen_task_features(cfg, tasks, device) -> dict:
 
     column, task_clf = "", None
     if cfg.task_classes:
-        classnames, templates, column = models.lab_hook("label_sets")()[cfg.task_classes]
+        classnames, templates, column = models.lab_world(world, "--task-classes").label_sets()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
@@ -589,13 +590,13 @@ def continual(cfg, learner, tasks, learn_task, evaluate) -> dict:
         lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
 
 
-def run_clip(cfg, learner_class, score_drift, show: bool = True) -> dict:
+def run_clip(cfg, learner_class, score_drift, show: bool = True, world=None) -> dict:
     """dns.run: one continual run (one mode) on CLIP features of the --tasks manifests (learner_class:
-    dns.DNSLearner, score_drift: dns.score_drift)."""
+    dns.DNSLearner, score_drift: dns.score_drift; world: the lab's, models.LabWorld)."""
     cfg = resolve_eval_sets(cfg)
     device, out = start(cfg), Path(cfg.out)
-    tasks = common.parse_tasks(cfg.tasks, cfg.data_root)
-    feats = frozen_task_features(cfg, tasks, device)
+    tasks = common.parse_tasks(cfg.tasks, cfg.data_root, world)
+    feats = frozen_task_features(cfg, tasks, device, world)
     learner = learner_class(feats["tasks"][0]["train"]["img"].shape[1], feats["logit_scale"], cfg.label_smoothing,
                             cfg.loss, cfg.bias)
 

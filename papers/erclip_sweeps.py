@@ -132,6 +132,7 @@ class Method(NamedTuple):
     train: Callable  # (cfg, model, train_tf, tokenizer, hooks=) -> (model, summary) (erclip.train_erclip)
     paper_tables: Callable  # (ours, vit) -> Tables 1 and 2 beside the paper's rows (erclip.paper_tables)
     train_pool: str  # the paper's training pool, --train-data's name (erclip.TRAIN_POOL)
+    world: object = None  # the lab's (plumbing.models.LabWorld), when the lab runs the sweep
 
 
 # Every run of a sweep starts from the same initial weights in its own folder
@@ -225,7 +226,7 @@ def run_sweep(method: Method, cfg, sizes=None):
                                    weights=str(weights))
 
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
-    initial = models.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir)
+    initial = models.load_model(cfg.backbone, cfg.pretrained, cache_dir=cfg.cache_dir, world=method.world)
     device = common.init_distributed(cfg.device)
 
     def base(folder):

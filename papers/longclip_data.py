@@ -48,12 +48,13 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
     return path
 
 
-def train_manifest(cfg) -> Path:
-    """The training manifest of a longclip.LongCLIPConfig's --train-data."""
+def train_manifest(cfg, world: models.LabWorld | None = None) -> Path:
+    """The training manifest of a longclip.LongCLIPConfig's --train-data (world: the lab's)."""
     root = Path(cfg.data_root)
     sharegpt4v = cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     if cfg.train_data == "synthetic":
-        return models.lab_hook("synthetic_manifest")("train", root, n=cfg.train_pairs or None)  # the lab's world
+        lab = models.lab_world(world, "--train-data synthetic")
+        return lab.synthetic_manifest("train", root, n=cfg.train_pairs or None)
     if cfg.train_data == "coco-sharegpt4v":  # ERCLIP's file, shared (deviation 12)
         coco = cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json"
         return erclip_data.coco_sharegpt4v_manifest(coco, sharegpt4v, root / "erclip", cfg.train_pairs or 20000)

@@ -1,8 +1,9 @@
 """Loading and saving models: the backbone names (OpenAI's spelling, open_clip's, the lab's tiny one), load_model
 (open_clip tags, local files, foreign checkpoints, uni-modal towers), the tokenizer cache, save_model with its
 sidecar and open_clip's hub layout (export_open_clip). Below common (common imports it); it imports nothing
-above it: no common, eval, method file or lab. The lab plugs its tiny backbone and synthetic world in through
-LAB_HOOKS when it is imported.
+above it: no common, eval, method file or lab. The lab registers its tiny backbone with open_clip
+(register_tiny: open_clip.add_model_config) and hands its synthetic world to the commands it runs as an
+argument (LabWorld, `world=`).
 """
 from __future__ import annotations
 
@@ -36,22 +37,28 @@ OPENAI_NAMES = {  # the papers' spelling -> open_clip's
 }
 TINY_NAME = "clipft-tiny"  # the lab's CPU-sized CLIP (lab/tiny.py)
 
-# The lab (a package that common never imports) plugs its tiny backbone and synthetic task sequence in here
-# when it is imported: tiny_config() -> open_clip config, pretrain_tiny() -> weights path,
-# task_manifests(data_root) -> [(name, train, test)].
-LAB_HOOKS: dict[str, Callable] = {}
+@dataclasses.dataclass(frozen=True)
+class LabWorld:
+    """The lab's synthetic world, as the lab hands it to what it runs (lab.WORLD, passed as `world=`; a method's
+    main() takes it from the lab when its command names the lab). Nothing below the lab imports the lab."""
+    tiny_weights: Callable[[], Path]  # the tiny backbone's world-pretrained weights (lab.tiny.pretrain_tiny)
+    synthetic_manifest: Callable[..., Path]  # (split, root, n=None) -> manifest: --train-data synthetic
+    task_manifests: Callable[[str], list]  # data_root -> [(name, train, test)]: --tasks synthetic
+    long_task_manifests: Callable[[str], list]  # the same on long captions: cclip.py --tasks synthetic-long
+    label_sets: Callable[[], dict]  # name -> (classnames, templates, column): dns.py --task-classes
 
 
-def lab_hook(name: str) -> Callable:
-    if name not in LAB_HOOKS:
-        raise UsageError(f"the lab's {name.replace('_', ' ')} is not loaded: `import lab` first (the command line "
-                         f"does it for --demo, --backbone tiny and the synthetic world)")
-    return LAB_HOOKS[name]
+def lab_world(world: LabWorld | None, what: str) -> LabWorld:
+    """`world`, or one message when a command that names the lab's world was not run through the lab."""
+    if world is None:
+        raise UsageError(f"{what} is the lab's: run the method's command with it (its main() hands the lab's "
+                         f"world on), python -m lab eval|export ARGS, or pass world=lab.WORLD")
+    return world
 
 
-def register_tiny(config: dict | None = None):
-    """Makes the lab's tiny config known to open_clip under TINY_NAME."""
-    config = config or lab_hook("tiny_config")()
+def register_tiny(config: dict):
+    """Makes the lab's tiny config known to open_clip under TINY_NAME (open_clip.add_model_config; the lab
+    calls it when it is imported)."""
     path = base.CACHE_DIR / "configs" / f"{TINY_NAME}.json"
     if TINY_NAME not in open_clip.list_models():
         try:
@@ -61,6 +68,11 @@ def register_tiny(config: dict | None = None):
         if current != config:  # atomic_write makes the folder
             atomic_write(path, json.dumps(config))
         open_clip.add_model_config(path)
+
+
+def tiny_known() -> bool:
+    """Whether the lab's tiny config is registered with open_clip (register_tiny: the lab is loaded)."""
+    return TINY_NAME in open_clip.list_models()
 
 
 def wants_lab(cfg) -> bool:
@@ -75,7 +87,9 @@ def wants_lab(cfg) -> bool:
 def resolve_backbone(name: str) -> str:
     """'ViT-B/16' -> 'ViT-B-16'; 'tiny' -> the registered tiny config."""
     if name == "tiny":
-        register_tiny()
+        if not tiny_known():
+            raise UsageError("--backbone tiny is the lab's: `import lab` first (the command line does it for "
+                             "--demo, --backbone tiny and the synthetic world)")
         return TINY_NAME
     name = OPENAI_NAMES.get(name, name)
     if name not in open_clip.list_models():
@@ -89,12 +103,13 @@ def openai_name(backbone: str) -> str:
 
 
 def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache_dir: str = "",
-               quick_gelu: bool | None = None, **towers_kw):
+               quick_gelu: bool | None = None, world: LabWorld | None = None, **towers_kw):
     """Returns (model, train_transform, eval_transform, tokenizer).
 
     backbone: OpenAI spelling ('ViT-B/16'), open_clip name ('ViT-B-16') or 'tiny'.
     pretrained: '' (OpenAI's weights; the world-pretrained weights for 'tiny'), an open_clip tag ('openai',
       'laion2b_s34b_b88k', ...), a checkpoint path, or 'random' (explicitly untrained).
+    world: the lab's (LabWorld), for the tiny backbone's world-pretrained weights.
     QuickGELU is matched to the weights (OpenAI's were trained with it; open_clip's plain configs silently give
     wrong features with them): from the tag's config, our checkpoint sidecar, a foreign layout (Long-CLIP's,
     m2-Mix's: OpenAI-initialised, so on whatever the backbone's spelling), or forced for OpenAI-spelled backbones
@@ -111,7 +126,7 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         return load_export(pretrained.removeprefix("local-dir:"), device, backbone)
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
-        pretrained = str(lab_hook("pretrain_tiny")())
+        pretrained = str(lab_world(world, "the tiny backbone's pretrained weights").tiny_weights())
     pretrained = pretrained or "openai"
     kwargs = dict(device=device, cache_dir=cache_dir or None)
     context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
@@ -192,7 +207,7 @@ def load_export(folder, device="cpu", backbone: str | None = None):
             raise TypeError(f"model_cfg is {type(cfg).__name__}, not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{config}: not open_clip's config ({type(e).__name__}: {e})") from None
-    if backbone and (backbone != "tiny" or "tiny_config" in LAB_HOOKS):
+    if backbone and (backbone != "tiny" or tiny_known()):
         name = resolve_backbone(backbone)
         if not same_architecture(cfg, open_clip.get_model_config(name)):
             like = [n for n in open_clip.list_models() if same_architecture(cfg, open_clip.get_model_config(n))]

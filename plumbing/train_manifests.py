@@ -62,11 +62,11 @@ def _write_rows(rows, path: Path) -> Path:
 
 
 # ---- m2mix.py's choice of training manifest and test protocols (--train-data, --coco-split, --eval-tasks) ----
-def train_manifest(cfg) -> Path:
-    """The manifest m2mix.py trains on (cfg: m2mix.M2MixConfig); written under <out>/data/."""
+def train_manifest(cfg, world: models.LabWorld | None = None) -> Path:
+    """The manifest m2mix.py trains on (cfg: m2mix.M2MixConfig; world: the lab's); written under <out>/data/."""
     data_dir = Path(cfg.out) / "data"
-    if cfg.train_data == "synthetic":  # the lab registers its world
-        return models.lab_hook("synthetic_manifest")("train", cfg.data_root)
+    if cfg.train_data == "synthetic":  # the lab's world
+        return models.lab_world(world, "--train-data synthetic").synthetic_manifest("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
         return karpathy_train_manifest("flickr30k", cfg.data_root, "train", cfg.train_captions, data_dir)
     if cfg.train_data == "coco":

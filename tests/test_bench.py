@@ -12,6 +12,7 @@ import bench  # noqa: E402
 
 import common  # noqa: E402
 from plumbing import models  # noqa: E402
+import lab  # noqa: E402
 
 
 def test_dense_reference_equals_chunked_retrieval():
@@ -32,7 +33,7 @@ def test_steps_section_writes_floors(tmp_path):
     ratio_to_floor = step / (plain + extra work), and the floors account for
     the methods' work: ERCLIP's and m2/m3-Mix's step FLOPs are the plain
     step's plus the extra work's (C-CLIP's also carry LoRA's adapters)."""
-    models.register_tiny()
+    models.register_tiny(lab.TINY_CFG)
     out = tmp_path / "results.json"
     bench.RECORDS.clear()
     bench.bench_steps(True, models.TINY_NAME, batch=4, repeat=1)

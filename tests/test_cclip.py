@@ -410,8 +410,8 @@ def test_synthetic_long_tasks_come_from_the_lab(tmp_path, shrink_world):
     """--tasks synthetic-long: the lab's four domains, captions replaced by their long captions."""
     shrink_world(lambda k: 8 if k.startswith("task-") else None)
     cfg = common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic-long", "--data-root", str(tmp_path)])
-    short = common.parse_tasks("synthetic", str(tmp_path))
-    tasks = cclip_tasks.resolve_tasks(cfg)
+    short = common.parse_tasks("synthetic", str(tmp_path), lab.WORLD)
+    tasks = cclip_tasks.resolve_tasks(cfg, lab.WORLD)
     assert [t.name for t in tasks] == [t.name for t in short]
     for t, s in zip(tasks, short):
         long_rows, rows = common.read_manifest(t.train), common.read_manifest(s.train)

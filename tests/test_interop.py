@@ -43,7 +43,7 @@ def _gap(a, b, image, tokens_a, tokens_b=None):
 def trained(tmp_path):
     """A tiny model with QuickGELU (as OpenAI-initialised runs) and a stretched text window (as Long-CLIP's),
     saved as a run saves it: the two settings a bare state_dict loses."""
-    models.register_tiny()
+    models.register_tiny(lab.TINY_CFG)
     torch.manual_seed(0)
     model = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None, force_quick_gelu=True,
                                                   force_context_length=40)[0].eval()

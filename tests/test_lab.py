@@ -68,7 +68,7 @@ def test_continual_domains_differ(tmp_path):
             assert len(seen[i] & seen[j]) < 0.5 * min(len(seen[i]), len(seen[j]))
     phrases = {lab.world_split(d, 1, 0)[0]["caption"].split(" a ")[0] for d in lab.TASK_DOMAINS.values()}
     assert len(phrases) == len(lab.TASK_DOMAINS)
-    tasks = common.parse_tasks("synthetic", tmp_path)
+    tasks = common.parse_tasks("synthetic", tmp_path, lab.WORLD)
     assert [t.name for t in tasks] == list(lab.TASK_DOMAINS)
     assert all(len(common.ManifestDataset(t.train, check_images=False)) == 600 for t in tasks)
 
@@ -164,7 +164,7 @@ def test_scene_labels_are_the_captions_facts_and_a_stale_copy_is_refused(tmp_pat
     stale.write_text(path.read_text().replace('"caption": "a photo of', '"caption": "a night shot of', 1))
     with pytest.raises(ValueError, match="not the world's 'task-photo-test' scenes"):
         lab.scene_labels_manifest(stale)
-    sets = models.lab_hook("label_sets")()
+    sets = lab.WORLD.label_sets()
     assert sets["position"][0] == list(world.POSITIONS) and "position" not in world.label_sets()
     spec = lab.scene_labelled_tasks(tmp_path / "d", test="val", long=True)
     assert spec.count("-val-scene-labels-long-as-caption.jsonl") == len(world.TASK_DOMAINS)

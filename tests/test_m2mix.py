@@ -469,16 +469,16 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
 
 
 # ----------------------------------------------------------------------------- the lab stays out of real paths
-def test_synthetic_train_data_is_the_labs_manifest_through_its_hook(tmp_path, shrink_world, monkeypatch):
-    """--train-data synthetic resolves through models.LAB_HOOKS, which importing the lab fills;
-    without the lab the lookup is one message naming `import lab`."""
+def test_synthetic_train_data_is_the_labs_manifest_handed_over_as_an_argument(tmp_path, shrink_world):
+    """--train-data synthetic resolves through the lab's world, handed over as an argument (lab.WORLD, a
+    models.LabWorld: no registry the import rule cannot see); without it the lookup is one message naming
+    how to run it through the lab."""
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
-    assert models.LAB_HOOKS["synthetic_manifest"] is lab.synthetic_manifest
-    assert (train_manifests.train_manifest(cfg) == lab.synthetic_manifest("train", tmp_path)
+    assert lab.WORLD.synthetic_manifest is lab.synthetic_manifest
+    assert (train_manifests.train_manifest(cfg, lab.WORLD) == lab.synthetic_manifest("train", tmp_path)
             == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl")
-    monkeypatch.delitem(models.LAB_HOOKS, "synthetic_manifest")
-    with pytest.raises(common.UsageError, match="import lab"):
+    with pytest.raises(common.UsageError, match="--train-data synthetic is the lab's: .*world=lab.WORLD"):
         train_manifests.train_manifest(cfg)
 
 

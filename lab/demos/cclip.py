@@ -107,7 +107,8 @@ def one_sequence(cfg: CClipConfig, method: str, seed: int, row0: dict | None) ->
     """One method's task sequence for one seed, in a scratch folder (a run_jobs job): its summary."""
     with lab.scratch_run(Path(cfg.out) / f"{method}-seed{seed}") as run_out:
         return run(dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out),
-                                       **(DEMO_LORA if method in ("lora", "cclip") else {})), first_row=row0)
+                                       **(DEMO_LORA if method in ("lora", "cclip") else {})), first_row=row0,
+                   world=lab.WORLD)
 
 
 def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
@@ -120,7 +121,7 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
     equal: LoRA's B starts at 0) and passed in after: 4 evaluations, not 4 x seeds."""
     t0, out = time.time(), lab.hold_out(cfg.out)
     unseen, _ = resolve_eval_sets(cfg)
-    tasks = [t.name for t in resolve_tasks(cfg)]
+    tasks = [t.name for t in resolve_tasks(cfg, lab.WORLD)]
     seeds, names = lab.seeds(), list(DEMO_NAMES)
 
     def progress(jobs):

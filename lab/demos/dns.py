@@ -6,6 +6,7 @@ CMCL's own setting. Settings, protocol and results: docs/dns.md."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -130,9 +131,9 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
     if cfg.tasks in ("auto", "synthetic"):  # the domains, their test splits with the finer labels
         cfg = dataclasses.replace(cfg, tasks=lab.scene_labelled_tasks(cfg.data_root))
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
-    runs, base, _ = demo_seeds(dns.run, cfg, out, **shared)
+    runs, base, _ = demo_seeds(functools.partial(dns.run, world=lab.WORLD), cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
-    tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root)]
+    tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root, lab.WORLD)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
             f"{list(lab.seeds())}, lr {cfg.lr:g}, {cfg.epochs} epochs/task, lambda_min {cfg.lambda_min:g} "
             f"(optimiser: the paper's; backbone and world: ours). Acc = per-task {cfg.task_classes} classification "

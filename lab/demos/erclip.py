@@ -151,16 +151,16 @@ def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
     from the run's seed, trained, measured on `split` (demo_measure); its
     folder is scratch (lab.scratch_run). The demo's runs and the calibration's."""
     with lab.scratch_run(vcfg.out):
-        model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained)
+        model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
         torch.manual_seed(vcfg.seed)  # the fusion module's initialisation
-        model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer)
+        model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.WORLD)
         return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split), "seed": vcfg.seed,
                 "train_seconds": summary["train_seconds"], "gamma": summary.get("gamma", 0.0)}
 
 
 def measure_pretrained(cfg: erclip.ERCLIPConfig, split: str = "test") -> dict:
     """demo_measure of the pretrained weights (a run_jobs job, so on one torch thread as every run)."""
-    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     return demo_measure(model, preprocess, tokenizer, cfg.data_root, split)
 
 

@@ -186,8 +186,8 @@ def demo_sweep_job(cfg: erclip.ERCLIPConfig, root, run: str, overrides: dict, se
     measured by the demo's demo_measure, weights dropped."""
     def measure(model, preprocess, tokenizer, weights):
         return demo.demo_measure(model, preprocess, tokenizer, cfg.data_root)
-    initial = models.load_model(cfg.backbone, cfg.pretrained)
-    return erclip_sweeps.sweep_one(erclip.sweep_method(), cfg, root, run, overrides, seed, pool, initial,
+    initial = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
+    return erclip_sweeps.sweep_one(erclip.sweep_method(lab.WORLD), cfg, root, run, overrides, seed, pool, initial,
                                    measure, keep_weights=False)
 
 

@@ -161,10 +161,10 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     pretrained weights; claims from the paired differences."""
     t0 = time.time()
     out = lab.hold_out(cfg.out)
-    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     short_window = longclip.original_context(cfg.backbone)
     base = demo_measure(model, preprocess, {short_window: tokenizer}, cfg.data_root)[short_window]
-    manifest = longclip_data.train_manifest(cfg)  # written here, so the ERCLIP subprocess reads the same file
+    manifest = longclip_data.train_manifest(cfg, lab.WORLD)  # written here: the ERCLIP subprocess reads it too
     runs, names = {ERCLIP_NAME: []}, {}
     for seed in lab.seeds():
         with lab.scratch_run(out / f"ERCLIP-MP-seed{seed}") as run_out:
@@ -178,7 +178,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
 
         vcfg = dataclasses.replace(cfg, seed=seed, out=str(out / f"LongCLIP-seed{seed}"))
         with lab.scratch_run(vcfg.out):
-            model, train_tf, preprocess, _ = models.load_model(cfg.backbone, cfg.pretrained)
+            model, train_tf, preprocess, _ = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
             torch.manual_seed(seed)
             model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
             window = summary["context_length"]

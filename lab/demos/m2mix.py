@@ -165,14 +165,14 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
     across methods); claims from the paired differences."""
     t0, out = time.time(), lab.hold_out(cfg.out)
     manifest = demo_manifest(cfg.data_root, out / "data")
-    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     base = demo_measure(model, preprocess, tokenizer, cfg.data_root)
     runs = {m2mix.METHOD_NAMES[m]: [] for m in DEMO_METHODS}
     for seed in lab.seeds():
         for method in DEMO_METHODS:
             runs[m2mix.METHOD_NAMES[method]].append(fine_tune(
-                cfg, method, seed, out, manifest, lambda: models.load_model(cfg.backbone, cfg.pretrained),
-                demo_measure))
+                cfg, method, seed, out, manifest,
+                lambda: models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD), demo_measure))
     head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights m2 / uni / VL {cfg.m2_weight:g} / {cfg.uni_weight:g} / "
             f"{cfg.vl_weight:g} (demo settings, not the paper's). Task: long captions (truncated at 24 tokens); "
