@@ -86,8 +86,10 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
     fp16_weights: bool = arg(False, "weights and lam rounded to fp16, as the code (deviation 16)")
-    eval_zs: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)")
-    eval_on: str = arg("", "eval.py tasks (a,b) in place of the training set's; 'none': no eval")
+    eval_base: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)",
+                          old=("--eval-zs",))
+    eval_tasks: str = arg("", "eval.py tasks (a,b) in place of the training set's; 'none': no eval",
+                          old=("--eval-on",))
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "SIMAT's split, lambdas (dev. 15)", choices=("ours", "code"))
     collect: str = arg("", "run folders a,b: Table 1 of their results, printed and in a/collect.md")
@@ -296,7 +298,7 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     rank = common.dist_info()[0]
     manifest = train_manifests.train_manifest(cfg, world)
     records = []
-    if cfg.eval_zs and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
+    if cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
         records += results.staged(common.kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest,
@@ -347,7 +349,7 @@ def main(argv=None):
     cfg = common.resolve_auto(cfg, "train_data", "flickr30k", [karpathy],
                               "Flickr30K and Karpathy's split file, Sec. 5.1")
     # before training: the tasks; then rows, --out, device before any model is loaded
-    flag = "--eval-tasks" if cfg.eval_on else "--train-data (evaluated as the default task)"
+    flag = "--eval-tasks" if cfg.eval_tasks else "--train-data (evaluated as the default task)"
     evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root, flag)
     common.preflight(cfg, [train_manifests.train_manifest(cfg, world)])
     return finetune(cfg, world=world)

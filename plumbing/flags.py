@@ -174,14 +174,9 @@ def checked(typ, rule: str):
 CSV_COLUMNS = {"csv_img_key": "", "csv_caption_key": "", "csv_separator": ""}  # this run's (parse_config sets
 # them): every manifest it reads, for training and evaluation alike, as open_clip's flags apply to both
 
-# Issue 42.1, one spelling per idea in every script: a field named differently in one paper's script is spelled
-# on the command line as in the others (open_clip's spelling where it has one); the old spelling is still read,
-# with one line naming the new one. field name -> (the flag, the old spellings)
-SPELLINGS = {
-    "eval_on": ("--eval-tasks", ("--eval-on",)),  # m2mix.py: erclip / longclip's name for the evaluation tasks
-    "eval_zs": ("--eval-base", ("--eval-zs",)),  # m2mix.py: the evaluation before fine-tuning
-    "zeroshot": ("--zero-shot", ("--zeroshot",)),  # dns.py: cclip / eval's name for the zero-shot sets
-}
+# Issue 42.1, one spelling per idea in every script, and issue 56.5, one name from flag to field: a field's flag
+# is its name (--eval-tasks is eval_tasks); a flag a script once spelled otherwise is still read, with one line
+# naming the new one: arg(..., old=("--eval-on",)) (m2mix.py's --eval-on / --eval-zs, dns.py's --zeroshot).
 
 
 def default_sources(cls) -> dict:
@@ -212,7 +207,7 @@ def parse_config(cls, argv=None, **overrides):
     sources = default_sources(cls) if any(a in ("-h", "--help") for a in argv) else {}
     for f in dataclasses.fields(cls):
         default = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        name, old = SPELLINGS.get(f.name, ("--" + f.name.replace("_", "-"), ()))
+        name, old = "--" + f.name.replace("_", "-"), tuple(f.metadata.get("old", ()))
         help_ = f.metadata.get("help", "")
         if (source := sources.get(f.name)) and source not in help_:
             help_ += f" [{source}]"  # the default's source, as the file says it

@@ -81,8 +81,8 @@ def eval_tasks(cfg) -> dict:
     protocol (1:1, Table 1's), on the test set matching the training split (COCO 2017 train ->
     val2017; Karpathy train -> Karpathy test, never val2017, which overlaps Karpathy's train +
     restval images)."""
-    if cfg.eval_on:
-        return {t: t for t in cfg.eval_on.split(",") if t and cfg.eval_on != "none"}
+    if cfg.eval_tasks:
+        return {t: t for t in cfg.eval_tasks.split(",") if t and cfg.eval_tasks != "none"}
     if cfg.train_data == "synthetic":
         return {"synthetic-short": "synthetic-short"}
     if cfg.train_data == "flickr30k":

@@ -360,7 +360,7 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
     monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
     monkeypatch.setattr(train_manifests, "train_manifest",
                         lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
-    cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_zs=False, device="cpu",
+    cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_base=False, device="cpu",
                             data_root=str(tmp_path), out=str(tmp_path / "run"))
     m2mix.finetune(cfg)
     assert isinstance(seen["hooks"], m2mix.Fp16Storage)
@@ -411,8 +411,8 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
     assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
     assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
                                                                                        "flickr30k-1cap"}
-    assert list(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="x.jsonl", eval_on="synthetic-long,coco"))) == [
-        "synthetic-long", "coco"]
+    own = m2mix.M2MixConfig(train_data="x.jsonl", eval_tasks="synthetic-long,coco")
+    assert list(train_manifests.eval_tasks(own)) == ["synthetic-long", "coco"]
 
 
 def test_table1_puts_paper_values_beside_the_matching_protocol():

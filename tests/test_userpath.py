@@ -374,9 +374,9 @@ def test_one_spelling_per_idea_and_the_old_one_still_read_with_one_line(capsys):
     import m2mix
     from plumbing import flags
     new = flags.parse_config(m2mix.M2MixConfig, ["--eval-tasks", "a,b", "--no-eval-base"])
-    assert (new.eval_on, new.eval_zs) == ("a,b", False) and capsys.readouterr().err == ""
+    assert (new.eval_tasks, new.eval_base) == ("a,b", False) and capsys.readouterr().err == ""
     old = flags.parse_config(m2mix.M2MixConfig, ["--eval-on", "a,b", "--no-eval-zs"])
-    assert (old.eval_on, old.eval_zs) == ("a,b", False)
+    assert (old.eval_tasks, old.eval_base) == ("a,b", False)
     err = capsys.readouterr().err
     assert "--eval-on is now spelled --eval-tasks" in err and "--no-eval-zs is now spelled --no-eval-base" in err
     cfg_cls = next(v for k, v in vars(dns).items() if k.endswith("Config") and v is not flags.Config

@@ -32,7 +32,7 @@ from plumbing import models, published, towers
 # lr 1e-3 and at 3e-4 (R@5 51 vs 54 %), 15 s a run: so 200 steps at 3e-4, one lr
 # for towers and heads. Mix weights and Beta parameters: m2mix.py's defaults.
 DEMO = dict(backbone="lab-towers", lr=3e-4, warmup=-10, steps=200, batch_size=32, workers=0, precision="fp32",
-            device="cpu", log_every=20, save_every=0, out="runs/m2mix-unimodal-demo", eval_zs=False)
+            device="cpu", log_every=20, save_every=0, out="runs/m2mix-unimodal-demo", eval_base=False)
 DEMO_METHODS = ("ft", "m2", "m3")
 DEMO_COLS = ["R@1", "I2T R@1", "T2I R@1", "I2T R@5", "T2I R@5", "I2T R@10", "T2I R@10"]
 CHANCE = 100 / 400  # R@1 (%) of a random ranking of the 400 test images
