@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 
 from plumbing import loading, manifests
+from papers import erclip_data
 import common
 import lab
 
@@ -254,21 +255,21 @@ def test_write_once_manifest_is_rebuilt_when_its_sources_change(tmp_path, capsys
     files it was built from are the same ones (recorded in its sidecar)."""
     coco, sg = _coco_and_sharegpt4v(tmp_path)
     out = tmp_path / "erclip"
-    path = common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
+    path = erclip_data.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["coco_id"] for r in rows] == [1, 2] and rows[0]["caption"] == "caption 1 0"
     assert rows[0]["long_caption"].startswith("A long description.")
     assert loading.read_sidecar(path)["sources"]["sharegpt4v"]["bytes"] == sg.stat().st_size
     stamp = path.stat().st_mtime_ns
-    assert common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1) == path
+    assert erclip_data.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1) == path
     assert path.stat().st_mtime_ns == stamp  # reused, not rewritten
     _coco_and_sharegpt4v(tmp_path, long_text="Another, longer description of the same scene.")
-    common.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
+    erclip_data.coco_sharegpt4v_manifest(coco, sg, out, n_pairs=2, holdout=1)
     assert "rebuilding" in capsys.readouterr().err
     assert json.loads(path.read_text().splitlines()[0])["long_caption"].startswith("Another, longer")
     other = tmp_path / "other.json"
     other.write_text(sg.read_text())
-    common.coco_sharegpt4v_manifest(coco, other, out, n_pairs=2, holdout=1)  # another --sharegpt4v path
+    erclip_data.coco_sharegpt4v_manifest(coco, other, out, n_pairs=2, holdout=1)  # another --sharegpt4v path
     assert loading.read_sidecar(path)["sharegpt4v"] == str(other)
 
 
