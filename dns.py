@@ -2,8 +2,9 @@
 
 Liu et al. "Continual Multimodal Contrastive Learning" (CMCL). NeurIPS 2025. arXiv:2503.14963
 "The code": github.com/Xiaohao-Liu/CMCL (cmcl/dns.py, base.py, training.py, eval_util.py).
-Implements: problem formulation (dns_scores), Thm. 4 (project_gradient), multi-step extension
-(update_covariance, null_space_projector); each equation once, in the docstring of the function.
+Implements: problem formulation (dns_scores), Thm. 4 (project_gradient; what a default step runs is
+here too: the form of fewest operations, projected_linear in W's backward, deviation 12), multi-step
+extension (update_covariance, null_space_projector); each equation once, in a function's docstring.
 Code name -> paper symbol: W_img, W_txt (W_<m>) = W^{m} | img, txt = v, t (frozen, normalised,
   (N, D)) | logit_scale = ln s (s = 1/tau; CLIP's, frozen) | Z_img, Z_txt, n = Z-bar_{<t}^{m}, its
   count | P_out = P-tilde (old mapped partners), P_in = P' (old inputs) of Thm. 4 | lambda_min
@@ -162,6 +163,133 @@ def projector_basis(P):
     return U[:, evals > 0.5].to(P.dtype)
 
 
+# Thm. 4 as a default step runs it (deviation 12, ours: speed): per map the form of fewest
+# operations; in gradient mode from the batch, in the map's backward (ProjectedLinear).
+def _activation_flops(order: str, batch: int, d_out: int, d_in: int, k_out: int, k_in: int) -> int:
+    """Flops (2 per multiply-add, as torch.utils.flop_counter) of project_gradient_activations
+    beyond delta^T X."""
+    if order == "basis":  # U_out (core U_in^T) when k_out <= k_in, else (U_out core) U_in^T
+        last = (2 * k_in * (k_out * d_in if k_out <= k_in else k_out * d_out)
+                + 2 * d_out * d_in * min(k_out, k_in))
+        return 2 * batch * (d_out * k_out + d_in * k_in + k_out * k_in) + last
+    return 4 * batch * (d_out * k_out + d_in * k_in) + 2 * batch * d_out * d_in
+
+
+def projection_flops(form: str, d_out: int, d_in: int, k_out: int, k_in: int,
+                     batch: int = 0) -> int:
+    """Flops of one projection of a (D_out, D_in) map's gradient, old ranks k_out, k_in (2 per
+    multiply-add; element-wise subtractions not counted):
+        dense        G - P_out G P_in                      2 D_out D_in (D_out + D_in)
+        factored     G - U_out (U_out^T G U_in) U_in^T     ~2 D_out D_in (k_out + k_in)
+        activations  from the batch (size `batch`), beyond delta^T X, the cheaper order of
+            project_gradient_activations: ~2 B D (k_out + k_in) + 2 D^2 min(k) or ~2 B D^2"""
+    if form == "dense":
+        return 2 * d_out * d_out * d_in + 2 * d_out * d_in * d_in
+    if form == "factored":
+        return (2 * k_out * d_out * d_in + 2 * k_out * d_in * k_in + 2 * d_out * k_out * k_in
+                + 2 * d_out * k_in * d_in)
+    if form == "activations":
+        return min(_activation_flops(o, batch, d_out, d_in, k_out, k_in)
+                   for o in ("basis", "batch"))
+    raise ValueError(f"unknown projection form {form!r}")
+
+
+def cheapest_projection_form(d_out: int, d_in: int, k_out: int, k_in: int, batch: int = 0) -> str:
+    """The form of least projection_flops: dense, factored, with batch > 0 activations."""
+    forms = ("dense", "factored", "activations") if batch > 0 else ("dense", "factored")
+    return min(forms, key=lambda f: projection_flops(f, d_out, d_in, k_out, k_in, batch))
+
+
+def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
+    """project_gradient from the batch itself: mapped = X W^T gives G = delta^T X; with P = U U^T
+        dW = delta^T X - (delta P_out)^T (X P_in)
+           = delta^T X - U_out ((delta U_out)^T (X U_in)) U_in^T
+    delta (B, D_out): gradient of the loss w.r.t. the map's output; X (B, D_in): the map's input;
+    U_out (D_out, k_out), U_in (D_in, k_in): orthonormal bases. order: 'basis' (through the
+    (k_out, k_in) core; large B), 'batch' (one product [delta, -delta P_out]^T [X, X P_in]; small
+    B), 'auto': the cheaper by projection_flops. Equals project_gradient(delta^T X,
+    P_out, P_in)."""
+    if order == "auto":
+        d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
+        order = min(("basis", "batch"),
+                    key=lambda o: _activation_flops(o, len(X), d_out, d_in, k_out, k_in))
+    if order == "basis":  # Thm. 4 through the (k_out, k_in) core
+        core = (delta @ U_out).t() @ (X @ U_in)  # (k_out, k_in)
+        # U_out core U_in^T, the cheaper association: the D_out D_in term goes with the smaller rank
+        correction = (U_out @ (core @ U_in.t()) if U_out.shape[1] <= U_in.shape[1] else
+                      (U_out @ core) @ U_in.t())
+        return delta.t() @ X - correction
+    if order != "batch":
+        raise ValueError(f"order is 'auto', 'basis' or 'batch', not {order!r}")
+    # Thm. 4 on the batch, both terms in ONE (2B)-row product
+    delta_old = (delta @ U_out) @ U_out.t()  # (B, D_out) delta P_out
+    X_old = (X @ U_in) @ U_in.t()  # (B, D_in) X P_in
+    return torch.cat([delta, -delta_old]).t() @ torch.cat([X, X_old])
+
+
+class ProjectedLinear(torch.autograd.Function):
+    """mapped = x W^T whose backward returns W's gradient already projected (Thm. 4, in the form
+    of project_gradient_activations), grad_x = delta W (unchanged).
+    x (..., D_in), W (D_out, D_in); U_out (D_out, k_out), U_in (D_in, k_in): orthonormal, frozen.
+    batches: a list (or None) the backward appends its (delta, X) to: W's raw gradient
+    delta^T X, for --grad-clip's norm (clip_grad_norm_unprojected)."""
+    @staticmethod
+    def forward(ctx, x, W, U_out, U_in, batches=None):
+        ctx.save_for_backward(x, W, U_out, U_in)
+        ctx.batches = batches
+        return x @ W.t()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, W, U_out, U_in = ctx.saved_tensors
+        grad_x = grad_W = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_out @ W.to(grad_out.dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # the projection in float32 at least (as the hooks do)
+            dtype = torch.promote_types(W.dtype, torch.float32)
+            delta = grad_out.reshape(-1, W.shape[0]).to(dtype)
+            X = x.reshape(-1, W.shape[1]).to(dtype)
+            # Thm. 4: dW = G - P_out G P_in, G = delta^T X, in W's backward
+            grad_W = project_gradient_activations(delta, X, U_out.to(dtype), U_in.to(dtype))
+            grad_W = grad_W.to(W.dtype)
+            if ctx.batches is not None:
+                ctx.batches.append((delta, X))
+        return grad_x, grad_W, None, None, None
+
+
+def projected_linear(x, W, U_out, U_in, batches=None):
+    """x W^T, W's gradient projected in the backward (ProjectedLinear; batches: its (delta, X))."""
+    return ProjectedLinear.apply(x, W, U_out, U_in, batches)
+
+
+def product_norm(A, B):
+    """||A^T B||_F for A (N, m), B (N, n), through the (N, N) Gram matrices when N (m + n) < m n:
+        ||A^T B||_F^2 = sum_ij (A A^T)_ij (B B^T)_ij"""
+    if len(A) * (A.shape[1] + B.shape[1]) < A.shape[1] * B.shape[1]:
+        return ((A @ A.t()) * (B @ B.t())).sum().clamp(min=0).sqrt()
+    return torch.linalg.matrix_norm(A.t() @ B)
+
+
+def clip_grad_norm_unprojected(hooks, params, max_norm: float, scaler):
+    """NullSpaceProjection's --grad-clip (deviation 22; docs/dns.md): the total norm is the
+    UNPROJECTED gradient's at every form. A map projected in its backward (projected_in_backward:
+    {name: (W, [(delta, X), ...])}) counts with its raw gradient sum_i delta_i^T X_i, unscaled as
+    .grad is; all gradients are then scaled by the clip factor (clip-then-project: projection is
+    linear). Without such maps: torch's clip_grad_norm_. Returns the norm."""
+    inside = {id(W): batches for W, batches in hooks.projected_in_backward.values() if batches}
+    if not any(id(p) in inside for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    inv = scaler._get_scale_async().double().reciprocal().float() if scaler.is_enabled() else 1.0
+    raw = {}
+    for i, batches in inside.items():
+        delta, X = (torch.cat(t) for t in zip(*batches))  # the step's rows, all backward passes
+        raw[i] = product_norm(delta * inv, X)
+    total = torch.nn.utils.get_total_norm([raw.get(id(p), p.grad) for p in params
+                                           if p.grad is not None])
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
 def update_covariance(Z, n: int, X):
     """Running uncentered covariance over all tasks so far (multi-step extension):
         Z <- Z n/(n + n_t) + X^T X/(n + n_t),  n <- n + n_t
@@ -308,8 +436,8 @@ class NullSpaceProjection:
     optimizer step. update mode: set W = W_before + project(W_after - W_before) after the step, so
     AdamW's scaling, momentum and weight decay are projected too. projectors: {param name: (P_out,
     P_in)}. form (deviation 12, all tested equal): 'dense', 'factored', 'auto': per map the fewer
-    papers.cmcl.projection_flops, in gradient mode the activations too (linear())."""
-    clip_grad_norm_ = cmcl.clip_grad_norm_unprojected  # --grad-clip: the raw norm decides (dev. 22)
+    projection_flops, in gradient mode the activations too (linear())."""
+    clip_grad_norm_ = clip_grad_norm_unprojected  # --grad-clip: the raw norm decides (dev. 22)
 
     def __init__(self, mode: str, projectors: dict, form: str = "auto"):
         if mode not in ("gradient", "update"):
@@ -320,7 +448,7 @@ class NullSpaceProjection:
         self.seconds, self.steps = 0.0, 0
         self._bases = {name: tuple(projector_basis(P) for P in pair)
                        for name, pair in projectors.items()}
-        self.forms = {name: form if form != "auto" else cmcl.cheapest_projection_form(
+        self.forms = {name: form if form != "auto" else cheapest_projection_form(
                           len(P_out), len(P_in), *self.rank(name))
                       for name, (P_out, P_in) in projectors.items()}
         self.projected_in_backward = {}  # name -> (W, its backward's [(delta, X)]): projected there
@@ -346,10 +474,10 @@ class NullSpaceProjection:
         if self.mode != "gradient" or self.form != "auto" or not trains:
             return x @ W.t()
         batch = x.numel() // W.shape[1]
-        if cmcl.cheapest_projection_form(*W.shape, *self.rank(name), batch=batch) != "activations":
+        if cheapest_projection_form(*W.shape, *self.rank(name), batch=batch) != "activations":
             return x @ W.t()
         batches = self.projected_in_backward.setdefault(name, (W, []))[1]
-        return cmcl.projected_linear(x, W, *self._bases[name], batches)
+        return projected_linear(x, W, *self._bases[name], batches)
 
     @torch.no_grad()
     def before_optimizer_step(self, net):
@@ -487,8 +615,7 @@ class DNSLearner:
 
 # --- Main ---
 def run(cfg: DNSConfig, show: bool = True, world=None) -> dict:
-    """One continual run (one mode) on CLIP features of the --tasks manifests (papers.cmcl; world: the
-    lab's, for its tiny backbone and synthetic tasks)."""
+    """One continual run (one mode) on CLIP features of the --tasks manifests (papers.cmcl)."""
     return cmcl.run_clip(cfg, DNSLearner, score_drift, show, world)
 
 

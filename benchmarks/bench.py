@@ -459,7 +459,6 @@ def bench_dns(quick):
     operation count / the matrix-product rate measured here) and against a
     step; the per-task projector rebuild."""
     import dns
-    from papers import cmcl
     print("3b. DNS on cached features", flush=True)
     d, b = 512, 64
     g = torch.Generator().manual_seed(0)
@@ -501,12 +500,12 @@ def bench_dns(quick):
             for bs in DNS_BATCHES:
                 delta, X = (torch.randn(bs, dim, generator=g).to(DEVICE) for _ in range(2))
                 t_g = timeit(lambda: delta.t() @ X, warmup=1, repeat=repeat)[0]  # the plain gradient
-                t_a, s_a = timeit(lambda: cmcl.project_gradient_activations(delta, X, U_out, U_in), warmup=1,
+                t_a, s_a = timeit(lambda: dns.project_gradient_activations(delta, X, U_out, U_in), warmup=1,
                                   repeat=repeat)
                 forms = dict(on_gradient, activations=(t_a - t_g, (s_a[0] - t_g, s_a[1] - t_g)))
-                chosen = cmcl.cheapest_projection_form(dim, dim, r, r, batch=bs)
+                chosen = dns.cheapest_projection_form(dim, dim, r, r, batch=bs)
                 for form, (t, s) in forms.items():
-                    flops = cmcl.projection_flops(form, dim, dim, r, r, bs)
+                    flops = dns.projection_flops(form, dim, dim, r, r, bs)
                     rec = record(f"DNS projection, {form} form (d={dim}, batch {bs}, old rank {r} both sides)"
                                  f"{' [chosen]' if form == chosen else ''} vs its FLOP floor", t, flops / rate,
                                  kind="cost", goal=1.5 if form == chosen else None, spread=s,

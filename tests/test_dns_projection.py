@@ -10,7 +10,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import dns
 from lab.demos import dns as dns_demo
-from papers import cmcl
 
 
 def _basis(dim, rank, g):
@@ -34,12 +33,12 @@ def test_every_form_equals_project_gradient(d_out, d_in, k_out, k_in, b):
     ref = dns.project_gradient(G, P_out, P_in)
     assert torch.allclose(dns.project_gradient_factored(G, U_out, U_in), ref, atol=1e-10, rtol=0)
     for order in ("basis", "batch", "auto"):
-        got = cmcl.project_gradient_activations(delta, X, U_out, U_in, order=order)
+        got = dns.project_gradient_activations(delta, X, U_out, U_in, order=order)
         assert torch.allclose(got, ref, atol=1e-10, rtol=0), order
     if k_out and k_in:  # the projection did something
         assert not torch.allclose(ref, G, atol=1e-3)
     with pytest.raises(ValueError):
-        cmcl.project_gradient_activations(delta, X, U_out, U_in, order="nope")
+        dns.project_gradient_activations(delta, X, U_out, U_in, order="nope")
 
 
 @pytest.mark.parametrize("d_out,d_in,k_out,k_in,b", CASES + [(64, 48, 20, 30, 16)])
@@ -56,30 +55,30 @@ def test_projection_flops_match_the_flop_counter(d_out, d_in, k_out, k_in, b):
         with FlopCounterMode(display=False) as fc:
             fn()
         return fc.get_total_flops()
-    assert counted(lambda: dns.project_gradient(G, P_out, P_in)) == cmcl.projection_flops("dense", d_out, d_in,
+    assert counted(lambda: dns.project_gradient(G, P_out, P_in)) == dns.projection_flops("dense", d_out, d_in,
                                                                                           k_out, k_in)
-    assert counted(lambda: dns.project_gradient_factored(G, U_out, U_in)) == cmcl.projection_flops(
+    assert counted(lambda: dns.project_gradient_factored(G, U_out, U_in)) == dns.projection_flops(
         "factored", d_out, d_in, k_out, k_in)
     plain = 2 * b * d_out * d_in
     for order in ("basis", "batch"):
-        n = counted(lambda: cmcl.project_gradient_activations(delta, X, U_out, U_in, order=order))
-        assert n - plain == cmcl._activation_flops(order, b, d_out, d_in, k_out, k_in), order
-    n = counted(lambda: cmcl.project_gradient_activations(delta, X, U_out, U_in))
-    assert n - plain == cmcl.projection_flops("activations", d_out, d_in, k_out, k_in, b)
+        n = counted(lambda: dns.project_gradient_activations(delta, X, U_out, U_in, order=order))
+        assert n - plain == dns._activation_flops(order, b, d_out, d_in, k_out, k_in), order
+    n = counted(lambda: dns.project_gradient_activations(delta, X, U_out, U_in))
+    assert n - plain == dns.projection_flops("activations", d_out, d_in, k_out, k_in, b)
 
 
 def test_the_chooser_picks_by_size():
     # by hand, d = 512: dense 4 d^3 = 5.4e8; factored at k = d/4 on both sides 2 d^2 (2k) + 4 d k^2 = 1.7e8;
     # from a batch of 64: 2 B d^2 + 4 B d (2k) = 6.7e7 (batch order)
-    assert cmcl.cheapest_projection_form(512, 512, 128, 128) == "factored"
-    assert cmcl.cheapest_projection_form(512, 512, 128, 128, batch=64) == "activations"
-    assert cmcl.projection_flops("activations", 512, 512, 128, 128, 64) == 2 * 64 * 512 ** 2 + 4 * 64 * 512 * 256
+    assert dns.cheapest_projection_form(512, 512, 128, 128) == "factored"
+    assert dns.cheapest_projection_form(512, 512, 128, 128, batch=64) == "activations"
+    assert dns.projection_flops("activations", 512, 512, 128, 128, 64) == 2 * 64 * 512 ** 2 + 4 * 64 * 512 * 256
     # everything old (k = d): factored costs 8 d^3, dense 4 d^3
-    assert cmcl.cheapest_projection_form(512, 512, 512, 512) == "dense"
+    assert dns.cheapest_projection_form(512, 512, 512, 512) == "dense"
     # a batch far larger than d: projecting the batch costs more than the d x d gradient
-    assert cmcl.cheapest_projection_form(512, 512, 64, 64, batch=8192) == "factored"
+    assert dns.cheapest_projection_form(512, 512, 64, 64, batch=8192) == "factored"
     with pytest.raises(ValueError):
-        cmcl.projection_flops("nope", 4, 4, 1, 1)
+        dns.projection_flops("nope", 4, 4, 1, 1)
 
 
 def test_projected_linear_gradients():
@@ -91,7 +90,7 @@ def test_projected_linear_gradients():
     x = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
     W = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
     w_out = torch.randn(7, 6, generator=g, dtype=torch.float64)  # a linear loss: delta = w_out
-    out = cmcl.projected_linear(x, W, U_out, U_in)
+    out = dns.projected_linear(x, W, U_out, U_in)
     assert torch.allclose(out, x @ W.t(), atol=1e-12)
     gx, gW = torch.autograd.grad((out * w_out).sum(), (x, W))
     ref_x, ref_W = torch.autograd.grad((x @ W.t() * w_out).sum(), (x, W))
@@ -100,7 +99,7 @@ def test_projected_linear_gradients():
     assert not torch.allclose(gW, ref_W, atol=1e-3)
     # gradcheck: x's gradient is the true one; W's is the true one projected, so check it against
     # the projection of a plain linear map's gradient instead (linear in W: the projected map is x Pi(W)^T)
-    assert torch.autograd.gradcheck(lambda x_: cmcl.projected_linear(x_, W.detach(), U_out, U_in), (x,))
+    assert torch.autograd.gradcheck(lambda x_: dns.projected_linear(x_, W.detach(), U_out, U_in), (x,))
 
     def through_projection(W_):  # a map whose gradient is exactly project_gradient(grad)
         return x.detach() @ dns.project_gradient(W_, P_out, P_in).t()
@@ -113,7 +112,7 @@ def test_product_norm_both_ways(n):
     """||A^T B||_F through the (N, N) Grams (N small) and directly (N large): the matrix norm of the product."""
     g = torch.Generator().manual_seed(n)
     A, B = torch.randn(n, 12, generator=g, dtype=torch.float64), torch.randn(n, 9, generator=g, dtype=torch.float64)
-    assert float(cmcl.product_norm(A, B)) == pytest.approx(float(torch.linalg.matrix_norm(A.t() @ B)), rel=1e-12)
+    assert float(dns.product_norm(A, B)) == pytest.approx(float(torch.linalg.matrix_norm(A.t() @ B)), rel=1e-12)
 
 
 def test_projected_linear_under_bf16_autocast():
@@ -123,7 +122,7 @@ def test_projected_linear_under_bf16_autocast():
     W = torch.nn.Parameter(torch.eye(16))
     x = torch.randn(8, 16, generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = cmcl.projected_linear(x, W, U_out.float(), U_in.float())
+        out = dns.projected_linear(x, W, U_out.float(), U_in.float())
     out.float().square().sum().backward()
     assert W.grad.dtype == torch.float32 and torch.isfinite(W.grad).all() and W.grad.abs().sum() > 0
 
@@ -191,8 +190,8 @@ def test_learner_takes_the_activation_form_and_learns_what_the_dense_hook_learns
     backward), and ends where the dense hook (project W.grad after the
     backward) ends, up to float32 rounding."""
     calls = []
-    real = cmcl.projected_linear
-    monkeypatch.setattr(cmcl, "projected_linear", lambda *a: calls.append(1) or real(*a))
+    real = dns.projected_linear
+    monkeypatch.setattr(dns, "projected_linear", lambda *a: calls.append(1) or real(*a))
     tasks = dns_demo.low_rank_tasks(dim=96, rank=4, shared=2, n=64)
     maps = {}
     for form in ("auto", "dense"):
