@@ -291,8 +291,8 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
         print("[cclip] zero-shot: imagenet, cifar100; add Flowers, DTD, Food101, Cars with "
               "--zero-shot imagenet,cifar100,imagefolder:<path>,...", file=sys.stderr)
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
-    model, train_tf, eval_tf, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, device=device,
-                                                            cache_dir=cfg.cache_dir, world=world)
+    model, train_tf, eval_tf, tokenizer = models.load_model(
+        cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir, world=world)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
 

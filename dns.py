@@ -63,9 +63,9 @@ class DNSConfig(Config):
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or "
                      "'auto' (synthetic with --backbone tiny; the paper's data has no layout here)")
-    zeroshot: str = arg("auto", "eval.py classification sets after every task, class prompts "
-                        "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the "
-                        "lab, else none)")
+    zero_shot: str = arg("auto", "eval.py classification sets after every task, class prompts "
+                         "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the "
+                         "lab, else none)", old=("--zeroshot",))
     task_classes: str = arg("auto", "ours: the lab's label set for per-task classification of each "
                             "task's test set ('' = off; auto: shape in the lab, else off)")
     feature_cache: str = arg("", "ours: folder of cached frozen features ('' = <out>/features)")
@@ -366,9 +366,6 @@ class ModalityMaps(nn.Module):
         return tuple(named[f"{p}_{m}"] for p in ("W", "b") for m in (a, b) if f"{p}_{m}" in named)
 
 
-DualMaps = ModalityMaps  # the CLIP path's name: DualMaps(dim, logit_scale, bias) has W_img, W_txt
-
-
 class DNSNet(common.Method):
     """common.train's wrapper (common.Method): losses -> {"loss_clip"} ({"loss_code"} with
     loss="code"), batch (B, D)."""
@@ -393,7 +390,7 @@ class DNSNet(common.Method):
         return {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
 
 
-def FeaturePairs(img, txt) -> torch.utils.data.StackDataset:
+def feature_pairs(img, txt) -> torch.utils.data.StackDataset:
     """Cached (image, text) training pairs: item i = {"img": img[i], "txt": txt[i], "index": i}."""
     return torch.utils.data.StackDataset(img=img, txt=txt, index=range(len(txt)))
 
@@ -522,12 +519,6 @@ class DNSLearner:
         self.n, self.n_bar = {m: 0 for m in modalities}, 0  # n_bar: --covariance code's one count
         self.history, self.summaries = [], []
 
-    def __getattr__(self, name):  # the CLIP path's names: Z_img = Z["img"], Zo_txt = Zo["txt"], ...
-        kind, _, m = name.partition("_")
-        if kind in ("Z", "Zo") and m in self.__dict__.get(kind, {}):
-            return self.__dict__[kind][m]
-        raise AttributeError(name)
-
     def _zeros(self):
         return torch.zeros(self.dim, self.dim, dtype=torch.float64)
 
@@ -569,7 +560,7 @@ class DNSLearner:
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
         self.net.hooks = hooks
         try:
-            summary = common.train(task_cfg, self.net, FeaturePairs(x_a, x_b), common.Collate(None),
+            summary = common.train(task_cfg, self.net, feature_pairs(x_a, x_b), common.Collate(None),
                                    hooks=hooks, export=False)
         finally:
             self.net.hooks = None

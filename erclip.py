@@ -331,7 +331,8 @@ def variant_name(cfg: ERCLIPConfig) -> str:
     return name + ("+P" if cfg.lambda_p > 0 else "")
 
 
-def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, validate=None, world=None):
+def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, validate=None,
+                 world=None):
     """Fine-tunes one variant of freshly loaded initial weights (so on resume
     the teacher is rebuilt from them too); returns (model, summary). hooks:
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
@@ -355,7 +356,8 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
 def sweep_method(world=None) -> erclip_sweeps.Method:
     """What papers.erclip_sweeps (--sweep; the lab's sweeps) runs of this file."""
     return erclip_sweeps.Method(functools.partial(train_manifest, world=world),
-                                functools.partial(train_erclip, world=world), paper_tables, TRAIN_POOL, world)
+                                functools.partial(train_erclip, world=world), paper_tables,
+                                TRAIN_POOL, world)
 
 
 # --- Tables (ERCLIP's Tables 1 and 2, the layout written once in eval.py) ---
@@ -385,7 +387,7 @@ def main(argv=None):
         return demo.main(argv)
     cfg = common.parse_config(ERCLIPConfig, argv)
     world = None
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
     root = Path(cfg.data_root)
     cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
@@ -410,8 +412,8 @@ def main(argv=None):
         base = common.kept_result(cfg, "base", lambda: evaluation.evaluate(
             model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
             weights="before fine-tuning"))
-    model, summary = train_erclip(cfg, model, train_tf, tokenizer,
-                                  validate=evaluation.validator(cfg, preprocess, tasks), world=world)
+    validate = evaluation.validator(cfg, preprocess, tasks)
+    model, summary = train_erclip(cfg, model, train_tf, tokenizer, validate=validate, world=world)
     if rank != 0:
         return summary
     if "stopped_at" in summary:  # --stop-at: a checkpoint, no model.pt, nothing evaluated

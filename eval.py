@@ -989,7 +989,7 @@ def main(argv=None, world=None):
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
-    if models.wants_lab(a) and world is None:  # eval.py never imports the lab (it sits above)
+    if models.wants_lab(a) and not models.tiny_known():  # eval.py never imports the lab (it sits above)
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)

@@ -355,7 +355,7 @@ def main(argv=None):
         return demo.main(argv)
     cfg = common.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
     world = None
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
     sharegpt4v = Path(cfg.data_root) / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"
     cfg = common.resolve_auto(cfg, "train_data", "sharegpt4v", [cfg.sharegpt4v or sharegpt4v],

@@ -86,10 +86,8 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     mix_decay: bool = arg(False, "multiply the mix weights by 1/(epoch+1) (code)")
     eval_mode: bool = arg(True, "keep the model in eval() mode while training (Sec. 5.1, code)")
     fp16_weights: bool = arg(False, "weights and lam rounded to fp16, as the code (deviation 16)")
-    eval_base: bool = arg(True, "also evaluate the model before fine-tuning (the ZS row)",
-                          old=("--eval-zs",))
-    eval_tasks: str = arg("", "eval.py tasks (a,b) in place of the training set's; 'none': no eval",
-                          old=("--eval-on",))
+    eval_base: bool = arg(True, "evaluate before fine-tuning too (the ZS row)", old=("--eval-zs",))
+    eval_tasks: str = arg("", "eval.py tasks a,b (not the train set's; none)", old=("--eval-on",))
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "SIMAT's split, lambdas (dev. 15)", choices=("ours", "code"))
     collect: str = arg("", "run folders a,b: Table 1 of their results, printed and in a/collect.md")
@@ -339,7 +337,7 @@ def main(argv=None):
         return (demo if "--demo" in argv else unimodal).main(argv)
     cfg = common.parse_config(M2MixConfig, argv)
     world = None
-    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world, handed on
+    if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
     if cfg.collect:
         table = published.collect(cfg.collect.split(","))

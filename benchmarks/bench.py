@@ -515,7 +515,7 @@ def bench_dns(quick):
                     rec.update(flops=flops, chosen=form == chosen, share_of_step=t / steps[bs],
                                step_seconds=steps[bs])
     for dim in DNS_DIMS:
-        net = dns.DualMaps(dim, math.log(100))
+        net = dns.ModalityMaps(dim, math.log(100))
         Zd = torch.eye(dim, dtype=torch.float64)
         t, s = timeit(lambda: dns.build_projectors(net, Zd, Zd, 0.01), warmup=0 if quick else 1,
                       repeat=1 if quick else 3)

@@ -326,7 +326,7 @@ def frozen_task_features(cfg, tasks, device, world=None) -> dict:
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_manifest(t.test, column)} for t in tasks],
              "task_clf": task_clf, "zeroshot": {}, "logit_scale": float(model.logit_scale.detach())}
-    for name in filter(None, cfg.zeroshot.split(",")):
+    for name in filter(None, cfg.zero_shot.split(",")):
         def zero_shot_set(name=name):
             cs = load_classification(name, cfg.data_root)
             return {"img": image_features(model, preprocess, cs.image_paths, device=device),
@@ -557,7 +557,8 @@ def resolve_eval_sets(cfg):
     synthetic = cfg.tasks == "synthetic"
     return dataclasses.replace(
         cfg, task_classes=("shape" if synthetic else "") if cfg.task_classes == "auto" else cfg.task_classes,
-        zeroshot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zeroshot == "auto" else cfg.zeroshot)
+        zero_shot=("synthetic-shape,synthetic-color" if synthetic else "") if cfg.zero_shot == "auto"
+        else cfg.zero_shot)
 
 
 def resolve(cfg):

@@ -165,7 +165,7 @@ def test_zero_projectors_train_exactly_like_vanilla(tmp_path, mode):
     nets = []
     for hooks in (None, dns.NullSpaceProjection(mode, {k: (torch.zeros(32, 32),) * 2 for k in ("W_img", "W_txt")})):
         net = dns.DNSNet(32, math.log(1 / 0.07))
-        common.train(dns.dataclasses.replace(cfg, out=str(tmp_path / str(hooks))), net, dns.FeaturePairs(img, txt),
+        common.train(dns.dataclasses.replace(cfg, out=str(tmp_path / str(hooks))), net, dns.feature_pairs(img, txt),
                      common.Collate(None), hooks=hooks, export=False)
         nets.append(net)
     assert hooks.steps == 4  # the hook ran at every step
@@ -247,7 +247,7 @@ def test_bf16_autocast_step_on_cpu():
 def test_output_side_projector_spans_the_mapped_partner_features():
     g = torch.Generator().manual_seed(6)
     img, txt = dns_demo.low_rank_tasks(n=64)[0]
-    maps = dns.DualMaps(32, 0.0)
+    maps = dns.ModalityMaps(32, 0.0)
     with torch.no_grad():
         maps.W_txt.add_(0.3 * torch.randn(32, 32, generator=g))
     Z_img, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, img)
@@ -267,7 +267,7 @@ def test_absolute_eigenvalues_and_the_output_side_threshold():
     assert torch.equal(dns.null_space_projector(Z, 0.0), torch.diag(torch.tensor([1.0, 1, 1, 1, 0, 0]).double()))
     assert round(float(dns.null_space_projector(Z, 0.01).trace())) == 2
     img, txt = dns_demo.low_rank_tasks(n=64)[0]
-    maps = dns.DualMaps(32, 0.0)
+    maps = dns.ModalityMaps(32, 0.0)
     Z_img, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, img)
     Z_txt, _ = dns.update_covariance(torch.zeros(32, 32, dtype=torch.float64), 0, txt)
     paper = dns.build_projectors(maps, Z_img, Z_txt, 0.01)
@@ -290,12 +290,12 @@ def test_per_task_output_covariance_uses_each_tasks_end_weights(tmp_path):
         learner.learn(cfg, img, txt, tmp_path / f"t{i}")
     (W1_img, W1_txt), (W2_img, W2_txt) = learner.history
     mapped = torch.cat([tasks[0][1].double() @ W1_txt.double().t(), tasks[1][1].double() @ W2_txt.double().t()])
-    assert torch.allclose(learner.Zo_img, mapped.t() @ mapped / len(mapped), atol=1e-10)
+    assert torch.allclose(learner.Zo["img"], mapped.t() @ mapped / len(mapped), atol=1e-10)
     mapped = torch.cat([tasks[0][0].double() @ W1_img.double().t(), tasks[1][0].double() @ W2_img.double().t()])
-    assert torch.allclose(learner.Zo_txt, mapped.t() @ mapped / len(mapped), atol=1e-10)
-    ours = dns.build_projectors(learner.net.model, learner.Z_img, learner.Z_txt, 0.01)
-    code = dns.build_projectors(learner.net.model, learner.Z_img, learner.Z_txt, 0.01,
-                                Z_out={"W_img": learner.Zo_img, "W_txt": learner.Zo_txt})
+    assert torch.allclose(learner.Zo["txt"], mapped.t() @ mapped / len(mapped), atol=1e-10)
+    ours = dns.build_projectors(learner.net.model, learner.Z["img"], learner.Z["txt"], 0.01)
+    code = dns.build_projectors(learner.net.model, learner.Z["img"], learner.Z["txt"], 0.01,
+                                Z_out={"W_img": learner.Zo["img"], "W_txt": learner.Zo["txt"]})
     assert (ours["W_img"][0] - code["W_img"][0]).norm() > 1e-2  # the maps moved: different output spans
     torch.testing.assert_close(ours["W_img"][1], code["W_img"][1])  # same input side
 
@@ -343,7 +343,7 @@ def test_identity_maps_reproduce_clip_retrieval_and_zero_shot(tmp_path, tiny_ran
     zs = {"synthetic-color": {"img": evaluation.image_features(model, preprocess, cs.image_paths),
                               "clf": common.zero_shot_classifier(model, tok, cs.classnames, cs.templates),
                               "labels": cs.labels}}
-    ours = cmcl.evaluate_maps(dns.DualMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
+    ours = cmcl.evaluate_maps(dns.ModalityMaps(feats["img"].shape[1], 0.0), [feats], zeroshot=zs)
     ref = {r["metric"]: r["value"] for r in evaluation.evaluate(model, preprocess, tok, [str(manifest)], tmp_path)}
     ref_zs = {r["metric"]: r["value"]
               for r in evaluation.evaluate(model, preprocess, tok, ["synthetic-color"], tmp_path)}
@@ -451,15 +451,15 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     none on a user's own tasks, with a real backbone (which then names no lab
     at all) or the tiny one (issue 42.5); explicit values are kept."""
     real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
-    assert (real.task_classes, real.zeroshot) == ("auto", "auto")
+    assert (real.task_classes, real.zero_shot) == ("auto", "auto")
     assert not models.wants_lab(real)
     got = cmcl.resolve(real)
-    assert (got.task_classes, got.zeroshot) == ("", "")
+    assert (got.task_classes, got.zero_shot) == ("", "")
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
         got = cmcl.resolve(common.parse_config(dns.DNSConfig, argv))
-        assert (got.task_classes, got.zeroshot) == ("shape", "synthetic-shape,synthetic-color")
+        assert (got.task_classes, got.zero_shot) == ("shape", "synthetic-shape,synthetic-color")
     own = cmcl.resolve(common.parse_config(dns.DNSConfig, ["--backbone", "tiny", "--tasks", "a=a.jsonl:b.jsonl"]))
-    assert (own.task_classes, own.zeroshot) == ("", "")
-    mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zeroshot="cifar10"))
-    assert (mine.task_classes, mine.zeroshot) == ("color", "cifar10")
+    assert (own.task_classes, own.zero_shot) == ("", "")
+    mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zero_shot="cifar10"))
+    assert (mine.task_classes, mine.zero_shot) == ("color", "cifar10")
     assert cmcl.resolve_eval_sets(got) == got  # idempotent: run() resolves again

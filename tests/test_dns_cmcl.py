@@ -167,7 +167,7 @@ def test_clip_path_is_the_learner_with_img_txt_and_unused_modalities_change_noth
     for m in ("img", "txt"):
         assert torch.allclose(clip.Z[m], Z[m], atol=1e-10) and torch.equal(clip.Z[m], more.Z[m])
         assert torch.allclose(clip.Zo[m], Z[f"Zo_{m}"], atol=1e-10) and torch.equal(clip.Zo[m], more.Zo[m])
-    assert clip.Z_img is clip.Z["img"] and clip.Zo_txt is clip.Zo["txt"]  # the CLIP path's names
+    assert not hasattr(clip, "Z_img") and "img" in clip.Z and "txt" in clip.Zo  # no synthesised names (56.5)
 
 
 @pytest.mark.parametrize("mode", ["vanilla", "gradient", "update"])

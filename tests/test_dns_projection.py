@@ -130,7 +130,7 @@ def test_projected_linear_under_bf16_autocast():
 def _maps_and_projectors(dim=24, k=6, seed=5):
     g = torch.Generator().manual_seed(seed)
     projectors = {name: (_basis(dim, k, g)[1].float(), _basis(dim, k + 2, g)[1].float()) for name in ("W_img", "W_txt")}
-    maps = dns.DualMaps(dim, 2.0)
+    maps = dns.ModalityMaps(dim, 2.0)
     with torch.no_grad():
         maps.W_img.add_(0.1 * torch.randn(dim, dim, generator=g))
         maps.W_txt.add_(0.1 * torch.randn(dim, dim, generator=g))

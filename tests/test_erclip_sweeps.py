@@ -57,7 +57,7 @@ def _train(tmp_path, name, hooks=None, **kw):
     torch.manual_seed(0)
     model, train_tf, _, tok = models.load_model("tiny", "random")
     torch.manual_seed(0)
-    return erclip.train_erclip(cfg, model, train_tf, tok, hooks=hooks)
+    return erclip.train_erclip(cfg, model, train_tf, tok, hooks=hooks, world=lab.WORLD)
 
 
 def test_epoch_snapshots_save_every_epoch_and_leave_the_run_unchanged(tmp_path):
@@ -198,7 +198,7 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
 
 def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
     cfg = common.parse_config(erclip.ERCLIPConfig, _real_argv(tmp_path, "data-size", "--steps", "1"))
-    result = sweeps.run_sweep(erclip.sweep_method(), cfg, sizes=(8, 12, 1000))
+    result = sweeps.run_sweep(erclip.sweep_method(lab.WORLD), cfg, sizes=(8, 12, 1000))
     assert [r["summary"]["train_pairs"] for r in result["runs"]] == [8, 12, 16]
     firsts = [common.read_manifest(tmp_path / "runs" / "sweep-data-size" / r["run"] / "pairs.jsonl")[0]["caption"]
               for r in result["runs"]]

@@ -568,7 +568,7 @@ def test_main_end_to_end_synthetic(tmp_path, results_files_are_strict_json):
     out = tmp_path / "out"
     recs = ev.main(["--backbone", "tiny", "--tasks", "synthetic-short,synthetic-long,synthetic-color",
                     "--synthetic-n", "48", "--data-root", str(tmp_path), "--out", str(out),
-                    "--analyses", "geometry,ece", "--cache-dir", str(tmp_path / "cache")])
+                    "--analyses", "geometry,ece", "--cache-dir", str(tmp_path / "cache")], world=lab.WORLD)
     res = results_files_are_strict_json(out, "eval")  # issue 42.3: one schema, strict JSON
     assert res["records"] == json.loads(json.dumps(recs)) and {r["stage"] for r in recs} == {"eval"}
     by = {(r["task"], r["metric"]): r["value"] for r in recs}

@@ -193,10 +193,10 @@ def test_an_fp32_checkpoint_continues_in_fp16_at_the_default_scale(tmp_path, cap
     img, txt = dns_demo.low_rank_tasks(n=64)[0]
     cfg = dns.DNSConfig(device="cpu", precision="fp32", batch_size=16, steps=4, lr=1e-3, log_every=1,
                         out=str(tmp_path), stop_at=2)
-    common.train(cfg, dns.DNSNet(32, math.log(1 / 0.07)), dns.FeaturePairs(img, txt), common.Collate(None),
+    common.train(cfg, dns.DNSNet(32, math.log(1 / 0.07)), dns.feature_pairs(img, txt), common.Collate(None),
                  export=False)
     s = common.train(dns.dataclasses.replace(cfg, precision="fp16", stop_at=0, resume="latest"),
-                     dns.DNSNet(32, math.log(1 / 0.07)), dns.FeaturePairs(img, txt), common.Collate(None),
+                     dns.DNSNet(32, math.log(1 / 0.07)), dns.feature_pairs(img, txt), common.Collate(None),
                      export=False)
     assert "has no grad-scaler state" in capsys.readouterr().err
     assert s["steps"] == 4 and s["precision"] == "fp16" and s["grad_scale"] in (2.0 ** 16, 2.0 ** 15)

@@ -149,7 +149,7 @@ def test_6_image_folder_to_eval_with_clip_benchmarks_spellings(scenes, tmp_path)
         shutil.copy(r["image"], folder / f"colour{r['color']}" / Path(r["image"]).name)
     out = tmp_path / "ev"
     evaluation.main(["--model", "tiny", "--dataset", f"imagefolder:{folder}", "--output", str(out),
-                     "--format", "clip_benchmark", "--cache-dir", str(tmp_path / "classifiers")])
+                     "--format", "clip_benchmark", "--cache-dir", str(tmp_path / "classifiers")], world=lab.WORLD)
     doc = _records(out, "eval")
     assert {(r["metric"], r["stage"]) for r in doc["records"]} >= {("top1", "eval")}
     [name] = [p.name for p in out.glob("*.json") if p.name != "results.json"]

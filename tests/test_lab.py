@@ -138,7 +138,7 @@ def test_tiny_backbone_meets_the_floors(tmp_path):
     R@1 >= 15 % (200 pairs, short captions). docs/lab.md has the values measured; the shipped
     weights are the same everywhere, so only the evaluation's float kernels
     differ between machines."""
-    model, _, pre, tok = models.load_model("tiny")
+    model, _, pre, tok = models.load_model("tiny", world=lab.WORLD)
     model.eval()
     zs = lab.zero_shot_report(model, pre, tok, tmp_path)
     assert min(zs["shape"], zs["color"], zs["background"]) >= 60.0 and zs["background"] >= 80.0, zs

@@ -359,7 +359,7 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
     seen = {}
     monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
     monkeypatch.setattr(train_manifests, "train_manifest",
-                        lambda cfg: lab.synthetic_manifest("train", cfg.data_root, 8))
+                        lambda cfg, world=None: lab.synthetic_manifest("train", cfg.data_root, 8))
     cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_base=False, device="cpu",
                             data_root=str(tmp_path), out=str(tmp_path / "run"))
     m2mix.finetune(cfg)

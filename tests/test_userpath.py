@@ -381,8 +381,8 @@ def test_one_spelling_per_idea_and_the_old_one_still_read_with_one_line(capsys):
     assert "--eval-on is now spelled --eval-tasks" in err and "--no-eval-zs is now spelled --no-eval-base" in err
     cfg_cls = next(v for k, v in vars(dns).items() if k.endswith("Config") and v is not flags.Config
                    and isinstance(v, type) and issubclass(v, flags.Config))
-    assert flags.parse_config(cfg_cls, ["--zero-shot", ""]).zeroshot == ""
-    assert flags.parse_config(cfg_cls, ["--zeroshot", ""]).zeroshot == ""
+    assert flags.parse_config(cfg_cls, ["--zero-shot", ""]).zero_shot == ""
+    assert flags.parse_config(cfg_cls, ["--zeroshot", ""]).zero_shot == ""
     assert "--zeroshot is now spelled --zero-shot" in capsys.readouterr().err
     for cls in (m2mix.M2MixConfig, cfg_cls):  # the help shows the new spelling
         with pytest.raises(SystemExit):

@@ -31,7 +31,7 @@ from papers import cmcl
 # lr 1e-3) forgot R@1 but left the shape accuracy at 100 %. Everything else is
 # ours: CLIP's tiny backbone instead of ImageBind, the lab's four domains (600
 # pairs each) instead of its 7 datasets.
-DEMO = dict(zeroshot="synthetic-shape,synthetic-color", task_classes="position", lr=1e-2)  # the rest: defaults
+DEMO = dict(zero_shot="synthetic-shape,synthetic-color", task_classes="position", lr=1e-2)  # the rest: defaults
 DEMO_MODES = {"vanilla": "vanilla", "gradient": "DNS-gradient", "update": "DNS-update"}
 DEMO_COLS = ["Acc", "BWT_A", "R@1", "BWT_R@1", "R@10", "BWT_R@10", "drift %"]
 low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
