@@ -3,8 +3,9 @@ size; standard library only), flags (the settings parser, the uni-modal towers' 
 only), published (the papers' numbers, ERCLIP's table layout; standard library only), loading (weights-only
 loads, sidecars, foreign checkpoints), manifests (manifest reading, the row check, dist_info: rank and
 world), training_sets (ERCLIP's COCO + ShareGPT4V set), runfolder (the --out lock, resume), towers
-(uni-modal towers), shards (webdataset reading), cli (one message per expected failure, signals) and models
-(the backbone names, load_model, the tokenizer cache, save_model, open_clip's hub layout; the lab's LAB_HOOKS).
+(uni-modal towers), shards (webdataset reading), cli (one message per expected failure, signals), trainlog
+(the training loop's bar, metrics.jsonl and tensorboard, its end-of-run counts) and models (the backbone names,
+load_model, the tokenizer cache, save_model, open_clip's hub layout; the lab's LAB_HOOKS).
 Above common, below eval (eval imports the first and last): m2mix_analysis (m2-Mix's geometry, ECE, SIMAT
 score and tables), train_manifests (the Karpathy / COCO training manifests, m2mix.py's choice of them) and
 wise_ft (WiSE-FT's weight interpolation). Above common and eval: export, vlcl (C-CLIP's benchmark

@@ -24,7 +24,8 @@ LAYERS = (
     ("manifests", ("plumbing.manifests",)),
     ("one paper's training set from its sources", ("plumbing.training_sets",)),
     ("run folder, uni-modal towers, shards", ("plumbing.runfolder", "plumbing.towers", "plumbing.shards")),
-    ("the scripts' error handling; loading, saving and exporting models", ("plumbing.cli", "plumbing.models")),
+    ("the scripts' error handling; loading, saving and exporting models; the training log",
+     ("plumbing.cli", "plumbing.models", "plumbing.trainlog")),
     ("common: data, the AMP / DDP training loop, shared math", ("common",)),
     ("plumbing on common that eval and the layer above it read",
      ("plumbing.m2mix_analysis",  # m2-Mix: geometry, ECE, SIMAT's score (eval's evaluate runs them)
