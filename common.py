@@ -734,10 +734,10 @@ def average_gradients(net: nn.Module):
     gradient flattened together, divided by the number of processes."""
     world = dist_info()[1]
     grads = [p.grad for p in net.parameters() if p.grad is not None]
-    flat = torch._utils._flatten_dense_tensors(grads)
+    flat = torch.cat([g.reshape(-1) for g in grads])  # one buffer, one all_reduce
     dist.all_reduce(flat)
-    for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat.div_(world), grads)):
-        g.copy_(mean)
+    for g, mean in zip(grads, flat.div_(world).split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
 
 
 def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
@@ -782,10 +782,11 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
         clip([p for g in opt.param_groups for p in g["params"]], grad_clip, scaler)
     if hooks is not None:
         hooks.before_optimizer_step(net)
-    scale = scaler._get_scale_async().clone() if scaler.is_enabled() else None  # update() works in place
+    one = loss.new_ones(())  # scaler.scale(one): the scale as a new device tensor (get_scale() waits for the device)
+    scale = scaler.scale(one) if scaler.is_enabled() else None  # a copy: update() changes the scale in place
     scaler.step(opt)
     scaler.update()
-    skipped = scaler._get_scale_async() < scale if scale is not None else None  # only a skip lowers it
+    skipped = scaler.scale(one) < scale if scale is not None else None  # only a skip lowers it
     if sched is not None:
         sched.step()
     if hooks is not None:
