@@ -14,7 +14,7 @@ Sections, in order:
                        continual_metrics
   2. data              the manifest dataset with its validating pre-pass, shards or manifests, loaders
   3. distributed       torchrun detection, feature gathering with gradient
-  4. training loop     train_step, accumulated_backward, train
+  4. training loop     train_step, accumulated_backward, train and its set-up (checked_batch, training_loader, ...)
   5. continual driver  task sequence, score matrices, resume at boundaries
   6. before a run      --train-data auto, the device check, preflight
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import random
@@ -46,25 +45,26 @@ from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import flags, manifests, models, runfolder, shards
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite, printable,
+from plumbing import flags, manifests, models, runfolder, shards, trainlog
+from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
 from plumbing.cli import StopSignals, cli
 from plumbing.shards import is_shards
+from plumbing.trainlog import TrainLog
 from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
 from plumbing.manifests import (CAPTION_KEYS, IMAGE_KEYS, CompactRows, Tally, bad_rows_message, dist_info,
                                 image_check_cache, image_problems, read_manifest)
-from plumbing.runfolder import (_rng_state, _set_rng_state, apply_optimizer_settings, checkpoint_config,
-                                checkpoint_state, data_fingerprint, kept_result, latest_checkpoint,
-                                optimizer_settings, write_config)
+from plumbing.runfolder import (_rng_state, _set_rng_state, checkpoint_config, checkpoint_state, data_fingerprint,
+                                kept_result, latest_checkpoint, write_config)
 
 _REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
                source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
                load_weights_only)  # the methods'
+_REEXPORTED_LAB = (_atomic_save, checkpoint_state)  # the lab's tiny weights; tests/test_erclip.py
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 
@@ -719,10 +719,10 @@ def average_gradients(net: nn.Module):
     gradient flattened together, divided by the number of processes."""
     world = dist_info()[1]
     grads = [p.grad for p in net.parameters() if p.grad is not None]
-    flat = torch._utils._flatten_dense_tensors(grads)
+    flat = torch.cat([g.reshape(-1) for g in grads])  # one buffer, one all_reduce
     dist.all_reduce(flat)
-    for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat.div_(world), grads)):
-        g.copy_(mean)
+    for g, mean in zip(grads, flat.div_(world).split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
 
 
 def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0.0, hooks=None, forward=None,
@@ -767,10 +767,11 @@ def train_step(net, batch, ctx, opt, scaler, sched=None, *, grad_clip: float = 0
         clip([p for g in opt.param_groups for p in g["params"]], grad_clip, scaler)
     if hooks is not None:
         hooks.before_optimizer_step(net)
-    scale = scaler._get_scale_async().clone() if scaler.is_enabled() else None  # update() works in place
+    one = loss.new_ones(())  # scaler.scale(one): the scale as a new device tensor (get_scale() waits for the device)
+    scale = scaler.scale(one) if scaler.is_enabled() else None  # a copy: update() changes the scale in place
     scaler.step(opt)
     scaler.update()
-    skipped = scaler._get_scale_async() < scale if scale is not None else None  # only a skip lowers it
+    skipped = scaler.scale(one) < scale if scale is not None else None  # only a skip lowers it
     if sched is not None:
         sched.step()
     if hooks is not None:
@@ -805,84 +806,30 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     net.to(device)
     if cfg.grad_checkpointing:
         net.model.set_grad_checkpointing(True)
-    if cfg.batch_size % world:
-        raise UsageError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
-    local_batch = cfg.batch_size // world
-    if local_batch % cfg.accum_freq:
-        raise UsageError(f"--accum-freq {cfg.accum_freq} does not divide the batch of {local_batch} per process")
-    if cfg.accum_freq > 1 and not isinstance(net, Method):
-        raise UsageError(f"--accum-freq: {type(net).__name__} has no features / losses parts (common.Method)")
-    if world > 1 and rank == 0:  # the global batch is the flag's; open_clip users think per GPU
-        print(f"[train] batch: {cfg.batch_size} global = {world} processes x {local_batch}", file=sys.stderr)
-    if cfg.val_every and validate is None:
-        raise UsageError("--val-every: this run has no validation set during training (a task sequence evaluates "
-                         "every task's test set after each task)")
+    local_batch = checked_batch(cfg, net, validate)  # --batch-size, --accum-freq and --val-every checked
     lock_towers(cfg, net.model)
-    if len(train_set) < cfg.batch_size:
-        raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
-    if keep_last and (world > 1 or cfg.accum_freq > 1 or hasattr(train_set, "loader")):
-        raise UsageError("--keep-last-batch: one process, without --accum-freq, on a manifest (not shards) only")
-    steps_per_epoch = -(-len(train_set) // cfg.batch_size) if keep_last else len(train_set) // cfg.batch_size
-    if hasattr(train_set, "loader"):  # webdataset shards: each process reads its own (shards.ShardStream)
-        loader = train_set.loader(local_batch, CountFailures(collate), cfg.seed, rank, world, cfg.workers,
-                                  steps_per_epoch, pin_memory=device.type == "cuda")
-        sampler = loader.dataset  # set_epoch(epoch, batch) as the sampler's
-    else:
-        sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, True, keep_last)
-        loader = torch.utils.data.DataLoader(
-            SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
-            collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=not keep_last,
-            generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
+    steps_per_epoch = epoch_steps(cfg, train_set, keep_last)
+    loader, sampler = training_loader(cfg, train_set, collate, local_batch, steps_per_epoch, device, keep_last)
     total = cfg.steps or cfg.epochs * steps_per_epoch
-    warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
-    if warmup >= total and not schedule and rank == 0:  # issue 42.4: the lr never leaves its warm-up
-        warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): the lr only climbs "
-                  f"(to {min(total, warmup) / max(warmup, 1):.2g} x --lr at the last step); a negative --warmup is a "
-                  f"percentage of the run")
-    opt = make_optimizer(cfg, net, device, lr_of)
-    multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, multipliers)
+    opt, sched = optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch, total)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
                                               find_unused_parameters=cfg.find_unused) if world > 1 else net
-
-    new_settings = optimizer_settings(opt)
-    data, data_change, failed = data_fingerprint(train_set), None, Tally()
-    step = 0
-    n_skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
-    if cfg.resume:  # the checkpoint's weights, optimizer, schedule, scaler, RNG and step (plumbing/runfolder.py)
-        step, skipped, data_change = runfolder.resume_training(cfg, out, net, opt, sched, scaler, data, rank)
-        n_skipped.fill_(skipped)
-    if overrides:
-        apply_optimizer_settings(opt, sched, new_settings)
-    if rank == 0:
-        runfolder.write_config(cfg, out, overrides)
-    guard = NonFiniteGuard(device)
-
-    def kept() -> str:  # what the non-finite message says of the checkpoints: only what is on disk
-        ck = out / "checkpoints" / "last.pt"
-        return (f"; the last good checkpoint, {ck}, is kept (--resume latest continues from it)" if ck.exists()
-                else "; no checkpoint was written before it")
+    run = runfolder.Checkpoints(cfg, out, net, opt, sched, scaler, data_fingerprint(train_set), overrides,
+                                method_state)
+    step, skipped, data_change = run.start(rank)  # --resume's state and step (plumbing/runfolder.py), config.json
+    n_skipped = torch.full((), skipped, dtype=torch.long, device=device)  # fp16: overflowed steps (weights untouched)
+    guard, failed = NonFiniteGuard(device), Tally()
 
     def save(tag="last"):
-        guard.check(kept)  # before anything is written: no checkpoint after a non-finite loss
-        if rank != 0:
-            return
-        bad = [n for n, p in net.named_parameters() if not torch.isfinite(p).all()]
-        if bad:  # never overwrite a good checkpoint with a broken state
-            raise FloatingPointError(f"non-finite weights at step {step} ({bad[:3]}); checkpoint not written")
-        _atomic_save({"net": checkpoint_state(net), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                      "scaler": scaler.state_dict(), "rng": _rng_state(), "step": step, "skipped_steps": int(n_skipped),
-                      "method": method_state() if method_state else None, "config": dataclasses.asdict(cfg),
-                      "resume_overrides": overrides, "data": data}, out / "checkpoints" / f"{tag}.pt")
+        guard.check(run.kept)  # before anything is written: no checkpoint after a non-finite loss
+        if rank == 0:
+            run.save(step, int(n_skipped), tag)
 
-    from tqdm.auto import tqdm
-    bar = tqdm(total=total, initial=step, disable=rank != 0 or not sys.stderr.isatty(), desc=out.name)
-    metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
-    board = runfolder.tensorboard_writer(out) if rank == 0 and cfg.report_to == "tensorboard" else None
+    log = TrainLog(cfg, out, total, step, rank)  # the bar; metrics.jsonl and tensorboard on rank 0
     net.train()
     stop = StopSignals().install()
-    t_start, t_log, last = time.time(), time.time(), {}  # last: loss terms of the latest step, on the device
+    t_start, last = time.time(), {}  # last: loss terms of the latest step, on the device
     logit_scale = getattr(net.model, "logit_scale", None)
     try:  # the handlers go back whatever ends the loop (an error included)
         while step < total:
@@ -898,77 +845,101 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 if skipped is not None:
                     n_skipped += skipped  # stays on the device; read at log steps
                 step += 1
-                bar.update(1)
+                log.bar.update(1)
                 last = {k: v.detach() for k, v in losses.items()}  # no host sync: read at log steps
                 if step % cfg.log_every == 0 or step == total:
-                    guard.check(kept)  # every rank: the loss is the global batch's, so all stop together
-                if rank == 0 and (step % cfg.log_every == 0 or step == total):
-                    dt = (time.time() - t_log) / cfg.log_every
-                    t_log = time.time()
-                    rec = {"step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                           **{k: float(v) for k, v in last.items()},
-                           "logit_scale": float(logit_scale.detach().exp()) if logit_scale is not None else None,
-                           "sec_per_step": dt}
-                    if scaler.is_enabled():
-                        rec.update(grad_scale=scaler.get_scale(), skipped_steps=int(n_skipped))
-                    metrics_f.write(to_json(rec, indent=None) + "\n")
-                    metrics_f.flush()
-                    for k, v in rec.items() if board else ():
-                        if isinstance(v, (int, float)) and k not in ("step", "epoch"):
-                            board.add_scalar(f"train/{k}", v, step)
-                    if bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
-                        print(progress_line(out, rec, total), file=sys.stderr)
-                    bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+                    guard.check(run.kept)  # every rank: the loss is the global batch's, so all stop together
+                    log.train(step, epoch, sched.get_last_lr()[0], loss, last, logit_scale, scaler, n_skipped)
                 if rank == 0 and cfg.val_every and (step % cfg.val_every == 0 or step == total):
-                    val = {"step": step, **{f"val/{k}": v for k, v in validation(net, validate).items()}}
-                    metrics_f.write(to_json(val, indent=None) + "\n")
-                    metrics_f.flush()
-                    for k, v in val.items() if board else ():
-                        if k != "step":
-                            board.add_scalar(k, v, step)
+                    log.validation(step, validation(net, validate))
                 if cfg.save_every and step % cfg.save_every == 0 and step < total:
                     save()
                 if stop.requested(step, cfg.log_every, device):  # SIGINT / SIGTERM, honoured between steps
                     save()
-                    bar.close()
+                    log.bar.close()
                     stop.stop(out, step)
                 if step >= total or (cfg.stop_at and step >= cfg.stop_at):
                     break
             if cfg.stop_at and step >= cfg.stop_at and step < total:
                 save()
-                bar.close()
+                log.bar.close()
                 return {"stopped_at": step, "total_steps": total, "checkpoint": str(out / "checkpoints" / "last.pt")}
     finally:
         stop.restore()
-        if metrics_f:
-            metrics_f.close()
-        if board:
-            board.close()
-    bar.close()
+        log.close()  # metrics.jsonl, tensorboard
+    log.bar.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
                "device": str(device), "skipped_steps": int(n_skipped),
                "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
                "bad_rows": list(getattr(train_set, "skipped", [])),  # every row the data check skipped
-               "data": data, **({"data_changed_on_resume": data_change} if data_change else {})}
-    if world > 1:  # every rank's replaced images, counted together
-        shares = [None] * world
-        dist.all_gather_object(shares, failed)
-        failed = Tally().merge(shares)
-    summary["undecodable_images"] = {"count": failed.count, "first": failed.first}
-    if failed.count:
-        print(f"[data] {failed.count} undecodable image(s) replaced by the next row during training, e.g. "
-              f"{printable(failed.first[0])}", file=sys.stderr)
+               "data": run.data, **({"data_changed_on_resume": data_change} if data_change else {}),
+               "undecodable_images": trainlog.undecodable_images(failed, world)}  # every rank's, counted together
     if rank == 0 and cfg.val_every:  # every validation of the run, resumed parts included (metrics.jsonl's)
-        summary["validation"] = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-                                 if any(k.startswith("val/") for k in r)]
+        summary["validation"] = trainlog.validations(out)
     if rank == 0:
         save()
-        if export:
-            models.save_model(net.model, out / "model.pt", cfg.backbone, source=cfg.pretrained or "default")
-        if export and cfg.export:
-            summary.update(models.export_after_training(net.model, cfg.export, cfg.backbone, out / "model.pt"))
+        if export:  # model.pt (and its .safetensors twin), then --export's folder
+            summary.update(models.save_trained(net.model, cfg, out))
     return summary
+
+
+def checked_batch(cfg, net, validate) -> int:
+    """train's batch settings checked (--batch-size over the processes, --accum-freq, --val-every): this process's
+    batch. With several processes, rank 0 says how the global batch is split."""
+    rank, world, _ = dist_info()
+    if cfg.batch_size % world:
+        raise UsageError(f"batch size {cfg.batch_size} is not divisible by {world} ranks")
+    local_batch = cfg.batch_size // world
+    if local_batch % cfg.accum_freq:
+        raise UsageError(f"--accum-freq {cfg.accum_freq} does not divide the batch of {local_batch} per process")
+    if cfg.accum_freq > 1 and not isinstance(net, Method):
+        raise UsageError(f"--accum-freq: {type(net).__name__} has no features / losses parts (common.Method)")
+    if world > 1 and rank == 0:  # the global batch is the flag's; open_clip users think per GPU
+        print(f"[train] batch: {cfg.batch_size} global = {world} processes x {local_batch}", file=sys.stderr)
+    if cfg.val_every and validate is None:
+        raise UsageError("--val-every: this run has no validation set during training (a task sequence evaluates "
+                         "every task's test set after each task)")
+    return local_batch
+
+
+def epoch_steps(cfg, train_set, keep_last: bool) -> int:
+    """Steps an epoch: whole batches of the training set (keep_last: and its partial last batch)."""
+    if len(train_set) < cfg.batch_size:
+        raise UsageError(f"training set ({len(train_set)}) smaller than one batch ({cfg.batch_size})")
+    if keep_last and (dist_info()[1] > 1 or cfg.accum_freq > 1 or hasattr(train_set, "loader")):
+        raise UsageError("--keep-last-batch: one process, without --accum-freq, on a manifest (not shards) only")
+    return -(-len(train_set) // cfg.batch_size) if keep_last else len(train_set) // cfg.batch_size
+
+
+def training_loader(cfg, train_set, collate, local_batch: int, steps_per_epoch: int, device, keep_last: bool):
+    """(loader, sampler) of this process's batches: a manifest's seeded, resumable shuffle (ResumableSampler,
+    SeededSamples), or webdataset shards each process reads its own of (shards.ShardStream). The sampler's
+    set_epoch(epoch, batch) starts an epoch part way in."""
+    rank, world, _ = dist_info()
+    if hasattr(train_set, "loader"):  # webdataset shards: each process reads its own (shards.ShardStream)
+        loader = train_set.loader(local_batch, CountFailures(collate), cfg.seed, rank, world, cfg.workers,
+                                  steps_per_epoch, pin_memory=device.type == "cuda")
+        return loader, loader.dataset  # set_epoch(epoch, batch) as the sampler's
+    sampler = ResumableSampler(len(train_set), local_batch, cfg.seed, True, rank, world, True, keep_last)
+    loader = torch.utils.data.DataLoader(
+        SeededSamples(train_set, cfg.seed), batch_size=local_batch, sampler=sampler, num_workers=cfg.workers,
+        collate_fn=CountFailures(collate), pin_memory=device.type == "cuda", drop_last=not keep_last,
+        generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False)
+    return loader, sampler
+
+
+def optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch: int, total: int):
+    """AdamW (make_optimizer) and its LambdaLR: schedule(opt, steps_per_epoch, total)'s multipliers, by default
+    --warmup's linear warm-up (a negative --warmup: a percentage of the run), then cosine to 0."""
+    warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
+    if warmup >= total and not schedule and dist_info()[0] == 0:  # issue 42.4: the lr never leaves its warm-up
+        warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): the lr only climbs "
+                  f"(to {min(total, warmup) / max(warmup, 1):.2g} x --lr at the last step); a negative --warmup is a "
+                  f"percentage of the run")
+    opt = make_optimizer(cfg, net, device, lr_of)
+    multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, multipliers)
 
 
 def lock_towers(cfg, model):
@@ -1172,8 +1143,3 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
         if continual:
             runfolder.write_config(cfg, Path(cfg.out), overrides)
 
-
-def progress_line(out: Path, rec: dict, total: int) -> str:
-    """What train prints at log steps when stderr is not a terminal (cluster logs, nohup): tqdm's bar is off."""
-    return (f"[{printable(out.name)}] step {rec['step']}/{total} epoch {rec['epoch']} loss {rec['loss']:.4f} "
-            f"lr {rec['lr']:.3g} {rec['sec_per_step']:.3f}s/step")

@@ -279,7 +279,8 @@ def clip_grad_norm_unprojected(hooks, params, max_norm: float, scaler):
     inside = {id(W): batches for W, batches in hooks.projected_in_backward.values() if batches}
     if not any(id(p) in inside for p in params):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    inv = scaler._get_scale_async().double().reciprocal().float() if scaler.is_enabled() else 1.0
+    one = next(iter(inside.values()))[0][0].new_ones((), dtype=torch.float32)  # scale(one): the scale
+    inv = scaler.scale(one).double().reciprocal().float() if scaler.is_enabled() else 1.0
     raw = {}
     for i, batches in inside.items():
         delta, X = (torch.cat(t) for t in zip(*batches))  # the step's rows, all backward passes

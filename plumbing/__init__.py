@@ -6,8 +6,9 @@ file, papers/, commands/ or the lab (tests/test_layout.py checks every import, f
                                                         folders written whole (--help answers before torch loads)
   loading, manifests, datafolders, shards               files as data: weights-only loads, manifests and the row
                                                         check, Hugging Face / sidecar folders, webdataset shards
-  runfolder, cli                                        the run folder, its lock and resume; one message per
-                                                        expected failure, signals
+  runfolder, cli, trainlog                              the run folder, its lock, resume and checkpoints; one
+                                                        message per expected failure, signals; the training
+                                                        log (bar, metrics.jsonl, tensorboard)
   models, towers                                        backbone names, load_model, save_model, the export
                                                         formats; uni-modal towers
   train_manifests, wise_ft, m2mix_analysis              what eval.py and the methods read: Karpathy / COCO

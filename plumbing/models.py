@@ -429,6 +429,13 @@ def export_after_training(model, folder, backbone: str, run_model: Path) -> dict
         return {"export_failed": str(e), "export_command": command}
 
 
+def save_trained(model, cfg, out: Path) -> dict:
+    """The end of common.train (rank 0): the trained model as <out>/model.pt (save_model: its sidecar and
+    .safetensors twin), then --export's folder (export_after_training); returns the summary's export entries."""
+    save_model(model, out / "model.pt", cfg.backbone, source=cfg.pretrained or "default")
+    return export_after_training(model, cfg.export, cfg.backbone, out / "model.pt") if cfg.export else {}
+
+
 def export_failure(results: dict, written) -> None:
     """After a run's results are written (common.write_results): the run ends with one message and exit code 1
     when its --export failed (export_after_training's entry, in results['summary'] or at the top)."""

@@ -1,7 +1,7 @@
 """The run folder (--out) of every script: one run per folder (a lock naming its process and host), leftovers of
 a killed run removed, an old run refused or cleared (--overwrite), and --resume's settings compared with the
-run's (--override-resume). common's train and preflight call them; it imports plumbing.base and
-plumbing.loading only."""
+run's (--override-resume); a training run's checkpoints (Checkpoints: its start, resumed or fresh, and each
+save). common's train and preflight call them; it imports plumbing.base and plumbing.loading only."""
 import dataclasses
 import pickle
 import random
@@ -20,7 +20,7 @@ import open_clip
 import torch
 
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
-from plumbing.loading import load_weights_only
+from plumbing.loading import _atomic_save, load_weights_only
 from plumbing.manifests import content_sha256
 from plumbing.outfolder import (BOTH, LOCK, pid_alive, holds_run, live_holder, lock_state, locked, occupied,
                                 unwritable)  # torch-free (issue 42.4); LOCK, live_holder, holds_run: re-exported
@@ -28,7 +28,7 @@ from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
            "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command",
-           "needs_tensorboard", "tensorboard_writer"]
+           "needs_tensorboard", "tensorboard_writer", "Checkpoints"]
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
 RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
@@ -370,6 +370,51 @@ def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: i
         _truncate_metrics(out / "metrics.jsonl", step)
         print(f"resumed from {ck} at step {step}", file=sys.stderr)
     return step, state.get("skipped_steps", 0), data_change
+
+
+class Checkpoints:
+    """A training run's checkpoints (common.train): where it starts (a fresh run, or --resume's checkpoint put
+    back), <out>/checkpoints/<tag>.pt with everything an exact resume needs, and what the error after a non-finite
+    loss says of them."""
+
+    def __init__(self, cfg, out: Path, net, opt, sched, scaler, data: dict, overrides: list[dict],
+                 method_state: Callable[[], dict] | None = None):
+        self.cfg, self.out, self.net, self.opt, self.sched, self.scaler = cfg, out, net, opt, sched, scaler
+        self.data, self.overrides, self.method_state = data, overrides, method_state
+
+    def start(self, rank: int) -> tuple[int, int, dict | None]:
+        """The run's starting point: --resume's weights, optimizer, schedule, scaler, RNG and step put back
+        (resume_training), --override-resume's optimizer settings applied at the schedule's point, config.json
+        written (rank 0). Returns (step, fp16 steps skipped so far, the data change --override-resume accepted)."""
+        new_settings = optimizer_settings(self.opt)
+        step, skipped, data_change = 0, 0, None
+        if self.cfg.resume:
+            step, skipped, data_change = resume_training(self.cfg, self.out, self.net, self.opt, self.sched,
+                                                         self.scaler, self.data, rank)
+        if self.overrides:
+            apply_optimizer_settings(self.opt, self.sched, new_settings)
+        if rank == 0:
+            write_config(self.cfg, self.out, self.overrides)
+        return step, skipped, data_change
+
+    def save(self, step: int, skipped: int, tag: str = "last"):
+        """<out>/checkpoints/<tag>.pt at `step` (rank 0), written atomically; never with a non-finite weight (a
+        good checkpoint is not overwritten by a broken state)."""
+        bad = [n for n, p in self.net.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise FloatingPointError(f"non-finite weights at step {step} ({bad[:3]}); checkpoint not written")
+        _atomic_save({"net": checkpoint_state(self.net), "optimizer": self.opt.state_dict(),
+                      "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "rng": _rng_state(),
+                      "step": step, "skipped_steps": skipped,
+                      "method": self.method_state() if self.method_state else None,
+                      "config": dataclasses.asdict(self.cfg), "resume_overrides": self.overrides, "data": self.data},
+                     self.out / "checkpoints" / f"{tag}.pt")
+
+    def kept(self) -> str:
+        """What the non-finite loss message says of the checkpoints: only what is on disk."""
+        ck = self.out / "checkpoints" / "last.pt"
+        return (f"; the last good checkpoint, {ck}, is kept (--resume latest continues from it)" if ck.exists()
+                else "; no checkpoint was written before it")
 
 
 def machine_info() -> dict:

@@ -1,4 +1,4 @@
-"""ERCLIP's sweeps (erclip.py --sweep: plumbing/sweeps.py, lab/demos/erclip_sweeps.py): per-run folders and
+"""ERCLIP's sweeps (erclip.py --sweep: papers/erclip_sweeps.py, lab/demos/erclip_sweeps.py): per-run folders and
 resume by skipping finished runs, pool prefixes, per-epoch checkpoints that
 leave the run unchanged, every demo sweep's results file on a shrunken
 world, and the real-setting sweeps on a manifest the lab writes."""
@@ -19,7 +19,7 @@ from lab.demos import erclip as erclip_demo
 from lab.demos import erclip_sweeps
 
 
-# ----------------------------------------------------------------------------- generic helpers (plumbing/sweeps.py)
+# ----------------------------------------------------------------------------- generic helpers (papers/erclip_sweeps.py)
 def test_sweep_run_skips_finished_runs_and_restarts_unfinished_ones(tmp_path):
     calls = []
 

@@ -193,6 +193,17 @@ def test_shared_modules_do_not_grow(name):
     assert len((ROOT / f"{name}.py").read_text().splitlines()) <= SHARED_LINES[name]
 
 
+def test_the_training_loop_fits_one_screen():
+    """Issue 56.4: common.train reads as the loop (set-up, then per step: batch, step, log, save, end; the lock,
+    resume, signals, logging and the end of the run behind named calls) in at most 100 lines, and train_step in at
+    most 60: each function's source from its def to its last line, docstring included."""
+    import inspect
+    import common
+    for func, most in ((common.train, 100), (common.train_step, 60)):
+        lines = len(inspect.getsourcelines(func)[0])
+        assert lines <= most, f"common.{func.__name__}: {lines} lines, at most {most}"
+
+
 @pytest.mark.slow
 def test_importing_every_method_file_leaves_the_lab_unloaded():
     code = ("import sys; import common, eval, " + ", ".join(METHODS) +

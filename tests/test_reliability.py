@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import models, runfolder
+from plumbing import models, runfolder, trainlog
 from papers import erclip_sweeps
 import socket
 from plumbing import base
@@ -521,7 +521,7 @@ def test_warnings_and_progress_lines_escape_control_characters(tmp_path, capsys)
     common.ManifestDataset(bad, skip_bad=True)
     err = capsys.readouterr().err
     assert "gone\\x1b[32m.png" in err and "\x1b" not in err
-    line = common.progress_line(Path("runs/a\rb"), {"step": 1, "epoch": 0, "loss": 1.0, "lr": 1e-5,
+    line = trainlog.progress_line(Path("runs/a\rb"), {"step": 1, "epoch": 0, "loss": 1.0, "lr": 1e-5,
                                                    "sec_per_step": 0.1}, 2)
     assert "\r" not in line and "a\\rb" in line
 

@@ -1,0 +1,139 @@
+"""The reading path of one default training step (a tool, not a test): the functions a reader opens to follow one
+step of a method, found by running it.
+
+The method's main() runs on the lab's tiny backbone and synthetic world with its default settings but one step
+(--steps 1), a batch of 8 and the CPU; one common.train call is traced with sys.settrace: the first, or with
+--tasks (cclip.py, dns.py) the second task's, where the method's continual part runs (C-CLIP's old model, DNS's
+projection). Listed: common.train itself, then every distinct function defined in the method file, common.py or
+plumbing/ that runs in train's process while train is inside its training loop (the outermost loop of its body:
+the batch, the step, the log, the save and the end checks), called from it directly or not, in the order of first
+call, each with its source span (inspect.getsourcelines), and the total line count. What train calls before the
+loop (the set-up) or after it (the end of the run) sits behind its named calls and is not listed; with the default
+--workers 2 the dataset and the collate function run in the DataLoader's worker processes, which are not traced
+(--workers 0 runs them in train's process and lists them too). A function nested in a listed one (train's save) is
+counted with its parent; lambdas, comprehensions and generator expressions are never listed on their own.
+
+    python tests/reading_path.py erclip.py cclip.py dns.py              # docs/reading.md is written from this
+    python tests/reading_path.py --workers 0 erclip.py                  # the data pipeline included
+
+The run's data and run folders, and a cache (CLIPFT_CACHE, unless set), live in a temporary folder."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path(tempfile.mkdtemp(prefix="reading-path-"))
+os.environ.setdefault("CLIPFT_CACHE", str(WORK / "cache"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(ROOT))
+
+SEQUENCES = ("cclip", "dns")  # --tasks: the second task's train call is traced
+
+
+def argv_of(method: str, work: Path, extra=()) -> list[str]:
+    """One default step: the method's defaults, on the tiny backbone and the lab's synthetic world, one step, a
+    batch the tiny sets hold, on the CPU."""
+    argv = ["--backbone", "tiny", "--steps", "1", "--batch-size", "8", "--device", "cpu",
+            "--data-root", str(work / "data"), "--out", str(work / f"run-{method}"), *extra]
+    if method == "erclip":
+        return [*argv, "--train-pairs", "16"]
+    if method in SEQUENCES:
+        return [*argv, "--tasks", "synthetic"]
+    return argv
+
+
+class Traced(BaseException):
+    """Raised after the traced common.train call: the rest of main() is not the step's."""
+
+
+def loop_lines(func) -> range:
+    """The lines of the outermost loop (while / for) of func's body."""
+    import ast
+    import inspect
+    lines, start = inspect.getsourcelines(func)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    loop = next(n for n in ast.walk(tree.body[0]) if isinstance(n, (ast.While, ast.For)))
+    return range(start + loop.lineno - 1, start + loop.end_lineno)
+
+
+def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
+    """[(file, function, first line, last line)] of common.train and the functions that ran inside its training
+    loop in the method's traced common.train call, in the order of first call, nested functions folded into their
+    parents."""
+    import importlib
+    import inspect
+    import torch
+    import common
+    torch.set_num_threads(1)
+    name = Path(method_file).stem
+    method = importlib.import_module(name)
+    files = {str(ROOT / f"{name}.py"), str(ROOT / "common.py")}
+    plumbing = str(ROOT / "plumbing") + os.sep
+    real_train = common.train
+    loop = loop_lines(real_train)
+    seen: dict = {real_train.__code__: None}  # code object -> None, in the order of first call
+    calls = []
+
+    def in_loop(frame) -> bool:  # called, at any depth, from train while train runs a line of its loop
+        while frame is not None and frame.f_code is not real_train.__code__:
+            frame = frame.f_back
+        return frame is not None and frame.f_lineno in loop
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code not in seen and (code.co_filename in files or code.co_filename.startswith(
+                plumbing)) and in_loop(frame.f_back):
+            seen[code] = None
+        return None  # no line events: calls only
+
+    def traced_train(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < (2 if name in SEQUENCES else 1):
+            return real_train(*args, **kwargs)
+        sys.settrace(tracer)
+        try:
+            real_train(*args, **kwargs)
+        finally:
+            sys.settrace(None)
+        raise Traced
+
+    common.train = traced_train
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the method's own output: stdout is the listing's
+            method.main(argv_of(name, WORK, extra))
+    except Traced:
+        pass
+    finally:
+        common.train = real_train
+    if len(seen) == 1:
+        raise SystemExit(f"{method_file}: the traced common.train call never ran")
+    spans = []
+    for code in seen:
+        if code.co_name.startswith("<"):  # <lambda>, <listcomp>, <genexpr>: read with the function holding them
+            continue
+        lines, start = inspect.getsourcelines(code)
+        spans.append((code.co_filename, code.co_qualname, start, start + len(lines) - 1))
+    return [s for s in spans if not any(o is not s and o[0] == s[0] and o[2] <= s[2] and s[3] <= o[3]
+                                         for o in spans)]
+
+
+def main(argv):
+    extra = []
+    if argv[:1] == ["--workers"]:
+        extra, argv = argv[:2], argv[2:]
+    for method_file in argv or ["erclip.py"]:
+        path = reading_path(method_file, extra)
+        total = sum(end - start + 1 for _, _, start, end in path)
+        print(f"## {Path(method_file).name}: {len(path)} functions, {total} lines\n")
+        for file, func, start, end in path:
+            print(f"- {Path(file).relative_to(ROOT).as_posix()}:{func} ({start}-{end}, {end - start + 1} lines)")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
