@@ -279,7 +279,7 @@ def clip_grad_norm_unprojected(hooks, params, max_norm: float, scaler):
     inside = {id(W): batches for W, batches in hooks.projected_in_backward.values() if batches}
     if not any(id(p) in inside for p in params):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    one = next(iter(inside.values()))[0][0].new_ones((), dtype=torch.float32)  # scale(one): the scale
+    one = next(iter(inside.values()))[0][0].new_ones((), dtype=torch.float32)  # scale(one) = scale
     inv = scaler.scale(one).double().reciprocal().float() if scaler.is_enabled() else 1.0
     raw = {}
     for i, batches in inside.items():
@@ -561,8 +561,9 @@ class DNSLearner:
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
         self.net.hooks = hooks
         try:
-            summary = common.train(task_cfg, self.net, feature_pairs(x_a, x_b), common.Collate(None),
-                                   hooks=hooks, export=False)
+            pairs = feature_pairs(x_a, x_b)
+            summary = common.train(task_cfg, self.net, pairs, common.Collate(None), hooks=hooks,
+                                   export=False)
         finally:
             self.net.hooks = None
         if "stopped_at" in summary:

@@ -19,7 +19,7 @@ from lab.demos import erclip as erclip_demo
 from lab.demos import erclip_sweeps
 
 
-# ----------------------------------------------------------------------------- generic helpers (papers/erclip_sweeps.py)
+# ---------------------------------------------------------------------------- generic helpers (papers/erclip_sweeps.py)
 def test_sweep_run_skips_finished_runs_and_restarts_unfinished_ones(tmp_path):
     calls = []
 
