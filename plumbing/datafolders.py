@@ -52,6 +52,11 @@ def kind(path) -> str | None:
     return None
 
 
+# The conversion cache's format: 2 since issue 55.2 (rows.jsonl in ASCII JSON, split at "\n" only: a caption
+# holding U+2028 or \x85 split the old one's lines, and the broken conversion stayed cached)
+CACHE_FORMAT = 2
+
+
 def rows(path, image_keys, layouts: str) -> list[dict]:
     """Manifest rows of a data folder (see the module's docstring); a DataError naming the accepted layouts when
     `path` is none of them. image_keys: the column names a manifest's image may sit in; layouts: the accepted
@@ -62,7 +67,7 @@ def rows(path, image_keys, layouts: str) -> list[dict]:
     if found in ("hf-disk", "parquet"):
         return _hf_rows(path, found, image_keys)
     if found == "hf-dict":
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_object(path / "dataset_dict.json").get("splits", [])
         raise DataError(f"{path} holds a DatasetDict (splits {', '.join(splits)}): name one split, e.g. "
                         f"{path / (splits[0] if splits else 'train')}")
     if found == "imagefolder":
@@ -71,32 +76,57 @@ def rows(path, image_keys, layouts: str) -> list[dict]:
     raise DataError(f"{path} is a folder of no layout read here; training and evaluation data are {layouts}")
 
 
+def _json_object(file: Path) -> dict:
+    """A Hugging Face folder's metadata file (dataset_dict.json, state.json) as a JSON object, or one DataError
+    naming the file (issue 55.2: `[]` or text that is not JSON were tracebacks)."""
+    try:
+        value = json.loads(file.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{file}: not Hugging Face's metadata, not JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{file}: not Hugging Face's metadata: a JSON object expected, found {type(value).__name__}")
+    return value
+
+
 def _sidecar_rows(folder: Path) -> list[dict]:
+    """One row per image, with its .json sidecar's columns and its .txt sidecar as the caption. A sidecar that is
+    not UTF-8, or a .json that is not one JSON object, makes its row {'_error': why, naming the file} (the row
+    check's message, or skipped and counted with --skip-bad)."""
     out = []
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     for i, image in enumerate(images, 1):
         row = {}
         if (meta := image.with_suffix(".json")).is_file():
             try:
-                value = json.loads(meta.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise DataError(f"{meta}: not a JSON object ({type(e).__name__}: {e})") from None
+                value = json.loads(meta.read_bytes().decode("utf-8"))
+            except UnicodeDecodeError as e:
+                value = {"_error": f"{meta}: not valid UTF-8 (byte {e.start})"}
+            except ValueError as e:
+                value = {"_error": f"{meta}: not a JSON object ({type(e).__name__}: {e})"}
             if not isinstance(value, dict):
-                raise DataError(f"{meta}: a sidecar must be a JSON object, found {type(value).__name__}")
+                value = {"_error": f"{meta}: a sidecar must be a JSON object, found {type(value).__name__}"}
             row.update(value)
         if (text := image.with_suffix(".txt")).is_file():
-            row["caption"] = text.read_text(encoding="utf-8", errors="surrogateescape").strip()
+            try:
+                row["caption"] = text.read_bytes().decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                row.setdefault("_error", f"{text}: not valid UTF-8 (byte {e.start})")
         out.append({**row, "image": str(image.resolve()), "_line": i})
     return out
 
 
 def _fingerprint(path: Path, found: str) -> str:
     if found == "hf-disk":
-        state = json.loads((path / "state.json").read_text())
-        key = [state.get("_fingerprint"), [(f["filename"]) for f in state.get("_data_files", [])]]
+        state = _json_object(path / "state.json")
+        files = state.get("_data_files", [])
+        if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f for f in files):
+            raise DataError(f"{path / 'state.json'}: not Hugging Face's metadata (_data_files: a list of "
+                            f"{{'filename': ...}} expected)")
+        key = [state.get("_fingerprint"), [f["filename"] for f in files]]
     else:
         files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
         key = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key.append(CACHE_FORMAT)
     return hashlib.sha256(json.dumps([str(path.resolve()), key]).encode()).hexdigest()[:20]
 
 
@@ -107,7 +137,7 @@ def _hf_rows(path: Path, found: str, image_keys) -> list[dict]:
     if not manifest.is_file():
         _convert(path, found, image_keys, target)
     rows = []
-    for i, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(filter(None, manifest.read_text(encoding="utf-8").split("\n")), 1):
         r = json.loads(line)
         if isinstance(r.get("_image"), str):
             r[r.pop("_image_key")] = str(target / r.pop("_image"))
@@ -138,7 +168,7 @@ def _convert(path: Path, found: str, image_keys, target: Path):
                 row = {**row, key: None, "_image": name, "_image_key": key}
         elif isinstance(image, str):  # a path, relative to the dataset folder
             row = {**row, key: str((base / image).resolve())}
-        lines.append(json.dumps({k: v for k, v in row.items() if _plain(v)}, ensure_ascii=False))
+        lines.append(json.dumps({k: v for k, v in row.items() if _plain(v)}))  # ASCII: no line break inside
         if (i + 1) % 10000 == 0:
             print(f"[data] {path}: {i + 1} rows written", file=sys.stderr, flush=True)
     (tmp / "rows.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")

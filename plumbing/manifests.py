@@ -92,14 +92,16 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
-    if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
-        return datafolders.rows(path, IMAGE_KEYS, LAYOUTS)
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-
     def bad(line, why):
         if not keep_bad:
             raise DataError(f"{path}:{line}: {why}")
         return {"_line": line, "_error": why}
+
+    if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
+        rows = datafolders.rows(path, IMAGE_KEYS, LAYOUTS)  # the same row check as a file's rows (issue 55.2)
+        return [bad(r["_line"], r["_error"]) if "_error" in r else
+                bad(r["_line"], "not valid UTF-8") if _not_utf8(r.values()) else r for r in rows]
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
     start = text.lstrip()
     if start.startswith("["):

@@ -132,3 +132,52 @@ def test_an_interrupted_conversion_leaves_nothing_used_and_is_cleared(tmp_path, 
     (left / "rows.jsonl").write_text('{"image": "images/x.png", "text": "half"}\n')
     assert len(common.ManifestDataset(tmp_path / "hf")) == 4 and not left.exists()
     assert [p.name for p in cache.iterdir()] == [name]
+
+
+def test_own_data_text_goes_through_the_row_check(tmp_path, cache):
+    """Issue 55.2: a .txt sidecar that is not UTF-8 was a UnicodeEncodeError traceback (--skip-bad did not help),
+    a non-UTF-8 .json sidecar refused the folder as "not a JSON object"; now each is the row check's one message
+    naming the file, or skipped and counted with --skip-bad."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    for i, im in enumerate(_images(3)):
+        im.save(folder / f"{i:06d}.jpg")
+        (folder / f"{i:06d}.txt").write_text(f"caption {i}\n")
+    (folder / "000001.txt").write_bytes("une légende\n".encode("latin-1"))
+    with pytest.raises(common.DataError, match=r"pairs:2: .*000001.txt: not valid UTF-8 \(byte 5\)"):
+        common.ManifestDataset(folder)
+    ds = common.ManifestDataset(folder, skip_bad=True)
+    assert len(ds) == 2 and len(ds.skipped) == 1 and [ds[i]["caption"] for i in range(2)] == ["caption 0",
+                                                                                                "caption 2"]
+    (folder / "000001.txt").write_text("caption 1\n")
+    (folder / "000002.json").write_bytes(b'{"long_caption": "\xe9t\xe9"}')
+    with pytest.raises(common.DataError, match=r"000002.json: not valid UTF-8"):
+        common.ManifestDataset(folder)
+
+
+def test_a_caption_holding_a_line_separator_survives_the_conversion_cache(tmp_path, cache):
+    """Issue 55.2: a Hugging Face caption holding U+2028 (or \\x85) was written into the conversion cache as is and
+    read back with splitlines(), which splits there too: a traceback on every rerun, the broken conversion cached.
+    The cache is ASCII JSON now, read at "\\n" only; the caption comes back whole."""
+    captions = ["first\u2028line", "next\x85line", "plain"]
+    datasets.Dataset.from_dict({"image": _images(3), "text": captions}).cast_column(
+        "image", datasets.Image()).save_to_disk(str(tmp_path / "hf"))
+    for _ in range(2):  # converted, then read from the cache
+        ds = common.ManifestDataset(tmp_path / "hf")
+        assert [ds[i]["caption"] for i in range(3)] == captions
+
+
+def test_malformed_hugging_face_metadata_is_one_message_naming_the_file(tmp_path, cache):
+    """Issue 55.2: dataset_dict.json or state.json holding [] was an AttributeError, state.json that is not JSON a
+    JSONDecodeError; now one message naming the file."""
+    datasets.DatasetDict({"train": _hf(2)}).save_to_disk(str(tmp_path / "dict"))
+    (tmp_path / "dict" / "dataset_dict.json").write_text("[]")
+    with pytest.raises(common.DataError, match=r"dataset_dict.json: not Hugging Face's metadata: a JSON object "
+                                               r"expected, found list"):
+        common.ManifestDataset(tmp_path / "dict")
+    _hf(2).save_to_disk(str(tmp_path / "hf"))
+    for text, said in (("[]", "found list"), ("{not json", "not JSON"),
+                       ('{"_data_files": [1]}', "_data_files: a list")):
+        (tmp_path / "hf" / "state.json").write_text(text)
+        with pytest.raises(common.DataError, match=f"state.json: not Hugging Face's metadata.*{said}"):
+            common.ManifestDataset(tmp_path / "hf")
