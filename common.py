@@ -1132,6 +1132,9 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     world = world_size()
     if cfg.batch_size % world:
         raise UsageError(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
+    if cfg.batch_size == 1:
+        warn_once("warning: --batch-size 1: a contrastive loss over one pair is 0 (an image's only candidate is "
+                  "its own caption), so nothing is learned; use a batch of at least 2")
     if world > 1:  # the processes split the row check's decoding between them (image_problems)
         init_distributed(cfg.device)
     for m in manifests:

@@ -6,5 +6,5 @@ its paper's data and experiments but a reader of its math does not.
   erclip_data     ERCLIP: the COCO + ShareGPT4V training set from its public sources
   erclip_sweeps   ERCLIP Sec. 4.3-4.4 on real data, and the folder handling of every sweep
   longclip_data   Long-CLIP at ERCLIP's budget: training manifests, short captions, erclip.py's results
-  mosei           m2-Mix Sec. 5.5 / GMC: the CMU-MOSEI reader (python -m papers.mosei --convert)
+  mosei           m2-Mix Sec. 5.5 / GMC: the CMU-MOSEI reader (gmc.py --convert writes its .npz copy)
 """

@@ -6,6 +6,10 @@ arrays hold their bytes, an .npz entry its header's size) and the machine's memo
 docs/gmc.md, 'The data as distributed'."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # issue 55.3: it ran nothing and exited 0 on any flag, after 6 s of imports
+    raise SystemExit("papers/mosei.py is gmc.py's MOSEI reader, not a command: python gmc.py --data "
+                     "data/mosei/mosei_data.pkl [--convert]")
+
 import math
 import os
 import pickle

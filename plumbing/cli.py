@@ -73,8 +73,8 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
         where = f" ({e.filename})" if e.filename else ""
         if e.errno == errno.ENOSPC:
             return (f"no space left on device (ENOSPC){where}: free space on that disk or choose another --out; "
-                    f"leftover temporary files are removed at the next start, and --resume latest continues "
-                    f"from the last checkpoint"), 1
+                    f"leftover temporary files are removed at the next start, and if a checkpoint was saved "
+                    f"before, --resume latest continues from it"), 1
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             inside_cache = e.filename and str(Path(e.filename).absolute()).startswith(str(base.CACHE_DIR.absolute()))
             advice = (f"the cache folder {base.CACHE_DIR} must be writable: set CLIPFT_CACHE to a writable folder"
