@@ -290,7 +290,7 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     """Loads the backbone, evaluates it (ZS), fine-tunes with cfg.method,
     evaluates again; writes results.json and returns it (world: the lab's)."""
     device = common.init_distributed(cfg.device)
-    if cfg.random_init or cfg.pretrained == "random":  # random initial weights: seeded, as the others'
+    if cfg.random_init or cfg.pretrained == "random":  # random initial weights, seeded (55.3)
         torch.manual_seed(cfg.seed)
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
