@@ -64,7 +64,16 @@ def holds_run(out: Path) -> bool:
         (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
 
 
+def resumable(out: Path) -> bool:
+    """Whether `out` holds something --resume latest continues: a checkpoint, or a task sequence's record."""
+    return (out / "checkpoints" / "last.pt").exists() or (out / "continual.json").exists()
+
+
 def occupied(out: Path) -> RunError:
+    if not resumable(out):  # issue 55.3: stopped before its first save; --resume latest would find nothing
+        return RunError(f"{out} holds a run that stopped before its first checkpoint (metrics.jsonl, no "
+                        f"checkpoints/last.pt): nothing to resume; start it afresh with --overwrite (deletes its "
+                        f"run files), or choose another --out")
     return RunError(f"{out} holds a run already (checkpoints / metrics.jsonl); continue it with --resume latest, "
                     f"start it afresh with --overwrite (deletes its run files), or choose another --out")
 

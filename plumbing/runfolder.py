@@ -106,6 +106,10 @@ def clear_run(out: Path):
 def _resume_checkpoint(cfg, out: Path) -> Path:
     ck = latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
     if ck is None:
+        if holds_run(out):  # issue 55.3: the advice `occupied` gives too, not "start without --resume"
+            raise RunError(f"--resume latest: no checkpoint in {out / 'checkpoints'}: the run there stopped before "
+                           f"its first save; start it afresh with --overwrite (deletes its run files), or choose "
+                           f"another --out")
         raise RunError(f"--resume latest: no checkpoint in {out / 'checkpoints'}; start without --resume (or "
                        f"point --out at the run to continue)")
     if ck.is_dir():

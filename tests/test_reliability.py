@@ -3,6 +3,7 @@ against the checkpoint's own record (settings and training data), sweeps and
 demos that hold their --out, the tiny weights' cache repairing itself, one
 message naming the file for each expected failure, signals during the final
 evaluation, and a fast --help. docs/reliability.md maps each case to its test."""
+import dataclasses
 import json
 import os
 import re
@@ -601,3 +602,26 @@ def test_messages_promise_only_what_exists_and_the_mosei_reader_is_not_a_command
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and "gmc.py's MOSEI reader, not a command" in r.stderr
         assert "torch" not in {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+
+
+def test_a_run_killed_before_its_first_checkpoint_gets_one_path_that_works(tmp_path):
+    """After a SIGKILL before the first checkpoint (metrics.jsonl written, no checkpoints/last.pt), `--resume
+    latest` said "start without --resume" and a start without it said "continue it with --resume latest": a loop
+    only --overwrite broke. Both messages now name --overwrite, and it works; a run with a checkpoint is still
+    told to continue with --resume latest."""
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    cfg = common.Config(steps=1, batch_size=8, workers=0, precision="fp32", out=str(out), device="cpu")
+    for resume in ("", "latest"):
+        with pytest.raises(common.RunError) as e:
+            common.preflight(dataclasses.replace(cfg, resume=resume), [data])
+        assert "stopped before its first" in str(e.value) and "--overwrite" in str(e.value)
+        assert "continue it with --resume latest" not in str(e.value) and "without --resume" not in str(e.value)
+    common.preflight(dataclasses.replace(cfg, overwrite=True), [data])
+    (out / "checkpoints").mkdir(exist_ok=True)
+    (out / "checkpoints" / "last.pt").write_bytes(b"x")
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    with pytest.raises(common.RunError, match="continue it with --resume latest"):
+        common.preflight(cfg, [data])
