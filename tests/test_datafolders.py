@@ -181,3 +181,28 @@ def test_malformed_hugging_face_metadata_is_one_message_naming_the_file(tmp_path
         (tmp_path / "hf" / "state.json").write_text(text)
         with pytest.raises(common.DataError, match=f"state.json: not Hugging Face's metadata.*{said}"):
             common.ManifestDataset(tmp_path / "hf")
+
+
+def test_an_image_path_outside_the_dataset_folder_is_never_read(tmp_path, cache):
+    """Issue 55.3: a Hugging Face image feature {bytes: None, path: "/etc/passwd"} was copied into the cache
+    (mode 0644) before the row check refused it; now a path outside the dataset folder is not read: the row is
+    the row check's one message, or skipped with --skip-bad, and nothing of it is in the cache."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the cache")
+    png = io.BytesIO()
+    _images(1)[0].save(png, format="PNG")
+    images = [{"bytes": png.getvalue(), "path": None}, {"bytes": None, "path": str(secret)},
+              {"bytes": None, "path": "../secret.txt"}]
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"image": images, "text": ["ok", "absolute", "relative"]}),
+                   str(tmp_path / "pq" / "train.parquet"))
+    with pytest.raises(common.DataError, match=r"pq:2: its image path .*secret.txt is outside the dataset folder"):
+        common.ManifestDataset(tmp_path / "pq")
+    ds = common.ManifestDataset(tmp_path / "pq", skip_bad=True)
+    assert len(ds) == 1 and len(ds.skipped) == 2 and ds[0]["caption"] == "ok"
+    copied = [p.read_bytes() for p in cache.rglob("*") if p.is_file()]
+    assert not any(b"not for the cache" in data for data in copied)
