@@ -92,6 +92,9 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
+    if not path.is_dir() and not path.is_file():  # issue 55.3: /dev/zero was read until killed, a pipe read twice
+        raise DataError(f"{path}: not a regular file (a device, a pipe or a socket): a manifest is read more than "
+                        f"once and must end; write it to a file first (e.g. cat ... > rows.jsonl)")
     def bad(line, why):
         if not keep_bad:
             raise DataError(f"{path}:{line}: {why}")

@@ -625,3 +625,13 @@ def test_a_run_killed_before_its_first_checkpoint_gets_one_path_that_works(tmp_p
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     with pytest.raises(common.RunError, match="continue it with --resume latest"):
         common.preflight(cfg, [data])
+
+
+def test_special_files_are_refused_as_manifests(tmp_path):
+    """`--train-data /dev/zero` was read until the process was killed, and `--train-data <(cat x.jsonl)` read the
+    pipe twice ("no rows"); a manifest must be a regular file (or a data folder), one message otherwise."""
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    for path in (Path("/dev/zero"), fifo):
+        with pytest.raises(common.DataError, match="not a regular file .*write it to a file first"):
+            common.read_manifest(path)
