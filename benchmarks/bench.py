@@ -669,7 +669,11 @@ def bench_retrieval(quick):
                             str(1 if quick else 3)],
                            capture_output=True, text=True, check=True)
         out[which] = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["ours"]["res"] == out["dense"]["res"], "chunked and dense retrieval disagree"
+    # Exact on CPU. On CUDA the chunked and the whole products round differently (cuBLAS picks its kernels by
+    # shape), so a near-tie between random features can swap: two image queries' worth (0.04 points) allowed.
+    gap = max(abs(out["ours"]["res"][k] - out["dense"]["res"][k]) for k in out["dense"]["res"])
+    allowed = 0.0 if DEVICE.type == "cpu" else 2 * 100.0 / n_img
+    assert gap <= allowed, f"chunked and dense retrieval disagree by {gap:.4f} points (> {allowed:.4f}): {out}"
     record(f"retrieval metrics time ({n_img} x {n_txt})", out["ours"]["t"], out["dense"]["t"], kind="cost",
            goal=1.5, spread=out["ours"]["s"], baseline_spread=out["dense"]["s"])
     record(f"retrieval metrics peak memory ({n_img} x {n_txt})", out["ours"]["peak"] / 2 ** 20,
