@@ -100,9 +100,11 @@ def interrupted_message(signum: int) -> tuple[str, int]:
     if not kept or not runfolder.holds_run(out):
         return f"interrupted (signal {signum}) before training saved anything in {out or '--out'}; nothing to resume", \
             128 + signum
+    # issue 55.3: "not repeated" only when training finished (model.pt); else it goes on from its last checkpoint
+    how = ("finished training is not repeated, the evaluation is" if "model.pt" in kept else
+           "training goes on from its last checkpoint, then the evaluation")
     return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
-            f"run with (finished training is not repeated, the evaluation is):\n  {runfolder.resume_command()}"), \
-        128 + signum
+            f"run with ({how}):\n  {runfolder.resume_command()}"), 128 + signum
 
 
 class StopSignals:

@@ -635,3 +635,20 @@ def test_special_files_are_refused_as_manifests(tmp_path):
     for path in (Path("/dev/zero"), fifo):
         with pytest.raises(common.DataError, match="not a regular file .*write it to a file first"):
             common.read_manifest(path)
+
+
+def test_a_signal_after_the_loop_says_whether_training_is_repeated(tmp_path, monkeypatch):
+    """A SIGTERM in the final phase (after the last step, before model.pt) said "finished training is not
+    repeated", and the resume redid the steps after the last checkpoint (36-40). Now that is said only when
+    model.pt is there; otherwise the message says training goes on from its last checkpoint."""
+    from plumbing import cli
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.pt").write_bytes(b"x")
+    (out / "metrics.jsonl").write_text('{"step": 35}\n')
+    monkeypatch.setattr(runfolder, "RUN_OUT", out)
+    message, code = cli.interrupted_message(signal.SIGTERM)
+    assert code == 143 and "training goes on from its last checkpoint" in message and "not repeated" not in message
+    (out / "model.pt").write_bytes(b"x")
+    message, _ = cli.interrupted_message(signal.SIGTERM)
+    assert "finished training is not repeated, the evaluation is" in message
