@@ -161,10 +161,11 @@ def _convert(path: Path, found: str, image_keys, target: Path):
             data = image.get("bytes")
             if data is None and image.get("path"):
                 src = Path(image["path"]) if Path(image["path"]).is_absolute() else base / image["path"]
-                if not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(base)):  # issue 55.3
+                outside = not Path(os.path.realpath(src)).is_relative_to(os.path.realpath(base))  # issue 55.3
+                if outside:
                     row = {**row, key: None, "_error": f"its image path {image['path']} is outside the dataset "
                                                        f"folder {base}: not read"}
-                data = src.read_bytes() if src.is_file() and "_error" not in row else None
+                data = src.read_bytes() if src.is_file() and not outside else None
             if data is not None:
                 name = f"images/{i:08d}{_suffix(data, image.get('path'))}"
                 (tmp / name).write_bytes(data)

@@ -95,15 +95,18 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     if not path.is_dir() and not path.is_file():  # issue 55.3: /dev/zero was read until killed, a pipe read twice
         raise DataError(f"{path}: not a regular file (a device, a pipe or a socket): a manifest is read more than "
                         f"once and must end; write it to a file first (e.g. cat ... > rows.jsonl)")
+
     def bad(line, why):
         if not keep_bad:
             raise DataError(f"{path}:{line}: {why}")
         return {"_line": line, "_error": why}
 
-    if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
-        rows = datafolders.rows(path, IMAGE_KEYS, LAYOUTS)  # the same row check as a file's rows (issue 55.2)
+    def checked(rows):  # every row's last check, a file's and a data folder's alike (issue 55.2)
         return [bad(r["_line"], r["_error"]) if "_error" in r else
                 bad(r["_line"], "not valid UTF-8") if _not_utf8(r.values()) else r for r in rows]
+
+    if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
+        return checked(datafolders.rows(path, IMAGE_KEYS, LAYOUTS))
     text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
     start = text.lstrip()
@@ -137,7 +140,7 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
         for r in reader:
             rows.append(dict(r, _line=end + 1))
             end = reader.line_num
-    return [bad(r["_line"], "not valid UTF-8") if "_error" not in r and _not_utf8(r.values()) else r for r in rows]
+    return checked(rows)
 
 
 def content_sha256(path) -> str:

@@ -59,14 +59,14 @@ def locked(out: Path, held: dict) -> RunError:
     return RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose another --out")
 
 
-def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in ("checkpoints/last.pt", "continual.json")) or (
-        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0)
-
-
 def resumable(out: Path) -> bool:
     """Whether `out` holds something --resume latest continues: a checkpoint, or a task sequence's record."""
     return (out / "checkpoints" / "last.pt").exists() or (out / "continual.json").exists()
+
+
+def holds_run(out: Path) -> bool:
+    """Whether `out` holds a run: something to resume, or a log of steps taken (killed before its first save)."""
+    return resumable(out) or (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0
 
 
 def occupied(out: Path) -> RunError:

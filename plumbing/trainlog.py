@@ -49,7 +49,7 @@ class TrainLog:
                 self.board.add_scalar(f"train/{k}", v, step)
         if self.bar.disable:  # no terminal (cluster logs, nohup): a line instead of the bar
             print(progress_line(self.out, rec, self.total), file=sys.stderr)
-        self.bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+        self.bar.set_postfix(loss=f"{rec['loss']:.4f}")
 
     def validation(self, step: int, scores: dict):
         """--val-every's scores at `step` (rank 0): metrics.jsonl's val/ record, tensorboard's val/ scalars."""
