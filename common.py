@@ -56,8 +56,9 @@ from plumbing.results import from_json, to_json  # strict JSON: NaN as null, lis
 from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
 from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
                               to_rgb)
-from plumbing.manifests import (CAPTION_KEYS, IMAGE_KEYS, CompactRows, Tally, bad_rows_message, dist_info,
-                                image_check_cache, image_problems, read_manifest)
+from plumbing.manifests import (CompactRows, Tally, bad_rows_message, columns, dist_info, image_check_cache,
+                                image_problems, iter_manifest)
+from plumbing.manifests import CAPTION_KEYS, IMAGE_KEYS, read_manifest  # noqa: F401  (the lab's and papers/')
 from plumbing.runfolder import (_rng_state, _set_rng_state, checkpoint_config, checkpoint_state, data_fingerprint,
                                 kept_result, latest_checkpoint, write_config)
 
@@ -283,36 +284,35 @@ class ManifestDataset(torch.utils.data.Dataset):
                  replace_undecodable: bool = False, draw_caption: bool = False, keys=None, sep: str | None = None):
         self.path, self.transform = Path(path), transform  # keys, sep: open_clip's --csv-img-key / -caption-key
         keys = keys or (flags.CSV_COLUMNS["csv_img_key"], flags.CSV_COLUMNS["csv_caption_key"])  # None: the run's
-        rows = read_manifest(self.path, keep_bad=True, sep=flags.CSV_COLUMNS["csv_separator"] if sep is None else sep)
-        good = [r for r in rows if "_error" not in r]
-        if not good:
-            if rows:
-                raise DataError(bad_rows_message(self.path, [f"{self.path}:{r['_line']}: {r['_error']}" for r in rows]))
-            raise DataError(f"{self.path}: no rows")
-        cols = set(good[0]) - {"_line"}
-        # the named column (--csv-img-key / --csv-caption-key) when given, else the first known one present
-        self.image_key = next((k for k in ((keys[0],) if keys[0] else IMAGE_KEYS) if k in cols), None)
-        self.caption_key = next((k for k in ((keys[1],) if keys[1] else CAPTION_KEYS) if k in cols), None)
-        missing = [n for n, k in ((keys[0] or "image", self.image_key), (keys[1] or "caption", self.caption_key))
-                   if k is None]
-        if need_long and "long_caption" not in cols:
-            missing.append("long_caption")
-        missing += [k for k in extra if k not in cols]
-        if missing:
-            raise DataError(f"{self.path}: missing column(s) {missing}; available: {sorted(cols)}")
-        self.need_long, self.extra = need_long, tuple(extra)
-        problems = [r.get("_error") or self._check(r) for r in rows]
+        self.need_long, self.extra, self.image_key = need_long, tuple(extra), None
         mode = {True: "full", False: "none"}.get(check_images, check_images)
-        if mode != "none":  # full decode, in threads, of the rows that passed the cheap checks
-            todo = [i for i, p in enumerate(problems) if p is None]
-            if mode == "sample":
-                todo = sorted(random.Random(0).sample(todo, min(manifests.IMAGE_SAMPLE, len(todo))))
-            for i, p in zip(todo, image_problems([self.image_file(rows[i]) for i in todo], across_ranks=across_ranks,
-                                                 cache_file=image_check_cache(self.path) if across_ranks else None)):
-                problems[i] = p
+        self.rows, problems, files = CompactRows(), [], []  # problems: (line, message), sorted by line at the end
+        rows = iter_manifest(self.path, keep_bad=True, sep=flags.CSV_COLUMNS["csv_separator"] if sep is None else sep)
+        for r in rows:  # a row at a time into packed columns: 1M rows are never held as dicts (issue 55.3)
+            if self.image_key is None and "_error" not in r:
+                self.image_key, self.caption_key = columns(self.path, set(r) - {"_line"}, keys, need_long, extra)
+            why = r.get("_error") or self._check(r)
+            if why:
+                problems.append((r["_line"], f"{self.path}:{r['_line']}: {why}"))
+                continue
+            self.rows.append(r)
+            if mode != "none":
+                files.append(str(self.image_file(r)))
+        if self.image_key is None:
+            raise DataError(bad_rows_message(self.path, [p for _, p in problems]) if problems else
+                            f"{self.path}: no rows")
+        todo = ([] if mode == "none" else range(len(files)) if mode == "full" else  # decoded in full, in threads
+                sorted(random.Random(0).sample(range(len(files)), min(manifests.IMAGE_SAMPLE, len(files)))))
+        found = image_problems([files[k] for k in todo], across_ranks=across_ranks,
+                               cache_file=image_check_cache(self.path) if across_ranks else None)
+        keep = np.ones(len(self.rows), bool)
+        for k, why in ((k, why) for k, why in zip(todo, found) if why):
+            keep[k] = False
+            line = self.rows[k]["_line"]
+            problems.append((line, f"{self.path}:{line}: {why}"))
+        self.rows.keep(keep)
         self.replace_undecodable, self.draw_caption = replace_undecodable, draw_caption
-        self.rows = CompactRows([r for r, p in zip(rows, problems) if p is None])
-        self.skipped = [f"{self.path}:{r['_line']}: {p}" for r, p in zip(rows, problems) if p is not None]
+        self.skipped = [p for _, p in sorted(problems, key=lambda lp: lp[0])]  # stable: a line's rows in order
         if self.skipped and not skip_bad:
             raise DataError(bad_rows_message(self.path, self.skipped, " (use --skip-bad to skip and count them)"))
         if self.skipped:

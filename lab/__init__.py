@@ -36,8 +36,19 @@ method file's main() takes it from the lab when its command names the lab
 (--backbone tiny, --train-data synthetic), and `python -m lab eval|export
 ARGS` (lab/__main__.py) passes it to eval.py and the export.
 """
-import common
-from plumbing import models
+import sys
+from pathlib import Path
+
+from plumbing import flags
+
+COMMANDS = {"eval": "eval.py", "export": "commands/export.py"}  # python -m lab NAME: the script it runs
+if sys.argv[:1] == ["-m"] and sys.orig_argv[sys.orig_argv.index("-m") + 1:][:2] in (["lab", c] for c in COMMANDS):
+    # `python -m lab eval|export --help` (or a bad flag): answered before the imports below load torch
+    flags.answer_head_early(Path(__file__).parent.parent / COMMANDS[sys.argv[1]], sys.argv[2:],
+                            f"python -m lab {sys.argv[1]}")
+
+import common  # noqa: E402  (the lab's world and the demos need torch)
+from plumbing import models  # noqa: E402
 import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import PROCESSES, hold_out, job_pool, run_jobs, scratch_run, take_processes_flag

@@ -10,15 +10,14 @@ files load the lab themselves (--demo, --backbone tiny).
 import importlib
 import sys
 
-COMMANDS = {"eval": "eval", "export": "commands.export"}
+import lab  # registers the tiny backbone and the synthetic sets; lab.COMMANDS: the scripts it runs
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        sys.exit(f"usage: python -m lab {{{','.join(COMMANDS)}}} ARGS (got {argv[:1] or 'nothing'})")
-    module = importlib.import_module(COMMANDS[argv[0]])
-    import lab  # registers the tiny backbone and the synthetic sets
+    if not argv or argv[0] not in lab.COMMANDS:
+        sys.exit(f"usage: python -m lab {{{','.join(lab.COMMANDS)}}} ARGS (got {argv[:1] or 'nothing'})")
+    module = importlib.import_module(lab.COMMANDS[argv[0]].removesuffix(".py").replace("/", "."))
     from plumbing.cli import cli
     sys.argv = [f"python -m lab {argv[0]}", *argv[1:]]
     cli(lambda args: module.main(args, world=lab.WORLD), argv[1:])

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import tokenize
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from plumbing import base, outfolder
@@ -254,6 +255,25 @@ def answer_early(cls, defaults: Callable[[list], dict] | None = None, argv=None,
         if os.environ.get("RANK", "0") == "0" and (problem := outfolder.early_problem(cfg)) is not None:
             print(f"error: {base.printable(str(problem))}", file=sys.stderr)  # as plumbing.cli, before torch loads
             sys.exit(2 if isinstance(problem, base.UsageError) else getattr(problem, "code", 1))
+
+
+def answer_head_early(script, argv, prog: str):
+    """`python -m lab eval|export ARGS`: the lab's package imports torch before its __main__ runs, so the command's
+    --help and a bad flag are answered here first (issue 55.3: 6 s for --help). The statements above the script's
+    `if __name__ == "__main__":` are its light head (this project's rule: the command line needs no torch); they
+    run alone, and its command_line() parses argv: the help or argparse's one-line error exit here, a valid
+    command line returns and the real run parses it again."""
+    tree = ast.parse(Path(script).read_text(encoding="utf-8"), str(script))
+    head = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            break
+        head.append(node)
+    space = {"__name__": "_command_line", "__file__": str(script)}
+    exec(compile(ast.Module(head, type_ignores=[]), str(script), "exec"), space)
+    parser = space["command_line"]()
+    parser.prog = prog
+    parser.parse_args(argv)
 
 
 def numbers(text: str) -> list[float]:

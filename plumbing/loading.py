@@ -13,6 +13,7 @@ import pickle
 import random
 import socket
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ import open_clip
 import torch
 from PIL import Image
 
-from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write
+from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write, warn_once
 
 
 def _hub_reachable(timeout=3.0) -> bool:
@@ -181,9 +182,23 @@ def reusable_manifest(path, sources: dict) -> bool:
     return False
 
 
+# PIL's DecompressionBombWarning (a two-line print from inside PIL, once per worker) becomes big_image's one line
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def big_image(im: Image.Image):
+    """One line for an image over PIL's decompression-bomb limit (issue 55.3: an 11000x11000 PNG printed PIL's raw
+    warning): it is decoded whole, slowly; over twice the limit PIL refuses it (the row check names it)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and im.width * im.height > limit:
+        warn_once(f"warning: {getattr(im, 'filename', '') or 'an image'}: {im.width}x{im.height} pixels, over PIL's "
+                  f"decompression-bomb limit ({limit:,}): decoded whole, which is slow; resize it to train faster")
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
     """PIL's convert('RGB') clips a 16- or 32-bit integer image at 255 (a 16-bit PNG comes out 99.5 % white):
     such images are scaled to 8 bits by their type's range first (16 bits: / 257), in training and evaluation."""
+    big_image(im)
     if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         a = np.asarray(im, dtype=np.float64)
         top = 65535.0 if im.mode.startswith("I;16") or a.max() <= 65535 else float(np.iinfo(np.int32).max)

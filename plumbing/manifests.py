@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from array import array
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -20,7 +20,7 @@ from PIL import Image
 
 from plumbing import base, datafolders
 from plumbing.base import DataError, atomic_write
-from plumbing.loading import file_sha256
+from plumbing.loading import big_image, file_sha256
 
 
 MAX_LISTED = 20  # bad rows named in one error message; the rest are counted
@@ -89,6 +89,13 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
     `_line`, the line where it starts. A line that is not UTF-8 or not JSON raises a DataError naming file and
     line; with keep_bad=True it comes back as {'_line': n, '_error': why} (ManifestDataset's skip_bad). sep: a CSV's
     separator (open_clip's --csv-separator); '' detects it."""
+    return list(iter_manifest(path, keep_bad, sep))
+
+
+def iter_manifest(path, keep_bad: bool = False, sep: str = ""):
+    """read_manifest's rows one at a time: a JSONL or CSV file is read line by line, so a million-row manifest
+    is never in memory whole (issue 55.3: ManifestDataset packs each row as it comes). A JSON array and a
+    data folder are read whole. The file's errors (missing, not a regular file) come at the first row."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
@@ -102,45 +109,69 @@ def read_manifest(path, keep_bad: bool = False, sep: str = "") -> list[dict]:
         return {"_line": line, "_error": why}
 
     def checked(rows):  # every row's last check, a file's and a data folder's alike (issue 55.2)
-        return [bad(r["_line"], r["_error"]) if "_error" in r else
-                bad(r["_line"], "not valid UTF-8") if _not_utf8(r.values()) else r for r in rows]
+        for r in rows:
+            yield (bad(r["_line"], r["_error"]) if "_error" in r else
+                   bad(r["_line"], "not valid UTF-8") if _not_utf8(r.values()) else r)
 
     if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
-        return checked(datafolders.rows(path, IMAGE_KEYS, LAYOUTS))
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+        yield from checked(datafolders.rows(path, IMAGE_KEYS, LAYOUTS))
+        return
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
+        start = next((c for line in f for c in line[:1 << 16].lstrip()[:1]), "")  # the first character shown
+    csv_file = start not in "[{" and path.suffix not in (".jsonl", ".json")
+    # JSONL lines end at "\n" only; csv reads its own line ends (newline=""); utf-8-sig drops a byte-order mark
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="" if csv_file else "\n") as f:
+        if start == "[":
+            yield from checked(_json_array_rows(path, f.read()))
+        elif csv_file:
+            yield from checked(_csv_rows(f, sep))
+        else:
+            yield from checked(_jsonl_rows(f, bad))
 
-    start = text.lstrip()
-    if start.startswith("["):
-        rows = _json_array_rows(path, text)
-    elif path.suffix in (".jsonl", ".json") or start.startswith("{"):
-        rows = []
-        for i, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            if _not_utf8([line]):
-                rows.append(bad(i, "not valid UTF-8"))
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                rows.append(bad(i, f"bad JSON ({e.msg})"))
-                continue
-            rows.append(dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object"))
-    else:
-        sep = {"\\t": "\t", "tab": "\t"}.get(sep, sep)  # open_clip's "\t" as typed in a shell
-        if len(sep) > 1:
-            raise DataError(f"--csv-separator {sep!r}: one character (or \\t), as csv reads it")
+
+def _jsonl_rows(lines, bad):
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if _not_utf8([line]):
+            yield bad(i, "not valid UTF-8")
+            continue
         try:
-            sep = sep or csv.Sniffer().sniff(text.split("\n", 1)[0], delimiters=",\t;|").delimiter
-        except csv.Error:
-            sep = ","
-        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=sep)
-        reader.fieldnames  # reads the header
-        rows, end = [], reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
-        for r in reader:
-            rows.append(dict(r, _line=end + 1))
-            end = reader.line_num
-    return checked(rows)
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield bad(i, f"bad JSON ({e.msg})")
+            continue
+        yield dict(value, _line=i) if isinstance(value, dict) else bad(i, "not a JSON object")
+
+
+def _csv_rows(f, sep):
+    sep = {"\\t": "\t", "tab": "\t"}.get(sep, sep)  # open_clip's "\t" as typed in a shell
+    if len(sep) > 1:
+        raise DataError(f"--csv-separator {sep!r}: one character (or \\t), as csv reads it")
+    try:
+        sep = sep or csv.Sniffer().sniff(f.readline(), delimiters=",\t;|").delimiter
+    except csv.Error:
+        sep = ","
+    f.seek(0)
+    reader = csv.DictReader(f, delimiter=sep)
+    reader.fieldnames  # reads the header
+    end = reader.line_num  # line_num: lines consumed so far (a quoted field may span several)
+    for r in reader:
+        yield dict(r, _line=end + 1)
+        end = reader.line_num
+
+
+def columns(path, cols, keys, need_long: bool = False, extra=()) -> tuple[str, str]:
+    """A manifest's image and caption columns among `cols` (its first good row's): the named one (open_clip's
+    --csv-img-key / --csv-caption-key, `keys`) when given, else the first of IMAGE_KEYS / CAPTION_KEYS present.
+    A missing required column (and long_caption with need_long, each of extra) is one DataError."""
+    image = next((k for k in ((keys[0],) if keys[0] else IMAGE_KEYS) if k in cols), None)
+    caption = next((k for k in ((keys[1],) if keys[1] else CAPTION_KEYS) if k in cols), None)
+    missing = [n for n, k in ((keys[0] or "image", image), (keys[1] or "caption", caption)) if k is None]
+    missing += ["long_caption"] * (need_long and "long_caption" not in cols) + [k for k in extra if k not in cols]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; available: {sorted(cols)}")
+    return image, caption
 
 
 def content_sha256(path) -> str:
@@ -159,6 +190,7 @@ def image_problem(path) -> str | None:
     everything; draft() lets a JPEG decode at reduced scale (up to 8x faster), still reading the whole stream."""
     try:
         with Image.open(path) as im:
+            big_image(im)
             im.draft("RGB", (64, 64))
             im.load()
     except Exception as e:  # PIL raises many types for corrupt files
@@ -191,10 +223,12 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
     across_ranks (every rank calls it, with the same paths): each rank decodes its share and all share the
     results (all_gather_object), so N processes check the images once, not N times."""
     from concurrent.futures import ThreadPoolExecutor
-    keys = [(str(p), st.st_mtime_ns, st.st_size, st.st_ctime_ns) for p, st in ((p, os.stat(p)) for p in paths)]
+    paths = [str(p) for p in paths]  # each distinct file looked at once (a manifest may repeat an image)
+    keys = {p: (p, st.st_mtime_ns, st.st_size, st.st_ctime_ns)
+            for p, st in ((p, os.stat(p)) for p in dict.fromkeys(paths))}
     if cache_file is not None:
         _DECODED.update(_remembered(cache_file))
-    todo = list(dict.fromkeys(k for k in keys if k not in _DECODED))
+    todo = [k for k in keys.values() if k not in _DECODED]
     rank, world, _ = dist_info() if across_ranks else (0, 1, 0)
     mine = todo[rank::world]
     with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool:
@@ -205,8 +239,8 @@ def image_problems(paths, threads: int = 8, cache_file: Path | None = None, acro
         found = [kp for share in shares for kp in share]
     _DECODED.update(found)
     if cache_file is not None and todo and rank == 0:
-        atomic_write(cache_file, json.dumps({k[0]: [*k[1:], _DECODED[k]] for k in dict.fromkeys(keys)}))
-    return [_DECODED[k] for k in keys]
+        atomic_write(cache_file, json.dumps({k[0]: [*k[1:], _DECODED[k]] for k in keys.values()}))
+    return [_DECODED[keys[p]] for p in paths]
 
 
 def image_check_cache(manifest) -> Path:
@@ -225,31 +259,48 @@ def bad_rows_message(where, problems: Sequence[str], hint: str = "", what: str =
 
 
 class CompactRows(Sequence):
-    """A manifest's rows as packed columns: per column, every row's value as JSON in one uint8 buffer with int64
-    offsets. A few arrays instead of millions of dicts, whose reference counts, touched by every read, make each
-    forked DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access."""
+    """A manifest's rows as packed columns: per column, every row's value in one bytearray (b"s" + UTF-8 for text,
+    b"j" + JSON otherwise, nothing where the row lacks the column) with its end offsets in an int64 array. A few
+    buffers instead of millions of dicts, whose reference counts, touched by every read, make each forked
+    DataLoader worker copy the pages they live on; rows[i] is the row's dict again, decoded on access. Filled a
+    row at a time (append: ManifestDataset streams a manifest into it); keep() drops rows after the fact."""
 
-    def __init__(self, rows: Sequence[dict]):
-        self.columns = list(dict.fromkeys(k for r in rows for k in r))
-        self.packed = {}
-        for c in self.columns:
-            values = [json.dumps(r[c], ensure_ascii=False).encode() if c in r else b"" for r in rows]  # b"": absent
-            offsets = np.zeros(len(values) + 1, np.int64)
-            np.cumsum([len(v) for v in values], out=offsets[1:])
-            self.packed[c] = (np.frombuffer(b"".join(values), np.uint8), offsets)
-        self.n = len(rows)
+    def __init__(self, rows: Iterable[dict] = ()):
+        self.data: dict[str, bytearray] = {}
+        self.ends: dict[str, array] = {}
+        self.n, self.index = 0, None  # index: the kept rows' positions, once keep() has dropped some
+        for r in rows:
+            self.append(r)
+
+    def append(self, row: dict):
+        for c, v in row.items():
+            if c not in self.data:  # a column first seen now: the earlier rows lack it
+                self.data[c], self.ends[c] = bytearray(), array("q", [0] * self.n)
+            self.data[c] += (b"s" + v.encode("utf-8", "surrogateescape") if isinstance(v, str)
+                             else b"j" + json.dumps(v).encode())
+        for c, ends in self.ends.items():
+            ends.append(len(self.data[c]))
+        self.n += 1
+
+    def keep(self, mask: Sequence[bool]):
+        """Keep only the rows whose mask is true (rows[i] renumbered over them)."""
+        mask = np.asarray(mask, bool)
+        self.index = None if mask.all() else np.flatnonzero(mask)
 
     def __len__(self):
-        return self.n
+        return self.n if self.index is None else len(self.index)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
             raise IndexError(i)
-        i %= self.n
+        i %= len(self)
+        i = i if self.index is None else int(self.index[i])
         row = {}
-        for c, (data, offsets) in self.packed.items():
-            if offsets[i + 1] > offsets[i]:
-                row[c] = json.loads(data[offsets[i]:offsets[i + 1]].tobytes())
+        for c, data in self.data.items():
+            begin, end = (self.ends[c][i - 1] if i else 0), self.ends[c][i]
+            if end > begin:
+                value = bytes(data[begin + 1:end])
+                row[c] = value.decode("utf-8", "surrogateescape") if data[begin] == ord("s") else json.loads(value)
         return row

@@ -495,6 +495,32 @@ def test_help_and_flag_errors_answer_without_importing_torch(script, argv, code)
     assert ("usage:" in r.stdout) if code == 0 else (": error: " in r.stderr and "Traceback" not in r.stderr)
 
 
+@pytest.mark.parametrize("command", ["eval", "export"])
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--lr", "x"], 2)])
+def test_python_m_lab_commands_answer_help_and_flag_errors_without_importing_torch(command, argv, code):
+    """Issue 55.3: `python -m lab export --help` and `python -m lab eval --help` took 6 s: the lab's package
+    imports torch before its __main__ runs. -X importtime lists every module the process imported."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "lab", command, *argv], cwd=REPO, env=RUN_ENV,
+                       capture_output=True, text=True, timeout=120)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert r.returncode == code and "open_clip" not in imported and "torch" not in imported, r.stderr[-1500:]
+    said = r.stdout if code == 0 else r.stderr
+    assert (f"usage: python -m lab {command}" if code == 0 else f"python -m lab {command}: error:") in said
+
+
+def test_an_image_over_pils_bomb_limit_is_our_one_line_not_pils_warning(tmp_path):
+    """Issue 55.3: an 11000x11000 PNG printed PIL's raw DecompressionBombWarning (from the row check's threads,
+    again in training). Now one line of ours names the file and its size. The limit is lowered so that the lab's
+    32x32 images cross it (PIL warns above the limit, refuses above twice it); a plain process, as a run is."""
+    src = lab.synthetic_manifest("train", tmp_path / "data", n=2)
+    script = ("import sys; from PIL import Image; import common; Image.MAX_IMAGE_PIXELS = 600; "
+              "ds = common.ManifestDataset(sys.argv[1]); ds[0]; ds[1]")
+    r = subprocess.run([sys.executable, "-c", script, str(src)], cwd=REPO, env=RUN_ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "DecompressionBombWarning" not in r.stderr, r.stderr[-1500:]
+    assert r.stderr.count("32x32 pixels, over PIL's decompression-bomb limit (600)") == 2, r.stderr  # once a file
+
+
 def test_eval_py_command_line_names_match_its_loaders():
     import eval as evaluation
     from plumbing import m2mix_analysis, published
