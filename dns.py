@@ -31,6 +31,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
  21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
  22. No clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1 (raw norm, any form)
+ 23. fp32 on CUDA too, as the code (its TrainingArguments set no fp16/bf16): --precision auto: fp16.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import dataclasses
 import sys
 import time
 
-from plumbing.flags import Config, answer_early, arg  # torch-free: --help answers at once
+from plumbing.flags import PRECISION, Config, answer_early, arg  # torch-free: --help at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +50,7 @@ class DNSConfig(Config):
     lambda_min: float = arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
                             "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, "
                             "deviation 15)")
-    lambda_min_out: float = arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, "
-                                "deviation 6)")
+    lambda_min_out: float = arg(-1.0, "output side's (< 0: --lambda-min, paper; code: 0, dev. 6)")
     lambda_relative: bool = arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
     output_cov: str = arg("current", "output-side covariance: current: the history re-mapped with "
                           "the current maps (ours) | per-task: each task with its end weights (the "
@@ -69,8 +69,7 @@ class DNSConfig(Config):
     task_classes: str = arg("auto", "ours: the lab's label set for per-task classification of each "
                             "task's test set ('' = off; auto: shape in the lab, else off)")
     feature_cache: str = arg("", "ours: folder of cached frozen features ('' = <out>/features)")
-    demo: bool = arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny "
-                     "backbone")
+    demo: bool = arg(False, "run the synthetic demo: vanilla / gradient / update (tiny backbone)")
     features: str = arg("", "CMCL setting: folder of cached features (the code's features_storage/ "
                         "h5 files, or ours); --tasks: 'cmcl' (the code's 11 steps, default here) "
                         "or 'dataset[:i,j]~...'")
@@ -88,6 +87,7 @@ class DNSConfig(Config):
     eps: float = arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
     workers: int = arg(0, "ours: features live in memory, no loader workers")
     save_every: int = arg(0, "steps between checkpoints (0: one at the end of each task)")
+    precision: str = arg("fp32", "fp32: the code's (dev. 23); auto: fp16 on CUDA", **PRECISION)
     projection_form: str = arg("auto", "ours (speed, deviation 12): auto: per map the form of "
                                "fewest operations | dense | factored; all compute the same "
                                "projection", choices=("auto", "dense", "factored"))
