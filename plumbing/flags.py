@@ -91,7 +91,7 @@ class Config:
                           "(exact, every method's in-batch terms included) in less memory, as open_clip's")
     lr: float = arg(1e-5, "peak learning rate")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
-    decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
+    decay_all: bool = arg(False, "decay every parameter (the m2-Mix, C-CLIP and Long-CLIP codes' single AdamW group)")
     beta1: float = arg(0.9, "AdamW beta1")
     beta2: float = arg(0.98, "AdamW beta2")
     eps: float = arg(1e-6, "AdamW eps")
