@@ -10,7 +10,7 @@ Code name -> paper symbol: W_img, W_txt (W_<m>) = W^{m} | img, txt = v, t (froze
   count | P_out = P-tilde (old mapped partners), P_in = P' (old inputs) of Thm. 4 | lambda_min
 Deviations (one line each; at length, with the commands and demos, in docs/dns.md)
   1. CLIP (image, text) instead of ImageBind & co. with 7 modalities (CMCL's: --features).
-  2. --mode update is ours; with AdamW the gradient projection does not bound the step.
+  2. --mode update (ours) keeps Thm. 4 under AdamW; gradient leaks 0.06-0.15 (null_space_leak, demo)
   3. The global gradient norm is clipped BEFORE the projection hook, like the code.
   4. Bias-free maps (the paper's theory); the code's never-projected biases: --bias.
   5. The temperature is CLIP's logit_scale, frozen (a trained one moves every old score).
@@ -31,6 +31,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  20. CMCL setting: CLIP's 1/0.07, frozen, for the clip loss; --loss code: temperature 1.
  21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
  22. No clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1 (raw norm, any form)
+ 23. fp32 on CUDA too, as the code (its TrainingArguments set no fp16/bf16): --precision auto: fp16.
 """
 from __future__ import annotations
 
@@ -38,26 +39,22 @@ import dataclasses
 import sys
 import time
 
-from plumbing.flags import Config, answer_early, arg  # torch-free: --help answers at once
+from plumbing.flags import PRECISION, Config, answer_early, arg  # torch-free: --help at once
 
 
 @dataclasses.dataclass(frozen=True)
 class DNSConfig(Config):
-    mode: str = arg("gradient", "gradient: project the gradient (paper, the code) | update: "
-                    "project the optimizer's actual step (ours, deviation 2) | vanilla: no "
-                    "projection", choices=("gradient", "update", "vanilla"))
-    lambda_min: float = arg(0.01, "keep covariance eigen-directions with |eigenvalue| > this "
-                            "(paper: 0.01 ImageBind/UniBind, 1e-4 LanguageBind; the code: 0.1, "
-                            "deviation 15)")
-    lambda_min_out: float = arg(-1.0, "output-side threshold (< 0: --lambda-min, paper; code: 0, "
-                                "deviation 6)")
+    mode: str = arg("gradient", "project the gradient (paper, code) | update: the optimizer's step "
+                    "(ours, dev. 2) | vanilla: none", choices=("gradient", "update", "vanilla"))
+    lambda_min: float = arg(0.01, "keep covariance eigen-directions of |eigenvalue| > this (paper: "
+                            "0.01 ImageBind/UniBind, 1e-4 LanguageBind; code: 0.1, dev. 15)")
+    lambda_min_out: float = arg(-1.0, "output side's (< 0: --lambda-min, paper; code: 0, dev. 6)")
     lambda_relative: bool = arg(False, "ours: lambda_min is a fraction of the largest eigenvalue")
     output_cov: str = arg("current", "output-side covariance: current: the history re-mapped with "
                           "the current maps (ours) | per-task: each task with its end weights (the "
                           "code, deviation 13)", choices=("current", "per-task"))
     covariance: str = arg("ours", "ours: per-modality counts, the step's pair | code: one count "
-                          "over all steps, the stored columns 0, 1 (CMCL setting; deviations 16, "
-                          "17)", choices=("ours", "code"))
+                          "over all steps, columns 0, 1 (dev. 16-17)", choices=("ours", "code"))
     loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction "
                     "CE at temperature 1 (the code, deviation 14)", choices=("clip", "code"))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
@@ -69,15 +66,13 @@ class DNSConfig(Config):
     task_classes: str = arg("auto", "ours: the lab's label set for per-task classification of each "
                             "task's test set ('' = off; auto: shape in the lab, else off)")
     feature_cache: str = arg("", "ours: folder of cached frozen features ('' = <out>/features)")
-    demo: bool = arg(False, "run the synthetic demo: vanilla / gradient / update on the tiny "
-                     "backbone")
+    demo: bool = arg(False, "run the synthetic demo: vanilla / gradient / update (tiny backbone)")
     features: str = arg("", "CMCL setting: folder of cached features (the code's features_storage/ "
                         "h5 files, or ours); --tasks: 'cmcl' (the code's 11 steps, default here) "
                         "or 'dataset[:i,j]~...'")
     perceptor: str = arg("imagebind", "CMCL setting: the encoder in the h5 names "
                          "(<dataset>_<split>_<perceptor>.h5: imagebind, languagebind, unibind)")
-    demo_cmcl: bool = arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic "
-                          "multimodal world")
+    demo_cmcl: bool = arg(False, "run the CMCL-setting demo: the 11 steps on a synthetic world")
     recall_protocol: str = arg("full", "full | cmcl: 5 random 1k-subsets (dev. 18)",
                                choices=("full", "cmcl"))
     lr: float = arg(1e-4, "AdamW learning rate (paper, implementation details)")
@@ -88,6 +83,7 @@ class DNSConfig(Config):
     eps: float = arg(1e-8, "AdamW eps (PyTorch default; not in the paper)")
     workers: int = arg(0, "ours: features live in memory, no loader workers")
     save_every: int = arg(0, "steps between checkpoints (0: one at the end of each task)")
+    precision: str = arg("fp32", "fp32: the code's (dev. 23); auto: fp16 on CUDA", **PRECISION)
     projection_form: str = arg("auto", "ours (speed, deviation 12): auto: per map the form of "
                                "fewest operations | dense | factored; all compute the same "
                                "projection", choices=("auto", "dense", "factored"))
@@ -308,6 +304,13 @@ def score_drift(img, txt, maps_before, maps_after):
     before = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_before))
     after = dns_scores(img.double(), txt.double(), *(w.double().cpu() for w in maps_after))
     return float((after - before).norm() / before.norm().clamp(min=1e-30))
+
+
+def null_space_leak(dW, P_out, P_in) -> float:
+    """Thm. 4's condition, measured: leak = ||P_out dW P_in||_F / ||dW||_F (0: it holds; dW = 0: 0)
+    dW (D_out, D_in): W after a task - W before; P_out, P_in: the task's projectors. float64."""
+    dW, P_out, P_in = (x.detach().double().cpu() for x in (dW, P_out, P_in))
+    return float((P_out @ dW @ P_in).norm() / dW.norm().clamp(min=1e-300))
 
 
 # --- Model wrapper ---
@@ -550,25 +553,27 @@ class DNSLearner:
               pair: tuple | None = None, cov_x: tuple | None = None) -> dict:
         """Trains W_a, W_b on one step's pairs x_a, x_b (N, D) (pair = (a, b), default the first two
         modalities), then adds the step to the covariances of a and b (after the step, as the paper;
-        cov_x: the stored columns 0 and 1 that --covariance code reads instead)."""
+        cov_x: the stored columns 0 and 1 that --covariance code reads instead). Its summary's
+        null_space_leak: each map's over the step, and the max (vanilla: DNS's projectors)."""
         model, hooks, t0 = self.net.model, None, time.perf_counter()
         a, b = pair or model.modalities[:2]
         model.set_pair(a, b)
-        if cfg.mode != "vanilla":
-            P = self.projectors(cfg, a, b)
-            hooks = NullSpaceProjection(cfg.mode, P, cfg.projection_form) if P else None
-        build_seconds = time.perf_counter() - t0
+        P = self.projectors(cfg, a, b)  # vanilla too: the leak's reference, what DNS would keep
+        if cfg.mode != "vanilla" and P:
+            hooks = NullSpaceProjection(cfg.mode, P, cfg.projection_form)
+        build_seconds = time.perf_counter() - t0 if cfg.mode != "vanilla" else 0.0
+        start = {k: getattr(model, k).detach().clone() for k in P}  # W at the task's start
         task_cfg = dataclasses.replace(cfg, out=str(out), resume="latest" if resume else "")
         self.net.hooks = hooks
         try:
-            pairs = feature_pairs(x_a, x_b)
-            summary = common.train(task_cfg, self.net, pairs, common.Collate(None), hooks=hooks,
-                                   export=False)
+            summary = common.train(task_cfg, self.net, feature_pairs(x_a, x_b),
+                                   common.Collate(None), hooks=hooks, export=False)
         finally:
             self.net.hooks = None
         if "stopped_at" in summary:
             raise SystemExit(f"stopped at step {summary['stopped_at']} (--stop-at); continue with "
                              f"--resume latest")
+        leak = {k: null_space_leak(getattr(model, k) - start[k], *P[k]) for k in P}
         W_a, W_b = (getattr(model, f"W_{m}").detach().cpu().double() for m in (a, b))
         n_a, n_b = self.n[a], self.n[b]
         if cfg.covariance == "code":  # deviations 16-17: the code's update_covariance, one n_bar
@@ -590,7 +595,9 @@ class DNSLearner:
             "projection_seconds": hooks.seconds if hooks else 0.0,
             "old_rank": {f"{k}_{side}": round(float(P.trace()))  # a projector's rank: its trace
                          for k, pair in (hooks.projectors if hooks else {}).items()
-                         for side, P in zip(("out", "in"), pair)}}
+                         for side, P in zip(("out", "in"), pair)},
+            "null_space_leak": {"max": max(leak.values()), **leak} if leak else {
+                "max": None, "why": "no old features on either map yet: nothing to protect"}}
         self.summaries.append(summary)
         return summary
 

@@ -38,6 +38,7 @@ Deviations and choices (paper location in brackets; at length in docs/erclip.md)
 12. Under DDP each rank fuses its own sentences; gathered with gradient: the global batch.
 13. Evaluation [Sec. 4]: COCO 5k = first 5 captions (coco-all: all); Urban1K = first line.
 14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): schedules, prefixes, stand-ins are ours.
+15. No decay on gains, biases, embeddings, logit_scale [Sec. 4 does not say]: --decay-all.
 
 Commands (Tab. 2's variants: M+P the default; RT+P --fusion rt; M --lambda-p 0; v1 ablations
 --fusion lstm | transformer with --lambda-p 0)
@@ -108,10 +109,9 @@ from plumbing.results import document, own_table, staged
 # --- Losses and fusion ---
 def pad_sentences(sentence_emb, counts, n_max: int | None = None):
     """Scatters one flat batch of sentence embeddings into a padded tensor.
-    sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with
-    sum S; n_max: max(counts) when the caller knows it as a Python int (no
-    read from the device). Returns E (B, N, d) zero-padded, N = max count,
-    and mask (B, N)."""
+    sentence_emb: (S, d), captions' sentences back to back; counts: (B,) with sum S; n_max:
+    max(counts) when the caller knows it as a Python int (no read from the device). Returns E
+    (B, N, d) zero-padded, N = max count, and mask (B, N)."""
     counts = counts.to(sentence_emb.device)
     owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)  # (S,)
     start = torch.cumsum(counts, 0) - counts  # (B,) offset of each caption's first sentence

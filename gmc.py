@@ -36,6 +36,7 @@ Deviations (one line each; at length in docs/gmc.md)
   G8. The loss terms are gathered across ranks (global batch); GMC trains on one GPU.
   G9. The last partial batch is dropped (equal batches on all ranks); GMC's kept: --keep-last-batch.
   G10. DMM's reporting scripts (G3's alpha, Beta) train at batch 128, tau 0.25 / 0.2: see Commands.
+  G11. fp32 on CUDA too, as GMC's Lightning Trainer (its default, 32); --precision auto: fp16.
 
 Data: MulT's aligned CMU-MOSEI pickle GMC reads (layout: docs/gmc.md), read by papers/mosei.py.
 Commands
@@ -62,10 +63,8 @@ SUBSETS = {"Full": (0, 1, 2), "T": (0,), "V": (2,), "A": (1,), "T+V": (0, 2), "T
 
 @dataclass(frozen=True)
 class GMCConfig(flags.Config):
-    data: str = arg("data/mosei/mosei_data.pkl",
-                    "the aligned MOSEI pickle (or its .npz from --convert)")
-    method: str = arg("gmc-m2", "gmc: GMC | gmc-m2: GMC + m2-Mix (Sec. 5.5)",
-                      choices=("gmc", "gmc-m2"))
+    data: str = arg("data/mosei/mosei_data.pkl", "the aligned MOSEI pickle (or --convert's .npz)")
+    method: str = arg("gmc-m2", "gmc: GMC | gmc-m2: + m2-Mix (Sec. 5.5)", choices=("gmc", "gmc-m2"))
     epochs: int = arg(40, "epochs (GMC's)")
     batch_size: int = arg(24, "batch size (GMC's; DMM's reporting scripts: 128, G10)")
     lr: float = arg(1e-3, "lr (GMC's Adam)")
@@ -75,6 +74,7 @@ class GMCConfig(flags.Config):
     beta2: float = arg(0.999, "Adam beta2 (GMC's code: torch's default; G5)")
     eps: float = arg(1e-8, "Adam eps (GMC's code: torch's default; G5)")
     keep_last_batch: bool = arg(False, "each epoch ends with its partial batch, as GMC's (G9)")
+    precision: str = arg("fp32", "fp32: GMC's code's (G11); auto: fp16 on CUDA", **flags.PRECISION)
     out: str = arg("runs/gmc", "output folder")
     tau: float = arg(0.3, "NT-Xent temperature, both terms (GMC's; DMM's scripts 0.25 / 0.2: G10)")
     m2_weight: float = arg(0.2, "alpha, the weight of L_m2 (G3: DMM's reporting scripts')")

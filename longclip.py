@@ -40,6 +40,7 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
 10. Windows: training tokenises both captions with the stretched window; tests through 77 and 248.
 11. DDP: the loss over the gathered batch; its mean over ranks is the code's.
 12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only the method differs.
+13. No decay on gains, biases, embeddings, logit_scale [train.py: the code decays all]: --decay-all.
 
 Commands
   one GPU, the paper's recipe (ShareGPT4V under data/): python longclip.py --backbone ViT-B/16
@@ -64,8 +65,7 @@ LN_100 = math.log(100.0)
 
 
 # --- Config ---
-# ERCLIP's settings (erclip.py, its paper's Sec. 4) on ERCLIP's data: only the method differs
-# (deviation 12)
+# ERCLIP's settings (erclip.py, its paper's Sec. 4) on its data: only the method differs (dev. 12)
 RECIPES = {
     "longclip": {},
     "erclip-budget": dict(lr=5e-6, wd=0.05, beta2=0.98, eps=1e-6, warmup=200, batch_size=64,

@@ -21,14 +21,14 @@ Code name -> paper symbol
 
 Deviations (one line each; at length in docs/m2mix.md under the same number, with the towers' T1-T7)
   1. Eq. (3) in float64, theta = 2 atan2(|a-b|, |a+b|) in [1e-6, pi - 1e-6]: finite at a = +-b.
-  2. V-/L-Mix normalise over the mixed row (Algorithm 1, the code), not Sec. 4.2.1's printed one.
+  2. V-/L-Mix: M fully mixed (the code); un-mixed: Sec. 4.2.1's denominators, Alg. 1's two diagonals
   3. VL-Mix target: the paper's pseudo-label I (Sec. 4.2.2); the code's I + I_R: --vl-target code.
   4. L_m2 averages its directions (Eq. 5), real anchors (Eq. 4); the code sums: --m2-directions sum.
   5. One learnable tau (Eq. 1); Alg. 1's t2: --m2-own-tau; the code's: --m2-tau 0.07 --base-tau 0.01
   6. The code decays every mix weight as 1/(epoch+1), the paper does not: --mix-decay.
   7. eval() mode while training (Sec. 5.1, the code): on by default, --no-eval-mode turns it off.
   8. Sec. 5.1 prepends "a photo of" to every text; we use the captions as given (train and test).
-  9. Ours, inside the code's sweeps: lr 1e-5, wd 0.2, every mix weight 0.05 (the alphas: the code's)
+  9. Ours: lr 1e-5, wd 0.2 (code sweeps); mix weights 0.05, m3's L_m2 2.5x m3mix.sh's per direction
  10. Data (Sec. 5.1): F30k Karpathy train -> test, COCO train2017 -> val2017; --coco-split karpathy.
  11. One lam per batch and per term, drawn from the step's seeded generator (same on every rank).
  12. Numerics, not the paper: every loss (logits included) in float32, autocast off: common.float32
@@ -68,7 +68,7 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     warmup: int = arg(-10, "warm-up steps; negative = percent of all steps")  # code: 10% warm-up
     out: str = arg("runs/m2mix", "output folder")
     method: str = arg("m3", "ft: CLIP | m2: + m2-Mix | m3: + uni, VL", choices=("ft", "m2", "m3"))
-    m2_weight: float = arg(0.05, "lambda_1, weight of L_m2")  # Tab. 6; code's largest m2 weight
+    m2_weight: float = arg(0.05, "lambda_1 of L_m2 (ours; per direction 2.5x m3mix.sh's: dev. 9)")
     uni_weight: float = arg(0.05, "lambda_2, weight of L_uni = (C_V + C_L)/2")  # Tab. 6 range; ours
     vl_weight: float = arg(0.05, "lambda_3, weight of L_VL")  # Tab. 6 range; ours
     alpha_m2: float = arg(0.0, "Beta parameter, m2 ratio; 0: 0.5 for m2, 0.2 inside m3 (code)")
@@ -160,7 +160,7 @@ def _flip_targets(lam, n, device):
 
 @common.float32
 def vmix_loss(img, txt, logit_scale, lam):
-    """Sec. 4.2.1, V-Mix (normalised over the mixed row, deviation 2):
+    """Sec. 4.2.1, V-Mix (every logit of M mixed, as the code; deviation 2):
         M = s mix_lam(I, flip(I)) T^T,   Y = lam I + (1-lam) I_R
         C_V = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]
     img, txt: (B, D) normalised; logit_scale: s; lam: float."""
@@ -172,7 +172,7 @@ def vmix_loss(img, txt, logit_scale, lam):
 
 @common.float32
 def lmix_loss(img, txt, logit_scale, lam):
-    """Sec. 4.2.1, L-Mix (normalised over the mixed row, deviation 2):
+    """Sec. 4.2.1, L-Mix (every logit of M mixed, as the code; deviation 2):
         M = s I mix_lam(T, flip(T))^T,   Y = lam I + (1-lam) I_R
         C_L = 1/2 [ CE(M, Y) + CE(M^T, Y^T) ]"""
     # Sec. 4.2.1: text i mixed with its partner i' = B-1-i

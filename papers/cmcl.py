@@ -454,11 +454,25 @@ def say_frozen(summary: dict, dim: int, task: str) -> dict:
     return summary
 
 
+def say_leak(summary: dict, task: str, mode: str) -> dict:
+    """The task's line on Thm. 4's condition, measured (issue 57.5): ||P_out dW P_in|| / ||dW|| of each map's
+    change over the task (dns.null_space_leak; the summary's null_space_leak), or why there is none."""
+    leak = (summary or {}).get("null_space_leak")
+    if leak is not None:
+        maps = ", ".join(f"{k} {v:.1e}" for k, v in leak.items() if k not in ("max", "why"))
+        print(f"[dns] {task} ({mode}): null-space leak ||P_out dW P_in|| / ||dW|| over the task: "
+              + (f"max {leak['max']:.1e} ({maps})" if leak["max"] is not None else f"- ({leak['why']})"))
+    return summary
+
+
 def continual(cfg, learner, tasks, learn_task, evaluate) -> dict:
     """common.run_continual, the learner's state saved at task boundaries and read back weights-only; a line for
-    each map a task's projector held fixed (say_frozen)."""
+    each map a task's projector held fixed (say_frozen) and one on what the task's change leaked (say_leak)."""
     dim = next(learner.net.model.parameters()).shape[0]  # every map W_<m> is (D, D)
-    learn = lambda i, task, *a: say_frozen(learn_task(i, task, *a), dim, getattr(task, "name", str(task)))  # noqa: E731
+
+    def learn(i, task, *a):
+        name = getattr(task, "name", str(task))
+        return say_leak(say_frozen(learn_task(i, task, *a), dim, name), name, cfg.mode)
     return common.run_continual(
         Path(cfg.out), tasks, learn, evaluate,
         lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),

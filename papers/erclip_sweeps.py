@@ -11,7 +11,7 @@ again skips finished runs); one results file OUT/sweep-NAME/results.json. The sw
 preflight (rows, --out lock, resume settings) before any model is loaded. The choices (schedules) are
 erclip.py's deviation 14, discussed in docs/erclip.md; the paper's printed points live in eval.py
 (ERCLIP_LAMBDA_IN, ERCLIP_DATA, ERCLIP_EPOCH_CHANGE, ERCLIP_TABLE2). The lab's sweeps (--demo --sweep
-NAME; docs/erclip.md, deviation 15) are lab/demos/erclip_sweeps.py, on this module."""
+NAME; docs/erclip.md, deviation 16) are lab/demos/erclip_sweeps.py, on this module."""
 from __future__ import annotations
 
 import copy

@@ -52,6 +52,9 @@ def precision_name(text: str) -> str:
     return PRECISION_ALIASES.get(text, text)
 
 
+PRECISION = dict(choices=("auto", "fp16", "bf16", "fp32"), type=precision_name)  # --precision's parsing (arg(**))
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
@@ -89,7 +92,7 @@ class Config:
                           "(exact, every method's in-batch terms included) in less memory, as open_clip's")
     lr: float = arg(1e-5, "peak learning rate")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
-    decay_all: bool = arg(False, "decay every parameter (the m2-Mix and C-CLIP research code's single AdamW group)")
+    decay_all: bool = arg(False, "decay every parameter (the m2-Mix, C-CLIP and Long-CLIP codes' single AdamW group)")
     beta1: float = arg(0.9, "AdamW beta1")
     beta2: float = arg(0.98, "AdamW beta2")
     eps: float = arg(1e-6, "AdamW eps")
@@ -97,8 +100,7 @@ class Config:
     grad_clip: float = arg(0.0, "clip the global gradient norm (0: off)", aliases=("--grad-clip-norm",))
     precision: str = arg("auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | fp32; fp16 and bf16 are autocast "
                          "over fp32 weights (fp16 with grad scaling): open_clip's amp and amp_bf16, accepted as such "
-                         "(open_clip's fp16 / bf16 cast the weights; ours do not)", choices=("auto", "fp16", "bf16",
-                         "fp32"), type=precision_name)
+                         "(open_clip's fp16 / bf16 cast the weights; ours do not)", **PRECISION)
     lock_image: bool = arg(False, "freeze the image tower (open_clip's lock_image_tower), but its last groups")
     lock_image_unlocked_groups: int = arg(0, "with --lock-image: groups left trainable from the top, as open_clip "
                                           "counts them (1: the projection; 2: + the last block and ln_post; ...)")

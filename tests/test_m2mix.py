@@ -117,9 +117,11 @@ def test_m2mix_printed_eq4_matches_per_sample_loop():
         m2mix.m2mix_loss(img, txt, s, lam, form="algorithm")
 
 
-def _uni_loop(img, txt, s, lam, mix_side):
+def _uni_loop(img, txt, s, lam, mix_side, algorithm_1=False):
     """C_V / C_L from Sec. 4.2.1, normalised over the mixed row (deviation 2),
-    soft targets lam on i and 1-lam on i' = B-1-i, in both directions."""
+    soft targets lam on i and 1-lam on i' = B-1-i, in both directions.
+    algorithm_1: the un-mixed logits s I_i . T_j on the diagonal and the
+    anti-diagonal (j = i, B-1-i), as Algorithm 1's logits*I_X + logits2*I_XD."""
     B = len(img)
     if mix_side == "image":
         left = [slerp_ref(lam, img[i], img[B - 1 - i]) for i in range(B)]
@@ -128,6 +130,9 @@ def _uni_loop(img, txt, s, lam, mix_side):
         left = [img[i].double().numpy() for i in range(B)]
         right = [slerp_ref(lam, txt[j], txt[B - 1 - j]) for j in range(B)]
     M = np.array([[s * left[i] @ right[j] for j in range(B)] for i in range(B)])
+    for i in range(B) if algorithm_1 else ():
+        for j in (i, B - 1 - i):
+            M[i, j] = s * img[i].double().numpy() @ txt[j].double().numpy()
     rows = cols = 0.0
     for i in range(B):
         lr, lc = log_softmax_row(M[i]), log_softmax_row(M[:, i])
@@ -142,6 +147,30 @@ def test_vmix_and_lmix_match_per_sample_loop(B):
     img, txt = unit(B, 5, seed=20), unit(B, 5, seed=21)
     assert m2mix.vmix_loss(img, txt, s, lam).item() == pytest.approx(_uni_loop(img, txt, s, lam, "image"), rel=1e-5)
     assert m2mix.lmix_loss(img, txt, s, lam).item() == pytest.approx(_uni_loop(img, txt, s, lam, "text"), rel=1e-5)
+
+
+def test_vmix_and_lmix_mix_every_logit_as_the_code_not_algorithm_1s_two_diagonals():
+    """Issue 57.4, deviation 2: Algorithm 1 puts the un-mixed logits back on the diagonal and the anti-diagonal
+    of M; ours (the code as its scripts run it) mixes every entry: a different loss, so the docstring no longer
+    credits Algorithm 1 with our reading."""
+    B, s, lam = 6, 9.0, 0.7
+    img, txt = unit(B, 5, seed=20), unit(B, 5, seed=21)
+    for loss, side in ((m2mix.vmix_loss, "image"), (m2mix.lmix_loss, "text")):
+        assert abs(loss(img, txt, s, lam).item() - _uni_loop(img, txt, s, lam, side, algorithm_1=True)) > 1e-2
+    assert "Alg. 1's two diagonals" in m2mix.__doc__ and "(Algorithm 1, the code)" not in m2mix.__doc__
+
+
+def test_m3s_m2_weight_is_2_5x_the_codes_per_direction():
+    """Issue 57.2, deviation 9: changdaeoh/multimodal-mixup's scripts/m3mix.sh (5009bcb) fixes the m2 weight at
+    0.01 on the SUM of the two directions (loss.py clip_loss2); ours is 0.05 on their mean (Eq. 5). On the same
+    inputs our weighted L_m2 is 2.5x the code's, so not inside its m3 sweep as deviation 9 used to say."""
+    cfg = common.parse_config(m2mix.M2MixConfig, [])
+    assert (cfg.method, cfg.m2_weight, cfg.m2_directions, cfg.mix_decay) == ("m3", 0.05, "mean", False)
+    img, txt = unit(8, 5, seed=60), unit(8, 5, seed=61)
+    ours = cfg.m2_weight * m2mix.m2mix_loss(img, txt, 10.0, 0.3, directions=cfg.m2_directions)
+    code = 0.01 * m2mix.m2mix_loss(img, txt, 10.0, 0.3, directions="sum")
+    assert (ours / code).item() == pytest.approx(2.5)
+    assert "m3's L_m2 2.5x m3mix.sh's per direction" in m2mix.__doc__
 
 
 @pytest.mark.parametrize("target", ["paper", "code"])

@@ -71,6 +71,22 @@ def test_fp16_on_cpu_is_for_testing_and_says_so_once(capsys):
         common.resolve_precision("fp8", "cpu")
 
 
+@pytest.mark.parametrize("method,on_cuda", [("erclip", "fp16"), ("longclip", "fp16"), ("m2mix", "fp16"),
+                                            ("cclip", "fp16"), ("dns", "fp32"), ("gmc", "fp32")])
+def test_each_methods_default_precision_on_cuda(method, on_cuda):
+    """Issue 57.1: GMC's code (a Lightning Trainer at its default, 32) and CMCL's (TrainingArguments without
+    fp16 / bf16) train in fp32, so gmc.py and dns.py default to fp32 on CUDA; the CLIP methods' auto is fp16
+    there. fp32 on CPU for every method (the demos unchanged); --precision auto still gives fp16 on CUDA."""
+    module = __import__(method)
+    config = next(v for v in vars(module).values() if isinstance(v, type) and v.__module__ == method
+                  and v.__name__.endswith("Config"))
+    default = common.parse_config(config, []).precision
+    assert common.resolve_precision(default, "cuda") == on_cuda
+    assert common.resolve_precision(default, "cpu") == "fp32"
+    assert common.parse_config(config, ["--precision", "auto"]).precision == "auto"
+    assert common.parse_config(config, ["--precision", "amp"]).precision == "fp16"  # open_clip's name too
+
+
 class _Exploding(lab.ClipFineTune):
     def forward(self, batch, ctx=None):
         out = super().forward(batch, ctx)

@@ -7,7 +7,7 @@ sweep are papers/erclip_sweeps.py; this module holds the lab's part (stand-ins, 
 
 NAME: epochs | lambda-p | data-size | ablations. Each run in OUT/sweep-NAME/<run>-seed<k>/ (a sweep
 started again skips finished runs); one results file OUT/sweep-NAME/results.json. The choices (the
-lab's stand-ins) are erclip.py's deviation 14, discussed in docs/erclip.md (15); the paper's printed points
+lab's stand-ins) are erclip.py's deviation 14, discussed in docs/erclip.md (16); the paper's printed points
 live in plumbing/published.py (ERCLIP_LAMBDA_IN, ERCLIP_DATA, ERCLIP_EPOCH_CHANGE, ERCLIP_TABLE2)."""
 from __future__ import annotations
 
