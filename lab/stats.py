@@ -18,6 +18,18 @@ otherwise (for example: clearly positive but below the range). A comparison
 the code makes equal (RT+P against M+P at the encoders' lr) is marked 'by
 construction', with why, and is never counted as reproduced. Every seed's
 number is kept.
+
+Since issue 58, declared before any run they govern (docs/lab.md, "Statistics"):
+  practical margin  a '+' / '-' claim may carry margin m (the paper's own tie
+                    threshold where it states one): when |d| < m the verdict is
+                    'about equal' if the whole d +- 2 se lies inside +-m, else
+                    'not resolved'; never reproduced or opposite
+  regime gate       a claim may name the regime it needs and a val check of it
+                    on the baseline, measured before the seeds ran (a
+                    calibration record); when the check fails the verdict is
+                    'outside the lab's regime', with the measured numbers
+  diagnosis         a verdict against its paper carries one line backed by a
+                    number the run or the calibration measured
 """
 from __future__ import annotations
 
@@ -113,24 +125,35 @@ def verdict(diffs: Sequence[float], direction: str, margin: float = 0.0, interva
             return "reproduced"
         return "opposite" if abs(mean) - 2 * se > margin else "not resolved"
     sign = 1.0 if direction == "+" else -1.0
+    if margin and abs(mean) < margin:  # inside the practical margin: never reproduced / opposite (issue 58)
+        return "about equal" if abs(mean) + 2 * se < margin else "not resolved"
     if abs(mean) > 2 * se and mean != 0:
         return "reproduced" if mean * sign > 0 else "opposite"
     return "not resolved"
 
 
 def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin: float = 0.0,
-          interval=None, by_construction: str = "", **extra) -> dict:
+          interval=None, by_construction: str = "", gate: dict | None = None, diagnosis: str = "",
+          **extra) -> dict:
     """One row of a claims table (the keys results.json's `claims` list uses).
     by_construction: why the comparison cannot come out otherwise (the code
     makes the two sides equal); the verdict is then 'by construction', never
     'reproduced', and 'construction check failed' when a seed's difference
     lies outside the margin after all (the diffs may then come from a
-    check on fewer seeds than the demo's)."""
+    check on fewer seeds than the demo's). margin: the practical margin of a
+    '+' / '-' claim too (module docstring). gate: {'needs': the regime in
+    words, 'measured': the val check's numbers, 'met': bool}; not met: the
+    verdict is "outside the lab's regime" (the paired numbers still kept).
+    diagnosis: why a verdict goes against the paper, with a measured number."""
     mean, std, se = paired_stats(diffs)
-    kind = {"margin": margin} if direction == "=" else {"interval": list(interval)} if direction == "range" else {}
+    kind = ({"margin": margin} if direction == "=" or direction in ("+", "-") and margin else {}) | (
+        {"interval": list(interval)} if direction == "range" else {})
     judged = verdict(diffs, direction, margin, interval)
     if by_construction:
         judged = "by construction" if all(abs(x) < margin for x in diffs) else "construction check failed"
+    if gate is not None and not gate["met"]:
+        judged = "outside the lab's regime"
+    extra |= ({"gate": gate} if gate is not None else {}) | ({"diagnosis": diagnosis} if diagnosis else {})
     return {"claim": text, "paper": paper, "mean": mean, "std": std, "n_seeds": len(diffs),
             "per_seed": [float(x) for x in diffs], "verdict": judged, "direction": direction, "se": se, **kind,
             **({"why": by_construction} if by_construction else {}), **extra}
@@ -139,8 +162,14 @@ def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin:
 def claims_table(claims: Sequence[dict]) -> str:
     rows = [{"claim": c["claim"], "paper": c["paper"],
              "ours (mean ± std)": f"{c['mean']:+.2f} ± {c['std']:.2f}",
-             "per seed": ", ".join(f"{x:+.1f}" for x in c["per_seed"]), "verdict": c["verdict"]} for c in claims]
-    return common.markdown_table(rows, ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"])
+             "per seed": ", ".join(f"{x:+.1f}" for x in c["per_seed"]), "verdict": c["verdict"],
+             "margin": f"{c['margin']:g}" if c["direction"] != "=" and c.get("margin") else "",
+             "regime (val check)": f"{c['gate']['needs']}: {c['gate']['measured']} "
+                                   f"({'met' if c['gate']['met'] else 'not met'})" if c.get("gate") else "",
+             "diagnosis": c.get("diagnosis", "")} for c in claims]
+    columns = ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"]  # + what issue 58's claims carry
+    return common.markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "diagnosis")
+                                                  if any(r[k] for r in rows)])
 
 
 def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model") -> str:

@@ -254,6 +254,24 @@ def test_paired_statistics_and_verdicts():
             == "construction check failed")
 
 
+def test_a_practical_margin_a_regime_gate_and_a_diagnosis_judge_a_claim():
+    """Issue 58: |d| > 2 se alone made +0.23 'reproduced' against a paper's +10. With a margin m a difference
+    whose mean lies inside +-m is 'about equal' (the whole d +- 2 se inside) or 'not resolved', never
+    reproduced / opposite; a claim whose regime check failed on val reads "outside the lab's regime"."""
+    small = [0.2, 0.25, 0.24, 0.22]  # resolved (|d| >> 2 se) but tiny
+    assert lab.verdict(small, "+") == "reproduced" and lab.verdict(small, "+", margin=1.0) == "about equal"
+    assert lab.verdict([-0.15, 1.9, -2.2, 0.1], "-", margin=1.0) == "not resolved"  # mean inside, interval not
+    assert lab.verdict([3.0, 3.2, 2.9], "+", margin=1.0) == "reproduced"  # outside the margin: as before
+    assert lab.verdict([-3.0, -3.2, -2.9], "+", margin=1.0) == "opposite"
+    gate = {"needs": "M's truncated gain >= 1/3 of its sentence-mean gain", "measured": "0.4 / 6.6", "met": False}
+    c = lab.claim("long R@1 rises", "+7.6", [3.0, 3.2, 2.9], "+", margin=1.0, gate=gate,
+                  diagnosis="the 24-token window reads 34 % of a long caption")
+    assert c["verdict"] == "outside the lab's regime" and c["gate"] == gate and c["margin"] == 1.0
+    table = lab.claims_table([c, lab.claim("x", "+1", [1.0, 2.0, 3.0], "+")])
+    assert "| margin |" in table and "(not met)" in table and "34 % of a long caption" in table
+    assert "margin" not in lab.claims_table([lab.claim("x", "+1", [1.0, 2.0, 3.0], "+")])  # older tables as they were
+
+
 @pytest.mark.slow
 def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path, shrink_world):
     """lab.run_jobs: jobs in spawned one-thread workers return what they return run here one after another
