@@ -372,6 +372,15 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
                                checks=erclip_demo.CHECK_ONLY)
     verdicts = {c["claim"]: c["verdict"] for c in saved["claims"]}
     assert verdicts["RT+P about equal to M+P on long R@1 (RT+P - M+P; equal within 1 point)"] == "by construction"
+    # issue 58: the paper's one-point tie margin on every claim in points; the truncated long-R@1 claim gated by
+    # the committed val check (not met there: M's truncated gain +3.0 against its sentence-mean +13.5)
+    gate = json.loads(erclip_demo.GATES.read_text())
+    assert gate["pilot_seed"] not in lab.SEEDS and gate["met"] is False
+    long_claim = saved["claims"][0]
+    assert long_claim["gate"]["met"] is False and long_claim["verdict"] == "outside the lab's regime"
+    assert all(c.get("margin") == 1.0 for c in saved["claims"] if c["direction"] in "+-=")
+    assert any("below M+P on zero-shot" in c for c in verdicts)  # the fusion alone, not against M
+    assert all("long sent" in r for runs in saved["per_seed"].values() for r in runs)
     cards = {n: json.loads((out / f"{n}-seed0" / "config.json").read_text()) for n in ("RTP", "RTP-own-lr")}
     assert cards["RTP"]["fusion_lr"] == 0.0 and cards["RTP-own-lr"]["fusion_lr"] == erclip_demo.DEMO_FUSION_LR > 0
 
