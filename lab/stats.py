@@ -163,12 +163,12 @@ def claims_table(claims: Sequence[dict]) -> str:
     rows = [{"claim": c["claim"], "paper": c["paper"],
              "ours (mean ± std)": f"{c['mean']:+.2f} ± {c['std']:.2f}",
              "per seed": ", ".join(f"{x:+.1f}" for x in c["per_seed"]), "verdict": c["verdict"],
-             "margin": f"{c['margin']:g}" if c["direction"] != "=" and c.get("margin") else "",
+             "margin": f"{c['margin']:.3g}" if c["direction"] != "=" and c.get("margin") else "",
              "regime (val check)": f"{c['gate']['needs']}: {c['gate']['measured']} "
                                    f"({'met' if c['gate']['met'] else 'not met'})" if c.get("gate") else "",
-             "diagnosis": c.get("diagnosis", "")} for c in claims]
+             "beside": c.get("beside", ""), "diagnosis": c.get("diagnosis", "")} for c in claims]
     columns = ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"]  # + what issue 58's claims carry
-    return common.markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "diagnosis")
+    return common.markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "beside", "diagnosis")
                                                   if any(r[k] for r in rows)])
 
 

@@ -494,7 +494,18 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     out = tmp_path / "demo"
     m2mix.main(["--demo", "--seeds", "0,1,2", "--steps", "2", "--warmup", "1", "--batch-size", "16", "--data-root",
                 str(tmp_path / "data"), "--out", str(out)])
-    check_demo_results(out, "m2mix-demo.png", ("FT", "m2-Mix", "m3-Mix"), min_claims=6)
+    saved = check_demo_results(out, "m2mix-demo.png", ("FT", "m2-Mix", "m3-Mix"), min_claims=6)
+    # issue 58.4: Fig. 2's claims judged by the released code's align / unif (negated: greater is better, as the
+    # figure prints them), Sec. 3's printed formula beside, a margin of 10 % of FT's own value
+    from lab.demos import m2mix as demo
+    geometry = [c for c in saved["claims"] if "Fig. 2: the code's definition" in c["claim"]]
+    assert len(geometry) == 2 and all(c["beside"].startswith("Sec. 3's printed formula") for c in geometry)
+    ft = saved["per_seed"]["FT"]
+    for c, key in zip(geometry, ("align", "unif")):
+        ft_mean = sum(r[f"{key} code x100"] for r in ft) / len(ft)
+        assert c["margin"] == pytest.approx(demo.GEOMETRY_MARGIN * abs(ft_mean))
+        assert c["per_seed"] == pytest.approx([a[f"{key} code x100"] - b[f"{key} code x100"]
+                                               for a, b in zip(saved["per_seed"]["m2-Mix"], ft)])
 
 
 # ----------------------------------------------------------------------------- the lab stays out of real paths
@@ -534,7 +545,8 @@ def test_demo_claims_take_their_paper_column_from_eval():
     """The paper column of every claim that compares a number is computed from published.M2MIX_TABLE1;
     the strings are the ones the committed demo results carry."""
     from lab.demos import m2mix as demo
-    runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,
+    runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "align code x100": 1.0,
+                    "unif code x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,
                     "background": 1.0} for s in lab.seeds()] for name in ("FT", "m2-Mix", "m3-Mix")}
     papers = [c["paper"] for c in demo.demo_claims({"background": 1.0}, runs)]
     committed = json.loads((Path(m2mix.__file__).parent / "docs" / "m2mix-demo-results.json").read_text())
