@@ -32,7 +32,8 @@ def demo_markdown(path, command: str) -> str:
             f"{r['wall_seconds']:.0f} s; seeds {r['seeds']}. "
             f"Table, claims and figure from [`docs/{path.name}`]({path.name}).")
     return (f"{head}\n\n![{command}]({figure})\n\n{r['table']}\n\nClaims (paired per-seed differences; verdict by "
-            f"2 standard errors):\n\n{lab.claims_table(r['claims'])}")
+            f"2 standard errors, and by a claim's margin and regime gate where it has them: docs/lab.md):\n\n"
+            f"{lab.claims_table(r['claims'])}")
 
 
 def claims_lines(path) -> str:

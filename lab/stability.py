@@ -43,6 +43,8 @@ def check(base: dict, other: dict) -> list[dict]:
                 else "construction check failed"
         else:
             again = verdict(diffs, c["direction"], c.get("margin", 0.0), c.get("interval"))
+        if c.get("gate") and not c["gate"]["met"]:  # a val check before the seeds: no seed changes it (issue 58)
+            again = "outside the lab's regime"
         rows.append({"claim": c["claim"], "verdict": c["verdict"], "perturbed": again,
                      "largest change": max(abs(x) for x in changes), "holds": again == c["verdict"]})
     return rows

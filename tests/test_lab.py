@@ -193,6 +193,10 @@ def test_the_stability_check_rejudges_with_the_rerun_seeds(tmp_path, capsys):
     assert "CHANGES" in capsys.readouterr().out
     with pytest.raises(common.UsageError, match="seeds \\[7\\] are not among"):
         stability.check(base, {**same, "seeds": [7]})
+    gate = {"needs": "a regime", "measured": "no", "met": False}  # issue 58: a val check no seed changes
+    gated = {"seeds": seeds, "claims": [lab.claim("gated", "+", [1.0, 1.1, 0.9], "+", gate=gate)]}
+    rerun = {"seeds": [0], "claims": [lab.claim("gated", "", [1.0], "+", gate=gate)]}
+    assert stability.check(gated, rerun)[0]["perturbed"] == "outside the lab's regime"
 
 
 def test_job_threads_are_one_unless_the_stability_check_asks(monkeypatch):
