@@ -18,6 +18,16 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       CLIP must be >= 1/3 of its sentence-mean long gain (the part the window
       reads carries the training's gain). Not met: that claim reads "outside
       the lab's regime" with these numbers; nothing else changes.
+  longclip (issue 58.1, declared before it ran): Long-CLIP at ERCLIP's budget
+      gets its own lr by ERCLIP's rule, applied to Long-CLIP's run: it must
+      lose 3-25 % (relative) of the held-out family and gain >= 3 points of
+      long R@1 (through its stretched window) over CLIP, on val with the
+      pilot seed. Grid (ascending, the first that passes; when none does, the
+      first in the erosion band): 1e-5, 3e-5, 1e-4, 1.5e-4, spanning 15x
+      around 3e-5, since the Long-CLIP recipe trains at a fifth of ERCLIP's
+      lr (1e-6 vs ERCLIP's 5e-6) and ERCLIP's demo lr is 1.5e-4. A choice at
+      the grid's low edge extends it once with 3e-6 (taken if it passes).
+      ERCLIP M+P keeps ERCLIP's lr; steps and pairs stay ERCLIP's.
   cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
@@ -174,6 +184,36 @@ def calibrate_erclip_gates(data_root="data", out="runs/calibration/erclip-gates"
           f"{sentence:+.2f}: {'met' if met else 'not met'}", file=sys.stderr)
     return {"base": base, "M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
             "needs": f"truncated gain >= {ERCLIP_GATE_SHARE:.2f} x sentence-mean gain", "met": met}
+
+
+LONGCLIP_LRS = (1e-5, 3e-5, 1e-4, 1.5e-4)  # longclip: ascending; the low edge extends once (LONGCLIP_EDGE)
+LONGCLIP_EDGE = 3e-6
+
+
+def calibrate_longclip(data_root="data", out="runs/calibration/longclip") -> dict:
+    """Long-CLIP's own lr at ERCLIP's budget (module docstring): ERCLIP's rule on Long-CLIP's run, on val."""
+    import longclip
+    from lab.demos import longclip as demo
+    from papers import longclip_data
+    cfg = common.parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
+                                                              "data_root": data_root, "seed": PILOT_SEED})
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
+    window = longclip.original_context(cfg.backbone)
+    base = demo.demo_measure(model, preprocess, {window: tokenizer}, data_root, split="val")[window]
+    manifest = longclip_data.train_manifest(cfg, lab.WORLD)
+
+    def row(lr):
+        measured, _ = demo.train_and_measure(dataclasses.replace(cfg, lr=lr, out=f"{out}/lr-{lr:g}"), manifest, "val")
+        full = measured[max(measured)]  # through the stretched window
+        r = {"setting": {"lr": lr}, "Long-CLIP": measured, "check": erclip_passes(base, full)}
+        print(f"[calibrate longclip] lr {lr:g}: {r['check']}", file=sys.stderr)
+        return r
+    rows = [row(lr) for lr in LONGCLIP_LRS]
+    chosen = _pick(rows, "in band")
+    if chosen == {"lr": LONGCLIP_LRS[0]}:  # at the low edge: the grid extends once
+        rows.insert(0, row(LONGCLIP_EDGE))
+        chosen = _pick(rows, "in band")
+    return {"base": base, "grid": rows, "chosen": chosen, "erclip_lr": cfg.lr}
 
 
 def _rt_on_val(vcfg, threads: int) -> dict:
@@ -365,6 +405,7 @@ def calibrate_dns_cmcl(out="runs/calibration/dns-cmcl") -> dict:
 
 
 CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "erclip-gates": calibrate_erclip_gates,
+                "longclip": calibrate_longclip,
                 "cclip": calibrate_cclip,
                 "cclip-long": calibrate_cclip_long,
                 "cclip-long-2": lambda: calibrate_cclip_long(out="runs/calibration/cclip-long-2", second=True),

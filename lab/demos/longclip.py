@@ -48,18 +48,22 @@ DEMO = dict(recipe="erclip-budget", backbone="tiny", train_data="synthetic", lr=
 DEMO_COLS = ["long", "short", "background", "long I2T", "long T2I", "short I2T", "short T2I", "shape held-out",
              "color held-out"]
 ERCLIP_NAME = "ERCLIP M+P"
+# Long-CLIP's own lr (issue 58.1): ERCLIP M+P keeps ERCLIP's calibrated DEMO lr; Long-CLIP runs at the lr
+# `python -m lab.calibrate longclip` chose on val by ERCLIP's rule (docs/calibration-longclip.json). Until that
+# record exists: ERCLIP's lr, as every demo before issue 58.
+LONGCLIP_LR = DEMO["lr"]
 
 
-def demo_measure(model, preprocess, tokenizers: dict, data_root) -> dict:
+def demo_measure(model, preprocess, tokenizers: dict, data_root, split: str = "test") -> dict:
     """Every number of the demo for one model, per text window
     ({window: tokenizer}): R@1 on the fine-tuning domain's test split (long
     captions cut at the window; both directions and their mean) and zero-shot
     top-1 on zs-test (once, with the longest window: the prompts fit any).
-    Returns {window: measurements}."""
-    zs = lab.zero_shot_report(model, preprocess, tokenizers[max(tokenizers)], data_root)
+    split='val': 'val' and 'zs-val', the calibration's. Returns {window: measurements}."""
+    zs = lab.zero_shot_report(model, preprocess, tokenizers[max(tokenizers)], data_root, split=f"zs-{split}")
     out = {}
     for window, tok in sorted(tokenizers.items()):
-        m = {**lab.retrieval_report(model, preprocess, tok, "test", data_root), **zs, "window": window}
+        m = {**lab.retrieval_report(model, preprocess, tok, split, data_root), **zs, "window": window}
         m["long"] = (m["long I2T"] + m["long T2I"]) / 2
         m["short"] = (m["short I2T"] + m["short T2I"]) / 2
         out[window] = m
@@ -155,6 +159,20 @@ def erclip_command(cfg: longclip.LongCLIPConfig, seed: int, out) -> list[str]:
     return args + ["--no-eval-base"]
 
 
+def train_and_measure(vcfg: longclip.LongCLIPConfig, manifest, split: str = "test") -> tuple[dict, float]:
+    """One same-budget Long-CLIP run from the pretrained weights (seeded by vcfg.seed), measured on `split`
+    through the original and the stretched window: ({window: measurements}, train seconds). The demo's runs
+    and the calibration's (lab/calibrate.py longclip)."""
+    with lab.scratch_run(vcfg.out):
+        model, train_tf, preprocess, _ = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
+        torch.manual_seed(vcfg.seed)
+        model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
+        short_window = longclip.original_context(vcfg.backbone)
+        tokenizers = {summary["context_length"]: long_tok,
+                      short_window: models.get_tokenizer(vcfg.backbone, short_window)}
+        return demo_measure(model, preprocess, tokenizers, vcfg.data_root, split), summary["train_seconds"]
+
+
 def run_demo(cfg: longclip.LongCLIPConfig):
     """CLIP, ERCLIP M+P (subprocess) and same-budget Long-CLIP (both
     windows) on the lab world, once per seed in lab.seeds() from the same
@@ -176,17 +194,12 @@ def run_demo(cfg: longclip.LongCLIPConfig):
                                       "train_seconds": time.time() - t1})
         print(f"[longclip demo] seed {seed} {ERCLIP_NAME}: {time.time() - t1:.0f}s (subprocess)", file=sys.stderr)
 
-        vcfg = dataclasses.replace(cfg, seed=seed, out=str(out / f"LongCLIP-seed{seed}"))
-        with lab.scratch_run(vcfg.out):
-            model, train_tf, preprocess, _ = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
-            torch.manual_seed(seed)
-            model, long_tok, summary = longclip.train_longclip(vcfg, model, train_tf, manifest)
-            window = summary["context_length"]
-            tokenizers = {window: long_tok, short_window: models.get_tokenizer(cfg.backbone, short_window)}
-            for w, m in demo_measure(model, preprocess, tokenizers, cfg.data_root).items():
-                names[w] = f"Long-CLIP, window {w}"
-                runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": summary["train_seconds"]})
-        print(f"[longclip demo] seed {seed} Long-CLIP: {summary['train_seconds']:.0f}s", file=sys.stderr)
+        vcfg = dataclasses.replace(cfg, seed=seed, out=str(out / f"LongCLIP-seed{seed}"), lr=LONGCLIP_LR)
+        measured, seconds = train_and_measure(vcfg, manifest)
+        for w, m in measured.items():
+            names[w] = f"Long-CLIP, window {w}"
+            runs.setdefault(names[w], []).append({**m, "seed": seed, "train_seconds": seconds})
+        print(f"[longclip demo] seed {seed} Long-CLIP: {seconds:.0f}s", file=sys.stderr)
     short, full = names[short_window], names[max(names)]
     head = (f"Long-CLIP demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, k = {cfg.pca_dim} (demo settings; ERCLIP M+P by subprocess at the "
