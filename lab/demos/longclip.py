@@ -3,8 +3,9 @@ Long-CLIP against ERCLIP M+P on the lab's world, once per seed in lab.seeds(),
 from the same pretrained tiny weights.
 
 Settings fixed before any demo run: the erclip-budget recipe (longclip.py
-deviation 12) at ERCLIP's demo settings (lab/demos/erclip.py DEMO: lr 1.5e-4,
-wd 0.05, 4 warm-up steps then cosine, 40 steps at batch 32, label smoothing
+deviation 12) at ERCLIP's demo settings (lab/demos/erclip.py DEMO: lr 1.5e-4;
+for Long-CLIP its own lr since issue 58, LONGCLIP_LR by lab/calibrate.py's
+rule; wd 0.05, 4 warm-up steps then cosine, 40 steps at batch 32, label smoothing
 0.1, fp32, workers 0, split 'train', the manifest's short caption, the
 backbone's temperature kept fixed), plus k = 8 principal components (ours: 32
 of ViT-B/16's 512 embedding dimensions is 1/16; 1/16 of the tiny backbone's
