@@ -303,8 +303,8 @@ class ManifestDataset(torch.utils.data.Dataset):
                             f"{self.path}: no rows")
         todo = ([] if mode == "none" else range(len(files)) if mode == "full" else  # decoded in full, in threads
                 sorted(random.Random(0).sample(range(len(files)), min(manifests.IMAGE_SAMPLE, len(files)))))
-        found = image_problems([files[k] for k in todo], across_ranks=across_ranks,
-                               cache_file=image_check_cache(self.path) if across_ranks else None)
+        found = image_problems([files[k] for k in todo], across_ranks=across_ranks,  # --check-images none: []
+                               cache_file=image_check_cache(self.path) if across_ranks else None) if todo else []
         keep = np.ones(len(self.rows), bool)
         for k, why in ((k, why) for k, why in zip(todo, found) if why):
             keep[k] = False

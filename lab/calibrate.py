@@ -332,8 +332,9 @@ def cclip_long_passes(R: list[list[float]], zs_loss: float) -> dict:
             "learns and forgets": check["passes"], "passes": check["passes"] and zs_loss >= ZS_LOSS}
 
 
-def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long", second: bool = False) -> dict:
-    """second: the second grid only (the first's rows are kept in docs/calibration-cclip-long.json)."""
+def _cclip_long_rows(data_root, out, grid, method: str, name: str) -> list[dict]:
+    """`method`'s task sequence on the domains' long captions (val) at each setting of `grid`, with the
+    background family on 'zs-val': a row each, checked by cclip_long_passes (cclip-long's and cclip-lora's)."""
     import cclip
     import eval as evaluation
     from lab import world
@@ -342,13 +343,18 @@ def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long", se
     evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
     cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
-    grid = CCLIP_LONG_GRID_2 if second else CCLIP_LONG_GRID
     for setting in grid:
-        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/full-{len(rows)}")
+        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/{method}-{len(rows)}", method)
         R = _r_at_1(summary["matrices"])
         rows.append({"setting": setting, "R@1": R, "zero-shot": [s[f"{zs}/top1"] for s in summary["scalars"]],
                      "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])})
-        print(f"[calibrate cclip-long] {setting}: {rows[-1]['check']}", file=sys.stderr)
+        print(f"[calibrate {name}] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    return rows
+
+
+def calibrate_cclip_long(data_root="data", out="runs/calibration/cclip-long", second: bool = False) -> dict:
+    """second: the second grid only (the first's rows are kept in docs/calibration-cclip-long.json)."""
+    rows = _cclip_long_rows(data_root, out, CCLIP_LONG_GRID_2 if second else CCLIP_LONG_GRID, "full", "cclip-long")
     return {"grid": rows, "chosen": _pick(rows, "learns and forgets") or _pick(rows, "learns")}
 
 
@@ -358,20 +364,7 @@ CCLIP_LORA_GRID = [dict(lora_rank=r, lr_image=3e-4 * k, lr_text=6e-4 * k) for r 
 
 def calibrate_cclip_lora(data_root="data", out="runs/calibration/cclip-lora", grid=None) -> dict:
     """LoRA only's rank and rates by full FT's criterion (module docstring), on val with the pilot seed."""
-    import cclip
-    import eval as evaluation
-    from lab import world
-    from lab.demos import cclip as demo
-    zs = "synthetic-background-val"  # as calibrate_cclip_long: the background family on 'zs-val'
-    evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
-    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
-    rows = []
-    for setting in grid or CCLIP_LORA_GRID:
-        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/lora-{len(rows)}", "lora")
-        R = _r_at_1(summary["matrices"])
-        rows.append({"setting": setting, "R@1": R, "zero-shot": [s[f"{zs}/top1"] for s in summary["scalars"]],
-                     "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])})
-        print(f"[calibrate cclip-lora] {setting}: {rows[-1]['check']}", file=sys.stderr)
+    rows = _cclip_long_rows(data_root, out, grid or CCLIP_LORA_GRID, "lora", "cclip-lora")
     return {"grid": rows, "chosen": _pick_lora(rows)}
 
 

@@ -146,8 +146,8 @@ def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin:
     verdict is "outside the lab's regime" (the paired numbers still kept).
     diagnosis: why a verdict goes against the paper, with a measured number."""
     mean, std, se = paired_stats(diffs)
-    kind = ({"margin": margin} if direction == "=" or direction in ("+", "-") and margin else {}) | (
-        {"interval": list(interval)} if direction == "range" else {})
+    kind = ({"interval": list(interval)} if direction == "range" else
+            {"margin": margin} if direction == "=" or margin else {})  # '+' / '-': a margin when it has one
     judged = verdict(diffs, direction, margin, interval)
     if by_construction:
         judged = "by construction" if all(abs(x) < margin for x in diffs) else "construction check failed"

@@ -116,8 +116,7 @@ def iter_manifest(path, keep_bad: bool = False, sep: str = ""):
     if path.is_dir() or path.suffix == ".parquet":  # a Hugging Face folder, images with sidecars (issue 42.2)
         yield from checked(datafolders.rows(path, IMAGE_KEYS, LAYOUTS))
         return
-    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
-        start = next((c for line in f for c in line[:1 << 16].lstrip()[:1]), "")  # the first character shown
+    start = _first_char(path)
     csv_file = start not in "[{" and path.suffix not in (".jsonl", ".json")
     # JSONL lines end at "\n" only; csv reads its own line ends (newline=""); utf-8-sig drops a byte-order mark
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="" if csv_file else "\n") as f:
@@ -127,6 +126,16 @@ def iter_manifest(path, keep_bad: bool = False, sep: str = ""):
             yield from checked(_csv_rows(f, sep))
         else:
             yield from checked(_jsonl_rows(f, bad))
+
+
+def _first_char(path) -> str:
+    """The file's first character that is not white space ('' when there is none), read 64 KiB at a time: a
+    one-line JSON array is not read whole just to see its '['."""
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
+        while chunk := f.read(1 << 16):
+            if shown := chunk.lstrip():
+                return shown[0]
+    return ""
 
 
 def _jsonl_rows(lines, bad):

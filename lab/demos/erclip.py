@@ -145,15 +145,16 @@ def diagnosed(claims: list[dict], base: dict, runs: dict) -> list[dict]:
     gets one line measured by this run. Written before the seeds ran, for every claim that could go against."""
     def mean(name, key):
         return float(np.mean([r[key] for r in runs[name]]))
+    gate = f"the RT gate ends at mean |gamma| {np.mean([abs(r['gamma']) for r in runs['RT+P own lr']]):.3f}"
     lines = {  # by the claim's position in demo_claims
         0: f"M+P's sentence-mean long R@1 {mean('M+P', 'long sent') - base['long sent']:+.1f} over CLIP, its "
            f"truncated {mean('M+P', 'long') - base['long']:+.1f}: the 24-token window reads little of the gain",
         1: f"M's held-out top-1 {mean('M', 'background'):.1f} against CLIP's {base['background']:.1f}",
         2: f"M+P's held-out top-1 {mean('M+P', 'background'):.1f} against M's {mean('M', 'background'):.1f}",
         4: f"short R@1: M+P {mean('M+P', 'short'):.1f}, M {mean('M', 'short'):.1f}",
-        6: f"the RT gate ends at mean |gamma| {np.mean([abs(r['gamma']) for r in runs['RT+P own lr']]):.3f}",
-        7: f"the RT gate ends at mean |gamma| {np.mean([abs(r['gamma']) for r in runs['RT+P own lr']]):.3f}: "
-           f"RT+P stays near M+P, so there is no scorer to perturb the encoder (the paper's reason for the dip)",
+        6: gate,
+        7: f"{gate}: RT+P stays near M+P, so there is no scorer to perturb the encoder (the paper's reason for "
+           f"the dip)",
     }
     settled = ("reproduced", "by construction", "outside the lab's regime")
     return [c | ({"diagnosis": lines[i]} if c["verdict"] not in settled and i in lines else {})
