@@ -30,6 +30,12 @@ Since issue 58, declared before any run they govern (docs/lab.md, "Statistics"):
                     'outside the lab's regime', with the measured numbers
   diagnosis         a verdict against its paper carries one line backed by a
                     number the run or the calibration measured
+  margins' sizes    the paper's tie threshold where it states one (ERCLIP's
+                    one point); otherwise EFFECT_SHARE (10 %) of the baseline's
+                    own effect on the claim's measure, mean over the run's
+                    seeds (EQUAL_SHARE, 20 %, for an 'about equal' claim); a
+                    claim that measures the baseline's effect itself (FT -
+                    CLIP) takes ERCLIP's one point (FIELD_MARGIN)
 """
 from __future__ import annotations
 
@@ -92,6 +98,24 @@ def take_seeds_flag(argv: Sequence[str]) -> list[str]:
     else:
         _current[:] = SEEDS
     return rest
+
+
+EFFECT_SHARE = 0.10  # issue 58.3 (module docstring): a '+' / '-' margin is 10 % of the baseline's own effect
+EQUAL_SHARE = 0.20  # an 'about equal' claim's: 20 % (the issue's example: of full FT's per-task gain)
+FIELD_MARGIN = 1.0  # points: ERCLIP's tie threshold (its Sec. 4, Implementation), for the baseline's own effect
+
+
+def effect_margin(effect: Sequence[float], share: float = EFFECT_SHARE) -> float:
+    """A claim's practical margin: share x |mean over seeds of the baseline's own effect| on its measure."""
+    return share * abs(float(np.mean(effect)))
+
+
+def diagnosed(claims: list[dict], lines: dict) -> list[dict]:
+    """Issue 58.7: each claim whose verdict goes against its paper (not reproduced, by construction or outside the
+    regime) gets lines[its position], a line measured by the run or a calibration (written before the seeds ran)."""
+    settled = ("reproduced", "by construction", "outside the lab's regime")
+    return [c | ({"diagnosis": lines[i]} if c["verdict"] not in settled and lines.get(i) else {})
+            for i, c in enumerate(claims)]
 
 
 def paired(runs: dict, a: str, b: str, key: str, base: dict | None = None) -> list[float]:

@@ -11,9 +11,12 @@ seed); docs/cclip.md holds the committed results and the protocol.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from papers.cclip_tasks import resolve_eval_sets, resolve_tasks
 import cclip
@@ -67,37 +70,91 @@ def demo_base(summary, unseen) -> dict:
             "background PD": 0.0}
 
 
-def demo_claims(runs: dict) -> list[dict]:
+# Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): the paper states no tie threshold,
+# so every claim's margin is lab.EFFECT_SHARE (10 %) of full FT's own effect on its measure in the run (per-task
+# gain for the R@1 claims, its forgetting for BWT / forgetting, its background PD, its change on the unseen
+# domain); the "about equal" claim's, lab.EQUAL_SHARE (20 %) of full FT's per-task gain (was 2 points). The last /
+# avg R@1 claims need the paper's regime, where full FT forgets much of what it learns: on val with the pilot seed
+# (docs/calibration-cclip-long-2.json, the chosen setting) full FT's -BWT >= 1/2 of its mean per-task gain.
+FORGET_SHARE = 0.5
+CALIBRATION = Path(__file__).resolve().parents[2] / "docs" / "calibration-cclip-long-2.json"
+
+
+def forgetting_gate(path=CALIBRATION) -> dict:
+    """The last / avg R@1 claims' regime, from full FT's row of the calibration that chose the demo's setting."""
+    record = json.loads(Path(path).read_text())
+    check = next(r["check"] for r in record["grid"] if r["setting"] == record["chosen"])
+    learned = float(np.mean(check["learned per task"]))
+    return {"needs": f"full FT's -BWT >= {FORGET_SHARE:g} x its mean per-task gain (val, pilot seed)",
+            "measured": f"-BWT {-check['BWT']:.1f} vs gain {learned:.1f}",
+            "met": -check["BWT"] >= FORGET_SHARE * learned}
+
+
+def demo_claims(runs: dict, base: dict) -> list[dict]:
     """The paper's ablation (Sec. 5.2.1) as paired per-seed differences;
-    directions and the margin fixed before the seeds ran. The paper prints
-    no ablation numbers in our sources; its one number here is Sec. 5's
-    ImageNet after two tasks (eval.py; pretrained 67.73)."""
+    directions, margins and the regime gate fixed before the seeds ran. The
+    paper prints no ablation numbers in our sources; its one number here is
+    Sec. 5's ImageNet after two tasks (eval.py; pretrained 67.73). base: the
+    pretrained model's row (full FT's change on the unseen domain)."""
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
-    zs = published.CCLIP_IMAGENET_AFTER_2_TASKS  # the paper's numbers, whose one home is eval.py
-    return [
+
+    def full(key):  # full FT's per-seed values
+        return [r[key] for r in runs["full FT"]]
+    gain, forgets = lab.effect_margin(full("learned")), lab.effect_margin(full("BWT"))
+    unseen = lab.effect_margin([x - base["unseen I2T R@1"] for x in full("unseen I2T R@1")])
+    gate, zs = forgetting_gate(), published.CCLIP_IMAGENET_AFTER_2_TASKS  # the paper's numbers: eval.py's home
+    claims = [
         lab.claim("C-CLIP beats full FT: last R@1 (mean over tasks)", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "last R@1"), "+"),
+                  d("C-CLIP", "full FT", "last R@1"), "+", margin=gain, gate=gate),
         lab.claim("C-CLIP beats full FT: avg R@1 over the sequence", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "avg R@1"), "+"),
+                  d("C-CLIP", "full FT", "avg R@1"), "+", margin=gain, gate=gate),
         lab.claim("C-CLIP forgets less: BWT (C-CLIP - full FT)", "higher (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "BWT"), "+"),
+                  d("C-CLIP", "full FT", "BWT"), "+", margin=forgets),
         lab.claim("C-CLIP forgets less: forgetting (C-CLIP - full FT)", "lower (Sec. 5.2.1)",
-                  d("C-CLIP", "full FT", "forgetting"), "-"),
+                  d("C-CLIP", "full FT", "forgetting"), "-", margin=forgets),
         lab.claim("LoRA integration alone forgets less: BWT (LoRA only - full FT)", "higher (Sec. 5.2.1)",
-                  d("LoRA only", "full FT", "BWT"), "+"),
+                  d("LoRA only", "full FT", "BWT"), "+", margin=forgets),
         lab.claim("CKC alone forgets less: BWT (CKC only - full FT)", "higher (Sec. 5.2.1)",
-                  d("CKC only", "full FT", "BWT"), "+"),
+                  d("CKC only", "full FT", "BWT"), "+", margin=forgets),
         lab.claim("CKC restores plasticity: learned per task (C-CLIP - LoRA only)", "higher (Sec. 4.2)",
-                  d("C-CLIP", "LoRA only", "learned"), "+"),
-        lab.claim("C-CLIP learns each task about as well as full FT (within 2 points)", "about equal (Sec. 4.2)",
-                  d("C-CLIP", "full FT", "learned"), "=", margin=2.0),
+                  d("C-CLIP", "LoRA only", "learned"), "+", margin=gain),
+        lab.claim("C-CLIP learns each task about as well as full FT (within 20 % of full FT's gain)",
+                  "about equal (Sec. 4.2)", d("C-CLIP", "full FT", "learned"), "=",
+                  margin=lab.effect_margin(full("learned"), lab.EQUAL_SHARE)),
         lab.claim("C-CLIP keeps zero-shot: background PD (C-CLIP - full FT)",
                   f"ImageNet, 2 tasks: ~{zs['C-CLIP']:g} vs ~{zs['full FT']:g}",
-                  d("C-CLIP", "full FT", "background PD"), "-"),
+                  d("C-CLIP", "full FT", "background PD"), "-", margin=lab.effect_margin(full("background PD"))),
         lab.claim("C-CLIP retrieves better on the unseen domain (I2T R@1 vs full FT)", "higher (Sec. 5, HaVG)",
-                  d("C-CLIP", "full FT", "unseen I2T R@1"), "+"),
+                  d("C-CLIP", "full FT", "unseen I2T R@1"), "+", margin=unseen),
     ]
+    return lab.diagnosed(claims, diagnoses(runs))
+
+
+def diagnoses(runs: dict) -> dict:
+    """Issue 58.7, written before the seeds ran: one measured line for each claim that may go against the paper
+    (by its position in demo_claims)."""
+    def mean(name, key):
+        return float(np.mean([r[key] for r in runs[name]]))
+    learned = {n: mean(n, "learned") for n in DEMO_NAMES.values()}
+    plastic = (f"per-task gain: full FT {learned['full FT']:+.1f}, LoRA only {learned['LoRA only']:+.1f} (rank "
+               f"{DEMO_LORA['lora_rank']}, its tuned rates), CKC only {learned['CKC only']:+.1f}, C-CLIP "
+               f"{learned['C-CLIP']:+.1f}")
+    return {
+        2: f"BWT: C-CLIP {mean('C-CLIP', 'BWT'):+.1f}, full FT {mean('full FT', 'BWT'):+.1f}",
+        3: f"forgetting: C-CLIP {mean('C-CLIP', 'forgetting'):.1f}, full FT {mean('full FT', 'forgetting'):.1f}",
+        4: f"BWT: LoRA only {mean('LoRA only', 'BWT'):+.1f}, full FT {mean('full FT', 'BWT'):+.1f}",
+        5: f"BWT: CKC only {mean('CKC only', 'BWT'):+.1f}, full FT {mean('full FT', 'BWT'):+.1f}",
+        6: f"{plastic}: CKC costs {learned['full FT'] - learned['CKC only']:.1f} of full FT's gain and "
+           f"{learned['LoRA only'] - learned['C-CLIP']:.1f} of LoRA's (its distillation pulls every step back to "
+           f"the previous model)",
+        7: f"{plastic}: LoRA at its tuned rank learns {learned['full FT'] - learned['LoRA only']:.1f} less than "
+           f"full FT, and CKC takes {learned['LoRA only'] - learned['C-CLIP']:.1f} more",
+        8: f"background PD: C-CLIP {mean('C-CLIP', 'background PD'):.1f}, full FT "
+           f"{mean('full FT', 'background PD'):.1f}",
+        9: f"unseen I2T R@1: C-CLIP {mean('C-CLIP', 'unseen I2T R@1'):.1f}, full FT "
+           f"{mean('full FT', 'unseen I2T R@1'):.1f}",
+    }
 
 
 def first_row(summary) -> dict:
@@ -149,7 +206,7 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
             f"paper's). R@1 % = mean of I2T, T2I on each task's test split; learned = mean over tasks of what a "
             f"task gains while it is trained; unseen = the grainy domain no task trains on; background = held-out "
             f"zero-shot family (8 classes, chance 12.5 %), PD = pretrained - final. Mean ± std over seeds.")
-    claims = demo_claims(runs)
+    claims = demo_claims(runs, base)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "cclip-demo.png",
         f"python cclip.py --demo; R[i][j] = R@1 on task j's test split after training tasks 1..i; seeds "

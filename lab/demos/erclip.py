@@ -156,9 +156,7 @@ def diagnosed(claims: list[dict], base: dict, runs: dict) -> list[dict]:
         7: f"{gate}: RT+P stays near M+P, so there is no scorer to perturb the encoder (the paper's reason for "
            f"the dip)",
     }
-    settled = ("reproduced", "by construction", "outside the lab's regime")
-    return [c | ({"diagnosis": lines[i]} if c["verdict"] not in settled and i in lines else {})
-            for i, c in enumerate(claims)]
+    return lab.diagnosed(claims, lines)
 
 
 def demo_figure(base: dict, runs: dict, path, caption: str):

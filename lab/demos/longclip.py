@@ -25,6 +25,7 @@ by lab.verdict; directions and margins were fixed before running
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import time
@@ -90,6 +91,25 @@ def demo_paper_numbers() -> dict:
     return out
 
 
+# Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): this demo runs at ERCLIP's budget
+# and compares with ERCLIP, so every '+' claim carries ERCLIP's one-point tie threshold (lab.FIELD_MARGIN); the two
+# '=' claims keep their 2 points. "Long-CLIP ahead of ERCLIP" is the paper's result at ~1M pairs (ERCLIP Tab. 1);
+# at 20k pairs it needs a regime where the Long-CLIP recipe learns the long captions at all: on val with the
+# pilot seed at its chosen lr (docs/calibration-longclip.json) a long-R@1 gain over CLIP through the stretched
+# window >= the calibration's own target (3 points).
+LEARNS_LONG = 3.0
+CALIBRATION = Path(__file__).resolve().parents[2] / "docs" / "calibration-longclip.json"
+
+
+def learns_gate(path=CALIBRATION) -> dict:
+    """The ahead-of-ERCLIP claims' regime, from the Long-CLIP row of the calibration at the chosen lr."""
+    record = json.loads(Path(path).read_text())
+    row = next(r for r in record["grid"] + record["grid_2"] if r["setting"] == record["chosen"])
+    gain = row["check"]["long gain"]
+    return {"needs": f"Long-CLIP's long R@1 gain over CLIP >= {LEARNS_LONG:g} through its window (val, pilot "
+                     f"seed, lr {record['chosen']['lr']:g})", "measured": f"{gain:+.1f}", "met": gain >= LEARNS_LONG}
+
+
 def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     """Paired per-seed differences. Directions and margins fixed before any
     run: Long-CLIP ahead of CLIP and of ERCLIP on long captions (Long-CLIP's
@@ -102,22 +122,37 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    paper = demo_paper_numbers()
+    paper, m, gate = demo_paper_numbers(), lab.FIELD_MARGIN, learns_gate()
     gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"
-    return [
+    claims = [
         lab.claim(f"Long-CLIP beats CLIP on long R@1 ({full} - CLIP)",
-                  f"{paper['CLIP']} (ERCLIP Tab. 1, B/16 / L/14, ~1M pairs)", d(full, "CLIP", "long"), "+"),
+                  f"{paper['CLIP']} (ERCLIP Tab. 1, B/16 / L/14, ~1M pairs)", d(full, "CLIP", "long"), "+", margin=m),
         lab.claim(f"the stretched window reads more of the long captions ({full} - {short}, long R@1)", "-",
-                  d(full, short, "long"), "+"),
+                  d(full, short, "long"), "+", margin=m),
         lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, truncated ({short} - {ERCLIP_NAME})", gap,
-                  d(short, ERCLIP_NAME, "long"), "+"),
+                  d(short, ERCLIP_NAME, "long"), "+", margin=m, gate=gate),
         lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, full window ({full} - {ERCLIP_NAME})", gap,
-                  d(full, ERCLIP_NAME, "long"), "+"),
+                  d(full, ERCLIP_NAME, "long"), "+", margin=m, gate=gate),
         lab.claim(f"short R@1 about equal ({ERCLIP_NAME} - {short}; within 2 points)", "-",
                   d(ERCLIP_NAME, short, "short"), "=", margin=2.0),
         lab.claim(f"held-out zero-shot about equal ({ERCLIP_NAME} - Long-CLIP, background top-1; within 2 points)",
                   "-", d(ERCLIP_NAME, short, "background"), "=", margin=2.0),
     ]
+
+    def gain(name, key):  # mean over seeds, over CLIP
+        return float(np.mean([r[key] for r in runs[name]])) - base[key]
+    lr = f"Long-CLIP at its own lr {LONGCLIP_LR:g} (ERCLIP {DEMO['lr']:g})"
+    record = json.loads(CALIBRATION.read_text())
+    best = max(record["grid"] + record["grid_2"], key=lambda r: r["check"]["long gain"])
+    return lab.diagnosed(claims, {  # issue 58.7, written before the seeds ran
+        0: f"{lr}: long R@1 {gain(full, 'long'):+.1f} over CLIP; on val {gate['measured']} at that lr, and the "
+           f"calibration's largest gain, {best['check']['long gain']:+.1f} at lr {best['setting']['lr']:g}, cost "
+           f"{best['check']['held-out loss %']:.0f} % of held-out zero-shot",
+        1: f"long R@1 through the stretched window {gain(full, 'long'):+.1f}, truncated {gain(short, 'long'):+.1f}",
+        4: f"{lr}: short R@1 {gain(short, 'short'):+.1f} over CLIP, ERCLIP M+P's {gain(ERCLIP_NAME, 'short'):+.1f}",
+        5: f"{lr}: held-out top-1 {gain(short, 'background'):+.1f} over CLIP, ERCLIP M+P's "
+           f"{gain(ERCLIP_NAME, 'background'):+.1f}",
+    })
 
 
 def demo_figure(base: dict, runs: dict, path, caption: str):

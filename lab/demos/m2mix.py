@@ -62,13 +62,14 @@ def demo_manifest(data_root, out_dir) -> Path:
 
 
 @torch.no_grad()
-def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dict:
+def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15, split: str = "test") -> dict:
     """Every number of the demo for one model, on the test split (1:1): R@1 on
     the task's long captions (mean of I2T, T2I), align / unif (Fig. 2), ECE at
     the model's temperature (Table 2) and averaged over m2mix_analysis.ECE_TAUS (Fig. 6's
     curve), the I2T reliability bins; what fine-tuning costs: short-caption
-    R@1 and held-out zero-shot (background family, 8 classes, chance 12.5 %)."""
-    ds = common.ManifestDataset(lab.synthetic_manifest("test", data_root), need_long=True, check_images=False)
+    R@1 and held-out zero-shot (background family, 8 classes, chance 12.5 %). split='val': 'val' and 'zs-val'
+    (the calibration's)."""
+    ds = common.ManifestDataset(lab.synthetic_manifest(split, data_root), need_long=True, check_images=False)
     img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
     t2i, scale = torch.arange(len(ds.rows)), float(model.logit_scale.exp())
     m = {}
@@ -89,7 +90,7 @@ def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15) -> dic
     m["reliability"] = {"count": torch.bincount(b, minlength=bins).tolist(),  # per equal-width bin: pooled later
                         "correct": torch.bincount(b, correct.double(), minlength=bins).tolist(),
                         "conf": torch.bincount(b, conf.double(), minlength=bins).tolist()}
-    m["background"] = lab.zero_shot_report(model, preprocess, tokenizer, data_root)["background"]
+    m["background"] = lab.zero_shot_report(model, preprocess, tokenizer, data_root, split=f"zs-{split}")["background"]
     return m
 
 

@@ -39,10 +39,11 @@ CHANCE = 100 / 400  # R@1 (%) of a random ranking of the 400 test images
 
 
 @torch.no_grad()
-def measure(model, preprocess, tokenizer, data_root) -> dict:
-    """R@1/5/10 both ways on the test split (400 images, one caption each, the fine-tuning pool's style)."""
+def measure(model, preprocess, tokenizer, data_root, split: str = "test") -> dict:
+    """R@1/5/10 both ways on the test split (400 images, one caption each, the fine-tuning pool's style);
+    split='val': the calibration's."""
     model.eval()
-    ds = common.ManifestDataset(lab.synthetic_manifest("test", data_root), check_images=False)
+    ds = common.ManifestDataset(lab.synthetic_manifest(split, data_root), check_images=False)
     img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
     txt = evaluation.text_features(model, tokenizer, [r["caption"] for r in ds.rows])
     r = common.retrieval_metrics(img, txt, torch.arange(len(ds.rows)), ks=(1, 5, 10))
