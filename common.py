@@ -45,7 +45,7 @@ from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import flags, manifests, models, runfolder, shards, trainlog
+from plumbing import flags, manifests, models, param_rates, runfolder, shards, trainlog
 from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
@@ -593,10 +593,10 @@ def step_generator(seed: int, step: int, device="cpu"):
 
 
 def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
-    """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on
-    CPU), which also takes the scaler's inf flag and skips an overflowed step on the device (no host sync).
-    fused=False gives the for-each implementation (tests use both)."""
-    groups = param_groups(net, cfg.lr, cfg.wd, lr_of, cfg.decay_all)
+    """AdamW over param_groups, each parameter at plumbing.param_rates' lr (the method's lr_of, --lr-image /
+    --lr-text, the layer decays). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
+    which takes the scaler's inf flag and skips an overflowed step on the device. fused=False: for-each (tests)."""
+    groups = param_groups(net, cfg.lr, cfg.wd, param_rates.lr_of(cfg, net, lr_of), cfg.decay_all)
     for g in groups:
         g.pop("names")
     fused = torch.device(device).type in ("cuda", "cpu") if fused is None else fused

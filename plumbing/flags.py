@@ -91,6 +91,14 @@ class Config:
     accum_freq: int = arg(1, "split each process's batch into this many micro-batches: the same gradient "
                           "(exact, every method's in-batch terms included) in less memory, as open_clip's")
     lr: float = arg(1e-5, "peak learning rate")
+    lr_image: float = arg(0.0, "ours: the image tower's peak lr (0: --lr; a rate the method sets for a parameter "
+                          "stays)")
+    lr_text: float = arg(0.0, "ours: the text tower's peak lr (0: --lr; a rate the method sets for a parameter stays)")
+    image_layer_decay: float = arg(1.0, "open_clip's: layer-wise lr decay in the image tower, in (0, 1]: block i of n "
+                                   "at lr x decay ** (n - i), the embeddings x decay ** (n + 1), the projection x 1 "
+                                   "(open_clip ViTs, the tiny backbone; 1: off)", aliases=("--visual-layer-decay",))
+    text_layer_decay: float = arg(1.0, "open_clip's: layer-wise lr decay in the text tower, in (0, 1], as "
+                                  "--image-layer-decay (1: off)")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
     decay_all: bool = arg(False, "decay every parameter (the m2-Mix, C-CLIP and Long-CLIP codes' single AdamW group)")
     beta1: float = arg(0.9, "AdamW beta1")
@@ -154,19 +162,22 @@ class TowerConfig(Config):
 
 # Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
-# stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
+# stop_at 0: off), betas and label smoothing in [0, 1), the layer decays in (0, 1]; every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
 COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every",
           "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha",
           "fusion_lr", "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
+DECAYS = ("image_layer_decay", "text_layer_decay")  # in (0, 1], as open_clip's (1: off)
 
 
 def checked(typ, rule: str):
-    """An argparse type: typ(text), finite, and "> 0", ">= 0" or "in [0, 1)"; else argparse's one-line error."""
+    """An argparse type: typ(text), finite, and "> 0", ">= 0", "in [0, 1)" or "in (0, 1]"; else argparse's one-line
+    error."""
     def check(text):
         v = typ(text)
-        ok = v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else v >= 0
+        ok = (v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else 0 < v <= 1 if rule == "in (0, 1]"
+              else v >= 0)
         if not math.isfinite(v) or not ok:
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return v
@@ -225,8 +236,9 @@ def parse_config(cls, argv=None, **overrides):
         else:
             typ = {"int": int, "float": float, "str": str}.get(
                 f.type if isinstance(f.type, str) else f.type.__name__, str)
-            if f.name in POSITIVE + COUNTS + UNIT:
-                typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
+            if f.name in POSITIVE + COUNTS + UNIT + DECAYS:
+                typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else
+                              "in (0, 1]" if f.name in DECAYS else ">= 0")
             p.add_argument(name, *f.metadata.get("aliases", ()), *old, type=f.metadata.get("type", typ),
                            default=default, help=help_, choices=f.metadata.get("choices"), dest=f.name)
     values = vars(p.parse_args(argv))
