@@ -55,6 +55,20 @@ def precision_name(text: str) -> str:
 PRECISION = dict(choices=("auto", "fp16", "bf16", "fp32"), type=precision_name)  # --precision's parsing (arg(**))
 
 
+REPORT_TARGETS = ("tensorboard", "wandb", "trackio")  # --report-to's backends, in the order they are listed
+
+
+def report_targets(text: str) -> str:
+    """--report-to: comma-separated backends, each once, in REPORT_TARGETS' order ('' none; open_clip's 'all':
+    tensorboard and wandb)."""
+    said = [u for t in text.split(",") for u in (("tensorboard", "wandb") if t.strip() == "all" else (t.strip(),)) if u]
+    unknown = [t for t in said if t not in REPORT_TARGETS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(unknown)}: expected a comma-separated "
+                                         f"list of {', '.join(REPORT_TARGETS)} (or all)")
+    return ",".join(t for t in REPORT_TARGETS if t in said)
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
@@ -122,8 +136,10 @@ class Config:
     seed: int = arg(0, "seed of everything random")
     device: str = arg("auto", "auto | cpu | cuda | cuda:N")
     log_every: int = arg(10, "steps between metrics.jsonl lines")
-    report_to: str = arg("", "tensorboard: also write metrics.jsonl's scalars to <out>/tensorboard (pip install "
-                         "tensorboard)", choices=("", "tensorboard"))
+    report_to: str = arg("", "also send metrics.jsonl's scalars to these, comma-separated: tensorboard "
+                         "(<out>/tensorboard), wandb (offline without a login or network; <out>/wandb), trackio "
+                         "(local); 'all': tensorboard,wandb as open_clip's; a resumed run continues the same run "
+                         "(pip install tensorboard / wandb / trackio)", type=report_targets)
     val_every: int = arg(0, "evaluate the validation set every N steps (rank 0; metrics.jsonl and results.json "
                          "record it; 0: off)")
     val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
