@@ -374,7 +374,14 @@ def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: i
         raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
                        f"--override-resume can change settings, never the model: resume with the run's "
                        f"--backbone, or start afresh with --overwrite") from None
-    opt.load_state_dict(state["optimizer"])
+    try:
+        opt.load_state_dict(state["optimizer"])
+    except ValueError as e:  # torch: another number of groups, or of parameters in a group
+        raise RunError(f"{ck}: its AdamW state does not fit the groups these settings make ({e}); --override-resume "
+                       f"can change a rate or a decay, not how the parameters split into groups (--lr-image / "
+                       f"--lr-text, --image-layer-decay / --text-layer-decay, --decay-all, a method's own rate "
+                       f"switched on or off): resume with the run's values of those, or start afresh with "
+                       f"--overwrite") from None
     sched.load_state_dict(state["scheduler"])
     if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
         print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)

@@ -150,3 +150,17 @@ def test_a_model_without_the_tower_or_its_layout_is_one_message(tiny_random):
         param_rates.lr_of(flags.Config(image_layer_decay=0.5), ResNetCLIP())
     groups = param_rates.layer_groups(tiny_random[0], "image")  # open_clip's names and order
     assert [g for g, _ in groups] == ["embeddings", "layer.0", "layer.1", "layer.2", "layer.3", "proj"]
+
+
+def test_resume_refuses_a_changed_decay_and_override_says_what_it_cannot_change(tmp_path):
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    argv = ["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size", "8",
+            "--steps", "3", "--workers", "0", "--device", "cpu", "--eval-tasks", "none", "--pretrained", "random",
+            "--out", str(tmp_path / "r")]
+    erclip.main([*argv, "--stop-at", "1"])
+    with pytest.raises(common.RunError, match=r"changed settings: --image-layer-decay 1.0 \(run\) -> 0.5 \(now\)"):
+        erclip.main([*argv, "--resume", "latest", "--image-layer-decay", "0.5"])
+    with pytest.raises(common.RunError, match="not how the parameters split into groups"):  # was a traceback
+        erclip.main([*argv, "--resume", "latest", "--override-resume", "--image-layer-decay", "0.5"])
+    assert erclip.main([*argv, "--resume", "latest"])["summary"]["steps"] == 3
