@@ -14,8 +14,8 @@ train/<name> (its step is the axis), a validation's as val/<task>/<metric>.
   (an exact resume): wandb keeps the first of each step; trackio keeps both points.
 
 The packages are optional (not in requirements.txt): check(), called before any model is loaded, ends a run that
-asks for a missing one with one message naming the pip command. Imports the standard library and plumbing.base,
-plumbing.flags, plumbing.runfolder; each backend's package only when asked for."""
+asks for a missing one with one message naming the pip command. Imports the standard library, plumbing.base and
+plumbing.runfolder; each backend's package only when asked for."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,13 +31,10 @@ from urllib.parse import urlparse
 
 from plumbing import runfolder
 from plumbing.base import UsageError, atomic_write, warn_once
-from plumbing.flags import REPORT_TARGETS
-
-PACKAGES = {t: t for t in REPORT_TARGETS}  # each backend's pip package (and module)
 
 
 def targets(report_to: str) -> list[str]:
-    """--report-to's backends (flags.report_targets has checked the names)."""
+    """--report-to's backends (flags.report_targets has checked them against flags.REPORT_TARGETS)."""
     return [t for t in report_to.split(",") if t]
 
 
@@ -52,7 +49,7 @@ def check(report_to: str):
     """Before any model is loaded: every backend's package is installed (tensorboard's also imports); otherwise one
     UsageError naming what is missing and the pip command."""
     wanted = targets(report_to)
-    missing = [PACKAGES[t] for t in wanted if not installed(PACKAGES[t])]
+    missing = [t for t in wanted if not installed(t)]  # each backend's module is its pip package's name
     if missing:
         names = " and ".join(missing)
         raise UsageError(f"--report-to {','.join(wanted)} needs the {names} package{'s' * (len(missing) > 1)}: "
