@@ -27,7 +27,8 @@ TOWERS = ("image", "text")
 
 def text_tower(model: nn.Module) -> list:
     """The text tower's members as open_clip's _text_layer_groups reads them off a CLIP model (the text attributes
-    sit on the model itself), or model.text (open_clip's CustomTextCLIP: a Hugging Face tower)."""
+    sit on the model itself), or model.text (open_clip's CustomTextCLIP: its TextTransformer, or a Hugging Face
+    tower)."""
     if isinstance(getattr(model, "text", None), nn.Module):
         return [model.text]
     names = ("token_embedding", "positional_embedding", "cls_emb", "transformer", "ln_final", "text_projection")
