@@ -45,7 +45,7 @@ from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import flags, manifests, models, runfolder, shards, trainlog
+from plumbing import flags, manifests, models, param_rates, reporting, runfolder, shards, trainlog
 from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
@@ -593,10 +593,10 @@ def step_generator(seed: int, step: int, device="cpu"):
 
 
 def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
-    """AdamW over param_groups. Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on
-    CPU), which also takes the scaler's inf flag and skips an overflowed step on the device (no host sync).
-    fused=False gives the for-each implementation (tests use both)."""
-    groups = param_groups(net, cfg.lr, cfg.wd, lr_of, cfg.decay_all)
+    """AdamW over param_groups, each parameter at plumbing.param_rates' lr (the method's lr_of, --lr-image /
+    --lr-text, the layer decays). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
+    which takes the scaler's inf flag and skips an overflowed step on the device. fused=False: for-each (tests)."""
+    groups = param_groups(net, cfg.lr, cfg.wd, param_rates.lr_of(cfg, net, lr_of), cfg.decay_all)
     for g in groups:
         g.pop("names")
     fused = torch.device(device).type in ("cuda", "cpu") if fused is None else fused
@@ -826,7 +826,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         if rank == 0:
             run.save(step, int(n_skipped), tag)
 
-    log = TrainLog(cfg, out, total, step, rank)  # the bar; metrics.jsonl and tensorboard on rank 0
+    log = TrainLog(cfg, out, total, step, rank)  # the bar; metrics.jsonl and --report-to on rank 0
     net.train()
     stop = StopSignals().install()
     t_start, last = time.time(), {}  # last: loss terms of the latest step, on the device
@@ -866,7 +866,7 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
                 return {"stopped_at": step, "total_steps": total, "checkpoint": str(out / "checkpoints" / "last.pt")}
     finally:
         stop.restore()
-        log.close()  # metrics.jsonl, tensorboard
+        log.close()  # metrics.jsonl, --report-to's runs
     log.bar.close()
     summary = {"steps": step, "total_steps": total, "train_seconds": time.time() - t_start,
                "final_losses": {k: float(v) for k, v in last.items()}, "world_size": world, "precision": precision,
@@ -1124,8 +1124,7 @@ def preflight(cfg, manifests: Sequence = (), continual: bool = False, **dataset_
     check_device(cfg)
     if getattr(cfg, "export", ""):
         models.check_export(cfg.export, out=cfg.out)
-    if cfg.report_to == "tensorboard":
-        runfolder.needs_tensorboard()
+    reporting.check(cfg.report_to)  # --report-to's packages are installed
     if cfg.val_every and continual:
         raise UsageError("--val-every: a task sequence has no validation set during training; it evaluates every "
                          "task's test set after each task")

@@ -338,7 +338,7 @@ def train_erclip(cfg: ERCLIPConfig, model, train_tf, tokenizer, hooks=None, vali
     passed to common.train (the epochs sweep saves per-epoch weights there)."""
     dataset = common.training_set(cfg, train_manifest(cfg, world), train_tf, need_long=True)
     net = ERCLIP(model, cfg)
-    lr_of = ((lambda name: cfg.fusion_lr if name.startswith("fusion.") else cfg.lr)
+    lr_of = ((lambda name: cfg.fusion_lr if name.startswith("fusion.") else None)
              if cfg.fusion_lr else None)
     summary = common.train(cfg, net, dataset, SentenceCollate(tokenizer, cfg.max_sentences),
                            lr_of=lr_of, hooks=hooks, validate=validate)

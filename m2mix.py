@@ -306,7 +306,7 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     net = M2Mix(model, cfg)
     hooks = Fp16Storage(model) if cfg.fp16_weights else None
     heads = ("model.visual.head.", "model.text.proj.")  # the towers' projections (deviation T4)
-    lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else cfg.lr) if cfg.head_lr else None
+    lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else None) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
                            validate=evaluation.validator(
                                cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))

@@ -6,9 +6,12 @@ file, papers/, commands/ or the lab (tests/test_layout.py checks every import, f
                                                         folders written whole (--help answers before torch loads)
   loading, manifests, datafolders, shards               files as data: weights-only loads, manifests and the row
                                                         check, Hugging Face / sidecar folders, webdataset shards
-  runfolder, cli, trainlog                              the run folder, its lock, resume and checkpoints; one
+  runfolder, cli, trainlog, reporting                   the run folder, its lock, resume and checkpoints; one
                                                         message per expected failure, signals; the training
-                                                        log (bar, metrics.jsonl, tensorboard)
+                                                        log (bar, metrics.jsonl) and --report-to's backends
+                                                        (tensorboard, wandb, trackio)
+  param_rates                                           AdamW's per-parameter rates: --lr-image / --lr-text,
+                                                        open_clip's layer-wise lr decay
   models, towers                                        backbone names, load_model, save_model, the export
                                                         formats; uni-modal towers
   train_manifests, wise_ft, m2mix_analysis              what eval.py and the methods read: Karpathy / COCO

@@ -55,6 +55,20 @@ def precision_name(text: str) -> str:
 PRECISION = dict(choices=("auto", "fp16", "bf16", "fp32"), type=precision_name)  # --precision's parsing (arg(**))
 
 
+REPORT_TARGETS = ("tensorboard", "wandb", "trackio")  # --report-to's backends, in the order they are listed
+
+
+def report_targets(text: str) -> str:
+    """--report-to: comma-separated backends, each once, in REPORT_TARGETS' order ('' none; open_clip's 'all':
+    tensorboard and wandb)."""
+    said = [u for t in text.split(",") for u in (("tensorboard", "wandb") if t.strip() == "all" else (t.strip(),)) if u]
+    unknown = [t for t in said if t not in REPORT_TARGETS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(unknown)}: expected a comma-separated "
+                                         f"list of {', '.join(REPORT_TARGETS)} (or all)")
+    return ",".join(t for t in REPORT_TARGETS if t in said)
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
@@ -91,6 +105,14 @@ class Config:
     accum_freq: int = arg(1, "split each process's batch into this many micro-batches: the same gradient "
                           "(exact, every method's in-batch terms included) in less memory, as open_clip's")
     lr: float = arg(1e-5, "peak learning rate")
+    lr_image: float = arg(0.0, "ours: the image tower's peak lr (0: --lr; a rate the method sets for a parameter "
+                          "stays)")
+    lr_text: float = arg(0.0, "ours: the text tower's peak lr (0: --lr; a rate the method sets for a parameter stays)")
+    image_layer_decay: float = arg(1.0, "open_clip's: layer-wise lr decay in the image tower, in (0, 1]: block i of n "
+                                   "at lr x decay ** (n - i), the embeddings x decay ** (n + 1), the projection x 1 "
+                                   "(open_clip ViTs, the tiny backbone; 1: off)", aliases=("--visual-layer-decay",))
+    text_layer_decay: float = arg(1.0, "open_clip's: layer-wise lr decay in the text tower, in (0, 1], as "
+                                  "--image-layer-decay (1: off)")
     wd: float = arg(0.1, "AdamW weight decay (not on gains, biases, embeddings, logit_scale)")
     decay_all: bool = arg(False, "decay every parameter (the m2-Mix, C-CLIP and Long-CLIP codes' single AdamW group)")
     beta1: float = arg(0.9, "AdamW beta1")
@@ -114,8 +136,10 @@ class Config:
     seed: int = arg(0, "seed of everything random")
     device: str = arg("auto", "auto | cpu | cuda | cuda:N")
     log_every: int = arg(10, "steps between metrics.jsonl lines")
-    report_to: str = arg("", "tensorboard: also write metrics.jsonl's scalars to <out>/tensorboard (pip install "
-                         "tensorboard)", choices=("", "tensorboard"))
+    report_to: str = arg("", "also send metrics.jsonl's scalars to these, comma-separated: tensorboard "
+                         "(<out>/tensorboard), wandb (offline without a login or network; <out>/wandb), trackio "
+                         "(local); 'all': tensorboard,wandb as open_clip's; a resumed run continues the same run "
+                         "(pip install tensorboard / wandb / trackio)", type=report_targets)
     val_every: int = arg(0, "evaluate the validation set every N steps (rank 0; metrics.jsonl and results.json "
                          "record it; 0: off)")
     val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
@@ -154,19 +178,22 @@ class TowerConfig(Config):
 
 # Checked by argparse, so a bad value stops before anything runs: "positive" fields must be > 0, "counts" and the
 # rates, decays, clip and loss weights >= 0 (steps 0: the epochs decide; save_every 0: one checkpoint at the end;
-# stop_at 0: off), betas and label smoothing in [0, 1); every number finite.
+# stop_at 0: off), betas and label smoothing in [0, 1), the layer decays in (0, 1]; every number finite.
 POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
 COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every",
           "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha",
           "fusion_lr", "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
 UNIT = ("beta1", "beta2", "label_smoothing")
+DECAYS = ("image_layer_decay", "text_layer_decay")  # in (0, 1], as open_clip's (1: off)
 
 
 def checked(typ, rule: str):
-    """An argparse type: typ(text), finite, and "> 0", ">= 0" or "in [0, 1)"; else argparse's one-line error."""
+    """An argparse type: typ(text), finite, and "> 0", ">= 0", "in [0, 1)" or "in (0, 1]"; else argparse's one-line
+    error."""
     def check(text):
         v = typ(text)
-        ok = v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else v >= 0
+        ok = (v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else 0 < v <= 1 if rule == "in (0, 1]"
+              else v >= 0)
         if not math.isfinite(v) or not ok:
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return v
@@ -225,8 +252,9 @@ def parse_config(cls, argv=None, **overrides):
         else:
             typ = {"int": int, "float": float, "str": str}.get(
                 f.type if isinstance(f.type, str) else f.type.__name__, str)
-            if f.name in POSITIVE + COUNTS + UNIT:
-                typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else ">= 0")
+            if f.name in POSITIVE + COUNTS + UNIT + DECAYS:
+                typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else
+                              "in (0, 1]" if f.name in DECAYS else ">= 0")
             p.add_argument(name, *f.metadata.get("aliases", ()), *old, type=f.metadata.get("type", typ),
                            default=default, help=help_, choices=f.metadata.get("choices"), dest=f.name)
     values = vars(p.parse_args(argv))

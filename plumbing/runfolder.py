@@ -27,7 +27,7 @@ from plumbing.outfolder import (BOTH, LOCK, pid_alive, holds_run, live_holder, l
 from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
-           "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "resume_command",
+           "holds_run", "clear_run", "resume_differences", "start_run", "write_config", "report_runs", "resume_command",
            "needs_tensorboard", "tensorboard_writer", "Checkpoints"]
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
@@ -36,6 +36,7 @@ RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for t
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
              "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
              "model.safetensors.json")
+REPORT_RUNS = "report_to_runs"  # config.json's key for the wandb id and trackio run a resumed run continues
 # Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
 # eval-only flags, cclip.py's thread count and stop switch.
@@ -191,11 +192,22 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
 
 
 def write_config(cfg, out: Path, overrides: list[dict] = ()):
-    """<out>/config.json: the resolved settings, plus every --override-resume change so far."""
+    """<out>/config.json: the resolved settings, plus every --override-resume change so far; a resumed run keeps
+    the wandb / trackio runs it logs to (REPORT_RUNS, plumbing.reporting)."""
     rec = dataclasses.asdict(cfg)
     if overrides:
         rec["resume_overrides"] = list(overrides)
+    if cfg.resume and (runs := report_runs(out)):
+        rec[REPORT_RUNS] = runs
     atomic_write(out / "config.json", json.dumps(rec, indent=1))
+
+
+def report_runs(out: Path) -> dict:
+    """The wandb / trackio runs <out>/config.json records ({} when none)."""
+    try:
+        return dict(json.loads((out / "config.json").read_text()).get(REPORT_RUNS) or {})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
 
 
 def resume_command() -> str:
@@ -362,7 +374,14 @@ def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: i
         raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
                        f"--override-resume can change settings, never the model: resume with the run's "
                        f"--backbone, or start afresh with --overwrite") from None
-    opt.load_state_dict(state["optimizer"])
+    try:
+        opt.load_state_dict(state["optimizer"])
+    except ValueError as e:  # torch: another number of groups, or of parameters in a group
+        raise RunError(f"{ck}: its AdamW state does not fit the groups these settings make ({e}); --override-resume "
+                       f"can change a rate or a decay, not how the parameters split into groups (--lr-image / "
+                       f"--lr-text, --image-layer-decay / --text-layer-decay, --decay-all, a method's own rate "
+                       f"switched on or off): resume with the run's values of those, or start afresh with "
+                       f"--overwrite") from None
     sched.load_state_dict(state["scheduler"])
     if scaler.is_enabled() and not state["scaler"]:  # an fp32/bf16 run continued in fp16
         print(f"{ck} has no grad-scaler state (saved without fp16); starting at the default scale", file=sys.stderr)
