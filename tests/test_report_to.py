@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 import common
-import erclip
-import lab
 from plumbing import base, flags, models, reporting
+from test_interop import _erclip as interop_erclip  # the tiny ERCLIP run both files use
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,13 +60,8 @@ def backends(monkeypatch, tmp_path):
 
 
 def _erclip(tmp_path, out, *extra):
-    root = tmp_path / "data"
-    lab.synthetic_manifest("train", root, n=16)
-    val = lab.synthetic_manifest("test", root, n=12)
-    return erclip.main(["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16",
-                        "--batch-size", "8", "--steps", "4", "--warmup", "1", "--lr", "1e-4", "--workers", "0",
-                        "--log-every", "1", "--device", "cpu", "--eval-tasks", "none", "--pretrained", "random",
-                        "--val-data", str(val), "--val-every", "2", "--out", str(tmp_path / out), *extra])
+    """test_interop's tiny ERCLIP run, validating every 2 steps (so validation scalars reach the backends too)."""
+    return interop_erclip(tmp_path, out, "--val-every", "2", *extra)
 
 
 def metrics_as_scalars(out: Path) -> list:
