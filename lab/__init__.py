@@ -53,8 +53,8 @@ import eval as evaluation
 from lab.figures import bar_panels, curves_figure, matrix_figure, pyplot, save_figure
 from lab.runs import PROCESSES, hold_out, job_pool, run_jobs, scratch_run, take_processes_flag
 from lab.stats import (EFFECT_SHARE, EQUAL_SHARE, FIELD_MARGIN, SEEDS, claim, claims_table, diagnosed, effect_margin,
-                       machine_info, mean_std_table, paired, paired_stats, report_demo, run_seeds, seeds,
-                       take_seeds_flag, verdict)
+                       machine_info, mean_over_seeds, mean_std_table, paired, paired_stats, report_demo, run_seeds,
+                       seeds, take_seeds_flag, verdict)
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
 from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pretrain_tiny, retrieval_report,
                       zero_shot_report)

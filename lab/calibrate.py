@@ -172,6 +172,16 @@ def continual_passes(R: list[list[float]]) -> dict:
             "passes": min(learned) >= 5 and bwt <= -3}
 
 
+def record(name: str) -> dict:
+    """docs/calibration-NAME.json as `python -m lab.calibrate NAME` wrote it (the demos' regime gates read it)."""
+    return json.loads((DOCS / f"calibration-{name}.json").read_text())
+
+
+def chosen_row(rec: dict) -> dict:
+    """The row of a record's grids (its second grid too, when it has one) at the setting it chose."""
+    return next(r for r in rec["grid"] + rec.get("grid_2", []) if r["setting"] == rec["chosen"])
+
+
 def _pick(rows: list[dict], fallback: str = ""):
     """The first setting that passes; when none does, the first whose check
     `fallback` holds (the target it misses is then reported as missed)."""
@@ -395,7 +405,7 @@ def _pick_lora(rows):
 def calibrate_cclip_lora_edge(data_root="data", out="runs/calibration/cclip-lora-edge") -> dict:
     """The edge extension (module docstring): rank 2 at the four rates, before the first grid's rows (kept in
     docs/calibration-cclip-lora.json), the same rule over both."""
-    first = json.loads((DOCS / "calibration-cclip-lora.json").read_text())
+    first = record("cclip-lora")
     if first["chosen"]["lora_rank"] != CCLIP_LORA_GRID[0]["lora_rank"]:
         return {"grid": [], "chosen": first["chosen"], "why": "the first grid's choice is not at the rank edge"}
     edge = calibrate_cclip_lora(data_root, out, [dict(g, lora_rank=2) for g in CCLIP_LORA_GRID[:4]])["grid"]

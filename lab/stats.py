@@ -110,6 +110,11 @@ def effect_margin(effect: Sequence[float], share: float = EFFECT_SHARE) -> float
     return share * abs(float(np.mean(effect)))
 
 
+def mean_over_seeds(runs: dict, name: str, key: str) -> float:
+    """runs[name]'s key, mean over its seeds (the numbers a diagnosis line quotes)."""
+    return float(np.mean([r[key] for r in runs[name]]))
+
+
 def diagnosed(claims: list[dict], lines: dict) -> list[dict]:
     """Issue 58.7: each claim whose verdict goes against its paper (not reproduced, by construction or outside the
     regime) gets lines[its position], a line measured by the run or a calibration (written before the seeds ran)."""

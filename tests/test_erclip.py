@@ -13,6 +13,7 @@ from PIL import Image
 
 import common
 import lab
+from lab import calibrate
 from lab.demos import erclip as erclip_demo
 import erclip
 import eval as evaluation
@@ -374,7 +375,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     assert verdicts["RT+P about equal to M+P on long R@1 (RT+P - M+P; equal within 1 point)"] == "by construction"
     # issue 58: the paper's one-point tie margin on every claim in points; the truncated long-R@1 claim gated by
     # the committed val check (not met there: M's truncated gain +3.0 against its sentence-mean +13.5)
-    gate = json.loads(erclip_demo.GATES.read_text())
+    gate = calibrate.record("erclip-gates")
     assert gate["pilot_seed"] not in lab.SEEDS and gate["met"] is False
     long_claim = saved["claims"][0]
     assert long_claim["gate"]["met"] is False and long_claim["verdict"] == "outside the lab's regime"

@@ -11,7 +11,7 @@ seed); docs/cclip.md holds the committed results and the protocol.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import sys
 import time
 from pathlib import Path
@@ -23,6 +23,7 @@ import cclip
 import common
 import eval as evaluation
 import lab
+from lab import calibrate
 from cclip import CClipConfig, run
 from plumbing import published
 
@@ -77,13 +78,11 @@ def demo_base(summary, unseen) -> dict:
 # avg R@1 claims need the paper's regime, where full FT forgets much of what it learns: on val with the pilot seed
 # (docs/calibration-cclip-long-2.json, the chosen setting) full FT's -BWT >= 1/2 of its mean per-task gain.
 FORGET_SHARE = 0.5
-CALIBRATION = Path(__file__).resolve().parents[2] / "docs" / "calibration-cclip-long-2.json"
 
 
-def forgetting_gate(path=CALIBRATION) -> dict:
+def forgetting_gate() -> dict:
     """The last / avg R@1 claims' regime, from full FT's row of the calibration that chose the demo's setting."""
-    record = json.loads(Path(path).read_text())
-    check = next(r["check"] for r in record["grid"] if r["setting"] == record["chosen"])
+    check = calibrate.chosen_row(calibrate.record("cclip-long-2"))["check"]
     learned = float(np.mean(check["learned per task"]))
     return {"needs": f"full FT's -BWT >= {FORGET_SHARE:g} x its mean per-task gain (val, pilot seed)",
             "measured": f"-BWT {-check['BWT']:.1f} vs gain {learned:.1f}",
@@ -134,8 +133,7 @@ def demo_claims(runs: dict, base: dict) -> list[dict]:
 def diagnoses(runs: dict) -> dict:
     """Issue 58.7, written before the seeds ran: one measured line for each claim that may go against the paper
     (by its position in demo_claims)."""
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     learned = {n: mean(n, "learned") for n in DEMO_NAMES.values()}
     plastic = (f"per-task gain: full FT {learned['full FT']:+.1f}, LoRA only {learned['LoRA only']:+.1f} (rank "
                f"{DEMO_LORA['lora_rank']}, its tuned rates), CKC only {learned['CKC only']:+.1f}, C-CLIP "

@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from papers.erclip_sweeps import drop_weights
 import common
 import dns
@@ -90,8 +88,7 @@ def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
 
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     m = {key: lab.effect_margin([r[f"BWT_{key}"] for r in runs["vanilla"]]) for key in ("A", "R@1", "R@10")}
     m["drift"] = lab.effect_margin([r["drift %"] for r in runs["vanilla"]])
     claims, lines = [], {}

@@ -9,11 +9,10 @@ With --sweep NAME the demo runs one of the paper's sweeps instead
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import sys
 import time
 from decimal import ROUND_HALF_UP, Decimal
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ import torch
 import common
 import erclip
 import lab
+from lab import calibrate
 from plumbing import models, published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run by
@@ -52,7 +52,6 @@ DEMO_COLS = ["long", "long sent", "short", "background", "shape seen", "shape he
 # (lab/calibrate.py: M's truncated gain >= 1/3 of its sentence-mean gain, on val); the sentence-mean long R@1 is
 # reported beside it; RT+P own lr's zero-shot claim is judged against M+P, which differs from it in the fusion only.
 MARGIN = 1.0
-GATES = Path(__file__).resolve().parents[2] / "docs" / "calibration-erclip-gates.json"
 
 
 def demo_measure(model, preprocess, tokenizer, data_root, split="test") -> dict:
@@ -98,9 +97,9 @@ IN = 6  # Table 2's ImageNet column
 C10 = 4  # Table 2's CIFAR-10 column
 
 
-def long_gate(path=GATES) -> dict:
+def long_gate() -> dict:
     """The truncated long-R@1 claim's regime, as `python -m lab.calibrate erclip-gates` measured it on val."""
-    r = json.loads(Path(path).read_text())
+    r = calibrate.record("erclip-gates")
     return {"needs": "M's truncated long gain >= 1/3 of its sentence-mean gain (val, pilot seed)",
             "measured": f"{r['truncated gain']:+.1f} vs {r['sentence-mean gain']:+.1f}", "met": r["met"]}
 
@@ -143,8 +142,7 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
 def diagnosed(claims: list[dict], base: dict, runs: dict) -> list[dict]:
     """Issue 58.7: a verdict against the paper (not reproduced, not by construction, not outside the regime)
     gets one line measured by this run. Written before the seeds ran, for every claim that could go against."""
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     gate = f"the RT gate ends at mean |gamma| {np.mean([abs(r['gamma']) for r in runs['RT+P own lr']]):.3f}"
     lines = {  # by the claim's position in demo_claims
         0: f"M+P's sentence-mean long R@1 {mean('M+P', 'long sent') - base['long sent']:+.1f} over CLIP, its "

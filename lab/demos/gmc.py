@@ -11,16 +11,16 @@ Settings, the protocol and the committed results: docs/gmc.md.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import common
 import gmc
 import lab
+from lab import calibrate
 from lab.sentiment import sentiment_world
 from plumbing import published
 from papers import mosei
@@ -54,13 +54,12 @@ def with_means(m: dict) -> dict:
 # Fig. 2); "missing modalities cost GMC accuracy" measures GMC's effect itself: lab.FIELD_MARGIN. The
 # partial-observation claims need GMC to lose >= 1 point when modalities are missing, on 'valid' with the pilot seed
 # (docs/calibration-gmc-mix.json's GMC run).
-CALIBRATION = Path(__file__).resolve().parents[2] / "docs" / "calibration-gmc-mix.json"
 PARTIAL_COST = 1.0
 
 
-def partial_gate(path=CALIBRATION) -> dict:
+def partial_gate() -> dict:
     """The partial-observation claims' regime, from the calibration's GMC run on 'valid'."""
-    val = json.loads(Path(path).read_text())["gmc"]["val"]
+    val = calibrate.record("gmc-mix")["gmc"]["val"]
     cost = val["Full acc"] - val["partial acc"]
     return {"needs": f"GMC's accuracy cost of missing modalities >= {PARTIAL_COST:g} (valid, pilot seed)",
             "measured": f"{cost:+.1f}", "met": cost >= PARTIAL_COST}
@@ -83,8 +82,7 @@ def claims(runs: dict) -> list[dict]:
     def own(key):  # 10 % of GMC's own value on a geometry measure
         return lab.effect_margin([r[key] for r in runs["GMC"]])
 
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     hurt = [r["Full acc"] - r["partial acc"] for r in runs["GMC"]]
     paper_hurt = g["Full acc"] - np.mean([g[f"{s} acc"] for s in PARTIAL])
     acc, gate = lab.effect_margin(hurt), partial_gate()

@@ -25,7 +25,6 @@ by lab.verdict; directions and margins were fixed before running
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from plumbing import models
 from papers import longclip_data
 import common
 import lab
+from lab import calibrate
 import longclip
 from plumbing import published
 
@@ -98,14 +98,11 @@ def demo_paper_numbers() -> dict:
 # pilot seed at its chosen lr (docs/calibration-longclip.json) a long-R@1 gain over CLIP through the stretched
 # window >= the calibration's own target (3 points).
 LEARNS_LONG = 3.0
-CALIBRATION = Path(__file__).resolve().parents[2] / "docs" / "calibration-longclip.json"
 
 
-def learns_gate(path=CALIBRATION) -> dict:
-    """The ahead-of-ERCLIP claims' regime, from the Long-CLIP row of the calibration at the chosen lr."""
-    record = json.loads(Path(path).read_text())
-    row = next(r for r in record["grid"] + record["grid_2"] if r["setting"] == record["chosen"])
-    gain = row["check"]["long gain"]
+def learns_gate(record: dict) -> dict:
+    """The ahead-of-ERCLIP claims' regime, from the Long-CLIP row of its calibration record at the chosen lr."""
+    gain = calibrate.chosen_row(record)["check"]["long gain"]
     return {"needs": f"Long-CLIP's long R@1 gain over CLIP >= {LEARNS_LONG:g} through its window (val, pilot "
                      f"seed, lr {record['chosen']['lr']:g})", "measured": f"{gain:+.1f}", "met": gain >= LEARNS_LONG}
 
@@ -122,7 +119,8 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    paper, m, gate = demo_paper_numbers(), lab.FIELD_MARGIN, learns_gate()
+    record = calibrate.record("longclip")  # the gate's check and the diagnosis's grid
+    paper, m, gate = demo_paper_numbers(), lab.FIELD_MARGIN, learns_gate(record)
     gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"
     claims = [
         lab.claim(f"Long-CLIP beats CLIP on long R@1 ({full} - CLIP)",
@@ -142,7 +140,6 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     def gain(name, key):  # mean over seeds, over CLIP
         return float(np.mean([r[key] for r in runs[name]])) - base[key]
     lr = f"Long-CLIP at its own lr {LONGCLIP_LR:g} (ERCLIP {DEMO['lr']:g})"
-    record = json.loads(CALIBRATION.read_text())
     best = max(record["grid"] + record["grid_2"], key=lambda r: r["check"]["long gain"])
     return lab.diagnosed(claims, {  # issue 58.7, written before the seeds ran
         0: f"{lr}: long R@1 {gain(full, 'long'):+.1f} over CLIP; on val {gate['measured']} at that lr, and the "

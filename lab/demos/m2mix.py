@@ -10,6 +10,7 @@ Settings, the protocol and the committed results: docs/m2mix.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -121,8 +122,7 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
 
     def ft(key):  # FT's own values
         return [r[key] for r in runs["FT"]]

@@ -12,6 +12,7 @@ Settings, the protocol and the committed results: docs/m2mix.md, "Uni-modal towe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 
@@ -74,8 +75,7 @@ def claims(runs: dict) -> list[dict]:
     def ft(key):  # 10 % of FT's own gain over ZS on key
         return lab.effect_margin(d("FT", "ZS", key))
 
-    def mean(name, key):
-        return float(np.mean([r[key] for r in runs[name]]))
+    mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     field = lab.FIELD_MARGIN
     found = [
         lab.claim("ZS is at chance (ZS R@1 - chance, points; inside +-1)", f"{(p['ZS']['i2t_R@1'] - 0.1):+.1f}",
