@@ -5,7 +5,8 @@ paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
 The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5).
 
 Implements (each equation written out once, in the docstring of the function named)
-  Sec. 4.1    LoRA integration (frozen backbone, fresh adapters, merged): LoRA, add_lora, merge_lora
+  Sec. 4.1    LoRA integration (frozen backbone, fresh adapters, merged): common.LoRA, add_lora,
+              merge_lora (every method's --lora runs the same; cclip.py's --lora R is --lora-rank R)
   Sec. 4.2    contrastive knowledge consolidation (CKC) toward the old model: projector, ckc_loss;
               L = L_CLIP + L_CKC, one task's step: CClip.losses
   Sec. 3      VLCL protocol (R[i][j], BWT, forgetting, unseen R@1, zero-shot PD): run (as dns.py)
@@ -35,20 +36,18 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
  15. Every task trains augmented; research: 4 fractional-split tasks unaugmented: --train-transform.
+ 16. --loss siglip (ours): L_CLIP as SigLIP's sigmoid loss; L_CKC keeps its softmax (an InfoNCE
+     toward the old model's features: it needs the normaliser) at the model's logit_scale.
 Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)"""
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
 from plumbing import flags  # torch-free: the settings and their parser (--help before torch loads)
 from plumbing.flags import arg
-
-DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.c_proj.weight"
-
 
 @dataclasses.dataclass(frozen=True)
 class CClipConfig(flags.Config):
@@ -61,9 +60,6 @@ class CClipConfig(flags.Config):
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
                          "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     lora_rank: int = arg(16, "LoRA rank r (Sec. 5)")
-    lora_alpha: float = arg(32.0, "LoRA scale: DeltaW = lora_alpha / r * B A (research code)")
-    lora_dropout: float = arg(0.0, "dropout on the adapter's input features (ours, deviation 3)")
-    lora_targets: str = arg(DEFAULT_TARGETS, "parameter-name suffixes adapted, both towers")
     merge_alpha: float = arg(0.5, "integration coefficient alpha (Sec. 4.1)")
     merge_schedule: str = arg("alpha", "Sec. 4.1 | dev. 1", choices=("alpha", "research", "a_mix"))
     train_transform: str = arg("augment", "ours | dev. 15", choices=("augment", "research"))
@@ -97,7 +93,6 @@ if __name__ == "__main__":  # --help and flag errors are answered here, before t
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.utils import parametrize
 
 import common
 import eval as evaluation
@@ -136,84 +131,6 @@ def ckc_loss(p_img, p_txt, z_img, z_txt, logit_scale, directions: str = "sum"):
 
 
 # --- Model wrapper: LoRA by weight parametrization, projector, the C-CLIP step ---
-class LoRA(nn.Module):
-    """A weight parametrization W -> W + (alpha / r) B A (Sec. 4.1).
-
-    Because it replaces the weight tensor itself, it acts wherever the weight is read, including
-    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter
-    changes nothing."""
-
-    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float,
-                 dropout: float = 0.0):
-        super().__init__()
-        self.A = nn.Parameter(torch.empty(rank, in_features))  # (r, in)
-        self.B = nn.Parameter(torch.zeros(out_features, rank))  # (out, r)
-        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # LoRA's init of A (as nn.Linear)
-        self.scale = alpha / rank
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-
-    def delta(self):
-        """DeltaW = (alpha / r) B A, (out, in), without dropout."""
-        return self.scale * (self.B @ self.A)
-
-    def forward(self, weight):
-        if isinstance(self.dropout, nn.Identity) or not self.training:
-            return weight + self.delta().to(weight.dtype)
-        mask = self.dropout(torch.ones(self.A.shape[1], device=self.A.device,
-                                       dtype=self.A.dtype))  # (in,)
-        return weight + (self.scale * (self.B @ (self.A * mask))).to(weight.dtype)  # deviation 3
-
-
-def _targets(model, targets):
-    """(module, tensor name, full name) of every 2-D weight whose name ends in a target suffix."""
-    found = []
-    for mod_name, mod in model.named_modules():
-        for p_name, p in list(mod.named_parameters(recurse=False)):
-            full = f"{mod_name}.{p_name}" if mod_name else p_name
-            if p.ndim == 2 and any(full.endswith(t) for t in targets):
-                found.append((mod, p_name, full))
-    return found
-
-
-def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
-             targets=tuple(DEFAULT_TARGETS.split(","))):
-    """Freezes every weight of `model` and adds zero-initialised LoRA adapters (Sec. 4.1) to each
-    2-D parameter whose name ends in one of `targets` (default: attention in/out and MLP weights of
-    both towers). The outputs are unchanged until the adapters train. Returns the list of adapted
-    parameter names."""
-    model.requires_grad_(False)
-    found = _targets(model, tuple(targets))
-    if not found:
-        raise ValueError(f"add_lora: no plain parameter ends in any of {targets} (already adapted? "
-                         f"merge first)")
-    for mod, p_name, _ in found:
-        w = getattr(mod, p_name)
-        lora = LoRA(w.shape[0], w.shape[1], rank, alpha, dropout).to(w.device)
-        parametrize.register_parametrization(mod, p_name, lora)
-    return [full for _, _, full in found]
-
-
-@torch.no_grad()
-def merge_lora(model, coef: float = 0.5):
-    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (Sec. 4.1, coef = alpha),
-    and removes the parametrizations: the model is a plain open_clip model again, its state_dict
-    has the original keys, and every weight is trainable."""
-    for mod in list(model.modules()):
-        if not parametrize.is_parametrized(mod):
-            continue
-        for p_name in list(mod.parametrizations.keys()):
-            plist = getattr(mod.parametrizations, p_name)
-            loras = [m for m in plist if isinstance(m, LoRA)]
-            if len(loras) != len(plist):
-                raise ValueError(f"merge_lora: {p_name} carries a parametrization that is not LoRA")
-            theta = plist.original
-            merged = theta + coef * sum(lora.delta() for lora in loras)  # Sec. 4.1: + alpha DW
-            parametrize.remove_parametrizations(mod, p_name, leave_parametrized=False)
-            getattr(mod, p_name).copy_(merged)
-    model.requires_grad_(True)
-    return model
-
-
 def projector(dim: int, hidden: int = 2048):
     """h_psi (Sec. 4.2; layout of the research code's DistillPredictor):
     Linear(d, 2048) - BatchNorm - ReLU - Linear(2048, d)."""
@@ -229,11 +146,11 @@ class CClip(common.Method):
     no_checkpoint = ("teacher.",)  # the old model is rebuilt from the task boundary
 
     def __init__(self, model, teacher=None, projector=None, ckc_weight: float = 1.0,
-                 label_smoothing: float = 0.0, ckc_directions: str = "sum"):
+                 label_smoothing: float = 0.0, ckc_directions: str = "sum", loss: str = "clip"):
         super().__init__()
         self.model, self.teacher, self.projector = model, teacher, projector
         self.ckc_weight, self.label_smoothing = ckc_weight, label_smoothing
-        self.ckc_directions = ckc_directions
+        self.ckc_directions, self.loss = ckc_directions, loss
         if teacher is not None:
             teacher.requires_grad_(False).eval()
 
@@ -250,7 +167,8 @@ class CClip(common.Method):
     def losses(self, f, ctx=None):
         img, txt = common.gather(F.normalize(f["img"], dim=-1), F.normalize(f["txt"], dim=-1))
         scale = self.model.logit_scale.exp()
-        losses = {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
+        bias = models.pair_bias(self.model, self.loss)  # --loss siglip's b (deviation 16)
+        losses = {"loss_clip": common.contrastive_loss(img, txt, scale, bias, self.label_smoothing)}
         if self.projector is not None:
             p_img, p_txt = self.projector(f["img"]), self.projector(f["txt"])  # (b, D), deviation 5
             p_img, p_txt, z_img, z_txt = common.gather(p_img, p_txt, f["z_img"], f["z_txt"])
@@ -293,6 +211,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir, world=world)
+    models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 16)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
 
@@ -307,14 +226,16 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
         teacher = copy.deepcopy(model) if use_ckc else None  # the model at the end of task i-1
         previous = copy.deepcopy(model.state_dict()) if research else None
         if use_lora:
-            add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
-                     cfg.lora_targets.split(","))
+            keep = ("logit_bias",) if cfg.loss == "siglip" else ()  # deviation 16
+            common.add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                            cfg.lora_targets.split(","), keep)
             if cfg.train_rest:  # deviation 4: everything but the adapted (frozen) originals trains
                 for name, p in model.named_parameters():
                     p.requires_grad_(not name.endswith(".original"))
         # deviation 12: a fresh projector for every task, dropped at its end
         head = projector(model.visual.output_dim, cfg.proj_hidden) if use_ckc else None
-        net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
+        net = CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions,
+                    cfg.loss)
         lr_image, lr_text = cclip_tasks.task_lrs(cfg, task.name)
         task_cfg = dataclasses.replace(cfg, out=str(task_out), resume="latest" if resume else "",
                                        train_data=task.train)
@@ -331,7 +252,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
                               f"(--stop-at)")
         # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (dev. 1)
         if use_lora:
-            merge_lora(model, 1.0 if research else cfg.merge_alpha)
+            common.merge_lora(model, 1.0 if research else cfg.merge_alpha)
         if cfg.merge_schedule == "research" and rank == 0:  # the task's own result (averaged later)
             models.save_model(model, Path(task_out) / cclip_tasks.OWN_RESULT, cfg.backbone,
                               twin=False)
@@ -382,6 +303,9 @@ def main(argv=None):
         from lab.demos import cclip as demo
         return demo.main(argv)
     cfg = common.parse_config(CClipConfig, argv)
+    if cfg.lora:  # the shared --lora R is C-CLIP's own LoRA (Sec. 4.1) at rank R
+        method = {"full": "lora", "ckc": "cclip"}.get(cfg.method, cfg.method)
+        cfg = dataclasses.replace(cfg, lora_rank=cfg.lora, lora=0, method=method)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world

@@ -10,8 +10,8 @@ nothing above it: no eval.py, method file or lab. The lab's synthetic world reac
 (parse_tasks's world, a plumbing.models.LabWorld).
 
 Sections, in order:
-  1. shared math       clip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier / accuracy,
-                       continual_metrics
+  1. shared math       clip_loss, siglip_loss, encode_text (trimmed), retrieval_metrics, zero-shot classifier /
+                       accuracy, continual_metrics, LoRA (add_lora, merge_lora)
   2. data              the manifest dataset with its validating pre-pass, shards or manifests, loaders
   3. distributed       torchrun detection, feature gathering with gradient
   4. training loop     train_step, accumulated_backward, train and its set-up (checked_batch, training_loader, ...)
@@ -41,11 +41,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.utils import parametrize
 from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
 from plumbing import flags, manifests, models, param_rates, reporting, runfolder, shards, trainlog
+from plumbing import lora as lora_files
 from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
                            rendezvous_watch, warn_once, world_size)
 from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
@@ -96,6 +98,29 @@ def clip_loss(img, txt, logit_scale, label_smoothing: float = 0.0):
     labels = torch.arange(len(img), device=img.device)
     return 0.5 * (F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
                   + F.cross_entropy(logits.t(), labels, label_smoothing=label_smoothing))
+
+
+@float32
+def siglip_loss(img, txt, logit_scale, logit_bias):
+    """SigLIP's sigmoid loss (Zhai, Mustafa, Kolesnikov, Beyer. "Sigmoid Loss for Language Image Pre-Training".
+    ICCV 2023. arXiv:2303.15343, Sec. 3, Eq. 1 / Algorithm 1), as open_clip's SigLipLoss on one process:
+        L = -1/B sum_i sum_j log sigma(z_ij (s img_i . txt_j + b)),  z_ij = 1 if i = j else -1
+    img, txt: (B, D) L2-normalised; logit_scale: s; logit_bias: b (a 0-dim tensor, learned). The methods gather
+    features over ranks and every rank takes this over the global batch: the same gradient as open_clip's
+    neighbour exchange (tests/test_siglip.py, two gloo processes)."""
+    logits = logit_scale * img @ txt.t() + logit_bias  # (B, B)
+    z = 2 * torch.eye(len(img), device=img.device, dtype=logits.dtype) - 1  # +1 on the diagonal, -1 elsewhere
+    # Eq. 1 as Algorithm 1 computes it: -sum(log_sigmoid(labels * logits)) / n
+    return -F.logsigmoid(z * logits).sum() / len(img)
+
+
+def contrastive_loss(img, txt, logit_scale, logit_bias=None, label_smoothing: float = 0.0):
+    """The pair loss a method's --loss names: CLIP's (clip_loss) when logit_bias is None, SigLIP's (siglip_loss,
+    which has no label smoothing) when the run trains a logit_bias (models.pair_bias)."""
+    if logit_bias is None:
+        return clip_loss(img, txt, logit_scale, label_smoothing)
+    return siglip_loss(img, txt, logit_scale, logit_bias)
+
 
 
 def geodesic_mix(lam, a, b, eps: float = 1e-6):
@@ -260,6 +285,97 @@ def continual_metrics(R):
     else:
         out["bwt"] = out["forgetting"] = 0.0
     return {k: float(v) for k, v in out.items()}
+
+
+class LoRA(nn.Module):
+    """A weight parametrization W -> W + (alpha / r) B A (LoRA, Eq. 3; C-CLIP Sec. 4.1).
+
+    Because it replaces the weight tensor itself, it acts wherever the weight is read, including
+    nn.MultiheadAttention's in_proj_weight and out_proj.weight. B starts at zero: a fresh adapter changes nothing.
+    Dropout (ours, cclip.py's deviation 3) masks A's input columns, one mask per step."""
+
+    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        self.A = nn.Parameter(torch.empty(rank, in_features))  # (r, in)
+        self.B = nn.Parameter(torch.zeros(out_features, rank))  # (out, r)
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # LoRA's init of A (as nn.Linear, and peft's)
+        self.scale = alpha / rank
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def delta(self):
+        """DeltaW = (alpha / r) B A, (out, in), without dropout."""
+        return self.scale * (self.B @ self.A)
+
+    def forward(self, weight):
+        if isinstance(self.dropout, nn.Identity) or not self.training:
+            return weight + self.delta().to(weight.dtype)
+        mask = self.dropout(torch.ones(self.A.shape[1], device=self.A.device, dtype=self.A.dtype))  # (in,)
+        return weight + (self.scale * (self.B @ (self.A * mask))).to(weight.dtype)
+
+
+def _targets(model, targets):
+    """(module, tensor name, full name) of every 2-D weight whose name ends in a target suffix."""
+    found = []
+    for mod_name, mod in model.named_modules():
+        for p_name, p in list(mod.named_parameters(recurse=False)):
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if p.ndim == 2 and any(full.endswith(t) for t in targets):
+                found.append((mod, p_name, full))
+    return found
+
+
+def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
+             targets=tuple(lora_files.DEFAULT_TARGETS.split(",")), keep_trainable=()):
+    """Freezes every weight of `model` (but the parameters named in keep_trainable, e.g. SigLIP's logit_bias) and
+    adds zero-initialised LoRA adapters to each 2-D parameter whose name ends in one of `targets` (default: attention
+    in/out and MLP weights of both towers). The outputs are unchanged until the adapters train. Returns the list of
+    adapted parameter names."""
+    model.requires_grad_(False)
+    for name, p in model.named_parameters():
+        if name in keep_trainable:
+            p.requires_grad_(True)
+    found = _targets(model, tuple(targets))
+    if not found:
+        raise ValueError(f"add_lora: no plain 2-D parameter ends in any of {tuple(targets)} (already adapted? "
+                         f"merge first; --lora-targets names weight suffixes such as attn.in_proj_weight)")
+    for mod, p_name, _ in found:
+        w = getattr(mod, p_name)
+        lora = LoRA(w.shape[0], w.shape[1], rank, alpha, dropout).to(w.device)
+        parametrize.register_parametrization(mod, p_name, lora)
+    return [full for _, _, full in found]
+
+
+def adapters(model):
+    """{adapted weight's open_clip name: its LoRA} of every adapter in `model`."""
+    out = {}
+    for mod_name, mod in model.named_modules():
+        if parametrize.is_parametrized(mod):
+            for p_name, plist in mod.parametrizations.items():
+                for m in plist:
+                    if isinstance(m, LoRA):
+                        out[f"{mod_name}.{p_name}" if mod_name else p_name] = m
+    return out
+
+
+@torch.no_grad()
+def merge_lora(model, coef: float = 1.0):
+    """Folds every adapter into its weight, theta <- theta + coef * DeltaW (coef 1: the adapted model's function;
+    C-CLIP Sec. 4.1: coef = alpha), and removes the parametrizations: the model is a plain open_clip model again,
+    its state_dict has the original keys, and every weight is trainable."""
+    for mod in list(model.modules()):
+        if not parametrize.is_parametrized(mod):
+            continue
+        for p_name in list(mod.parametrizations.keys()):
+            plist = getattr(mod.parametrizations, p_name)
+            loras = [m for m in plist if isinstance(m, LoRA)]
+            if len(loras) != len(plist):
+                raise ValueError(f"merge_lora: {p_name} carries a parametrization that is not LoRA")
+            theta = plist.original
+            merged = theta + coef * sum(lora.delta() for lora in loras)  # theta + coef DeltaW
+            parametrize.remove_parametrizations(mod, p_name, leave_parametrized=False)
+            getattr(mod, p_name).copy_(merged)
+    model.requires_grad_(True)
+    return model
 
 
 # =============================================================================
@@ -803,11 +919,8 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     overrides = runfolder.start_run(cfg, out) if rank == 0 else []  # lock, leftovers, an old run, --resume's settings
-    net.to(device)
-    if cfg.grad_checkpointing:
-        net.model.set_grad_checkpointing(True)
+    prepare_model(cfg, net, device)  # on the device; --grad-checkpointing, --lock-*, --lora, --torchcompile
     local_batch = checked_batch(cfg, net, validate)  # --batch-size, --accum-freq and --val-every checked
-    lock_towers(cfg, net.model)
     steps_per_epoch = epoch_steps(cfg, train_set, keep_last)
     loader, sampler = training_loader(cfg, train_set, collate, local_batch, steps_per_epoch, device, keep_last)
     total = cfg.steps or cfg.epochs * steps_per_epoch
@@ -879,9 +992,25 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         summary["validation"] = trainlog.validations(out)
     if rank == 0:
         save()
-        if export:  # model.pt (and its .safetensors twin), then --export's folder
-            summary.update(models.save_trained(net.model, cfg, out))
+        if export:  # --lora's peft adapter (then merged, first), model.pt and its .safetensors twin, --export's folder
+            summary.update(run_lora(cfg, net.model, out), **models.save_trained(net.model, cfg, out))
     return summary
+
+
+def run_lora(cfg, model, out: Path | None = None):
+    """--lora RANK of every method (issue 59.2). Before training (out None): adapters on --lora-targets, every other
+    weight of the model frozen but a SigLIP logit_bias (before the optimizer and the resume, so a checkpoint's
+    adapters load back). At the end (out given): the adapters written as a peft adapter in <out>/lora_adapter,
+    then merged at coefficient 1 (the trained function), so model.pt and --export hold a plain open_clip model.
+    Without --lora: nothing ({})."""
+    if not getattr(cfg, "lora", 0):
+        return {}
+    if out is None:
+        keep = ("logit_bias",) if getattr(cfg, "loss", "clip") == "siglip" else ()
+        return add_lora(model, cfg.lora, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","), keep)
+    folder = lora_files.export_peft(model, adapters(model), out / lora_files.ADAPTER_FOLDER, cfg.backbone)
+    merge_lora(model, 1.0)
+    return {"lora_adapter": str(folder)}
 
 
 def checked_batch(cfg, net, validate) -> int:
@@ -940,6 +1069,18 @@ def optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch: i
     opt = make_optimizer(cfg, net, device, lr_of)
     multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, multipliers)
+
+
+def prepare_model(cfg, net, device):
+    """train's model set-up, in order: onto the device, --grad-checkpointing, --lock-image / --lock-text
+    (lock_towers), --lora (run_lora), --torchcompile (models.compile_towers: in place, checkpoints keep their names)."""
+    net.to(device)
+    if cfg.grad_checkpointing:
+        net.model.set_grad_checkpointing(True)
+    lock_towers(cfg, net.model)
+    run_lora(cfg, net.model)
+    if getattr(cfg, "torchcompile", False):
+        models.compile_towers(net.model)
 
 
 def lock_towers(cfg, model):

@@ -32,6 +32,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
  22. No clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1 (raw norm, any form)
  23. fp32 on CUDA too, as the code (its TrainingArguments set no fp16/bf16): --precision auto: fp16.
+ 24. --loss siglip (ours): SigLIP's sigmoid loss, the scale frozen and b = -10 frozen (as 5).
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ class DNSConfig(Config):
                           "code, deviation 13)", choices=("current", "per-task"))
     covariance: str = arg("ours", "ours: per-modality counts, the step's pair | code: one count "
                           "over all steps, columns 0, 1 (dev. 16-17)", choices=("ours", "code"))
-    loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction "
-                    "CE at temperature 1 (the code, deviation 14)", choices=("clip", "code"))
+    loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-way CE, "
+                    "temperature 1 (dev. 14) | siglip (24)", choices=("clip", "code", "siglip"))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or "
                      "'auto' (synthetic with --backbone tiny; the paper's data has no layout here)")
@@ -376,8 +377,8 @@ class DNSNet(common.Method):
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0,
                  loss: str = "clip", bias: bool = False, modalities=CLIP_MODALITIES):
         super().__init__()
-        if loss not in ("clip", "code"):
-            raise ValueError(f"loss is 'clip' or 'code', not {loss!r}")
+        if loss not in ("clip", "code", "siglip"):
+            raise ValueError(f"loss is 'clip', 'code' or 'siglip', not {loss!r}")
         self.model = ModalityMaps(dim, logit_scale, bias, modalities)
         self.label_smoothing, self.loss = label_smoothing, loss
         self.hooks = None  # the current task's NullSpaceProjection (DNSLearner.learn sets it)
@@ -391,7 +392,8 @@ class DNSNet(common.Method):
         if self.loss == "code":  # deviation 14: one direction, temperature 1
             return {"loss_code": code_loss(img, txt)}
         scale = self.model.logit_scale.exp()
-        return {"loss_clip": common.clip_loss(img, txt, scale, self.label_smoothing)}
+        bias = models.SIGLIP_INIT[1] if self.loss == "siglip" else None  # deviation 24
+        return {"loss_clip": common.contrastive_loss(img, txt, scale, bias, self.label_smoothing)}
 
 
 def feature_pairs(img, txt) -> torch.utils.data.StackDataset:
@@ -634,9 +636,9 @@ def main(argv=None):
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world
-    if cfg.export or cfg.lock_image or cfg.lock_text:
-        raise common.UsageError("--export / --lock-*: dns.py learns maps over frozen features; it "
-                                "trains and writes no CLIP model")
+    if cfg.export or cfg.lock_image or cfg.lock_text or cfg.lora or cfg.torchcompile:
+        raise common.UsageError("--export / --lock-* / --lora / --torchcompile: dns.py trains maps "
+                                "over frozen features (Thm. 4); it writes no CLIP model")
     if cfg.features:
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)

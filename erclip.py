@@ -39,6 +39,7 @@ Deviations and choices (paper location in brackets; at length in docs/erclip.md)
 13. Evaluation [Sec. 4]: COCO 5k = first 5 captions (coco-all: all); Urban1K = first line.
 14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): schedules, prefixes, stand-ins are ours.
 15. No decay on gains, biases, embeddings, logit_scale [Sec. 4 does not say]: --decay-all.
+16. --loss siglip (ours): L_clip of Eq. (3) as SigLIP's sigmoid loss; L_pres as printed.
 
 Commands (Tab. 2's variants: M+P the default; RT+P --fusion rt; M --lambda-p 0; v1 ablations
 --fusion lstm | transformer with --lambda-p 0)
@@ -86,8 +87,7 @@ class ERCLIPConfig(flags.Config):
     eval_tasks: str = flags.arg("auto", "comma list for eval.evaluate; auto: the paper's (or "
                                 "synthetic) set; none")
     eval_base: bool = flags.arg(True, "also evaluate the model before fine-tuning")
-    demo: bool = flags.arg(False, "run the synthetic-world demo (M, M+P, RT+P on the tiny "
-                           "backbone)")
+    demo: bool = flags.arg(False, "run the synthetic demo (M, M+P, RT+P on the tiny backbone)")
     sweep: str = flags.arg("", "run one of the paper's sweeps (Sec. 4.3-4.4; with --demo: on the "
                            "lab)", choices=("", "epochs", "lambda-p", "data-size", "ablations"))
 
@@ -191,14 +191,15 @@ def preservation_loss(img, img0, txt, txt0):
 
 @common.float32
 def erclip_losses(img, txt_short, long_emb, img0, txt0, logit_scale, alpha, lambda_p,
-                  label_smoothing):
+                  label_smoothing, logit_bias=None):
     """Eqs. (3)-(4): the already-weighted terms of
     L = L_short + alpha L_long + lambda_p L_pres.
     img, txt_short, long_emb: (B, d) normalised v, t, l; img0, txt0: (B, d)
-    the frozen initial model's (None when lambda_p = 0); logit_scale: 1/tau."""
+    the frozen initial model's (None when lambda_p = 0); logit_scale: 1/tau;
+    logit_bias: --loss siglip's b (L_clip read as SigLIP's loss, deviation 16), else None."""
     # Eq. (3): L_short = L_clip(V, T_short), L_long = L_clip(V, l), CE with label smoothing eps
-    loss_short = common.clip_loss(img, txt_short, logit_scale, label_smoothing)
-    loss_long = common.clip_loss(img, long_emb, logit_scale, label_smoothing)
+    loss_short = common.contrastive_loss(img, txt_short, logit_scale, logit_bias, label_smoothing)
+    loss_long = common.contrastive_loss(img, long_emb, logit_scale, logit_bias, label_smoothing)
     if img0 is None:
         loss_pres = img.new_zeros((), dtype=torch.float32)
     else:
@@ -265,6 +266,7 @@ class ERCLIP(common.Method):
         self.model, self.cfg = model, cfg
         self.fusion = make_fusion(cfg.fusion, common.embed_dim(model))
         self.teacher = None
+        models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 16)
         if cfg.lambda_p > 0:  # a frozen copy of the INITIAL model (deviation 10)
             self.teacher = copy.deepcopy(model).eval().requires_grad_(False)
         if not cfg.learn_temperature:  # deviation 3
@@ -298,7 +300,8 @@ class ERCLIP(common.Method):
         g = dict(zip(f, common.gather(*f.values())))  # img, txt, long (, img0, txt0) of all ranks
         return erclip_losses(g["img"], g["txt"], g["long"], g.get("img0"), g.get("txt0"),
                              self.model.logit_scale.exp(), self.cfg.alpha, self.cfg.lambda_p,
-                             self.cfg.label_smoothing)
+                             self.cfg.label_smoothing, getattr(self.model, "logit_bias", None)
+                             if self.cfg.loss == "siglip" else None)
 
     @staticmethod
     def split_batch(batch, k):  # --accum-freq: micro-batches with their captions' sentences

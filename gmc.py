@@ -344,6 +344,9 @@ def main(argv=None):
         from lab.demos import gmc as demo
         return demo.main(argv)
     cfg = common.parse_config(GMCConfig, argv)
+    if cfg.lora or cfg.loss != "clip":
+        raise common.UsageError("--lora / --loss siglip: GMC trains its encoders from scratch "
+                                "(no weights to adapt) with NT-Xent, not a CLIP pair loss")
     if cfg.convert:
         print(f"wrote {mosei.convert(cfg.data)}")
         return None

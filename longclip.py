@@ -41,6 +41,7 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
 11. DDP: the loss over the gathered batch; its mean over ranks is the code's.
 12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only the method differs.
 13. No decay on gains, biases, embeddings, logit_scale [train.py: the code decays all]: --decay-all.
+14. --loss siglip (ours): both terms SigLIP's sigmoid loss, at SigLIP's scale (--log-scale unused).
 
 Commands
   one GPU, the paper's recipe (ShareGPT4V under data/): python longclip.py --backbone ViT-B/16
@@ -185,14 +186,16 @@ def pca_reconstruct(x, k: int):
 
 
 @common.float32
-def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smoothing: float):
+def longclip_losses(img, img_coarse, txt_long, txt_short, logit_scale, label_smoothing: float,
+                    logit_bias=None):
     """Eqs. (3)-(4): the terms of L = L_long + L_short. img, img_coarse: (B, d) I_fine (normalised),
     I_coarse (not renormalised, as the code); txt_long, txt_short: (B, d) normalised T_long,
-    T_short; logit_scale: s = 1/tau; label_smoothing: eps."""
+    T_short; logit_scale: s = 1/tau; label_smoothing: eps; logit_bias: --loss siglip's b."""
     # Eq. (3): L_long = CLIP_eps(I_fine, T_long)
-    loss_long = common.clip_loss(img, txt_long, logit_scale, label_smoothing)
+    loss_long = common.contrastive_loss(img, txt_long, logit_scale, logit_bias, label_smoothing)
     # Eq. (3): L_short = CLIP_eps(I_coarse, T_short)
-    loss_short = common.clip_loss(img_coarse, txt_short, logit_scale, label_smoothing)
+    loss_short = common.contrastive_loss(img_coarse, txt_short, logit_scale, logit_bias,
+                                         label_smoothing)
     # Eq. (4): L = L_long + L_short (weight 1 each, deviation 4)
     return {"loss_long": loss_long, "loss_short": loss_short}
 
@@ -268,7 +271,7 @@ class LongCLIP(common.Method):
                                  f"--no-stretch")
             stretch_text_window(model, self.keep, cfg.factor)
         self.context_length = int(t.context_length)
-        if cfg.log_scale >= 0:
+        if models.pair_bias(model, cfg.loss) is None and cfg.log_scale >= 0:  # siglip: dev. 14
             with torch.no_grad():  # train.py sets ln 100 (deviation 5)
                 model.logit_scale.fill_(cfg.log_scale)
         model.logit_scale.requires_grad_(cfg.learn_temperature)
@@ -291,8 +294,9 @@ class LongCLIP(common.Method):
         else:
             img, txt_long, txt_short = common.gather(f["img"], f["long"], f["short"])
             img_coarse = pca_reconstruct(img, self.cfg.pca_dim)
+        bias = self.model.logit_bias if self.cfg.loss == "siglip" else None
         return longclip_losses(img, img_coarse, txt_long, txt_short, self.model.logit_scale.exp(),
-                               self.cfg.label_smoothing)
+                               self.cfg.label_smoothing, bias)
 
 
 # --- Training ---

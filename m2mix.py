@@ -11,7 +11,6 @@ Implements (each equation written out once, in the docstring of the function nam
   Sec. 4.2.2    VL-Mix (images and texts mixed with the same lam): vlmix_loss
   Sec. 4.2.3    m3-Mix = L_CLIP + L_m2 + L_uni + L_VL, mix terms weighted (Tab. 6): M2Mix.loss_terms
   Sec. 5.1-5.3  ViT-B/32, Flickr30k / COCO: Tab. 1 retrieval, Fig. 2 align/unif, Tab. 2 / Fig. 6 ECE
-
 Code name -> paper symbol
   img, txt          I, T           L2-normalised image / text embeddings, (B, D)
   logit_scale       s = 1/tau      the cosine logits' multiplier; logit_scale2: 1/t2 (Algorithm 1)
@@ -41,6 +40,7 @@ Deviations (one line each; at length in docs/m2mix.md under the same number, wit
  19. AdamW beta2 0.98, eps 1e-6 (Sec. 5.1); the code: torch's 0.999, 1e-8: --beta2 0.999 --eps 1e-8
  20. C_m2(T, I)'s negatives are mix_lam(I_j, T_j) too (the code), not Eq. (4) swapped (T, I).
  21. Training images randomly cropped (open_clip, 0.9-1); the code centre-crops: --augment none.
+ 22. --loss siglip (ours): L_CLIP as SigLIP's; the mix terms keep softmax (no sigmoid form printed).
 Commands: README.md (runs, --collect, --demo, the towers); docs/m2mix.md (torchrun, the code's)
 """
 from __future__ import annotations
@@ -222,6 +222,7 @@ class M2Mix(common.Method):
     def __init__(self, model, cfg: M2MixConfig):
         super().__init__()
         self.model, self.cfg = model, cfg
+        models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 22)
         if cfg.base_tau:  # deviation 5: the code's fixed base scale; the learnable one is unused
             model.logit_scale.requires_grad_(False)
         self.logit_scale2 = None
@@ -246,7 +247,8 @@ class M2Mix(common.Method):
         """The named, weighted terms from the (global) batch's embeddings, (B, D) each."""
         cfg = self.cfg
         scale = 1.0 / cfg.base_tau if cfg.base_tau else self.model.logit_scale.exp()
-        losses = {"loss_clip": common.clip_loss(img, txt, scale, cfg.label_smoothing)}
+        bias = self.model.logit_bias if cfg.loss == "siglip" else None  # deviation 22
+        losses = {"loss_clip": common.contrastive_loss(img, txt, scale, bias, cfg.label_smoothing)}
         if cfg.method == "ft":
             return losses
         decay = 1.0 / (ctx.epoch + 1) if cfg.mix_decay else 1.0  # deviation 6

@@ -31,6 +31,7 @@ divided by the matrix-product rate measured in the same run.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -148,7 +149,6 @@ def random_model(name, precision="fp32"):
     if name not in _MODELS:
         torch.manual_seed(0)
         _MODELS[name] = open_clip.create_model(name, pretrained=None, device=DEVICE).eval()
-    import copy
     return copy.deepcopy(_MODELS[name]), open_clip.get_tokenizer(name)
 
 
@@ -279,7 +279,7 @@ def _cclip(model, tok, batch):
     import copy
     import cclip
     teacher = copy.deepcopy(model)  # the old model (pretrained CLIP for task 1)
-    cclip.add_lora(model)
+    common.add_lora(model)
     return cclip.CClip(model, teacher, cclip.projector(common.embed_dim(model))), batch
 
 
@@ -355,7 +355,8 @@ QUICK_STEPS = 4  # --quick times the first four (the ones with goals) ...
 STEP_BACKBONES = ("ViT-B-32", "ViT-B-16")
 QUICK_BACKBONES = ("ViT-B-32",)  # ... on ViT-B/32 only, to keep --quick within its 3 minutes on 2 CPU cores
 QUICK_SECTIONS = ("text", "zeroshot", "steps", "dns", "retrieval")  # --quick without --only
-SECTIONS = ("text", "zeroshot", "steps", "dns", "loop", "retrieval", "memory", "rowcheck", "manifest", "accum")
+SECTIONS = ("text", "zeroshot", "steps", "dns", "loop", "retrieval", "memory", "rowcheck", "manifest", "accum",
+            "compile")
 FLOOR_GOAL = 1.10  # method step / (plain step + the method's required extra work, timed alone)
 
 
@@ -842,6 +843,36 @@ def bench_accum(quick, backbone):
                note="the towers' forward runs twice")
 
 
+def bench_compile(quick, backbone):
+    """--torchcompile (issue 59.3): a plain CLIP fine-tuning step with the towers compiled in place
+    (plumbing.models.compile_towers, inductor) against the same step eager, the same weights and batch; the
+    compile itself is timed apart (the first call). On CPU inductor emits C++ / OpenMP loops: what it gains there
+    says nothing of CUDA's fused Triton kernels (open_clip#610 reports 15-27 % on GPUs); benchmarks/gpu_check.py
+    measures that where a GPU is lent."""
+    from plumbing import models
+    b = step_batch(quick, backbone)
+    print(f"10. --torchcompile vs eager ({backbone}, batch {b}, {DEVICE.type})", flush=True)
+    model, tok = random_model(backbone)
+    batch = {"image": torch.randn(b, 3, *model.visual.image_size, device=DEVICE),
+             "text": tok(coco_like_captions(b)).to(DEVICE)}
+    precision = "fp16" if DEVICE.type == "cuda" else "fp32"
+    eager = make_step(lab.ClipFineTune(copy.deepcopy(model)), batch, precision)
+    net = lab.ClipFineTune(model)
+    models.compile_towers(net.model)
+    compiled = make_step(net, batch, precision)
+    t = time.time()
+    compiled()
+    sync()
+    first = time.time() - t
+    repeat = 3 if quick else 10
+    t_e, s_e = timeit(eager, warmup=1, repeat=repeat)
+    t_c, s_c = timeit(compiled, warmup=1, repeat=repeat)
+    record(f"--torchcompile step ({backbone}, batch {b}, {precision})", t_c, t_e, kind="speedup", goal=None,
+           spread=s_c, baseline_spread=s_e, note=f"first compiled call (the compile) {first:.1f}s; CPU inductor, "
+                                               f"not CUDA's kernels" if DEVICE.type == "cpu" else
+                                               f"first compiled call (the compile) {first:.1f}s")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small shapes of text,zeroshot,steps (ViT-B/32),dns,"
@@ -876,7 +907,8 @@ def main(argv=None):
                           ("memory", lambda: bench_memory(a.quick, "ViT-B-32")),
                           ("rowcheck", lambda: bench_rowcheck(a.quick, tmp)),
                           ("manifest", lambda: bench_manifest(a.quick, tmp)),
-                          ("accum", lambda: bench_accum(a.quick, "ViT-B-32"))):
+                          ("accum", lambda: bench_accum(a.quick, "ViT-B-32")),
+                          ("compile", lambda: bench_compile(a.quick, "ViT-B-32"))):
             if name in sections:
                 wall, cpu = time.time(), _cpu_seconds()
                 run()

@@ -129,7 +129,7 @@ def build(method: str, model, tokenizer, batch_size: int, device, seed: int = 0,
     if method == "c-clip":
         import cclip
         teacher = copy.deepcopy(model)  # the old model (for task 1: the pretrained one)
-        cclip.add_lora(model)
+        common.add_lora(model)
         net = cclip.CClip(model, teacher, cclip.projector(common.embed_dim(model)))
         return Case(method, net.to(device), to_device(common.Collate(tokenizer)(data), device))
     if method in ("dns-gradient", "dns-update"):

@@ -69,6 +69,10 @@ def report_targets(text: str) -> str:
     return ",".join(t for t in REPORT_TARGETS if t in said)
 
 
+# C-CLIP's (its research code's) LoRA targets: attention in / out and the MLP's two weights (plumbing/lora.py's)
+DEFAULT_LORA_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.c_proj.weight"
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every method; method files subclass it with their paper's defaults (and locations)."""
@@ -131,6 +135,16 @@ class Config:
                                          "counts them (1: the projection; 2: + the last block and ln_final; ...)")
     grad_checkpointing: bool = arg(False, "trade compute for memory in both towers")
     label_smoothing: float = arg(0.0, "label smoothing of the contrastive cross-entropies")
+    loss: str = arg("clip", "the pair loss of every CLIP term: clip (softmax InfoNCE) | siglip (SigLIP's sigmoid "
+                    "loss as open_clip's SigLipLoss, with the model's logit_bias; a CLIP backbone gets one at "
+                    "SigLIP's init, b = -10, logit scale ln 10; no label smoothing)", choices=("clip", "siglip"))
+    lora: int = arg(0, "LoRA rank r: adapters on --lora-targets, every other weight frozen; merged into model.pt / "
+                    "--export (a plain open_clip model) and written as a peft adapter in <out>/lora_adapter (0: off)")
+    lora_alpha: float = arg(32.0, "LoRA scale: DeltaW = lora_alpha / r * B A (C-CLIP's research code's 32)")
+    lora_dropout: float = arg(0.0, "dropout on the adapters' input features (cclip.py's deviation 3)")
+    lora_targets: str = arg(DEFAULT_LORA_TARGETS, "weight-name suffixes --lora adapts, in both towers")
+    torchcompile: bool = arg(False, "open_clip's --torchcompile: torch.compile the towers (nn.Module.compile, in "
+                             "place: checkpoints keep their names); first steps slower while it compiles")
     # bookkeeping
     out: str = arg("runs/default", "output folder (config, metrics.jsonl, checkpoints, results)")
     seed: int = arg(0, "seed of everything random")
@@ -182,8 +196,9 @@ class TowerConfig(Config):
 POSITIVE = ("epochs", "batch_size", "lr", "log_every", "accum_freq")
 COUNTS = ("steps", "train_num_samples", "save_every", "stop_at", "workers", "batch_size_per_gpu", "val_every",
           "lock_image_unlocked_groups", "lock_text_unlocked_layers", "wd", "grad_clip", "lambda_p", "alpha",
-          "fusion_lr", "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha")
-UNIT = ("beta1", "beta2", "label_smoothing")
+          "fusion_lr", "lr_image", "lr_text", "ckc_weight", "m2_weight", "uni_weight", "vl_weight", "merge_alpha",
+          "lora", "lora_alpha")
+UNIT = ("beta1", "beta2", "label_smoothing", "lora_dropout")
 DECAYS = ("image_layer_decay", "text_layer_decay")  # in (0, 1], as open_clip's (1: off)
 
 

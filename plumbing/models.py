@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -92,6 +93,11 @@ def resolve_backbone(name: str) -> str:
                              "--demo, --backbone tiny and the synthetic world)")
         return TINY_NAME
     name = OPENAI_NAMES.get(name, name)
+    if name.startswith(("hf-hub:", "local-dir:")):  # open_clip's hub names: their config comes with the download
+        raise UsageError(f"--backbone {name}: pass the architecture's open_clip name and the downloaded folder: "
+                         f"--backbone <its model_cfg's name, e.g. ViT-B-16-SigLIP> --pretrained local-dir:DIR "
+                         f"(huggingface-cli download {name.split(':', 1)[1]} --local-dir DIR); runs save and "
+                         f"export under that name")
     if name not in open_clip.list_models():
         raise UsageError(f"unknown backbone {name!r}; use an OpenAI name ({', '.join(OPENAI_NAMES)}), "
                          f"'tiny', or one of open_clip.list_models()")
@@ -127,7 +133,8 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
     name = resolve_backbone(backbone)
     if name == TINY_NAME and pretrained in ("", "synthetic"):
         pretrained = str(lab_world(world, "the tiny backbone's pretrained weights").tiny_weights())
-    pretrained = pretrained or "openai"
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    pretrained = pretrained or ("openai" if "openai" in tags or len(tags) != 1 else tags[0])  # SigLIP's: webli
     kwargs = dict(device=device, cache_dir=cache_dir or None)
     context = None  # the text window; a sidecar can carry a stretched one (longclip.py)
     if pretrained == "random":
@@ -138,6 +145,8 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
         if meta and meta.get("model") not in (None, name):
             raise UsageError(f"{pretrained} holds a {meta['model']} model, not {name}")
         context = meta.get("context_length") if meta else None
+        if meta and meta.get("logit_bias") and "init_logit_bias" not in (open_clip.get_model_config(name) or {}):
+            kwargs["init_logit_bias"] = SIGLIP_INIT[1]  # --loss siglip added one (pair_bias); the file holds it
         given, file_qg = pretrained, bool(meta.get("quick_gelu")) if meta else None  # None: the file does not say
         if not meta:  # another program's layout (Long-CLIP's release, m2-Mix's checkpoints): an open_clip copy
             pretrained, context = foreign_checkpoint(pretrained, cache_dir or base.CACHE_DIR)
@@ -176,6 +185,37 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
                          f"backbone it was trained with (--backbone), or weights of {name}") from None
     model.quick_gelu = bool(quick_gelu)  # remembered for the checkpoint sidecar
     return model, train_tf, eval_tf, get_tokenizer(name, context)
+
+
+SIGLIP_INIT = (math.log(10.0), -10.0)  # SigLIP's t' = log 10 and b = -10 (Zhai et al. 2023, Sec. 3, the bias term)
+
+
+def pair_bias(model, loss: str):
+    """--loss siglip (common.siglip_loss): the model's logit_bias (a SigLIP backbone's own; one added at SIGLIP_INIT,
+    with the logit scale set to ln 10, to a model without one: its export's config then builds it too); None for
+    --loss clip."""
+    if loss != "siglip":
+        return None
+    if getattr(model, "logit_bias", None) is None:
+        with torch.no_grad():
+            model.logit_scale.fill_(SIGLIP_INIT[0])
+        model.logit_bias = torch.nn.Parameter(torch.tensor(SIGLIP_INIT[1], device=model.logit_scale.device))
+    return model.logit_bias
+
+
+COMPILE_BACKEND = "inductor"  # torch.compile's default (the tests set aot_eager: the same graph capture, no C++ build)
+
+
+def compile_towers(model) -> list[str]:
+    """--torchcompile (open_clip's): torch.compile each tower in place (nn.Module.compile: the module's calls go
+    through the compiled graph, its parameters and state_dict names stay, so checkpoints, resume and exports are
+    unchanged): a CLIP's visual and text transformer (a custom-text model's text), else every child module that
+    holds parameters. Returns the compiled children's names."""
+    names = [n for n in ("visual", "transformer", "text") if isinstance(getattr(model, n, None), torch.nn.Module)]
+    names = names or [n for n, child in model.named_children() if any(True for _ in child.parameters())]
+    for n in names:
+        getattr(model, n).compile(backend=COMPILE_BACKEND)
+    return names
 
 
 def load_export(folder, device="cpu", backbone: str | None = None):
@@ -223,7 +263,7 @@ def load_export(folder, device="cpu", backbone: str | None = None):
 
 SIDECAR_FIELDS = {"model": (str, "a backbone name"), "backbone": (str, "a backbone name"),
                   "quick_gelu": (bool, "true or false"), "context_length": (int, "a whole number of positions >= 1"),
-                  "towers": (dict, "an object")}
+                  "towers": (dict, "an object"), "logit_bias": (bool, "true or false")}
 
 
 def same_architecture(a: dict, b: dict) -> bool:
@@ -292,7 +332,13 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
     prompts every zero-shot head, and the pure-Python BPE costs ~60 us a text."""
     name = resolve_backbone(backbone)
     config = json.dumps(open_clip.get_model_config(name), sort_keys=True)
-    return _cached_tokenizer(name, context_length, config)
+    try:
+        return _cached_tokenizer(name, context_length, config)
+    except OSError as e:  # transformers' own: an HF tokenizer (SigLIP's) neither cached nor reachable
+        hf = (open_clip.get_model_config(name) or {}).get("text_cfg", {}).get("hf_tokenizer_name", "?")
+        raise RunError(f"{name}'s tokenizer is the Hugging Face hub's {hf}: not in the cache and the hub is "
+                       f"unreachable ({str(e).splitlines()[0][:120]}); download it elsewhere "
+                       f"(huggingface-cli download {hf}) and set HF_HOME to that cache") from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -345,6 +391,7 @@ def save_model(model, path, backbone: str, source: str = "", twin: bool = True):
     meta = {"model": name, "backbone": backbone, "source_weights": source,
             "quick_gelu": bool(getattr(model, "quick_gelu", False)),
             "context_length": int(text_tower(model).context_length),
+            **({"logit_bias": True} if getattr(model, "logit_bias", None) is not None else {}),
             "preprocess": {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()},
             "open_clip": open_clip.__version__, "torch": torch.__version__}
     if hasattr(model, "towers"):  # uni-modal towers: their config and the text tower's folder (towers.py)
@@ -370,6 +417,8 @@ def open_clip_config(model, backbone: str) -> dict:
     stretched window interpolated back), and the preprocessing open_clip's push_to_hub records."""
     cfg = copy.deepcopy(open_clip.get_model_config(resolve_backbone(backbone)))
     cfg["quick_gelu"] = bool(getattr(model, "quick_gelu", False))
+    if getattr(model, "logit_bias", None) is not None:  # --loss siglip gave a CLIP backbone one (pair_bias)
+        cfg.setdefault("init_logit_bias", SIGLIP_INIT[1])
     cfg.setdefault("text_cfg", {})["context_length"] = int(text_tower(model).context_length)
     pp = getattr(model.visual, "preprocess_cfg", {})
     keep = {k: (list(v) if isinstance(v, tuple) else v) for k, v in pp.items()

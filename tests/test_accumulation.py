@@ -66,9 +66,9 @@ def _m2mix(method):
 def _cclip():
     model, tok = _tiny()
     teacher = copy.deepcopy(model)
-    cclip.add_lora(model)
+    common.add_lora(model)
     for mod in model.modules():  # adapters that act: B is zero at the start
-        if isinstance(mod, cclip.LoRA):
+        if isinstance(mod, common.LoRA):
             torch.nn.init.normal_(mod.B, std=0.02)
     net = cclip.CClip(model, teacher, cclip.projector(model.visual.output_dim, 16))
     return net, {"image": _images(), "text": tok([s["caption"] for s in _scenes()])}, None
@@ -180,9 +180,9 @@ def test_dropout_draws_the_same_masks_in_both_passes():
     whole-batch loss over features computed micro-batch by micro-batch from the same seed; the second pass must
     draw the first pass's masks to match it."""
     model, tok = _tiny()
-    cclip.add_lora(model, dropout=0.5)
+    common.add_lora(model, dropout=0.5)
     for mod in model.modules():
-        if isinstance(mod, cclip.LoRA):
+        if isinstance(mod, common.LoRA):
             torch.nn.init.normal_(mod.B, std=0.02)
     net = cclip.CClip(model).double().train()
     batch = _double({"image": _images(), "text": tok([s["caption"] for s in _scenes()])})

@@ -48,7 +48,7 @@ def _encode(model, batch):
 
 def _adapters(model, prefix=""):
     """name -> LoRA module, for adapters whose module path starts with prefix."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, cclip.LoRA) and n.startswith(prefix)}
+    return {n: m for n, m in model.named_modules() if isinstance(m, common.LoRA) and n.startswith(prefix)}
 
 
 # ----------------------------------------------------------------------------- LoRA
@@ -56,7 +56,7 @@ def test_fresh_adapter_leaves_outputs_unchanged(tiny):
     model, tok = tiny
     batch = _batch(tok)
     img0, txt0 = _encode(model, batch)
-    names = cclip.add_lora(model)
+    names = common.add_lora(model)
     # 4 targets x 4 blocks x 2 towers
     assert len(names) == 32 and any(n.startswith("visual.") for n in names) and any(
         n.startswith("transformer.") for n in names)
@@ -73,7 +73,7 @@ def test_nonzero_adapter_changes_each_tower_through_that_weight(tiny, target):
     a module wrapper on out_proj would leave the output unchanged here."""
     model, tok = tiny
     batch = _batch(tok)
-    cclip.add_lora(model, targets=(target,))
+    common.add_lora(model, targets=(target,))
     img0, txt0 = _encode(model, batch)  # fresh adapters
     with torch.no_grad():
         for m in _adapters(model, "visual.").values():
@@ -91,7 +91,7 @@ def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
     model, tok = tiny
     batch = _batch(tok)
     shapes = {k: v.shape for k, v in model.state_dict().items()}
-    names = cclip.add_lora(model, rank=4, alpha=8.0)
+    names = common.add_lora(model, rank=4, alpha=8.0)
     torch.manual_seed(1)
     with torch.no_grad():
         for m in _adapters(model).values():
@@ -108,14 +108,14 @@ def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
 
     torch.manual_seed(0)  # an identical twin (a deepcopy would share the parametrized classes)
     twin = models.load_model("tiny", "random")[0].eval()
-    cclip.add_lora(twin, rank=4, alpha=8.0)
+    common.add_lora(twin, rank=4, alpha=8.0)
     twin.load_state_dict(model.state_dict())
-    cclip.merge_lora(twin, 1.0)  # coef 1: the same function as the adapted model
+    common.merge_lora(twin, 1.0)  # coef 1: the same function as the adapted model
     img_m, txt_m = _encode(twin, batch)
     torch.testing.assert_close(img_m, img_adapted, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(txt_m, txt_adapted, atol=1e-5, rtol=1e-5)
 
-    cclip.merge_lora(model, 0.5)  # coef 0.5: theta + 0.5 DeltaW, exactly
+    common.merge_lora(model, 0.5)  # coef 0.5: theta + 0.5 DeltaW, exactly
     sd = model.state_dict()
     for n in names:
         assert torch.equal(sd[n], theta[n] + 0.5 * delta[n]), n
@@ -128,11 +128,11 @@ def test_merge_is_exact_and_leaves_a_plain_model(tiny, tmp_path):
 def test_merge_coef_zero_is_the_old_model(tiny):
     model, tok = tiny
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    cclip.add_lora(model)
+    common.add_lora(model)
     with torch.no_grad():
         for m in _adapters(model).values():
             m.B.normal_(std=0.05)
-    cclip.merge_lora(model, 0.0)
+    common.merge_lora(model, 0.0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -189,7 +189,7 @@ def test_ckc_mean_option_is_clip_loss_on_the_stacks():
 # ----------------------------------------------------------------------------- the training step
 def _cclip_net(model, hidden=32):
     teacher = cclip.copy.deepcopy(model)
-    cclip.add_lora(model)
+    common.add_lora(model)
     return cclip.CClip(model, teacher, cclip.projector(model.visual.output_dim, hidden))
 
 
@@ -221,7 +221,7 @@ def test_ckc_directions_flag_reaches_the_step(tiny):
 def test_lora_methods_freeze_logit_scale(tiny):
     """Deviation 8: add_lora freezes logit_scale with the backbone."""
     model, _ = tiny
-    cclip.add_lora(model)
+    common.add_lora(model)
     assert not model.logit_scale.requires_grad
 
 

@@ -120,7 +120,7 @@ def cclip_step(tiny, tmp_path, monkeypatch):  # as cclip.run's learn_task, task 
     model, _, _, tok = tiny
     cfg = cclip.CClipConfig(backbone="tiny")
     teacher = copy.deepcopy(model)
-    cclip.add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","))
+    common.add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","))
     head = cclip.projector(model.visual.output_dim, cfg.proj_hidden)
     net = cclip.CClip(model, teacher, head, cfg.ckc_weight, cfg.label_smoothing, cfg.ckc_directions)
     lr_of = cclip.make_lr_of(cfg, *cclip_tasks.task_lrs(cfg, "task"))
