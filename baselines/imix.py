@@ -30,7 +30,7 @@ Deviations (one line each; at length in docs/m2mix.md, "The baselines")
 Commands
   python -m baselines.imix --train-data flickr30k --out runs/imix        (ViT-B/32, m2mix.py's settings)
   python m2mix.py --collect runs/m3,runs/ft,runs/imix,runs/unmix        (Table 1 with this row)
-  tests: tests/test_baselines.py (a tiny run through main(..., world=lab.WORLD), resume included)
+  tests: tests/test_mix_baselines.py (a tiny run through main(..., world=lab.WORLD), resume included)
 """
 from __future__ import annotations
 
