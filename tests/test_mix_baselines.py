@@ -319,3 +319,15 @@ def test_baselines_import_no_method_file():
     from tests.test_layout import METHODS, imports
     for path in (ROOT / "baselines").glob("*.py"):
         assert not [t for t, _ in imports(path) if t.split(".")[0] in METHODS], path
+
+
+def test_table_3s_towers_run_a_baseline_and_collect_into_table_3(tmp_path):
+    """m2-Mix's Table 3 has the baselines on BERT + ResNet-50: the lab's stand-in towers (lab-towers) run Un-Mix
+    through the same entry, and --collect lays the run out as Table 3 (SIMAT column), its row beside ZS."""
+    manifest = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    out = tmp_path / "towers"
+    args = _args(tmp_path, out, manifest)
+    args[args.index("tiny")], args[args.index("4")] = "lab-towers", "2"
+    unmix.main(args, world=lab.WORLD)
+    table = m2mix.main(["--collect", str(out)])
+    assert "| simat |" in table.splitlines()[1] and "| Un-Mix |" in table
