@@ -179,7 +179,8 @@ def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
 
 
 def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> str:
-    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
+    """m2-Mix's Table 1 layout (ZS, FT, FT(tau), m2-Mix, m3-Mix: m2mix.py's runs; i-Mix, Un-Mix: baselines/), per
+    task, with align / unif / ECE; a
     cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
     paper_tables=M2MIX_TABLE3, metrics=M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT
     (Table 5) as a column."""

@@ -4,7 +4,8 @@ fine-tuned from the same tiny pretrained backbone once per seed in lab.seeds()
 (same seed, same data order across methods), measured on the test split, the
 paper's claims judged from the paired per-seed differences.
 
-  python m2mix.py --demo            (m2mix.main dispatches here; 2 CPU cores, < 5 min)
+  python m2mix.py --demo            (m2mix.main dispatches here; 2 CPU cores, < 7 min: issue 60's
+                                     baselines' rows grew it from 123 s, within its 420 s)
 
 Settings, the protocol and the committed results: docs/m2mix.md.
 """
