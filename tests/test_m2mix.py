@@ -552,12 +552,13 @@ def test_demo_claims_take_their_paper_column_from_eval():
     from lab.demos import m2mix as demo
     runs = {name: [{"seed": s, "R@1": 1.0, "align x100": 1.0, "unif x100": 1.0, "align code x100": 1.0,
                     "unif code x100": 1.0, "ECE i2t": 1.0, "ECE tau-mean": 1.0,
-                    "background": 1.0} for s in lab.seeds()] for name in ("FT", "m2-Mix", "m3-Mix")}
+                    "background": 1.0} for s in lab.seeds()] for name in ("FT", "m2-Mix", "m3-Mix", "i-Mix", "Un-Mix")}
     base = {"background": 1.0, "R@1": 0.5, "ECE i2t": 1.0}
     papers = [c["paper"] for c in demo.demo_claims(base, runs)]
     committed = json.loads((Path(m2mix.__file__).parent / "docs" / "m2mix-demo-results.json").read_text())
     assert papers == [c["paper"] for c in committed["claims"]]
     assert papers[:5] == ["F30k I2T +0.9, COCO +1.3", "+10", "+174", "-0.74", "-0.72"]
+    assert papers[-2:] == ["F30k I2T +3.9, COCO +18.15", "F30k I2T +4.5, COCO +1.30"]  # Table 1, issue 60
 
 
 def test_collect_of_a_folder_without_results_is_one_message(tmp_path):
