@@ -91,7 +91,7 @@ class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert
     simat: bool = arg(False, "also evaluate SIMAT (Tab. 5) through eval.py; needs data/simat")
     simat_protocol: str = arg("ours", "SIMAT's split, lambdas (dev. 15)", choices=("ours", "code"))
     collect: str = arg("", "run folders a,b: Table 1 of their results, printed and in a/collect.md")
-    demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2-Mix, m3-Mix, synthetic) and exit")
+    demo: bool = arg(False, "run lab/demos/m2mix.py (ZS, FT, m2/m3-Mix, i-Mix, Un-Mix) and exit")
     demo_unimodal: bool = arg(False, "run lab/demos/towers.py (Sec. 5.4's towers) and exit")
 
 

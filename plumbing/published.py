@@ -67,11 +67,19 @@ M2MIX_TABLE1 = {
         "m3-Mix": {"i2t_R@1": 37.99, "i2t_R@5": 66.47, "t2i_R@1": 39.94, "t2i_R@5": 67.80},
     },
 }
+# Table 1's other rows (issue 60): FT at a fixed temperature (m2mix.py --method ft --base-tau T) and the baselines
+# i-Mix, Un-Mix (python -m baselines.imix | baselines.unmix); (i2t R@1, R@5, t2i R@1, R@5), Flickr30k then COCO
+for _name, _f30k, _coco in (("FT(tau=0.05)", (81.2, 95.3, 80.62, 95.5), (32.04, 60.18, 33.4, 61.3)),
+                            ("FT(tau=0.1)", (71.2, 93.5, 75.5, 92.2), (25.23, 53.51, 27.52, 53.9)),
+                            ("i-Mix", (78.2, 95.0, 77.4, 94.4), (19.84, 43.86, 19.76, 44.32)),
+                            ("Un-Mix", (77.6, 95.2, 76.6, 94.2), (36.69, 64.07, 37.0, 64.36))):
+    for _task, _row in (("flickr30k-1cap", _f30k), ("coco-1cap", _coco)):
+        M2MIX_TABLE1[_task][_name] = dict(zip(("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5"), _row))
 M2MIX_SIMAT_ZS = 34.4  # m2-Mix Table 5, ZS, CLIP (Flickr30k column); we assume the code's protocol (E5)
 M2MIX_TABLE1_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10",  # R@10: ours (Table 1
                         "align", "unif", "ece_i2t", "ece_t2i")  # stops at R@5; issue 42.3)
 # m2-Mix Table 3 (BERT + ResNet-50 fine-tuned on Flickr30k; i2t / t2i R@1, R@5, R@10) and Table 5's BERT + ResNet-50
-# column (SIMAT); rows FT(tau=...) are FT at a fixed temperature, i-Mix and Un-Mix baselines we do not implement
+# column (SIMAT); rows FT(tau=...) are FT at a fixed temperature, i-Mix and Un-Mix: baselines/ (issue 60)
 M2MIX_TABLE3_METRICS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "simat")
 M2MIX_TABLE3 = {"flickr30k-1cap": {name: dict(zip(M2MIX_TABLE3_METRICS, row)) for name, row in {
     "ZS": (0.1, 0.4, 0.9, 0.1, 0.2, 0.9, 6.1), "FT": (17.8, 46.0, 59.1, 17.3, 46.0, 59.2, 15.4),
@@ -171,7 +179,8 @@ def erclip_rows(records, name, vit, pres="-", window=None) -> tuple[dict, dict]:
 
 
 def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> str:
-    """m2-Mix's Table 1 layout (ZS, FT, m2-Mix, m3-Mix; m2mix.py's real runs) per task, with align / unif / ECE; a
+    """m2-Mix's Table 1 layout (ZS, FT, FT(tau), m2-Mix, m3-Mix: m2mix.py's runs; i-Mix, Un-Mix: baselines/), per
+    task, with align / unif / ECE; a
     cell reads "ours (paper)" where the paper reports the same protocol, "- (paper)" for a row we did not run.
     paper_tables=M2MIX_TABLE3, metrics=M2MIX_TABLE3_METRICS: Table 3's layout, SIMAT
     (Table 5) as a column."""
@@ -199,6 +208,9 @@ def m2mix_table1(records, paper_tables=None, metrics=M2MIX_TABLE1_METRICS) -> st
     return "\n\n".join(out)
 
 
+COLLECTED = ("m2mix", "imix", "unmix")  # the results.json methods --collect reads: m2mix.py and baselines/
+
+
 def collect(run_dirs, write: bool = True) -> str:
     """m2mix.py --collect: Table 1 (Table 3 with SIMAT for the uni-modal towers, known from a run's model sidecar)
     from several runs' results.json, each row from the first run that has it; torch-free, so it answers in well
@@ -210,8 +222,9 @@ def collect(run_dirs, write: bool = True) -> str:
             method = results.get("method", "m2mix") if "records" in results else "no records"
         except DataError as e:
             method = f"{type(e).__name__}: {e}"
-        if method != "m2mix":
-            raise UsageError(f"--collect {d}: no readable results.json of an m2mix.py run there ({method})")
+        if method not in COLLECTED:
+            raise UsageError(f"--collect {d}: no readable results.json of an m2mix.py run (or of its baselines, "
+                             f"python -m baselines.imix / unmix) there ({method})")
         sidecar = Path(d) / "model.pt.json"
         towers = towers or (sidecar.is_file() and "towers" in json.loads(sidecar.read_text()))
         for r in results["records"]:

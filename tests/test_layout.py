@@ -23,6 +23,7 @@ LAYERS = (
     ("commands/: export, the shard writer, C-CLIP's benchmark builder", ("commands",)),
     ("papers/: one module per paper's readers and drivers", ("papers",)),
     ("the method files", METHODS),
+    ("baselines/: the rows the papers compare against (issue 60)", ("baselines",)),
     ("lab/: the synthetic world, the tiny CLIP, demos and sweeps", ("lab",)),
     ("benchmarks/", ("benchmarks",)),
 )
@@ -74,7 +75,7 @@ def imports(path: Path):
     out = []
 
     def project(name):
-        return name.split(".")[0] in {"common", "eval", "plumbing", "lab", "benchmarks", *METHODS}
+        return name.split(".")[0] in {"common", "eval", "plumbing", "lab", "benchmarks", "baselines", *METHODS}
 
     def visit(node, func):
         for child in ast.iter_child_nodes(node):

@@ -1,9 +1,11 @@
-"""m2-Mix's demo on the lab: CLIP (pretrained), FT, m2-Mix and m3-Mix, each
+"""m2-Mix's demo on the lab: CLIP (pretrained), FT, m2-Mix, m3-Mix and the
+baselines i-Mix and Un-Mix (baselines/, issue 60), each
 fine-tuned from the same tiny pretrained backbone once per seed in lab.seeds()
 (same seed, same data order across methods), measured on the test split, the
 paper's claims judged from the paired per-seed differences.
 
-  python m2mix.py --demo            (m2mix.main dispatches here; 2 CPU cores, < 5 min)
+  python m2mix.py --demo            (m2mix.main dispatches here; 2 CPU cores, < 7 min: issue 60's
+                                     baselines' rows grew it from 123 s, within its 420 s)
 
 Settings, the protocol and the committed results: docs/m2mix.md.
 """
@@ -23,6 +25,7 @@ import common
 import eval as evaluation
 import lab
 import m2mix
+from baselines import imix, unmix
 from plumbing import m2mix_analysis, models, published
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
@@ -37,7 +40,9 @@ from plumbing import m2mix_analysis, models, published
 # inside the paper's Tab. 6 range 1e-3..1; the demo before that used 1, at the range's edge, issue 24).
 DEMO = dict(backbone="tiny", lr=1.5e-4, warmup=-10, steps=60, batch_size=32, workers=0, precision="fp32",
             device="cpu", log_every=20, save_every=0, out="runs/m2mix-demo")
-DEMO_METHODS = ("ft", "m2", "m3")
+DEMO_METHODS = ("ft", "m2", "m3", "imix", "unmix")  # issue 60: + Table 1's baselines i-Mix, Un-Mix
+BASELINES = {"imix": (imix.IMix, imix.IMixConfig), "unmix": (unmix.UnMix, unmix.UnMixConfig)}
+NAMES = {**m2mix.METHOD_NAMES, "imix": imix.IMix.label, "unmix": unmix.UnMix.label}  # Table 1's rows
 DEMO_COLS = ["R@1", "I2T", "T2I", "align code x100", "unif code x100", "align x100", "unif x100", "ECE i2t",
              "ECE t2i", "ECE tau-mean", "short R@1", "background"]
 # Issue 58.4, decided before the seeds ran: Fig. 2's align / unif are the released code's definitions
@@ -53,7 +58,12 @@ GEOMETRY_MARGIN = 0.10
 # its rule declared before it ran: docs/lab.md): val R@1 0.01 / 0.03 / 0.1 / 0.3: m2-Mix 31.0 / 31.8 / 33.5 / 33.9
 # (0.1 and 0.3 tie within 0.5: the one nearer 0.05), m3-Mix 30.4 / 31.3 / 32.6 / 33.8 (the edge; 1: 33.3, a tie: 0.3).
 # Before: 0.05 each (m2mix.py's defaults), not tuned.
-DEMO_MIX = {"ft": {}, "m2": dict(m2_weight=0.1), "m3": dict(m2_weight=0.3, uni_weight=0.3, vl_weight=0.3)}
+DEMO_MIX = {"ft": {}, "m2": dict(m2_weight=0.1), "m3": dict(m2_weight=0.3, uni_weight=0.3, vl_weight=0.3),
+            # Issue 60: the baselines' own knob by the same rule (`python -m lab.calibrate m2mix-baselines`, its
+            # grids declared before it ran: docs/lab.md; docs/calibration-m2mix-baselines.json): val R@1 i-Mix alpha
+            # 0.25 / 0.5 / 1 / 2: 18.1 / 19.6 / 15.6 / 13.8; Un-Mix weight 0.1 / 0.3 / 1 / 3: 30.4 / 28.0 / 23.3 /
+            # 20.1 (0.1 at the edge: 0.03, 30.0, a tie: 0.1, nearer the code's 1). Before: the codes' 1 and 1.
+            "imix": dict(alpha=0.5), "unmix": dict(mix_weight=0.1)}
 
 
 def demo_manifest(data_root, out_dir) -> Path:
@@ -100,7 +110,7 @@ def demo_measure(model, preprocess, tokenizer, data_root, bins: int = 15, split:
 
 def mix_words(mix: dict) -> str:
     """The variants' mix weights, as the demo's head prints them."""
-    return "; ".join(f"{m2mix.METHOD_NAMES[m]} " + ", ".join(f"{k.removesuffix('_weight')} {v:g}" for k, v in w.items())
+    return "; ".join(f"{NAMES[m]} " + ", ".join(f"{k.removesuffix('_weight')} {v:g}" for k, v in w.items())
                      for m, w in mix.items() if w)
 
 
@@ -149,8 +159,13 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
         lab.claim("m3-Mix keeps more of it than FT (m3-Mix - FT, background top-1)", "- (not measured)",
                   d("m3-Mix", "FT", "background"), "+", margin=lab.effect_margin(zs_loss)),
     ]
+    baselines = ("i-Mix", "Un-Mix")  # issue 60: Table 1's baselines (baselines/), m3-Mix above both
+    claims += [lab.claim(f"m3-Mix beats {name} on the task (R@1, mean of I2T/T2I)",
+                         f"F30k I2T {p['m3-Mix']['i2t_R@1'] - p[name]['i2t_R@1']:+.1f}, "
+                         f"COCO {coco['m3-Mix']['i2t_R@1'] - coco[name]['i2t_R@1']:+.2f}", d("m3-Mix", name, "R@1"),
+                         "+", margin=lab.effect_margin(d("FT", "CLIP", "R@1"))) for name in baselines]
     w = f"{DEMO_MIX['m2']['m2_weight']:g}"
-    return lab.diagnosed(claims, {  # issue 58.7, written before the seeds ran
+    return lab.diagnosed(claims, {  # issue 58.7, written before the seeds ran; issue 60's, before its seeds ran
         0: f"R@1: m3-Mix {mean('m3-Mix', 'R@1'):.1f}, FT {mean('FT', 'R@1'):.1f} (CLIP {base['R@1']:.1f})",
         1: f"align (code, x100): m2-Mix {mean('m2-Mix', 'align code x100'):.1f}, FT "
            f"{mean('FT', 'align code x100'):.1f} at mix weight {w}",
@@ -163,6 +178,9 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
         6: f"held-out top-1: FT {mean('FT', 'background'):.1f}, CLIP {base['background']:.1f}",
         7: f"held-out top-1: m3-Mix {mean('m3-Mix', 'background'):.1f}, FT {mean('FT', 'background'):.1f} (CLIP "
            f"{base['background']:.1f}); m3-Mix trains a mixed loss at FT's lr, no term holds the pretrained model",
+        **{8 + k: f"R@1: m3-Mix {mean('m3-Mix', 'R@1'):.1f}, {name} {mean(name, 'R@1'):.1f}, FT "
+                  f"{mean('FT', 'R@1'):.1f} ({name} mixes pixels at its knob {mix_words({m: DEMO_MIX[m]})})"
+           for k, (name, m) in enumerate(zip(baselines, ("imix", "unmix")))},
     })
 
 
@@ -171,7 +189,8 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     the paper's Fig. 2 values; (c) I2T reliability diagram, bins pooled over seeds."""
     plt = lab.pyplot()
     fig, (ax, px, rx) = plt.subplots(1, 3, figsize=(14, 4.3))
-    colors = {"CLIP": "black", "ZS": "black", "FT": "tab:red", "m2-Mix": "tab:orange", "m3-Mix": "tab:blue"}
+    colors = {"CLIP": "black", "ZS": "black", "FT": "tab:red", "m2-Mix": "tab:orange", "m3-Mix": "tab:blue",
+              "i-Mix": "tab:green", "Un-Mix": "tab:purple"}
     ax.plot(base["align code x100"] / 100, base["unif code x100"] / 100, "s", color="black", label="CLIP (pretrained)")
     for name, ms in runs.items():  # the code's definitions, as Fig. 2 (issue 58.4)
         x, y = (np.array([m[f"{k} code x100"] / 100 for m in ms]) for k in ("align", "unif"))
@@ -200,15 +219,26 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     return lab.save_figure(fig, path)
 
 
-def fine_tune(cfg, method: str, seed: int, out: Path, manifest, load, measure, tag: str = "m2mix demo") -> dict:
+def training_net(model, vcfg, method: str, knobs: dict):
+    """m2mix.M2Mix for FT, m2-Mix, m3-Mix; a baseline's wrapper with the run's shared settings and its knobs."""
+    if method not in BASELINES:
+        return m2mix.M2Mix(model, vcfg)
+    net, config = BASELINES[method]
+    shared = {f.name for f in dataclasses.fields(config)} & {f.name for f in dataclasses.fields(vcfg)}
+    return net(model, config(**{k: getattr(vcfg, k) for k in shared}, **knobs))
+
+
+def fine_tune(cfg, method: str, seed: int, out: Path, manifest, load, measure, tag: str = "m2mix demo",
+              knobs: dict | None = None) -> dict:
     """One method on one seed from load()'s fresh model: measure()'s numbers, the seed and the training time
-    (the run folder is scratch: no weights kept)."""
-    vcfg = dataclasses.replace(cfg, method=method, seed=seed, out=str(out / f"{method}-seed{seed}"),
-                               train_data=str(manifest))
+    (the run folder is scratch: no weights kept). knobs: a baseline's (default: DEMO_MIX's)."""
+    vcfg = dataclasses.replace(cfg, method=method if method not in BASELINES else "ft", seed=seed,
+                               out=str(out / f"{method}-seed{seed}"), train_data=str(manifest))
+    knobs = DEMO_MIX.get(method, {}) if knobs is None else knobs
     with lab.scratch_run(vcfg.out):
         model, train_tf, preprocess, tokenizer = load()
-        summary = common.train(vcfg, m2mix.M2Mix(model, vcfg), common.ManifestDataset(manifest, train_tf),
-                               common.Collate(tokenizer), export=False)
+        summary = common.train(vcfg, training_net(model, vcfg, method, knobs),
+                               common.ManifestDataset(manifest, train_tf), common.Collate(tokenizer), export=False)
         found = {**measure(model, preprocess, tokenizer, cfg.data_root), "seed": seed,
                  "train_seconds": summary["train_seconds"]}
     print(f"[{tag}] seed {seed} {method}: {summary['train_seconds']:.0f}s", file=sys.stderr)
@@ -216,18 +246,19 @@ def fine_tune(cfg, method: str, seed: int, out: Path, manifest, load, measure, t
 
 
 def run_demo(cfg: m2mix.M2MixConfig) -> dict:
-    """CLIP, FT, m2-Mix and m3-Mix: each method fine-tuned from the same
+    """CLIP, FT, m2-Mix, m3-Mix, i-Mix and Un-Mix: each method fine-tuned from the same
     pretrained weights once per seed in lab.seeds() (same seed, same data order
     across methods); claims from the paired differences."""
     t0, out = time.time(), lab.hold_out(cfg.out)
     manifest = demo_manifest(cfg.data_root, out / "data")
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     base = demo_measure(model, preprocess, tokenizer, cfg.data_root)
-    runs = {m2mix.METHOD_NAMES[m]: [] for m in DEMO_METHODS}
+    runs = {NAMES[m]: [] for m in DEMO_METHODS}
     for seed in lab.seeds():
         for method in DEMO_METHODS:
-            runs[m2mix.METHOD_NAMES[method]].append(fine_tune(
-                dataclasses.replace(cfg, **DEMO_MIX[method]), method, seed, out, manifest,
+            runs[NAMES[method]].append(fine_tune(
+                cfg if method in BASELINES else dataclasses.replace(cfg, **DEMO_MIX[method]), method, seed, out,
+                manifest,
                 lambda: models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD), demo_measure))
     head = (f"m2-Mix demo: lab world, tiny backbone, seeds {list(lab.seeds())}, {cfg.steps} steps x batch "
             f"{cfg.batch_size}, lr {cfg.lr:g}, mix weights {mix_words(DEMO_MIX)} (demo settings, not the "
