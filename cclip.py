@@ -102,7 +102,7 @@ from torch.nn.utils import parametrize
 import common
 import eval as evaluation
 from plumbing import models, results, wise_ft
-from papers import cclip_tasks
+from papers import cclip_tasks, zscl
 
 
 # --- Losses ---
@@ -349,10 +349,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
         names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
         records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root,
                                       device=device, synthetic_n=cfg.eval_n or None)
-        row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)
-        i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
-        row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
-        return row
+        return cclip_tasks.continual_row(records, names, extra)  # (MTIL's test sets: top-1)
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
@@ -400,6 +397,8 @@ def main(argv=None):
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
+    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl.py)
+        return zscl.report(cfg.method, summary, tasks, cfg.backbone)
     row = {"method": cfg.method,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
     table = common.markdown_table([row], list(row))  # method, then the headline's columns in order
