@@ -9,6 +9,8 @@ Papers whose protocols this file follows (full references, E1-E5 at length, the 
   m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
             (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
   C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
+  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (plumbing/mtil.py, docs/protocols.md)
+  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (plumbing/imagenet_shifts.py)
   CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
 Protocol choices and deviations ("ours" is the default)
@@ -24,6 +26,8 @@ Runbook (one device, no torchrun; the tasks and the data root layout: python eva
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
   python eval.py --backbone ViT-B/32 --tasks flickr30k-1cap --analyses geometry,ece --paper m2mix
   python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape --wise-ft runs/x/model.pt  # WiSE-FT curve
+  python eval.py --backbone ViT-B/16 --tasks imagenet-shifts --wise-ft runs/x/model.pt  # + effective robustness
+  python eval.py --backbone ViT-B/16 --tasks mtil       # ZSCL's 11 MTIL test sets (docs/protocols.md)
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
 """
