@@ -562,8 +562,9 @@ def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[
 
 
 def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
-    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run;
-    an unknown name is the caller's flag's error (UsageError)."""
+    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run, in
+    one message naming every set that cannot be loaded; an unknown name is the caller's flag's error (UsageError)."""
+    failed = []
     for t in tasks:
         try:
             if is_classification(t):
@@ -573,8 +574,9 @@ def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
         except common.UsageError as e:
             raise common.UsageError(f"{flag}: {e}") from None
         except Exception as e:
-            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass {flag} to choose others, or none)") from e
+            failed.append(f"evaluation task {t!r} cannot be loaded from {data_root}: {e}")
+    if failed:
+        raise common.DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
 
 
 # =============================================================================

@@ -71,17 +71,11 @@ FOLDERS = {"imagenet-v2": "imagenetv2-matched-frequency-format-val", "imagenet-r
            "imagenet-a": "imagenet-a", "imagenet-sketch": "sketch", "objectnet": "objectnet-1.0/images"}
 
 
-def missing(root) -> list[str]:
-    """The shifts whose folder is not under the data root."""
-    return [s for s in SHIFTS if not (Path(root) / FOLDERS[s]).is_dir()]
-
-
 def _need(path: Path, name: str, root) -> Path:
     if not path.is_dir():
-        lost = missing(root)
-        raise MissingShift(f"{name}: {path} not found; under the data root ({root}) {len(lost)} of the 5 shifts are "
-                           f"missing: " + "; ".join(f"{s} ({LAYOUTS[s][0]}, from {LAYOUTS[s][1]})" for s in lost)
-                           + ". See docs/data.md, 'ImageNet distribution shifts'.")
+        layout, source = LAYOUTS[name]
+        raise MissingShift(f"{name}: {path} not found. Expected under the data root ({root}): {layout}. Get it "
+                           f"from {source}. See docs/data.md, 'ImageNet distribution shifts'.")
     return path
 
 
@@ -102,7 +96,8 @@ def read(name: str, root, imagenet_classnames) -> dict:
         sub = SUBSETS.get(name, range(1000))
         if len(folders) != len(sub):
             raise MissingShift(f"{name}: {base} holds {len(folders)} class folders, expected {len(sub)} "
-                               f"({LAYOUTS[name][0]}; the sorted wnids give the labels)")
+                               f"({LAYOUTS[name][0]}; the sorted wnids give the labels). See docs/data.md, "
+                               f"'ImageNet distribution shifts'.")
         pairs = [(f, k) for k, d in enumerate(folders) for f in _files(base / d)]
         classes, groups = [names[i] for i in sub], None
     elif name == "objectnet":

@@ -114,7 +114,7 @@ def robustness_figure(points, path, caption: str = "") -> str:
     ax.set_xlabel("ImageNet top-1 (%)")
     ax.set_ylabel("mean top-1 over the 5 shifts (%)")
     ax.set_title("Effective robustness along the WiSE-FT curve", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     if caption:
         fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
     fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -72,13 +72,16 @@ def test_masks_and_objectnets_projection_match_wise_ft():
 
 
 def test_missing_shifts_are_one_message_naming_each(tmp_path):
+    """eval.py's pre-check names every set of --tasks imagenet-shifts that cannot be loaded, in one message."""
     (tmp_path / "imagenet-r").mkdir()
     with pytest.raises(common.DataError) as e:
-        evaluation.check_tasks(evaluation._expand("imagenet-shifts")[1:], tmp_path, "--tasks")
+        evaluation.check_tasks(evaluation._expand("imagenet-shifts"), tmp_path, "--tasks")
     msg = str(e.value)
-    assert "4 of the 5 shifts are missing" in msg and "docs/data.md" in msg
-    for s in ("imagenet-v2", "imagenet-a", "imagenet-sketch", "objectnet"):
-        assert f"{s} (" in msg
+    assert msg.count("cannot be loaded") == 6 and msg.count("docs/data.md") == 6
+    for s, layout in (("imagenet", "imagenet/val"), ("imagenet-v2", "imagenetv2-matched-frequency-format-val"),
+                      ("imagenet-r", "holds 0 class folders, expected 200"), ("imagenet-a", "imagenet-a/<wnid>"),
+                      ("imagenet-sketch", "sketch/<wnid>"), ("objectnet", "objectnet-1.0/images")):
+        assert f"evaluation task {s!r}" in msg and layout in msg, s
 
 
 @pytest.mark.slow
