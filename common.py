@@ -1071,7 +1071,7 @@ def summarize_continual(rec) -> dict:
                "scalars": rec["scalars"], "seconds_per_task": rec["seconds"][1:], "steps_per_task": rec["steps"][1:]}
     first, last = rec["scalars"][0], rec["scalars"][-1]
     summary["pd"] = {k: first[k] - last[k] for k in first if k in last}
-    summary.update(mtil.summary([t["test"] for t in rec["tasks"]], matrices))  # MTIL: Transfer / Average / Last
+    summary.update(mtil.summary([t["test"] for t in rec.get("tasks", ())], matrices))  # MTIL: Transfer, Average, Last
     return summary
 
 

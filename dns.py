@@ -58,8 +58,8 @@ class DNSConfig(Config):
     loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-direction "
                     "CE at temperature 1 (the code, deviation 14)", choices=("clip", "code"))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
-    tasks: str = arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or "
-                     "'auto' (synthetic with --backbone tiny; the paper's data has no layout here)")
+    tasks: str = arg("auto", "sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', "
+                     "mtil-order1/2 (MTIL), 'auto' (tiny: synthetic; the paper's data: no layout)")
     zero_shot: str = arg("auto", "eval.py classification sets after every task, class prompts "
                          "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the "
                          "lab, else none)", old=("--zeroshot",))
