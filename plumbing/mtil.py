@@ -20,7 +20,7 @@ class on a fixture in the real layout. Deviations:
      the contrastive methods here train on (image, templates[0] of its class) pairs (docs/protocols.md).
 
 Transfer / Average / Last (results.ipynb's statistics(), rows = after each task, no pretrained row):
-  Transfer_j = mean_{i<j} R[i][j] (j = 2..T: accuracy on task j before it is learned, after tasks 1..i)
+  Transfer_j = mean_{1<=i<j} R[i][j] (j = 2..T: accuracy on task j before it is learned, after tasks 1..i)
   Average_j  = mean_{i=1..T} R[i][j]        Last_j = R[T][j]
 each then averaged over its tasks. R[0] (the pretrained model) is printed beside them, in none of the three.
 """
@@ -255,8 +255,8 @@ def missing(root, datasets=DATASETS) -> list[str]:
         for split in ("train", "test"):
             try:
                 READERS[d](Path(root), split)
-            except (MissingMTIL, OSError) as e:
-                out.append(f"{d}: {e}".replace(f"{d}: {d}: ", f"{d}: "))
+            except (MissingMTIL, OSError) as e:  # MissingMTIL's text starts with the dataset's name
+                out.append(str(e) if isinstance(e, MissingMTIL) else f"{d}: {e}")
                 break
     return out
 
