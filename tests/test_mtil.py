@@ -176,8 +176,8 @@ def test_dns_runs_mtil_order1_end_to_end_and_prints_the_matrix(root, tmp_path, c
 
 
 def test_cclip_runs_the_first_mtil_tasks_end_to_end(root, tmp_path, capsys, monkeypatch):
-    """The first 3 tasks of Order II (mtil-order2:3) to fit the suite's time; the full 11 of Order I ran the same
-    way in 3.5 minutes (docs/protocols.md)."""
+    """The first 3 tasks of Order II (mtil-order2:3) to fit the suite's time; the full 11 of Order I: the run
+    docs/protocols.md times."""
     import cclip
     monkeypatch.setenv("CLIPFT_CACHE", str(tmp_path / "cache"))
     res = cclip.main(["--backbone", "tiny", "--tasks", "mtil-order2:3", "--data-root", str(root), "--method", "full",
