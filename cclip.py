@@ -54,10 +54,9 @@ DEFAULT_TARGETS = "attn.in_proj_weight,attn.out_proj.weight,mlp.c_fc.weight,mlp.
 class CClipConfig(flags.Config):
     backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
-    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the paper's "
-                     "8 tasks, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4 "
-                     "domains; synthetic-long: long captions) | name=train[:test],... in order | "
-                     "mtil-order1, mtil-order2 (ZSCL's MTIL, docs/protocols.md)")
+    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the "
+                     "paper's 8, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4; "
+                     "-long: long captions) | mtil-order1/2 (MTIL) | name=train[:test],...")
     unseen: str = arg("auto", "unseen retrieval set: eval name, manifest, auto, '' = none")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
                          "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
