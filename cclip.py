@@ -53,9 +53,9 @@ from plumbing.flags import arg
 class CClipConfig(flags.Config):
     backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
     method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
-    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the paper's "
-                     "8 tasks, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4 "
-                     "domains; synthetic-long: long captions) | name=train[:test],... in order")
+    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the "
+                     "paper's 8, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4; "
+                     "-long: long captions) | mtil-order1/2 (MTIL) | name=train[:test],...")
     unseen: str = arg("auto", "unseen retrieval set: eval name, manifest, auto, '' = none")
     zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
                          "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
@@ -97,7 +97,7 @@ import torch.nn.functional as F
 import common
 import eval as evaluation
 from plumbing import models, results, wise_ft
-from papers import cclip_tasks
+from papers import cclip_tasks, zscl
 
 
 # --- Losses ---
@@ -270,10 +270,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
         names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
         records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root,
                                       device=device, synthetic_n=cfg.eval_n or None)
-        row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)
-        i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
-        row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
-        return row
+        return cclip_tasks.continual_row(records, names, extra)  # (MTIL's test sets: top-1)
 
     def save_state(path):  # the merged weights = the old model of the next task
         if rank == 0:
@@ -324,6 +321,8 @@ def main(argv=None):
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
     print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
+    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl.py)
+        return zscl.report(cfg.method, summary, tasks, cfg.backbone)
     row = {"method": cfg.method,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
     table = common.markdown_table([row], list(row))  # method, then the headline's columns in order

@@ -59,8 +59,8 @@ class DNSConfig(Config):
     loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-way CE, "
                     "temperature 1 (dev. 14) | siglip (24)", choices=("clip", "code", "siglip"))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
-    tasks: str = arg("auto", "task sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', or "
-                     "'auto' (synthetic with --backbone tiny; the paper's data has no layout here)")
+    tasks: str = arg("auto", "sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', "
+                     "mtil-order1/2 (MTIL), 'auto' (tiny: synthetic; the paper's data: no layout)")
     zero_shot: str = arg("auto", "eval.py classification sets after every task, class prompts "
                          "through W_txt ('' = none; auto: synthetic-shape,synthetic-color in the "
                          "lab, else none)", old=("--zeroshot",))

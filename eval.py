@@ -9,6 +9,8 @@ Papers whose protocols this file follows (full references, E1-E5 at length, the 
   m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
             (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
   C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
+  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (plumbing/mtil.py, docs/protocols.md)
+  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (plumbing/imagenet_shifts.py)
   CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
 Protocol choices and deviations ("ours" is the default)
@@ -24,6 +26,8 @@ Runbook (one device, no torchrun; the tasks and the data root layout: python eva
   python eval.py --backbone ViT-B/16 --pretrained runs/x/model.pt --tasks urban1k,coco --text-mode both
   python eval.py --backbone ViT-B/32 --tasks flickr30k-1cap --analyses geometry,ece --paper m2mix
   python eval.py --backbone tiny --tasks synthetic-short,synthetic-shape --wise-ft runs/x/model.pt  # WiSE-FT curve
+  python eval.py --backbone ViT-B/16 --tasks imagenet-shifts --wise-ft runs/x/model.pt  # + effective robustness
+  python eval.py --backbone ViT-B/16 --tasks mtil       # ZSCL's 11 MTIL test sets (docs/protocols.md)
   python eval.py --backbone tiny --continual pretrained,t1/model.pt,t2/model.pt \\
       --tasks synthetic-task-plain,synthetic-task-dark --zero-shot synthetic-shape
 """
@@ -33,7 +37,6 @@ import argparse
 import csv
 import hashlib
 import json
-import os
 import pickle
 import re
 import sys
@@ -86,8 +89,12 @@ TASK_GROUPS = {  # shorthands for --tasks
     "m2mix": "flickr30k-1cap,coco-1cap,flickr30k,coco",
     "zero-shot": "cifar10,cifar100,imagenet",
     "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
+    "imagenet-shifts": "imagenet,imagenet-v2,imagenet-r,imagenet-a,imagenet-sketch,objectnet",  # WiSE-FT's
+    "mtil": "mtil:Aircraft,mtil:Caltech101,mtil:CIFAR100,mtil:DTD,mtil:EuroSAT,mtil:Flowers,mtil:Food,mtil:MNIST,"
+            "mtil:OxfordPet,mtil:StanfordCars,mtil:SUN397",  # ZSCL's 11 test sets, Order I (plumbing/mtil.py)
 }
-CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip"]
+CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip",
+                        *TASK_GROUPS["imagenet-shifts"].split(",")[1:], *TASK_GROUPS["mtil"].split(",")]
 # the loaders' names (REAL_RETRIEVAL_TASKS below, published.PUBLISHED, m2mix_analysis.SIMAT_PROTOCOLS; a test checks)
 RETRIEVAL_NAMES = ("coco", "coco-all", "coco-1cap", "coco-karpathy", "flickr30k", "flickr30k-1cap", "flickr30k-full",
                    "urban1k", "sharegpt4v-1k", "docci", "long-dci", "dci")
@@ -149,7 +156,7 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import loading, m2mix_analysis, models, wise_ft
+from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, wise_ft
 
 
 # =============================================================================
@@ -175,6 +182,7 @@ class ClassificationSet:
     templates: list
     protocol: str = ""
     missing: int = 0
+    groups: list | None = None  # ObjectNet: per class, the classifier's (ImageNet's) classes; logits = their max
 
 
 class MissingData(common.DataError):
@@ -388,7 +396,6 @@ REAL_RETRIEVAL_TASKS = {
 RETRIEVAL_TASKS = dict(REAL_RETRIEVAL_TASKS)  # + the lab's, once registered
 
 
-
 def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
     """A user manifest (JSONL/CSV, image paths relative to it): a text per row from `column`; rows may share images."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
@@ -525,12 +532,20 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
         return _imagenet(root)
     if name.startswith("imagefolder:"):
         return _any_image_folder(name.partition(":")[2])
+    if name.startswith(mtil.PREFIX):  # ZSCL's MTIL test sets (plumbing/mtil.py)
+        t = mtil.read(root, name.removeprefix(mtil.PREFIX), "test")
+        return ClassificationSet(name, t.images, torch.tensor(t.labels), t.classnames, t.templates,
+                                 f"MTIL {t.dataset} test ({len(t.labels)}), ZSCL's split, names, templates")
+    if name in imagenet_shifts.SHIFTS:  # WiSE-FT's protocol (plumbing/imagenet_shifts.py)
+        from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+        s = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
+        return ClassificationSet(name, s["images"], s["labels"], s["classnames"], imagenet_templates(), s["protocol"],
+                                 groups=s["groups"])
     raise common.UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
                      f"imagefolder:<path>")
 
 
 # + the lab's synthetic-* sets, once registered
-
 
 
 def is_classification(name: str) -> bool:
@@ -547,8 +562,9 @@ def task_list(spec: str, train_data: str, paper_tasks, synthetic_tasks) -> list[
 
 
 def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
-    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run;
-    an unknown name is the caller's flag's error (UsageError)."""
+    """Loads every evaluation set's index before training, so missing data fails in seconds, not after the run, in
+    one message naming every set that cannot be loaded; an unknown name is the caller's flag's error (UsageError)."""
+    failed = []
     for t in tasks:
         try:
             if is_classification(t):
@@ -558,8 +574,9 @@ def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
         except common.UsageError as e:
             raise common.UsageError(f"{flag}: {e}") from None
         except Exception as e:
-            raise common.DataError(f"evaluation task {t!r} cannot be loaded from {data_root}: {e} "
-                                   f"(pass {flag} to choose others, or none)") from e
+            failed.append(f"evaluation task {t!r} cannot be loaded from {data_root}: {e}")
+    if failed:
+        raise common.DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
 
 
 # =============================================================================
@@ -731,8 +748,9 @@ def evaluate(model, preprocess, tokenizer, tasks, data_root="data", text_mode="t
             cs = load_classification(name, data_root, download=download, synthetic_n=synthetic_n)
             img = image_features(model, preprocess, cs.image_paths, batch_size, workers, device=device)
             clf = zero_shot_head(model, tokenizer, cs.classnames, cs.templates, device=device, cache_dir=cache_dir)
-            res = common.zero_shot_accuracy(img, clf, cs.labels, name=name)
-            res["mean_per_class_recall"] = mean_per_class_recall(img, clf, cs.labels)
+            res = (imagenet_shifts.grouped_accuracy(img, clf, cs.labels, cs.groups) if cs.groups else
+                   {**common.zero_shot_accuracy(img, clf, cs.labels, name=name),
+                    "mean_per_class_recall": mean_per_class_recall(img, clf, cs.labels)})
             records += [{"task": name, "metric": m, "value": v, "protocol": cs.protocol,
                          "text_mode": "prompt-ensemble", "missing": cs.missing, "n": len(cs.labels), **base}
                         for m, v in res.items()]
@@ -914,38 +932,9 @@ def mean_per_class_recall(img, classifier, labels) -> float:
     return 100.0 * recall[count > 0].mean().item()
 
 
-# CLIP_benchmark's (LAION-AI/CLIP_benchmark, cli.py) result files: one JSON per (dataset, task), fractions, its names
-CLIP_BENCHMARK_DATASETS = {"coco-karpathy": "mscoco_captions", "flickr30k": "flickr30k", "cifar10": "cifar10",
-                           "cifar100": "cifar100", "imagenet": "imagenet1k"}  # the same splits under its names
-
-
 def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
-    """{file name: content} of CLIP_benchmark's schema {dataset, model, pretrained, task, metrics, language} and
-    file names ({dataset}_{pretrained}_{model}_{language}_{task}.json), so `clip_benchmark build *.json` tabulates
-    our runs beside theirs. Its image_retrieval_recall@K is our t2i_R@K, text_retrieval_recall@K our i2t_R@K;
-    acc1 / acc5 / mean_per_class_recall our top1 / top5 / mean_per_class_recall; every value a fraction. Tasks
-    without a CLIP_benchmark name keep ours (a manifest: its file name); SIMAT and the analyses are left out."""
-    out, slug = {}, os.path.basename(pretrained) if os.path.isfile(pretrained) else (pretrained or "default")
-    for task in dict.fromkeys(r["task"] for r in records):
-        if task == "simat":
-            continue
-        value = {r["metric"]: r["value"] / 100.0 for r in records
-                 if r["task"] == task and r.get("text_mode") in ("truncate", "prompt-ensemble")}
-        if is_classification(task):
-            kind, metrics = "zeroshot_classification", {"acc1": value.get("top1"), "acc5": value.get("top5"),
-                                                        "mean_per_class_recall": value.get("mean_per_class_recall")}
-        else:
-            ks = sorted(int(m.split("@")[1]) for m in value if m.startswith("t2i_R@"))
-            kind, metrics = "zeroshot_retrieval", {
-                **{f"image_retrieval_recall@{k}": value[f"t2i_R@{k}"] for k in ks},
-                **{f"text_retrieval_recall@{k}": value[f"i2t_R@{k}"] for k in ks}}
-        dataset = CLIP_BENCHMARK_DATASETS.get(task, Path(task).stem if Path(task).suffix else task)
-        tag = dataset if task in CLIP_BENCHMARK_DATASETS else (  # ours: unique per task path (two test.jsonl)
-            f"{dataset}-{hashlib.sha256(task.encode()).hexdigest()[:8]}")
-        out[re.sub(r"[^A-Za-z0-9._-]", "_", f"{tag}_{slug}_{model}_en_{kind}.json")] = {  # safe on any file system
-            "dataset": dataset, "model": model, "pretrained": pretrained or "default", "task": kind,
-            "metrics": metrics, "language": "en"}
-    return out
+    """CLIP_benchmark's result files {file name: content} of the records (plumbing/clip_benchmark.py)."""
+    return clip_benchmark.clip_benchmark_files(records, model, pretrained, is_classification)
 
 
 def validator(cfg, preprocess, tasks=()) -> Callable | None:
@@ -969,7 +958,6 @@ def validator(cfg, preprocess, tasks=()) -> Callable | None:
 # =============================================================================
 # 6. Main
 # =============================================================================
-
 
 
 def _expand(spec: str) -> list:
@@ -1027,6 +1015,11 @@ def main(argv=None, world=None):
                                     lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
                                                        model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
             print(wise_ft.wise_ft_table(curve))
+            if points := wise_ft.robustness_points(curve):  # ImageNet + its 5 shifts: the effective-robustness curve
+                common.atomic_write(Path(a.out) / "wise-ft-robustness.png", lambda tmp: wise_ft.robustness_figure(
+                    points, tmp, f"python eval.py --tasks {a.tasks} --wise-ft {a.wise_ft}"[:120]))
+                print("\n" + common.markdown_table(points, list(points[0])))
+                results["robustness"] = points
             results.update(wise_ft=curve, records=[r for c in curve for r in staged(
                 c["records"], f"alpha {c['alpha']:g}", alpha=c["alpha"])])
         else:

@@ -7,4 +7,6 @@ its paper's data and experiments but a reader of its math does not.
   erclip_sweeps   ERCLIP Sec. 4.3-4.4 on real data, and the folder handling of every sweep
   longclip_data   Long-CLIP at ERCLIP's budget: training manifests, short captions, erclip.py's results
   mosei           m2-Mix Sec. 5.5 / GMC: the CMU-MOSEI reader (gmc.py --convert writes its .npz copy)
+  zscl            ZSCL's MTIL as the continual drivers report it (Transfer / Average / Last), dns.py's features of
+                  a classification test set
 """

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import common
-from plumbing import models
+from plumbing import models, mtil, results
 import eval as evaluation
 
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
@@ -80,6 +80,17 @@ def resolve_eval_sets(cfg):
     else:  # vlcl: deviation 9; a sequence of your own: none
         zero_shot = list(PAPER_ZERO_SHOT) if cfg.tasks == "vlcl" else []
     return unseen or None, zero_shot
+
+
+def continual_row(records, names, extra) -> dict:
+    """cclip.py's row of the matrices (Sec. 3.3) from evaluate()'s records: R@1 per task both ways and 'R@1' their
+    mean; on MTIL's test sets (classification, plumbing/mtil.py) top-1, ZSCL's metric. extra: the zero-shot sets."""
+    if mtil.is_mtil(names):
+        return evaluation.continual_row(records, names, ("top1",), zero_shot=extra)
+    row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)
+    i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
+    row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
+    return row
 
 
 def task_lrs(cfg, task_name: str):

@@ -15,6 +15,12 @@ file, papers/, commands/ or the lab (tests/test_layout.py checks every import, f
   models, towers                                        backbone names, load_model, save_model, the export
                                                         formats; uni-modal towers
   train_manifests, wise_ft, m2mix_analysis              what eval.py and the methods read: Karpathy / COCO
-                                                        training manifests, WiSE-FT's interpolation, m2-Mix's
-                                                        analyses of features (geometry, ECE, SIMAT's score)
+                                                        training manifests, WiSE-FT's interpolation and its
+                                                        effective-robustness figure, m2-Mix's analyses of
+                                                        features (geometry, ECE, SIMAT's score)
+  mtil, imagenet_shifts                                 the peers' protocols (docs/protocols.md): ZSCL's MTIL
+                                                        datasets, splits, orders and Transfer / Average / Last;
+                                                        WiSE-FT's five ImageNet shifts; their facts in
+                                                        mtil.json / imagenet_shifts.json
+  clip_benchmark                                        CLIP_benchmark's result files of eval.py's records
 """

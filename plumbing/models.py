@@ -365,8 +365,9 @@ class CachedTokenizer:
         texts = [texts] if isinstance(texts, str) else list(texts)
         new = list(dict.fromkeys(t for t in texts if (t, context_length) not in self.rows))
         if new:
-            if len(self.rows) + len(new) > self.size:
+            if len(self.rows) + len(new) > self.size:  # full: start afresh with every text of this call
                 self.rows.clear()
+                new = list(dict.fromkeys(texts))
             tokens = self.tokenizer(new) if context_length is None else self.tokenizer(new, context_length)
             self.rows.update(((t, context_length), r) for t, r in zip(new, tokens.clone()))
         return torch.stack([self.rows[(t, context_length)] for t in texts])

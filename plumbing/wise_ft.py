@@ -77,3 +77,47 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
                 cols.setdefault(c)
         rows.append(row)
     return markdown_table(rows, list(cols))
+
+
+def robustness_points(curve) -> list[dict]:
+    """Per alpha: ImageNet top-1, each shift's and their mean ('avg shifts', WiSE-FT Tab. 1's column); [] unless
+    the curve evaluated ImageNet and all five shifts (plumbing/imagenet_shifts.py)."""
+    from plumbing.imagenet_shifts import SHIFTS, shift_average
+    points = []
+    for point in curve:
+        top1 = {r["task"]: r["value"] for r in point["records"] if r["metric"] == "top1"}
+        if "imagenet" not in top1 or shift_average(top1) is None:
+            return []
+        points.append({"alpha": point["alpha"], "imagenet": top1["imagenet"], **{s: top1[s] for s in SHIFTS},
+                       "avg shifts": shift_average(top1)})
+    return points
+
+
+def robustness_figure(points, path, caption: str = "") -> str:
+    """WiSE-FT's effective-robustness plot (its Fig. 1 shape): the average over the five shifts against ImageNet
+    top-1, one point per alpha joined in order, the zero-shot end (alpha 0) and the fine-tuned end (alpha 1)
+    marked, and the y = x line for reference. Linear axes in percent (WiSE-FT draws them logit-scaled)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    x, y = [p["imagenet"] for p in points], [p["avg shifts"] for p in points]
+    fig, ax = plt.subplots(figsize=(5.2, 4.4))
+    lo, hi = min(x + y) - 2, max(x + y) + 2
+    ax.plot([lo, hi], [lo, hi], color="0.8", lw=1, ls="--", label="y = x")
+    ax.plot(x, y, "-o", color="tab:blue", ms=4, label="WiSE-FT, alpha in " + ", ".join(f"{p['alpha']:g}"
+                                                                                       for p in points))
+    ends = {0.0: ("*", "tab:green", "zero-shot (alpha 0)"), 1.0: ("s", "tab:red", "fine-tuned (alpha 1)")}
+    for p in points:
+        if p["alpha"] in ends:
+            marker, colour, label = ends[p["alpha"]]
+            ax.plot(p["imagenet"], p["avg shifts"], marker, color=colour, ms=12, label=label, zorder=3)
+    ax.set_xlabel("ImageNet top-1 (%)")
+    ax.set_ylabel("mean top-1 over the 5 shifts (%)")
+    ax.set_title("Effective robustness along the WiSE-FT curve", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    if caption:
+        fig.text(0.01, 0.005, caption, fontsize=6, color="0.4")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+    return str(path)

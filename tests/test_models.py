@@ -82,6 +82,18 @@ def test_the_cached_tokenizer_gives_the_wrapped_tokenizers_tokens():
     assert torch.equal(again(texts), raw(texts)) and again.context_length == raw.context_length
 
 
+def test_the_cached_tokenizer_survives_a_refill_by_a_call_that_mixes_cached_and_new_texts():
+    """Issue 61: a call whose new texts overflow the cache while others of it were cached (ImageNet's 80,000 prompts,
+    then a shift's prompts with the same class names) cleared the cached ones too and raised KeyError."""
+    import torch
+    import lab  # noqa: F401  the tiny backbone's config
+    raw = models.get_tokenizer("tiny").tokenizer
+    small = models.CachedTokenizer(raw, size=3)
+    small(["a.", "b."])
+    mixed = ["a.", "c.", "d.", "b."]  # two cached, two new: 2 + 2 > 3
+    assert torch.equal(small(mixed), raw(mixed))
+
+
 def test_open_clips_tokenizer_is_built_once_per_backbone_and_window():
     """get_tokenizer reuses open_clip's tokenizer of a (backbone, window, config) and gives its tokens: a fresh
     open_clip.get_tokenizer, a new window, and a changed config are not confused with the first."""
