@@ -113,8 +113,10 @@ class EWC(common.Method):
         img, txt = common.gather(F.normalize(f["img"], dim=-1), F.normalize(f["txt"], dim=-1))
         losses = {"loss_clip": common.clip_loss(img, txt, self.model.logit_scale.exp(), self.label_smoothing)}
         if self.fisher is not None:
+            params = dict(self.model.named_parameters())
+            theta = [params[n] for n in self.fisher]
             # Eq. (3): L = L_B + sum_i lambda/2 F_i (theta_i - theta*_i)^2
-            losses["loss_ewc"] = ewc_penalty(trainable(self.model), self.fisher, self.anchor, self.lam)
+            losses["loss_ewc"] = ewc_penalty(theta, list(self.fisher.values()), self.anchor, self.lam)
         return losses
 
     def features(self, batch, ctx=None):
@@ -122,8 +124,9 @@ class EWC(common.Method):
                 "txt": common.encode_text(self.model, batch["text"], normalize=False)}
 
 
-def trainable(model) -> list:
-    return [p for p in model.parameters() if p.requires_grad]
+def trainable(model) -> dict:
+    """name -> parameter, of those that train (the Fisher's and the penalty's weights, matched by name)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
 class EWCBaseline(sequence.Baseline):
@@ -136,35 +139,42 @@ class EWCBaseline(sequence.Baseline):
         self.cfg, self.fisher, self.weighted = cfg, None, None
 
     def net(self, model, i, cfg):
-        theta = trainable(model)
-        target = anchor(self.fisher, self.weighted, theta) if self.fisher is not None else None
+        if self.fisher is None:
+            return EWC(model, None, None, cfg.ewc_lambda, cfg.label_smoothing), None
+        params = dict(model.named_parameters())
+        target = anchor(list(self.fisher.values()), list(self.weighted.values()),
+                        [params[n] for n in self.fisher])
         return EWC(model, self.fisher, target, cfg.ewc_lambda, cfg.label_smoothing), None
 
     def end_task(self, model, net, i, dataset, collate, cfg) -> dict:
-        new = task_fisher(model, dataset, collate, cfg, seed=cfg.seed + i)
-        self.fisher, self.weighted = consolidate(self.fisher, self.weighted, new, trainable(model), cfg.ewc_gamma)
-        return {"fisher_mean": float(sum(f.sum() for f in new) / sum(f.numel() for f in new))}
+        theta = trainable(model)  # the weights that trained in this task (--lock-* leaves some out)
+        new = dict(zip(theta, task_fisher(model, list(theta.values()), dataset, collate, cfg, cfg.seed + i)))
+        old_f = [self.fisher.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
+        old_w = [self.weighted.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
+        f, w = consolidate(old_f, old_w, list(new.values()), list(theta.values()), cfg.ewc_gamma)
+        self.fisher, self.weighted = dict(zip(new, f)), dict(zip(new, w))
+        return {"fisher_mean": float(sum(f.sum() for f in new.values()) / sum(f.numel() for f in new.values()))}
 
     def state(self) -> dict:
         if self.fisher is None:
             return {}
-        return {**{f"fisher.{k}": f for k, f in enumerate(self.fisher)},
-                **{f"weighted.{k}": w for k, w in enumerate(self.weighted)}}
+        return {**{f"fisher.{n}": f for n, f in self.fisher.items()},
+                **{f"weighted.{n}": w for n, w in self.weighted.items()}}
 
     def load_state(self, state: dict):
-        n = sum(k.startswith("fisher.") for k in state)
-        self.fisher = [state[f"fisher.{k}"] for k in range(n)] or None
-        self.weighted = [state[f"weighted.{k}"] for k in range(n)] or None
+        names = [k.removeprefix("fisher.") for k in state if k.startswith("fisher.")]
+        self.fisher = {n: state[f"fisher.{n}"] for n in names} or None
+        self.weighted = {n: state[f"weighted.{n}"] for n in names} or None
 
 
-def task_fisher(model, dataset, collate, cfg, seed: int) -> list:
+def task_fisher(model, params: list, dataset, collate, cfg, seed: int) -> list:
     """F of the task just learned (deviation 1): the squared gradients of L_CLIP at theta*_t, averaged over
     --fisher-batches seeded batches of its training set (eval mode, fp32, no update)."""
     batch_size = cfg.fisher_batch_size or cfg.batch_size
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                          collate_fn=common.CountFailures(collate), num_workers=cfg.workers,
                                          generator=torch.Generator().manual_seed(seed))
-    params, device = trainable(model), next(model.parameters()).device
+    device = next(model.parameters()).device
     if len(dataset) < batch_size:
         raise common.UsageError(f"EWC: the task's training set ({len(dataset)}) is smaller than one Fisher batch "
                                 f"({batch_size}); lower --fisher-batch-size")
