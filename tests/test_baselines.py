@@ -297,3 +297,48 @@ def test_zscl_without_a_reference_set_says_what_to_pass(tmp_path):
     cfg = common.parse_config(zscl.ZSCLConfig, ["--tasks", "x=a.jsonl"])
     with pytest.raises(common.UsageError, match="--ref-images"):
         zscl.reference_paths(cfg, None)
+
+
+# --------------------------------------------------------------------------- one step of each wrapper
+def _tiny_nets(tmp_path):
+    """Each baseline's training wrapper on the tiny backbone (random weights) with its continual part on:
+    ZSCL with a reference set, LwF with a teacher, EWC with a Fisher and an anchor away from the weights."""
+    from plumbing import models
+    torch.manual_seed(0)
+    model, _, eval_tf, tokenizer = models.load_model("tiny", "random", device="cpu", world=lab.WORLD)
+    ref = lab.synthetic_manifest("train", tmp_path, n=12)
+    cfg = common.parse_config(zscl.ZSCLConfig, ["--ref-images", str(ref), "--batch-size", "4",
+                                                "--ref-texts-per-step", "6"])
+    teacher = sequence.frozen_copy(model)
+    with torch.no_grad():  # an old model apart from the current one (at equal weights LwF's gradient is 0)
+        for p in teacher.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    reference = zscl.Reference(*zscl.reference_paths(cfg, lab.WORLD), eval_tf, tokenizer)
+    params = ewc.trainable(model)
+    fisher = {n: torch.rand_like(p) for n, p in params.items()}
+    anchor = [p.detach() + 0.1 for p in params.values()]
+    items = [reference.images[i] for i in range(4)]
+    batch = {"image": torch.stack([it["image"] for it in items]), "text": tokenizer([it["caption"] for it in items])}
+    return model, teacher, batch, {
+        "zscl": zscl.ZSCL(model, teacher, reference, cfg),
+        "lwf": lwf.LwF(model, teacher),
+        "ewc": ewc.EWC(model, fisher, anchor, lam=10.0)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_step_of_each_wrapper_has_gradients_where_it_trains(tmp_path, precision):
+    """(d) every loss term finite and positive, the trained model's weights get a gradient from the baseline's
+    own term, the frozen teacher none; (e) the same under bf16 autocast on CPU."""
+    from types import SimpleNamespace
+    model, teacher, batch, nets = _tiny_nets(tmp_path)
+    for name, net in nets.items():
+        ctx = SimpleNamespace(generator=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+        with common.autocast(torch.device("cpu"), precision):
+            losses = net(batch, ctx)
+        own = [k for k in losses if k != "loss_clip"]
+        assert own and all(math.isfinite(float(v.detach())) and float(v.detach()) > 0 for v in losses.values())
+        model.zero_grad(set_to_none=True)
+        sum(losses[k] for k in own).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and max(float(g.abs().max()) for g in grads) > 0, name
+        assert all(p.grad is None for p in teacher.parameters()), name
