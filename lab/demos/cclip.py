@@ -1,6 +1,7 @@
 """C-CLIP's demo: `python cclip.py --demo` (cclip.main dispatches here).
 
-Full fine-tuning, LoRA only, CKC only and C-CLIP (the Sec. 5.2.1 ablation)
+Full fine-tuning, LoRA only, CKC only and C-CLIP (the Sec. 5.2.1 ablation),
+and the baselines of issue 60 (ZSCL, LwF, EWC: baselines/, on C-CLIP's protocol)
 over the lab's four continual domains (cfg.tasks: their long captions), an unseen
 domain and the held-out background family for zero-shot, on the tiny
 backbone, every method once per seed in lab.seeds() from the same pretrained
@@ -246,13 +247,13 @@ def one_sequence(cfg: CClipConfig, method: str, seed: int, row0: dict | None) ->
 
 
 def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
-    """Full FT, LoRA only, CKC only and C-CLIP over the four domains, each
+    """Full FT, LoRA only, CKC only, C-CLIP, ZSCL, LwF and EWC over the four domains, each
     sequence once per seed in lab.seeds() from the same pretrained weights
     (same seed, same data order across methods), `processes` at a time
     (lab.run_jobs: one torch thread each, the same numbers for any count);
     claims from paired differences. Every sequence starts from the same
     weights, so row 0 is evaluated by each method on the first seed (checked
-    equal: LoRA's B starts at 0) and passed in after: 4 evaluations, not 4 x seeds."""
+    equal: LoRA's B starts at 0) and passed in after: 7 evaluations, not 7 x seeds."""
     t0, out = time.time(), lab.hold_out(cfg.out)
     unseen, _ = resolve_eval_sets(cfg)
     tasks = [t.name for t in resolve_tasks(cfg, lab.WORLD)]
