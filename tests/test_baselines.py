@@ -342,3 +342,11 @@ def test_a_step_of_each_wrapper_has_gradients_where_it_trains(tmp_path, precisio
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         assert grads and max(float(g.abs().max()) for g in grads) > 0, name
         assert all(p.grad is None for p in teacher.parameters()), name
+
+
+def test_the_c_clip_demo_runs_the_baselines_at_their_calibrated_knob():
+    """Issue 60: lab/demos/cclip.py's CHOSEN_BASELINES is what docs/calibration-cclip-{zscl,lwf,ewc}.json chose."""
+    from lab import calibrate
+    from lab.demos import cclip as demo
+    for name in ("zscl", "lwf", "ewc"):
+        assert demo.CHOSEN_BASELINES[name] == calibrate.record(f"cclip-{name}")["chosen"], name
