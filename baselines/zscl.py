@@ -2,15 +2,16 @@
 
 Zangwei Zheng, Mingyuan Ma, Kai Wang, Ziheng Qin, Xiangyu Yue, Yang You. ICCV 2023.
 https://arxiv.org/abs/2303.06628; code: github.com/Thunderbeee/ZSCL ("the code": mtil/src/models/finetune.py,
-helpers.py and mtil/scripts/ZSCL.sh at b96e714). Equations are cited by the paper's section names.
+helpers.py and mtil/scripts/ZSCL.sh at b96e714). The paper was not at hand offline: its method is cited by its
+two parts ("Method, feature space", "Method, parameter space"), the formulas as its code computes them.
 
 Implements
-  Sec. 4 "feature space"   distillation on a reference set (images and texts, unlabelled, unpaired) from the
+  Method, feature space    distillation on a reference set (images and texts, unlabelled, unpaired) from the
                            INITIAL model theta_0, in both directions of the image-text logits:
                                p_bar = softmax(s_0 f_0(x) g_0(t)^T / T),  p = softmax(s f(x) g(t)^T / T)
                                L_ZSCL = CE(p_bar, p) + CE(p_bar^T, p^T)   (T = 2, x T^2: lwf.distillation)
                            task t's loss: L = L_CLIP + L_ZSCL                                 ZSCL.losses
-  Sec. 4 "parameter space" weight ensemble (WE): every I steps the running average takes in the weights,
+  Method, parameter space  weight ensemble (WE): every I steps the running average takes in the weights,
                                theta_avg <- (n theta_avg + theta) / (n + 1),  n += 1          weight_ensemble
                            and the task ends on theta_avg (the code: I = 100, theta_avg starts at the task's
                            starting weights, the first merge after the first step)           ZSCLBaseline
@@ -81,20 +82,20 @@ from plumbing.base import DataError, UsageError
 
 # --- Losses ---
 def zscl_loss(img, txt, img_0, txt_0, logit_scale, logit_scale_0, tau: float = 2.0):
-    """L_ZSCL's two terms (Sec. 4, feature space): the initial model's reference logits distilled in both
+    """L_ZSCL's two terms (Method, feature space): the initial model's reference logits distilled in both
     directions, lwf.lwf_loss on the reference set with theta_0 as the teacher.
     img (R, D), txt (M, D): the current model's normalised features of R reference images and M reference
     texts (txt = txt_0 under --distil-towers image); img_0, txt_0: theta_0's; logit_scale / logit_scale_0: s, s_0.
         returns (CE(p_bar, p) image -> texts, CE(p_bar^T, p^T) text -> images), each x T^2"""
-    # Sec. 4 (feature space): L_ZSCL = CE(p_bar, p) + CE(p_bar^T, p^T), p_bar from theta_0
+    # Method, feature space: L_ZSCL = CE(p_bar, p) + CE(p_bar^T, p^T), p_bar from theta_0
     return lwf_loss(img, txt, img_0, txt_0, logit_scale, logit_scale_0, tau)
 
 
 @torch.no_grad()
 def weight_ensemble(average: list, theta: list, n: int) -> list:
-    """Sec. 4, parameter space (WE), the code's merge_we: theta_avg <- (n theta_avg + theta) / (n + 1), where n
+    """Method, parameter space (WE), the code's merge_we: theta_avg <- (n theta_avg + theta) / (n + 1), where n
     models are already in the average. average, theta: the parameters in the same order."""
-    # Sec. 4 (WE): a running mean of the weights taken every I steps
+    # Method, parameter space (WE): a running mean of the weights taken every I steps
     return [(a * n + t) / (n + 1) for a, t in zip(average, theta)]
 
 
@@ -165,7 +166,7 @@ class ZSCL(common.Method):
                    if cfg.distil_towers == "both" else txt_0)  # (M, D) g(t), or g_0(t) (deviation 1)
         to_txt, to_img = zscl_loss(ref_img, ref_txt, img_0, txt_0, scale, self.teacher.logit_scale.exp(),
                                    cfg.zscl_tau)
-        # Sec. 4: L = L_CLIP + L_ZSCL (the code's image_loss and text_loss terms)
+        # Method: L = L_CLIP + L_ZSCL (the code's image_loss and text_loss terms)
         losses["loss_zscl_img"] = cfg.image_weight * to_txt
         losses["loss_zscl_txt"] = cfg.text_weight * to_img
         if self.start is not None:  # the code's WC term (deviation 4)
@@ -209,7 +210,7 @@ class ZSCLBaseline(sequence.Baseline):
         return ZSCL(model, self.teacher, self.reference, cfg), WeightEnsemble(cfg.we_every)
 
     def end_task(self, model, net, i, dataset, collate, cfg) -> dict:
-        if cfg.we_every:  # Sec. 4 (WE): the task's result is the average
+        if cfg.we_every:  # Method, parameter space (WE): the task's result is the average
             with torch.no_grad():
                 for p, a in zip(model.parameters(), net.average):
                     p.copy_(a)
