@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import common
+from baselines import settings
 import eval as evaluation
 from plumbing import flags, m2mix_analysis, models, results, towers, train_manifests
 from plumbing.base import UsageError
@@ -124,6 +125,7 @@ def run(cfg, make_net, method: str, world=None):
     """A baseline's main() after parsing: the paper's data resolved, the tasks, --out and device checked before
     any model loads (m2mix.main's order), then finetune. world: the lab's (lab.WORLD) for the tiny backbone and
     the synthetic world; a baseline never imports the lab itself."""
+    settings.refuse_unbuilt(cfg, method)
     if cfg.backbone in ("tiny", "lab-towers") or "synthetic" in cfg.train_data:
         models.lab_world(world, f"{method}: --backbone {cfg.backbone} / --train-data {cfg.train_data}")
     karpathy = f"{cfg.data_root}/flickr30k/dataset_flickr30k.json"
