@@ -48,42 +48,23 @@ from pathlib import Path
 
 from plumbing import flags  # torch-free: the settings and their parser (--help before torch loads)
 from plumbing.flags import arg
+from papers.cclip_settings import ProtocolConfig  # torch-free too
+
 
 @dataclasses.dataclass(frozen=True)
-class CClipConfig(flags.Config):
-    backbone: str = arg("ViT-B/16", "backbone (Sec. 5: CLIP ViT-B/16)")
+class CClipConfig(ProtocolConfig):  # + the protocol: papers/cclip_settings.py
     method: str = arg("cclip", "Sec. 5.2.1 ablation", choices=("full", "lora", "ckc", "cclip"))
-    tasks: str = arg("auto", "auto: vlcl in --data-root, else synthetic (tiny) | vlcl (the "
-                     "paper's 8, data/vlcl/<name>/{train,test}.jsonl) | synthetic (the lab's 4; "
-                     "-long: long captions) | mtil-order1/2 (MTIL) | name=train[:test],...")
-    unseen: str = arg("auto", "unseen retrieval set: eval name, manifest, auto, '' = none")
-    zero_shot: str = arg("auto", "zero-shot sets, comma-separated eval.py names ('auto': imagenet,"
-                         "cifar100 for vlcl, deviation 9 / the lab's synthetic-* sets; '' = none)")
     lora_rank: int = arg(16, "LoRA rank r (Sec. 5)")
     merge_alpha: float = arg(0.5, "integration coefficient alpha (Sec. 4.1)")
     merge_schedule: str = arg("alpha", "Sec. 4.1 | dev. 1", choices=("alpha", "research", "a_mix"))
-    train_transform: str = arg("augment", "ours | dev. 15", choices=("augment", "research"))
     train_rest: bool = arg(False, "also train the non-adapted weights (research code, deviation 4)")
     proj_hidden: int = arg(2048, "projector hidden width (research code; KoyoImai: 2d)")
     ckc_weight: float = arg(1.0, "weight of L_CKC (Sec. 4.2: L = L_CLIP + L_CKC)")
     ckc_directions: str = arg("sum", "sum: as printed | mean (dev. 10)", choices=("sum", "mean"))
-    epochs: int = arg(40, "epochs per task (Sec. 5)")
-    batch_size: int = arg(1024, "global batch (Sec. 5)")
     lr: float = arg(1e-5, "lr outside the towers: projector, logit_scale (Sec. 5)")
-    lr_image: float = arg(0.0, "image-encoder lr (0: --lr) unless the preset names the task")
-    lr_text: float = arg(0.0, "text-encoder lr (0: --lr) unless the preset names the task")
-    lr_preset: str = arg("paper", "per-task lrs of Sec. 5.2.3 | none", choices=("paper", "none"))
-    wd: float = arg(0.2, "AdamW weight decay (Sec. 5; research code 0.1)")
-    beta2: float = arg(0.99, "AdamW beta2 (Sec. 5; research code: torch's 0.999, dev. 7)")
-    warmup: int = arg(-12, "warm-up: 5 of 40 epochs (Sec. 5), as a percentage (deviation 7)")
     schedule: str = arg("paper", "per step | per epoch (dev. 13)", choices=("paper", "research"))
     projector_lr: str = arg("lr", "h_psi at --lr | image (research code)", choices=("lr", "image"))
     out: str = arg("runs/cclip", "output: continual.json, results.json, per-task folders, model.pt")
-    resume: str = arg("", "'latest': continue the task sequence (at a boundary or mid-task)")
-    eval_n: int = arg(0, "ours: evaluate synthetic unseen/zero-shot sets on first n scenes; 0: all")
-    threads: int = arg(0, "ours: CPU threads for torch (0: torch's default)")
-    stop_after_tasks: int = arg(0, "ours: leave after n tasks as if interrupted (tests resume)")
-    task_safetensors: bool = arg(False, "ours: task folders' model.pt also as .safetensors")
     demo: bool = arg(False, "run the synthetic demo: all four methods, tiny backbone, CPU")
 
 
@@ -306,13 +287,7 @@ def main(argv=None):
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world
-    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in cclip_tasks.PAPER_TASKS
-             for s in ("train", "test")]
-    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "the 8 tasks of Sec. 3.2 as vlcl/<task>/{train,test}.jsonl (python "
-                              "-m commands.vlcl builds them)")
-    tasks = cclip_tasks.resolve_tasks(cfg, world)
-    common.preflight(cfg, [t.train for t in tasks], continual=True)  # before a model
+    cfg, tasks = cclip_tasks.checked_tasks(cfg, world)  # --tasks auto, rows, --out: no model yet
     try:
         summary = run(cfg, world=world)
     except Interrupted as e:

@@ -153,13 +153,7 @@ def main(config_class, make_baseline, argv=None, demo=None):
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world  # the one upward import: the lab's world when the command names it
-    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in cclip_tasks.PAPER_TASKS
-             for s in ("train", "test")]
-    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs,
-                              "C-CLIP's 8 tasks as vlcl/<task>/{train,test}.jsonl (python -m commands.vlcl "
-                              "builds them)")
-    tasks = cclip_tasks.resolve_tasks(cfg, world)
-    common.preflight(cfg, [t.train for t in tasks], continual=True)  # before a model
+    cfg, tasks = cclip_tasks.checked_tasks(cfg, world)  # --tasks auto, the rows, --out: before a model
     baseline = make_baseline(cfg, world)
     try:
         summary = run(cfg, baseline, world=world)

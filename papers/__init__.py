@@ -1,6 +1,7 @@
 """One module per paper's readers and drivers, above eval.py and below the method files: what a method needs for
 its paper's data and experiments but a reader of its math does not.
 
+  cclip_settings  C-CLIP's protocol as settings (torch-free): cclip.py's and the continual baselines' shared fields
   cclip_tasks     C-CLIP: the task list, evaluation sets, per-task learning rates, research merge schedule
   cmcl            DNS: frozen CLIP features, CMCL's feature readers, step plan, tables, the drivers
   erclip_data     ERCLIP: the COCO + ShareGPT4V training set from its public sources

@@ -55,6 +55,17 @@ def average_of_task_results(out, tasks, i: int) -> dict:
     return {n: (v / i).to(dtypes[n]) if v.is_floating_point() else v for n, v in total.items()}
 
 
+def checked_tasks(cfg, world=None):
+    """A sequence's command before any model (cclip.py's main and every continual baseline's): --tasks auto resolved
+    (vlcl when its 8 tasks are under --data-root), the task sequence, then common.preflight (rows, --out, device).
+    Returns (cfg, tasks)."""
+    needs = [Path(cfg.data_root) / "vlcl" / n / f"{s}.jsonl" for n in PAPER_TASKS for s in ("train", "test")]
+    cfg = common.resolve_auto(cfg, "tasks", "vlcl", needs, "the 8 tasks of C-CLIP Sec. 3.2 as "
+                              "vlcl/<task>/{train,test}.jsonl (python -m commands.vlcl builds them)")
+    tasks = resolve_tasks(cfg, world)
+    common.preflight(cfg, [t.train for t in tasks], continual=True)
+    return cfg, tasks
+
 def resolve_tasks(cfg, world: models.LabWorld | None = None) -> list[common.Task]:
     """cclip.py's --tasks: vlcl's layout, the lab's (world: models.LabWorld) or the user's manifests."""
     if cfg.tasks == "synthetic-long":  # ours: the lab's 4 domain tasks, trained and tested on their long captions
