@@ -325,16 +325,17 @@ def _targets(model, targets):
 
 
 def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
-             targets=tuple(lora_files.DEFAULT_TARGETS.split(",")), keep_trainable=()):
+             targets=tuple(lora_files.DEFAULT_TARGETS.split(",")), keep_trainable=(), towers=("image", "text")):
     """Freezes every weight of `model` (but the parameters named in keep_trainable, e.g. SigLIP's logit_bias) and
     adds zero-initialised LoRA adapters to each 2-D parameter whose name ends in one of `targets` (default: attention
-    in/out and MLP weights of both towers). The outputs are unchanged until the adapters train. Returns the list of
-    adapted parameter names."""
+    in/out and MLP weights) in `towers` (the image tower: names under visual.). The outputs are unchanged until the
+    adapters train. Returns the list of adapted parameter names."""
     model.requires_grad_(False)
     for name, p in model.named_parameters():
         if name in keep_trainable:
             p.requires_grad_(True)
-    found = _targets(model, tuple(targets))
+    found = [t for t in _targets(model, tuple(targets))
+             if ("image" if t[2].startswith("visual.") else "text") in towers]
     if not found:
         raise ValueError(f"add_lora: no plain 2-D parameter ends in any of {tuple(targets)} (already adapted? "
                          f"merge first; --lora-targets names weight suffixes such as attn.in_proj_weight)")
@@ -1005,9 +1006,10 @@ def run_lora(cfg, model, out: Path | None = None):
     Without --lora: nothing ({})."""
     if not getattr(cfg, "lora", 0):
         return {}
-    if out is None:
+    if out is None:  # --lock-image / --lock-text: no adapters in that tower (LoRA on the other one only)
         keep = ("logit_bias",) if getattr(cfg, "loss", "clip") == "siglip" else ()
-        return add_lora(model, cfg.lora, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","), keep)
+        towers = [t for t, locked in (("image", cfg.lock_image), ("text", cfg.lock_text)) if not locked]
+        return add_lora(model, cfg.lora, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","), keep, towers)
     folder = lora_files.export_peft(model, adapters(model), out / lora_files.ADAPTER_FOLDER, cfg.backbone)
     merge_lora(model, 1.0)
     return {"lora_adapter": str(folder)}

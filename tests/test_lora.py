@@ -150,3 +150,14 @@ def test_cclip_takes_the_shared_flag_as_its_own_lora(tmp_path):
 def test_dns_refuses_lora_with_one_message():
     with pytest.raises(common.UsageError, match="dns.py trains maps over frozen features"):
         dns.main(["--lora", "2", "--tasks", "synthetic", "--backbone", "tiny"])
+
+
+def test_a_locked_tower_gets_no_adapters_and_does_not_move(tmp_path):
+    """LoRA on one tower: --lock-image puts adapters in the text tower only; the image tower ends as it began."""
+    _run(erclip, tmp_path, "r", "--lora", "2", "--lock-image")
+    saved = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    base = models.load_model("tiny", world=lab.WORLD)[0].state_dict()
+    moved = {k for k in saved if k in base and not torch.equal(saved[k], base[k])}
+    assert moved and not [k for k in moved if k.startswith("visual.")]
+    assert json.loads((tmp_path / "r" / "lora_adapter" / "adapter_config.json").read_text())["target_modules"] == \
+        sorted({f"transformer.resblocks.{i}.{m}" for i in range(4) for m in ("attn", "mlp.c_fc", "mlp.c_proj")})
