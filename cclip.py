@@ -132,6 +132,7 @@ class CClip(common.Method):
         self.model, self.teacher, self.projector = model, teacher, projector
         self.ckc_weight, self.label_smoothing = ckc_weight, label_smoothing
         self.ckc_directions, self.loss = ckc_directions, loss
+        models.pair_bias(model, loss)  # --loss siglip: the model's logit_bias (deviation 16)
         if teacher is not None:
             teacher.requires_grad_(False).eval()
 
@@ -148,7 +149,7 @@ class CClip(common.Method):
     def losses(self, f, ctx=None):
         img, txt = common.gather(F.normalize(f["img"], dim=-1), F.normalize(f["txt"], dim=-1))
         scale = self.model.logit_scale.exp()
-        bias = models.pair_bias(self.model, self.loss)  # --loss siglip's b (deviation 16)
+        bias = self.model.logit_bias if self.loss == "siglip" else None  # deviation 16
         losses = {"loss_clip": common.contrastive_loss(img, txt, scale, bias, self.label_smoothing)}
         if self.projector is not None:
             p_img, p_txt = self.projector(f["img"]), self.projector(f["txt"])  # (b, D), deviation 5

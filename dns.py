@@ -22,7 +22,7 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  11. One process: dns.py refuses WORLD_SIZE > 1 (two D x D maps, torchrun brings nothing).
  12. Speed (ours): the same projection in the form of fewest operations: --projection-form.
  13. Output covariance re-mapped with the current maps (ours); the code's: --output-cov per-task.
- 14. Loss: CLIP's symmetric InfoNCE (ours); the code's one-way CE at temperature 1: --loss code.
+ 14. Loss: CLIP's InfoNCE (ours); code: one-way CE, temp. 1 (--loss code); siglip: b = -10, frozen.
  15. lambda_min default 0.01 (paper); the code's 0.1: --lambda-min 0.1.
  16. Covariance counts per modality (ours); the code: one count over all steps: --covariance code.
  17. Covariances from the step's own pair (ours); the code's columns 0, 1: --covariance code.
@@ -32,7 +32,6 @@ Deviations (one line each; at length, with the commands and demos, in docs/dns.m
  21. --demo-cmcl: the lab's synthetic multimodal world, not real features.
  22. No clipping (paper silent); the code's Trainer clips at 1.0: --grad-clip 1 (raw norm, any form)
  23. fp32 on CUDA too, as the code (its TrainingArguments set no fp16/bf16): --precision auto: fp16.
- 24. --loss siglip (ours): SigLIP's sigmoid loss, the scale frozen and b = -10 frozen (as 5).
 """
 from __future__ import annotations
 
@@ -56,8 +55,8 @@ class DNSConfig(Config):
                           "code, deviation 13)", choices=("current", "per-task"))
     covariance: str = arg("ours", "ours: per-modality counts, the step's pair | code: one count "
                           "over all steps, columns 0, 1 (dev. 16-17)", choices=("ours", "code"))
-    loss: str = arg("clip", "clip: symmetric InfoNCE at CLIP's scale (ours) | code: one-way CE, "
-                    "temperature 1 (dev. 14) | siglip (24)", choices=("clip", "code", "siglip"))
+    loss: str = arg("clip", "clip: InfoNCE at CLIP's scale (ours) | code: one-way CE, temperature "
+                    "1 | siglip: b frozen (dev. 14)", choices=("clip", "code", "siglip"))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = arg("auto", "sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', "
                      "mtil-order1/2 (MTIL), 'auto' (tiny: synthetic; the paper's data: no layout)")
@@ -204,8 +203,7 @@ def project_gradient_activations(delta, X, U_out, U_in, order: str = "auto"):
     delta (B, D_out): gradient of the loss w.r.t. the map's output; X (B, D_in): the map's input;
     U_out (D_out, k_out), U_in (D_in, k_in): orthonormal bases. order: 'basis' (through the
     (k_out, k_in) core; large B), 'batch' (one product [delta, -delta P_out]^T [X, X P_in]; small
-    B), 'auto': the cheaper by projection_flops. Equals project_gradient(delta^T X,
-    P_out, P_in)."""
+    B), 'auto': the cheaper by projection_flops. Equals project_gradient(delta^T X, P_out, P_in)."""
     if order == "auto":
         d_out, d_in, k_out, k_in = U_out.shape[0], U_in.shape[0], U_out.shape[1], U_in.shape[1]
         order = min(("basis", "batch"),
@@ -392,7 +390,7 @@ class DNSNet(common.Method):
         if self.loss == "code":  # deviation 14: one direction, temperature 1
             return {"loss_code": code_loss(img, txt)}
         scale = self.model.logit_scale.exp()
-        bias = models.SIGLIP_INIT[1] if self.loss == "siglip" else None  # deviation 24
+        bias = models.SIGLIP_INIT[1] if self.loss == "siglip" else None  # deviation 14
         return {"loss_clip": common.contrastive_loss(img, txt, scale, bias, self.label_smoothing)}
 
 

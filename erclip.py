@@ -300,8 +300,8 @@ class ERCLIP(common.Method):
         g = dict(zip(f, common.gather(*f.values())))  # img, txt, long (, img0, txt0) of all ranks
         return erclip_losses(g["img"], g["txt"], g["long"], g.get("img0"), g.get("txt0"),
                              self.model.logit_scale.exp(), self.cfg.alpha, self.cfg.lambda_p,
-                             self.cfg.label_smoothing, getattr(self.model, "logit_bias", None)
-                             if self.cfg.loss == "siglip" else None)
+                             self.cfg.label_smoothing,
+                             self.model.logit_bias if self.cfg.loss == "siglip" else None)
 
     @staticmethod
     def split_batch(batch, k):  # --accum-freq: micro-batches with their captions' sentences

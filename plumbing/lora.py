@@ -53,14 +53,14 @@ def export_peft(model, found: dict, folder, base_model: str = "") -> Path:
         sd[f"base_model.model.{prefix}.lora_A.weight"] = m.A.detach().cpu().float().contiguous()
         sd[f"base_model.model.{prefix}.lora_B.weight"] = m.B.detach().cpu().float().contiguous()
     for mod in sorted(modules):  # an attention adapted on one side only: the other side at B = 0
-        for prefix in (mod, f"{mod}.base_layer.out_proj"):
-            in_proj = prefix == mod
-            attn = model.get_submodule(mod)
-            if not isinstance(attn, nn.MultiheadAttention) or f"base_model.model.{prefix}.lora_A.weight" in sd:
-                continue
-            width = attn.embed_dim
-            sd[f"base_model.model.{prefix}.lora_A.weight"] = torch.zeros(rank, width)
-            sd[f"base_model.model.{prefix}.lora_B.weight"] = torch.zeros((3 if in_proj else 1) * width, rank)
+        attn = model.get_submodule(mod)
+        if not isinstance(attn, nn.MultiheadAttention):
+            continue
+        for prefix, rows in ((mod, 3 * attn.embed_dim), (f"{mod}.base_layer.out_proj", attn.embed_dim)):
+            key = f"base_model.model.{prefix}.lora_"
+            if key + "A.weight" not in sd:
+                sd[key + "A.weight"] = torch.zeros(rank, attn.embed_dim)
+                sd[key + "B.weight"] = torch.zeros(rows, rank)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(folder / "adapter_model.safetensors"))

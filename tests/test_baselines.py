@@ -199,13 +199,7 @@ def test_empirical_fisher_is_the_mean_squared_gradient():
 
 
 # --------------------------------------------------------------------------- end to end, resume
-def _tasks(root, n=16):
-    parts = []
-    for d in ("photo", "night"):
-        tr = lab.synthetic_manifest(f"task-{d}", root, n=n)
-        te = lab.synthetic_manifest(f"task-{d}-test", root, n=n)
-        parts.append(f"{d}={tr}:{te}")
-    return ",".join(parts)
+from test_cclip import _tasks  # noqa: E402  (C-CLIP's two synthetic tasks: the baselines run its protocol)
 
 
 def _argv(name, root, out, *extra):

@@ -105,23 +105,13 @@ def test_imix_matches_the_authors_code_on_identical_inputs(capsys):
     assert diff < 1e-5
 
 
-@pytest.fixture(scope="module")
-def tiny_random():
-    torch.manual_seed(0)
-    model, _, _, tok = models.load_model("tiny", "random")
-    return model, tok
-
-
-def _batch(tok, B=6):
-    g = torch.Generator().manual_seed(0)
-    caps = [f"a photo of a {c} circle." for c in ("red", "green", "blue", "yellow", "purple", "orange")][:B]
-    return {"image": torch.randn(B, 3, lab.IMAGE_SIZE, lab.IMAGE_SIZE, generator=g), "text": tok(caps)}
+from test_m2mix import _batch  # noqa: E402  (m2-Mix's wrapper batch; the model: conftest's tiny_random)
 
 
 def test_imix_wrapper_matches_the_authors_code_on_the_tiny_clip(tiny_random, capsys):
     """The whole step (the draw from the step's generator, the mix, the towers, the loss) against the authors'
     computation on the same model, batch and draw: the wrapper wires what the loss tests check."""
-    model, tok = tiny_random
+    model, _, _, tok = tiny_random
     batch, cfg = _batch(tok), imix.IMixConfig(backbone="tiny")
     net = imix.IMix(model, cfg).eval()
     with torch.no_grad():
@@ -221,7 +211,7 @@ def test_unmix_draw_mixes_global_and_region_at_the_set_rate():
 
 
 def test_unmix_wrapper_is_clip_plus_the_mixed_terms_and_clip_at_weight_0(tiny_random):
-    model, tok = tiny_random
+    model, _, _, tok = tiny_random
     batch = _batch(tok)
     net = unmix.UnMix(model, unmix.UnMixConfig(backbone="tiny", mix_weight=0.0)).eval()
     with torch.no_grad():
@@ -252,7 +242,7 @@ def test_gradients_reach_both_towers_and_a_fixed_tau_freezes_the_scale(mod, cls,
 
 @pytest.mark.parametrize("cls, cfg_cls", [(imix.IMix, imix.IMixConfig), (unmix.UnMix, unmix.UnMixConfig)])
 def test_bf16_autocast_step_on_cpu_is_finite(tiny_random, cls, cfg_cls):
-    model, tok = tiny_random
+    model, _, _, tok = tiny_random
     net = cls(model, cfg_cls(backbone="tiny"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         losses = net(_batch(tok), _ctx(0))
