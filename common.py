@@ -993,8 +993,9 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
         summary["validation"] = trainlog.validations(out)
     if rank == 0:
         save()
-        if export:  # --lora's peft adapter (then merged, first), model.pt and its .safetensors twin, --export's folder
-            summary.update(run_lora(cfg, net.model, out), **models.save_trained(net.model, cfg, out))
+        if export:  # --lora's peft adapter, then merged; model.pt and its .safetensors twin; --export's folder
+            summary.update(run_lora(cfg, net.model, out))
+            summary.update(models.save_trained(net.model, cfg, out))
     return summary
 
 

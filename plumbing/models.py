@@ -331,11 +331,12 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
     kept in the last slot), remembering the last 65,536 texts: captions come back every epoch and evaluation,
     prompts every zero-shot head, and the pure-Python BPE costs ~60 us a text."""
     name = resolve_backbone(backbone)
-    config = json.dumps(open_clip.get_model_config(name), sort_keys=True)
+    model_cfg = open_clip.get_model_config(name)
+    config = json.dumps(model_cfg, sort_keys=True)
     try:
         return _cached_tokenizer(name, context_length, config)
     except OSError as e:  # transformers' own: an HF tokenizer (SigLIP's) neither cached nor reachable
-        hf = (open_clip.get_model_config(name) or {}).get("text_cfg", {}).get("hf_tokenizer_name", "?")
+        hf = (model_cfg or {}).get("text_cfg", {}).get("hf_tokenizer_name", "?")
         raise RunError(f"{name}'s tokenizer is the Hugging Face hub's {hf}: not in the cache and the hub is "
                        f"unreachable ({str(e).splitlines()[0][:120]}); download it elsewhere "
                        f"(huggingface-cli download {hf}) and set HF_HOME to that cache") from None
