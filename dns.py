@@ -338,15 +338,13 @@ class ModalityMaps(nn.Module):
         self.set_pair(*self.modalities[:2])
 
     def set_pair(self, a: str, b: str):
-        """Only the pair's maps train; every other map is frozen (not in the optimizer: no weight
-        decay either)."""
+        """Only the pair's maps train; the others are frozen (not in the optimizer: no decay)."""
         self.pair = (a, b)
         for name, p in self.named_parameters():
             p.requires_grad_(name[2:] in (a, b))
 
     def map(self, m: str, x, hooks=None):  # (N, D) -> (N, D)
-        """x W_m^T (+ b_m); hooks.linear() may compute it so that W_m's gradient arrives projected
-        (deviation 12)."""
+        """x W_m^T (+ b_m); hooks.linear() may compute it, W_m's gradient projected (dev. 12)."""
         W, b = getattr(self, f"W_{m}"), getattr(self, f"b_{m}", None)
         projected = hooks is not None and f"W_{m}" in hooks.projectors
         y = hooks.linear(f"W_{m}", x, W) if projected else x @ W.t()
@@ -513,6 +511,8 @@ class DNSLearner:
     Zo[m]: the code's per-task output side (deviation 13); history: the maps after each step. A step
     trains only its pair's maps; a map whose modality has no past is not projected (the code's
     projectors are zero then)."""
+    hooks = None  # common.train's hooks in vanilla mode (baselines/maps.py: ZSCL's WE)
+
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0,
                  loss: str = "clip", bias: bool = False, modalities=CLIP_MODALITIES):
         self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
@@ -567,7 +567,7 @@ class DNSLearner:
         self.net.hooks = hooks
         try:
             summary = common.train(task_cfg, self.net, feature_pairs(x_a, x_b),
-                                   common.Collate(None), hooks=hooks, export=False)
+                                   common.Collate(None), hooks=hooks or self.hooks, export=False)
         finally:
             self.net.hooks = None
         if "stopped_at" in summary:

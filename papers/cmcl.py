@@ -517,7 +517,8 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True, world=None) -> 
               "projection_ms_per_step": 1e3 * sum(s["projection_seconds"] for s in learner.summaries)
               / max(1, sum(s["steps"] for s in learner.summaries if s["old_rank"])),  # over projected steps
               "projector_build_seconds": sum(s["projector_build_seconds"] for s in learner.summaries)}
-    results = of_sequence("dns", summary, tasks, drift=drift, timing=timing, tasks=learner.summaries)
+    results = of_sequence(getattr(learner, "name", "dns"), summary, tasks, drift=drift, timing=timing,
+                          tasks=learner.summaries)
     common.write_results(out, results, cfg)  # plumbing.results' schema, the settings
     if show:  # the user's numbers (42.3), R[i][j] per metric as cclip.py prints them (42.4), the method's row
         print(sequence_table(summary, tasks))
@@ -567,8 +568,8 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
         x = data[(st.dataset, "test")]["x"]
         maps = [learner.net.model.pair_maps(h, *st.modalities) for h in (learner.history[k], learner.history[-1])]
         drift.append(score_drift(x[:, st.pair[0]], x[:, st.pair[1]], *maps))  # before, after
-    results = of_sequence("dns", summary, tasks, NO_ACC, steps=[st.name for st in steps], drift={"test": drift},
-                          tasks=learner.summaries)
+    results = of_sequence(getattr(learner, "name", "dns"), summary, tasks, NO_ACC, steps=[st.name for st in steps],
+                          drift={"test": drift}, tasks=learner.summaries)
     common.write_results(cfg.out, results, cfg)  # plumbing.results' schema, the settings
     if show:  # the user's numbers (42.3), R[i][j] per metric as cclip.py prints them (42.4), CMCL's row
         print(sequence_table(summary, tasks, CMCL_METRICS))
