@@ -458,7 +458,9 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     out = tmp_path / "demo"
     dns.main(["--demo", "--seeds", "0,1,2", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
               str(tmp_path / "data"), "--out", str(out)])
-    check_demo_results(out, "dns-demo.png", dns_demo.DEMO_MODES.values(), min_claims=10)
+    names = [*dns_demo.DEMO_MODES.values(), *(name for name, _ in dns_demo.DEMO_BASELINES.values())]
+    saved = check_demo_results(out, "dns-demo.png", names, min_claims=10)
+    assert all(f"| {name} |" in saved["table"] for name in names)  # issue 60: the baselines' rows are printed
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """DNS's demos (`python dns.py --demo`, `python dns.py --demo-cmcl`) and its
-guarantee check: vanilla / DNS-gradient (the paper's) / DNS-update (ours),
+guarantee check: vanilla / DNS-gradient (the paper's) / DNS-update (ours)
+(--demo also ZSCL / LwF / EWC on the maps, baselines/maps.py),
 paired over the seeds in lab.seeds(), on the lab's four domains through the
 tiny backbone's frozen features, and on the synthetic multimodal world in
 CMCL's own setting. Settings, protocol and results: docs/dns.md."""
@@ -16,6 +17,7 @@ from papers.erclip_sweeps import drop_weights
 import common
 import dns
 import lab
+from baselines import maps
 from papers import cmcl
 
 # =============================================================================
@@ -35,6 +37,12 @@ DEMO = dict(zero_shot="synthetic-shape,synthetic-color", task_classes="position"
 DEMO_MODES = {"vanilla": "vanilla", "gradient": "DNS-gradient", "update": "DNS-update"}
 DEMO_COLS = ["Acc", "BWT_A", "R@1", "BWT_R@1", "R@10", "BWT_R@10", "drift %"]
 low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the tests')
+# Issue 60: the continual baselines on the maps (baselines/maps.py), each on vanilla's settings with its own knob
+# chosen by `python -m lab.calibrate dns-zscl / dns-lwf / dns-ewc` (rule and demo-only costs declared before they
+# ran: lab/calibrate.py, docs/lab.md; records docs/calibration-dns-*.json). CMCL's paper prints no relation between
+# DNS and these rows: they are shown without claims.
+DEMO_BASELINES = {"zscl": ("ZSCL", dict(we_every=4, image_weight=1.0, text_weight=1.0)),
+                  "lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e4))}
 
 
 def guarantee_check(mode: str, out, seed: int = 0, **overrides) -> dict:
@@ -135,6 +143,18 @@ def demo_seeds(run_one, cfg: dns.DNSConfig, out: Path, **settings) -> tuple:
     return runs, base, results
 
 
+def baseline_seeds(cfg: dns.DNSConfig, out: Path, **settings) -> dict:
+    """Each row of DEMO_BASELINES once per seed in lab.seeds() (the seeds and data order of demo_seeds),
+    through baselines.maps.run: {name: [demo_row + seed]}."""
+    runs = {name: [] for name, _ in DEMO_BASELINES.values()}
+    for seed in lab.seeds():
+        for mode, (name, knob) in DEMO_BASELINES.items():
+            bcfg = maps.MapsConfig(**(dataclasses.asdict(cfg) | settings | knob | dict(
+                mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"))))
+            runs[name].append({**demo_row(maps.run(bcfg, show=False, world=lab.WORLD)), "seed": seed})
+    return runs
+
+
 def run_demo(cfg: dns.DNSConfig) -> dict:
     """vanilla, DNS-gradient (the paper's) and DNS-update (ours) on the four
     domains, once per seed in lab.seeds() (same seed, same data order across
@@ -146,6 +166,7 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
         cfg = dataclasses.replace(cfg, tasks=lab.scene_labelled_tasks(cfg.data_root))
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
     runs, base, _ = demo_seeds(functools.partial(dns.run, world=lab.WORLD), cfg, out, **shared)
+    runs |= baseline_seeds(cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root, lab.WORLD)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
@@ -154,7 +175,10 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
             f"%, R@1 / R@10 % = mean of I2T, T2I; BWT = mean over old tasks of final - right after; drift = "
             f"relative change of an old task's test "
             f"score matrix from right after it to the end (%). CLIP = identity maps. Guarantee on low-rank features "
-            f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Mean ± std over seeds.")
+            f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Baselines on the maps "
+            "(baselines/maps.py, vanilla's settings, own knob from val): " + ", ".join(
+                f"{name} " + " ".join(f"{a} {v:g}" for a, v in k.items()) for name, k in DEMO_BASELINES.values())
+            + ". Mean ± std over seeds.")
     claims = demo_claims(runs)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "dns-demo.png",
