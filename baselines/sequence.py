@@ -7,7 +7,8 @@ share and no paper owns: the sequence of common.run_continual (R[i][j] after eve
 retrieval, zero-shot PD), papers.cclip_tasks' tasks, evaluation sets and per-task learning rates, common.train for
 each task (AMP, DDP, --resume mid-task), the run folder (config.json, continual.json, results.json of
 plumbing.results' schema, task folders' model.pt, model.pt and --export at the end). It is cclip.py's `run` /
-`main` with the LoRA and CKC parts taken out; cclip.py is not imported (a method file is not a baseline's layer).
+`main` with the LoRA and CKC parts taken out; cclip.py is not imported: C-CLIP's protocol without C-CLIP is
+what these rows share (baselines/maps.py imports dns.py, whose maps are its setting).
 
 A boundary's state (common.run_continual's boundary.pt) is the model, plus, when the baseline keeps any (EWC's
 Fisher and anchor), `boundary-state.pt` beside it: a resumed sequence starts the next task exactly where an
