@@ -92,6 +92,17 @@ def consolidate(fisher: list | None, weighted: list | None, new_fisher: list, th
             [gamma * w + n * t.float() for w, n, t in zip(weighted, new_fisher, theta)])
 
 
+def consolidate_named(fisher: dict | None, weighted: dict | None, new: dict, theta: dict, gamma: float = 1.0):
+    """consolidate over {name: tensor}: the weights named in `new` (F_t) at theta (their theta*_t) join (F, W);
+    weights that did not train in this task keep their entries (CMCL's steps train one pair of maps). Returns
+    (F, W) as dicts."""
+    fisher, weighted = fisher or {}, weighted or {}
+    old = ([fisher.get(n, torch.zeros_like(f)) for n, f in new.items()],
+           [weighted.get(n, torch.zeros_like(f)) for n, f in new.items()]) if fisher else (None, None)
+    f, w = consolidate(*old, list(new.values()), [theta[n] for n in new], gamma)
+    return fisher | dict(zip(new, f)), weighted | dict(zip(new, w))
+
+
 @torch.no_grad()
 def anchor(fisher: list, weighted: list, theta: list) -> list:
     """theta* = W / F where F > 0 (elsewhere theta itself: that weight carries no penalty)."""
@@ -149,10 +160,7 @@ class EWCBaseline(sequence.Baseline):
     def end_task(self, model, net, i, dataset, collate, cfg) -> dict:
         theta = trainable(model)  # the weights that trained in this task (--lock-* leaves some out)
         new = dict(zip(theta, task_fisher(model, list(theta.values()), dataset, collate, cfg, cfg.seed + i)))
-        old_f = [self.fisher.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
-        old_w = [self.weighted.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
-        f, w = consolidate(old_f, old_w, list(new.values()), list(theta.values()), cfg.ewc_gamma)
-        self.fisher, self.weighted = dict(zip(new, f)), dict(zip(new, w))
+        self.fisher, self.weighted = consolidate_named(self.fisher, self.weighted, new, theta, cfg.ewc_gamma)
         return {"fisher_mean": float(sum(f.sum() for f in new.values()) / sum(f.numel() for f in new.values()))}
 
     def state(self) -> dict:

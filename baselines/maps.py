@@ -44,7 +44,7 @@ import torch
 
 import common
 import dns
-from baselines.ewc import anchor, consolidate, empirical_fisher, ewc_penalty
+from baselines.ewc import anchor, consolidate_named, empirical_fisher, ewc_penalty
 from baselines.lwf import lwf_loss
 from baselines.zscl import WeightEnsemble, reference_paths, zscl_loss
 from papers import cmcl
@@ -169,12 +169,7 @@ class MapsLearner(dns.DNSLearner):
                 loss = sum(dns.DNSNet.losses(net, net.features(batch)).values())  # the task's loss alone
                 yield torch.autograd.grad(loss, list(theta.values()))
         new = dict(zip(theta, empirical_fisher(gradients())))
-        old_f = [self.fisher.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
-        old_w = [self.weighted.get(n, torch.zeros_like(f)) for n, f in new.items()] if self.fisher else None
-        f, w = consolidate(old_f, old_w, list(new.values()), list(theta.values()), cfg.ewc_gamma)
-        keep = {n: (self.fisher[n], self.weighted[n]) for n in self.fisher or {} if n not in new}  # other maps'
-        self.fisher = {**{n: v[0] for n, v in keep.items()}, **dict(zip(new, f))}
-        self.weighted = {**{n: v[1] for n, v in keep.items()}, **dict(zip(new, w))}
+        self.fisher, self.weighted = consolidate_named(self.fisher, self.weighted, new, theta, cfg.ewc_gamma)
         return float(sum(x.sum() for x in new.values()) / sum(x.numel() for x in new.values()))
 
     def state_dict(self):
