@@ -100,6 +100,13 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       code's ~10), 64 reference images and 64 reference texts a step (the
       batch, as the code) from the world's 'train' split; EWC's Fisher from
       one pass over the task's pairs.
+  dns-cmcl-lwf, dns-cmcl-ewc (issue 60, declared before they ran): the
+      two that apply in CMCL's setting (ZSCL has no reference set of its
+      modalities), for `dns.py --demo-cmcl`: the same knobs, grids, edges,
+      defaults and rule as dns-lwf / dns-ewc, on the test split of a world
+      drawn with the pilot seed (as dns-cmcl: the demo's world parameters),
+      pilot seed, at vanilla's CMCL demo settings (lr 1e-2, 10 epochs); the
+      score is the last R@1 (mean over the 11 steps after the last one).
   cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
@@ -708,6 +715,33 @@ def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
     return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
 
 
+def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
+    """LwF or EWC on the maps in CMCL's setting (module docstring: dns-cmcl-lwf, -ewc), pilot world and seed."""
+    import functools
+
+    import dns
+    from baselines import maps
+    from lab.demos import dns as demo
+    from papers import cmcl
+    out = out or f"runs/calibration/dns-cmcl-{name}"
+    cfg = common.parse_config(maps.MapsConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
+    features = lab.synthetic_multimodal(f"{out}/world", "cmcl", cfg.perceptor, seed=PILOT_SEED, **demo.CMCL_DEMO)
+
+    def score(w):
+        vcfg = dataclasses.replace(cfg, mode=name, out=f"{out}/{w:g}", **demo.cmcl_run_settings(features),
+                                   **demo.CMCL_TRAIN, **_baseline_knob(name, w))
+        summary = cmcl.run_steps(vcfg, functools.partial(maps.MapsLearner, vcfg, None), dns.score_drift,
+                                 show=False)["continual"]
+        R = summary["matrices"]["R@1"]
+        row = {"weight": w, "score": float(np.mean(R[-1])), "R@1": R, "BWT R@1": summary["metrics"]["R@1"]["bwt"]}
+        print(f"[calibrate dns-cmcl-{name}] {w:g}: last R@1 {row['score']:.2f}, BWT {row['BWT R@1']:.2f}",
+              file=sys.stderr)
+        return row
+    field, grid, edges, default = BASELINE_KNOBS[name]
+    rows, chosen = _tune_weight(score, grid, edges, default)
+    return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
+
+
 CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "erclip-gates": calibrate_erclip_gates,
                 "longclip": calibrate_longclip, "cclip-lora": calibrate_cclip_lora,
                 "cclip-lora-edge": calibrate_cclip_lora_edge,
@@ -719,7 +753,8 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "m2mix-baselines": calibrate_m2mix_baselines,
                 "towers-mix": calibrate_towers_mix, "gmc-mix": calibrate_gmc_mix,
                 **{f"cclip-{b}": (lambda b=b: calibrate_cclip_baseline(b)) for b in ("zscl", "lwf", "ewc")},
-                **{f"dns-{b}": (lambda b=b: calibrate_dns_baseline(b)) for b in ("zscl", "lwf", "ewc")}}
+                **{f"dns-{b}": (lambda b=b: calibrate_dns_baseline(b)) for b in ("zscl", "lwf", "ewc")},
+                **{f"dns-cmcl-{b}": (lambda b=b: calibrate_dns_cmcl_baseline(b)) for b in ("lwf", "ewc")}}
 
 
 def main(argv=None):
