@@ -195,6 +195,14 @@ def run(cfg: MapsConfig, show: bool = True, world=None) -> dict:
     return cmcl.run_clip(cfg, functools.partial(MapsLearner, cfg, reference), dns.score_drift, show, world)
 
 
+def run_steps(cfg: MapsConfig, show: bool = True) -> dict:
+    """One row in CMCL's setting: its step sequence from cached features (--features; papers.cmcl.run_steps)."""
+    if cfg.mode == "zscl":
+        raise common.UsageError("ZSCL needs a reference set of images and texts; CMCL's steps pair other "
+                                "modalities (audio, depth, ...): not applicable there (docs/baselines.md)")
+    return cmcl.run_steps(cfg, functools.partial(MapsLearner, cfg, None), dns.score_drift, show)
+
+
 def main(argv=None):
     cfg = common.parse_config(MapsConfig, argv)
     world = None
@@ -204,11 +212,9 @@ def main(argv=None):
         raise common.UsageError("--export / --lock-* / --lora / --torchcompile / --demo: baselines.maps trains maps "
                                 "over frozen features; its rows are in dns.py's demo")
     if cfg.features:
-        if cfg.mode == "zscl":
-            raise common.UsageError("ZSCL needs a reference set of images and texts; CMCL's steps pair other "
-                                    "modalities (audio, depth, ...): not applicable there (docs/baselines.md)")
-        common.preflight(cfg, continual=True)
-        return cmcl.run_steps(cfg, functools.partial(MapsLearner, cfg, None), dns.score_drift)
+        if cfg.mode != "zscl":  # ZSCL: run_steps' one message, before any check of the data
+            common.preflight(cfg, continual=True)
+        return run_steps(cfg)
     cfg = cmcl.resolve(cfg)
     common.preflight(cfg, [t.train for t in common.parse_tasks(cfg.tasks, cfg.data_root, world)], continual=True)
     return run(cfg, world=world)

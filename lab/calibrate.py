@@ -717,12 +717,8 @@ def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
 
 def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
     """LwF or EWC on the maps in CMCL's setting (module docstring: dns-cmcl-lwf, -ewc), pilot world and seed."""
-    import functools
-
-    import dns
     from baselines import maps
     from lab.demos import dns as demo
-    from papers import cmcl
     out = out or f"runs/calibration/dns-cmcl-{name}"
     cfg = common.parse_config(maps.MapsConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
     features = lab.synthetic_multimodal(f"{out}/world", "cmcl", cfg.perceptor, seed=PILOT_SEED, **demo.CMCL_DEMO)
@@ -730,8 +726,7 @@ def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
     def score(w):
         vcfg = dataclasses.replace(cfg, mode=name, out=f"{out}/{w:g}", **demo.cmcl_run_settings(features),
                                    **demo.CMCL_TRAIN, **_baseline_knob(name, w))
-        summary = cmcl.run_steps(vcfg, functools.partial(maps.MapsLearner, vcfg, None), dns.score_drift,
-                                 show=False)["continual"]
+        summary = maps.run_steps(vcfg, show=False)["continual"]
         R = summary["matrices"]["R@1"]
         row = {"weight": w, "score": float(np.mean(R[-1])), "R@1": R, "BWT R@1": summary["metrics"]["R@1"]["bwt"]}
         print(f"[calibrate dns-cmcl-{name}] {w:g}: last R@1 {row['score']:.2f}, BWT {row['BWT R@1']:.2f}",

@@ -143,15 +143,20 @@ def demo_seeds(run_one, cfg: dns.DNSConfig, out: Path, **settings) -> tuple:
     return runs, base, results
 
 
-def baseline_seeds(cfg: dns.DNSConfig, out: Path, **settings) -> dict:
-    """Each row of DEMO_BASELINES once per seed in lab.seeds() (the seeds and data order of demo_seeds),
-    through baselines.maps.run: {name: [demo_row + seed]}."""
-    runs = {name: [] for name, _ in DEMO_BASELINES.values()}
+def knobs(baselines: dict) -> str:
+    """'ZSCL we_every 4 image_weight 1, ...': each row's own settings, for a demo's head."""
+    return ", ".join(f"{name} " + " ".join(f"{a} {v:g}" for a, v in k.items()) for name, k in baselines.values())
+
+
+def baseline_seeds(run_one, baselines: dict, cfg: dns.DNSConfig, out: Path, **settings) -> dict:
+    """Each row of `baselines` (DEMO_BASELINES, CMCL_BASELINES) once per seed in lab.seeds() (the seeds and data
+    order of demo_seeds), through run_one (baselines.maps.run or run_steps): {name: [demo_row + seed]}."""
+    runs = {name: [] for name, _ in baselines.values()}
     for seed in lab.seeds():
-        for mode, (name, knob) in DEMO_BASELINES.items():
+        for mode, (name, knob) in baselines.items():
             bcfg = maps.MapsConfig(**(dataclasses.asdict(cfg) | settings | knob | dict(
                 mode=mode, seed=seed, out=str(out / f"{mode}-seed{seed}"))))
-            runs[name].append({**demo_row(maps.run(bcfg, show=False, world=lab.WORLD)), "seed": seed})
+            runs[name].append({**demo_row(run_one(bcfg, show=False)), "seed": seed})
     return runs
 
 
@@ -166,7 +171,7 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
         cfg = dataclasses.replace(cfg, tasks=lab.scene_labelled_tasks(cfg.data_root))
     shared = dict(demo=False, feature_cache=cfg.feature_cache or str(out / "features"))
     runs, base, _ = demo_seeds(functools.partial(dns.run, world=lab.WORLD), cfg, out, **shared)
-    runs |= baseline_seeds(cfg, out, **shared)
+    runs |= baseline_seeds(functools.partial(maps.run, world=lab.WORLD), DEMO_BASELINES, cfg, out, **shared)
     checks = [guarantee_check(mode, out / "guarantee" / mode) for mode in DEMO_MODES]
     tasks = [t.name for t in common.parse_tasks(cfg.tasks, cfg.data_root, lab.WORLD)]
     head = (f"DNS demo: lab world, tiny backbone's frozen features, tasks {' -> '.join(tasks)}, seeds "
@@ -176,8 +181,7 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
             f"relative change of an old task's test "
             f"score matrix from right after it to the end (%). CLIP = identity maps. Guarantee on low-rank features "
             f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Baselines on the maps "
-            "(baselines/maps.py, vanilla's settings, own knob from val): " + ", ".join(
-                f"{name} " + " ".join(f"{a} {v:g}" for a, v in k.items()) for name, k in DEMO_BASELINES.values())
+            "(baselines/maps.py, vanilla's settings, own knob from val): " + knobs(DEMO_BASELINES)
             + ". Mean ± std over seeds.")
     claims = demo_claims(runs)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
@@ -202,6 +206,9 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
 CMCL_DEMO = dict(dim=24, n_train=256, n_test=128, conflict=0.0)
 CMCL_TRAIN = dict(lr=1e-2, epochs=10)
 CMCL_DEMO_MODES = DEMO_MODES
+# Issue 60: LwF and EWC on the maps (ZSCL has no reference set of these modalities), knobs from `python -m
+# lab.calibrate dns-cmcl-lwf / dns-cmcl-ewc` (declared before they ran; docs/calibration-dns-cmcl-*.json); no claims.
+CMCL_BASELINES = {"lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e3))}
 
 
 def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
@@ -229,6 +236,7 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
     out = lab.hold_out(cfg.out if cfg.out != "runs/default" else "runs/dns-cmcl-demo")
     features = lab.synthetic_multimodal(out / "features", "cmcl", cfg.perceptor, **CMCL_DEMO)
     runs, base, results = demo_seeds(dns.run_cmcl, cfg, out, **cmcl_run_settings(features), **CMCL_TRAIN)
+    runs |= baseline_seeds(maps.run_steps, CMCL_BASELINES, cfg, out, **cmcl_run_settings(features), **CMCL_TRAIN)
     steps = results["steps"]
     head = (f"DNS in CMCL's setting, demo: synthetic multimodal world (d {CMCL_DEMO['dim']}, "
             f"{CMCL_DEMO['n_train']} train / {CMCL_DEMO['n_test']} test per dataset), the code's 11 steps "
@@ -237,7 +245,8 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
             f"text side; R@1 / R@10 % = "
             f"mean of both directions, every step's test set; BWT = mean over old steps of final - right after; "
             f"drift = relative change of an old step's test score matrix (%). Identity = the frozen features. "
-            f"Mean ± std over seeds.")
+            "Baselines on the maps (baselines/maps.py, vanilla's settings, own knob; ZSCL does not apply here): "
+            + knobs(CMCL_BASELINES) + ". Mean ± std over seeds.")
     claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), "old-pair score")
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: cmcl_demo_figure(
         runs, base, o / "dns-cmcl-demo.png",
