@@ -62,8 +62,9 @@ def bar_panels(runs: dict, base: dict, units: dict, path, caption: str, paper: d
     for ax, (col, unit) in zip(axes, units.items()):
         names = ["identity", *runs]
         vals = [np.array([base[col]])] + [np.array([r[col] for r in v], dtype=float) for v in runs.values()]
+        colors = ["0.6", "tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive"]
         ax.bar(range(len(names)), [v.mean() for v in vals], yerr=[v.std(ddof=1) if len(v) > 1 else 0 for v in vals],
-               color=["0.6", "tab:red", "tab:blue", "tab:green"], capsize=3)
+               color=[colors[i % len(colors)] for i in range(len(names))], capsize=3)
         if col in (paper or {}):
             ax.bar([len(names), len(names) + 1], paper[col], color="none", edgecolor=["tab:red", "tab:blue"],
                    hatch="//")
