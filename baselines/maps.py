@@ -26,11 +26,11 @@ Deviations (beyond dns.py's, which every row shares: CLIP's InfoNCE at CLIP's fr
   1. The features are frozen and normalised, the maps' outputs not renormalised (dns.py deviation 19): the logits
      distilled are CLIP's scale times the maps' scores, s (W v) . (W t), as DNS's loss reads them.
   2. EWC's Fisher: the squared gradients of the task's batch loss over one seeded pass of its pairs (--fisher-
-     batches), vanilla's batch size (baselines/ewc.py deviation 1); only the maps of the step's pair train and are
-     penalised (CMCL's setting: the other maps are frozen in that step).
+     batches), vanilla's batch size (baselines/ewc.py deviation 1); only the maps of the step's pair get a new F
+     (CMCL's setting: the other maps are frozen in that step and keep their entries).
   3. ZSCL's reference set: frozen features of a manifest's images and captions (--ref-images / --ref-texts, the
-     lab's default: its world's 'train' split, as baselines/zscl.py); both maps distilled (its deviation 1); the
-     code's WC term not offered (the maps' own weight decay is vanilla's).
+     lab's default: its world's 'train' split, as baselines/zscl.py), a seeded draw a step (its deviation 2);
+     both maps distilled (its deviation 1); the code's WC term not offered (vanilla's weight decay stays).
   4. LwF's first task distils from the initial maps (the pretrained features), as ZSCL's lwf.sh.
 Commands: python -m baselines.maps --mode ewc|lwf|zscl (dns.py's flags: --tasks, --lr, --epochs, --features for
 CMCL's steps, ...); the lab: --backbone tiny --tasks synthetic. Notes: docs/baselines.md."""
