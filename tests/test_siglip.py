@@ -185,7 +185,7 @@ def test_a_siglip_backbone_keeps_its_own_bias_and_scale():
         model.logit_scale.fill_(3.0)
         model.logit_bias.fill_(-7.0)
     assert models.pair_bias(model, "siglip") is model.logit_bias
-    assert float(model.logit_bias) == -7.0 and float(model.logit_scale) == 3.0
+    assert float(model.logit_bias.detach()) == -7.0 and float(model.logit_scale.detach()) == 3.0
     assert models.pair_bias(model, "clip") is None
 
 
