@@ -40,7 +40,7 @@ low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the t
 # Issue 60: the continual baselines on the maps (baselines/maps.py), each on vanilla's settings with its own knob
 # chosen by `python -m lab.calibrate dns-zscl / dns-lwf / dns-ewc` (rule and demo-only costs declared before they
 # ran: lab/calibrate.py, docs/lab.md; records docs/calibration-dns-*.json). CMCL's paper prints no relation between
-# DNS and these rows: they are shown without claims.
+# DNS and these rows; each carries its own premise (baseline_claims, declared after seeds 0-4 had run).
 DEMO_BASELINES = {"zscl": ("ZSCL", dict(we_every=4, image_weight=1.0, text_weight=1.0)),
                   "lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e4))}
 
@@ -228,7 +228,8 @@ CMCL_DEMO = dict(dim=24, n_train=256, n_test=128, conflict=0.0)
 CMCL_TRAIN = dict(lr=1e-2, epochs=10)
 CMCL_DEMO_MODES = DEMO_MODES
 # Issue 60: LwF and EWC on the maps (ZSCL has no reference set of these modalities), knobs from `python -m
-# lab.calibrate dns-cmcl-lwf / dns-cmcl-ewc` (declared before they ran; docs/calibration-dns-cmcl-*.json); no claims.
+# lab.calibrate dns-cmcl-lwf / dns-cmcl-ewc` (declared before they ran; docs/calibration-dns-cmcl-*.json); their
+# claims: baseline_claims.
 CMCL_BASELINES = {"lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e3))}
 
 
