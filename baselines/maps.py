@@ -138,16 +138,11 @@ class MapsLearner(dns.DNSLearner):
             net.anchor = anchor(list(self.fisher.values()), list(self.weighted.values()),
                                 [params[n] for n in self.fisher])
         if cfg.mode == "zscl":  # WE: theta_avg starts at the step's starting weights
-            net.average = torch.nn.ParameterList([torch.nn.Parameter(p.detach().clone(), requires_grad=False)
-                                                  for p in model.parameters()])
-            net.register_buffer("we_count", torch.ones((), dtype=torch.long))
-            net.register_buffer("we_step", torch.zeros((), dtype=torch.long))
+            WeightEnsemble.start(net)
         self.hooks = WeightEnsemble(cfg.we_every) if cfg.mode == "zscl" else None
         summary = super().learn(dataclasses.replace(cfg, mode="vanilla"), x_a, x_b, out, resume, pair, cov_x)
         if cfg.mode == "zscl" and cfg.we_every:  # ZSCL, parameter space: the step ends on theta_avg
-            with torch.no_grad():
-                for p, a in zip(model.parameters(), net.average):
-                    p.copy_(a)
+            WeightEnsemble.finish(net)
             self.history[-1] = model.snapshot()
             summary["we_models"] = int(net.we_count)
         if cfg.mode == "ewc":

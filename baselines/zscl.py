@@ -141,11 +141,8 @@ class ZSCL(common.Method):
         super().__init__()
         self.model, self.teacher, self.reference, self.cfg = model, teacher, reference, cfg
         teacher.requires_grad_(False).eval()
-        params = [p.detach().clone() for p in model.parameters()]
-        self.average = torch.nn.ParameterList([torch.nn.Parameter(p, requires_grad=False) for p in params])
+        WeightEnsemble.start(self)
         self.start = [p.detach().clone() for p in model.parameters()] if cfg.l2 else None
-        self.register_buffer("we_count", torch.ones((), dtype=torch.long))  # theta_start is in the average
-        self.register_buffer("we_step", torch.zeros((), dtype=torch.long))  # updates taken in this task
 
     def features(self, batch, ctx=None):
         return {"img": self.model.encode_image(batch["image"]),  # (b, D) unnormalised
@@ -180,6 +177,22 @@ class WeightEnsemble:
     def __init__(self, every: int):
         self.every = every
 
+    @staticmethod
+    def start(net):
+        """A task's ensemble state on `net` (a module with .model), checkpointed with it: theta_avg = the task's
+        starting weights (net.average), n = 1 model in it (we_count), no update taken yet (we_step)."""
+        net.average = torch.nn.ParameterList([torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+                                              for p in net.model.parameters()])
+        net.register_buffer("we_count", torch.ones((), dtype=torch.long))
+        net.register_buffer("we_step", torch.zeros((), dtype=torch.long))
+
+    @staticmethod
+    @torch.no_grad()
+    def finish(net):
+        """Method, parameter space (WE): the task's result is the average (net.model's weights <- theta_avg)."""
+        for p, a in zip(net.model.parameters(), net.average):
+            p.copy_(a)
+
     def before_optimizer_step(self, net):
         pass
 
@@ -211,9 +224,7 @@ class ZSCLBaseline(sequence.Baseline):
 
     def end_task(self, model, net, i, dataset, collate, cfg) -> dict:
         if cfg.we_every:  # Method, parameter space (WE): the task's result is the average
-            with torch.no_grad():
-                for p, a in zip(model.parameters(), net.average):
-                    p.copy_(a)
+            WeightEnsemble.finish(net)
         return {"we_models": int(net.we_count)}
 
 

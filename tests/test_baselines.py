@@ -84,10 +84,7 @@ def test_weight_ensemble_matches_the_authors_schedule():
     model = torch.nn.Linear(3, 2)
     net = torch.nn.Module()
     net.model = model
-    net.average = torch.nn.ParameterList([torch.nn.Parameter(p.detach().clone(), requires_grad=False)
-                                          for p in model.parameters()])
-    net.register_buffer("we_count", torch.ones((), dtype=torch.long))
-    net.register_buffer("we_step", torch.zeros((), dtype=torch.long))
+    zscl.WeightEnsemble.start(net)
     start = [p.detach().clone() for p in model.parameters()]
     hooks, seen = zscl.WeightEnsemble(every=3), []
     for _ in range(10):
