@@ -124,14 +124,15 @@ class MapsLearner(dns.DNSLearner):
         super().__init__(dim, logit_scale, label_smoothing, loss, bias, modalities)
         self.cfg, self.name = cfg, cfg.mode
         self.net = MapsNet(cfg, dim, logit_scale, label_smoothing, loss, bias, modalities)
-        self.net.initial = copy.deepcopy(self.net.model).requires_grad_(False)  # ZSCL's theta_0
-        self.net.reference = reference
+        if cfg.mode == "zscl":  # theta_0: the maps before task 1 (the identity), and the reference set
+            self.net.initial, self.net.reference = copy.deepcopy(self.net.model).requires_grad_(False), reference
         self.fisher = self.weighted = None  # EWC: {param name: tensor}
 
     def learn(self, cfg, x_a, x_b, out, resume=False, pair=None, cov_x=None) -> dict:
         net, model = self.net, self.net.model
         model.set_pair(*(pair or model.modalities[:2]))
-        net.teacher = copy.deepcopy(model).requires_grad_(False)  # LwF: the maps at the step's start
+        if cfg.mode == "lwf":  # the maps at the step's start
+            net.teacher = copy.deepcopy(model).requires_grad_(False)
         if self.fisher:  # EWC: the tasks before, as one quadratic penalty (after Eq. 3)
             params = dict(model.named_parameters())
             net.fisher = self.fisher
