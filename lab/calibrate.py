@@ -655,6 +655,13 @@ BASELINE_KNOBS = {"zscl": ("image_weight", (0.3, 1.0, 3.0), (0.1, 10.0), 1.0),
                   "ewc": ("ewc_lambda", (1e3, 1e4, 1e5), (1e2, 1e6), 1e4)}
 
 
+def _tune_baseline(name: str, score) -> dict:
+    """A baseline's knob by the rule above (_tune_weight over BASELINE_KNOBS[name]); score(w) -> a row."""
+    field, grid, edges, default = BASELINE_KNOBS[name]
+    rows, chosen = _tune_weight(score, grid, edges, default)
+    return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
+
+
 def _baseline_knob(name: str, w: float) -> dict:
     """ZSCL's weight sets both of its terms; the others' one field."""
     field = BASELINE_KNOBS[name][0]
@@ -683,12 +690,7 @@ def calibrate_cclip_baseline(name: str, data_root="data", out=None) -> dict:
                "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])}
         print(f"[calibrate cclip-{name}] {w:g}: val last R@1 {row['score']:.2f}, {row['check']}", file=sys.stderr)
         return row
-    field, grid, edges, default = BASELINE_KNOBS[name]
-    rows, chosen = _tune_weight(score, grid, edges, default)
-    return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
-
-
-DNS_BASELINE_DEMO = {"zscl": dict(we_every=4), "lwf": {}, "ewc": {}}  # the demo-only costs above
+    return _tune_baseline(name, score)
 
 
 def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
@@ -703,16 +705,14 @@ def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
     def score(w):
         vcfg = dataclasses.replace(cfg, mode=name, tasks=lab.scene_labelled_tasks(data_root, test="val"),
                                    out=f"{out}/{w:g}", feature_cache=f"{out}/features",
-                                   **DNS_BASELINE_DEMO[name], **_baseline_knob(name, w))
+                                   **demo.BASELINE_COSTS[name], **_baseline_knob(name, w))
         m = maps.run(vcfg, show=False, world=lab.WORLD)["continual"]["matrices"]
         R = _r_at_1(m)
         row = {"weight": w, "score": float(np.mean(R[-1])), "R@1": R, "Acc": m["acc"],
                "check": dns_2_passes(R, m["acc"])}
         print(f"[calibrate dns-{name}] {w:g}: val last R@1 {row['score']:.2f}, {row['check']}", file=sys.stderr)
         return row
-    field, grid, edges, default = BASELINE_KNOBS[name]
-    rows, chosen = _tune_weight(score, grid, edges, default)
-    return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
+    return _tune_baseline(name, score)
 
 
 def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
@@ -732,9 +732,7 @@ def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
         print(f"[calibrate dns-cmcl-{name}] {w:g}: last R@1 {row['score']:.2f}, BWT {row['BWT R@1']:.2f}",
               file=sys.stderr)
         return row
-    field, grid, edges, default = BASELINE_KNOBS[name]
-    rows, chosen = _tune_weight(score, grid, edges, default)
-    return {"knob": field, "grid": rows, "chosen": _baseline_knob(name, chosen)}
+    return _tune_baseline(name, score)
 
 
 CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "erclip-gates": calibrate_erclip_gates,

@@ -41,7 +41,8 @@ low_rank_tasks = lab.low_rank_tasks  # the guarantee check's features (and the t
 # chosen by `python -m lab.calibrate dns-zscl / dns-lwf / dns-ewc` (rule and demo-only costs declared before they
 # ran: lab/calibrate.py, docs/lab.md; records docs/calibration-dns-*.json). CMCL's paper prints no relation between
 # DNS and these rows; each carries its own premise (baseline_claims, declared after seeds 0-4 had run).
-DEMO_BASELINES = {"zscl": ("ZSCL", dict(we_every=4, image_weight=1.0, text_weight=1.0)),
+BASELINE_COSTS = {"zscl": dict(we_every=4), "lwf": {}, "ewc": {}}  # demo-only costs, fixed with the calibration
+DEMO_BASELINES = {"zscl": ("ZSCL", BASELINE_COSTS["zscl"] | dict(image_weight=1.0, text_weight=1.0)),
                   "lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e4))}
 
 
