@@ -295,7 +295,7 @@ def main(argv=None):
         print(f"[cclip] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
-    print(f"\n## {cfg.method}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
+    print(f"\n{cclip_tasks.matrix_heading(cfg.method, [t.test for t in tasks])}\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
     if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl.py)
         return zscl.report(cfg.method, summary, tasks, cfg.backbone)

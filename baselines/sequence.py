@@ -27,6 +27,7 @@ import eval as evaluation
 from baselines import settings
 from baselines.settings import SequenceConfig
 from papers import cclip_tasks
+from papers import zscl as zscl_report
 from plumbing import loading, models, results
 
 STATE = "boundary-state.pt"  # a baseline's own state at a task boundary, beside run_continual's boundary.pt
@@ -110,14 +111,11 @@ def run(cfg: SequenceConfig, baseline: Baseline, world=None, first_row: dict | N
                               source=f"{baseline.name} task {i + 1}", twin=cfg.task_safetensors)
         return {**summary, "lr_image": lr_image, "lr_text": lr_text}
 
-    def evaluate():  # a row of the matrices (C-CLIP Sec. 3.3): R@1 per task both ways, 'R@1' their mean
+    def evaluate():  # a row of the matrices as cclip.py's: R@1 both ways and their mean (MTIL: top-1)
         names, extra = [t.test for t in tasks], ([unseen] if unseen else []) + list(zero_shot)
         records = evaluation.evaluate(model, eval_tf, tokenizer, [*names, *extra], cfg.data_root,
                                       device=device, synthetic_n=cfg.eval_n or None)
-        row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)
-        i2t, t2i = row["per_task"]["i2t_R@1"], row["per_task"]["t2i_R@1"]
-        row["per_task"] = {"R@1": [0.5 * (a + b) for a, b in zip(i2t, t2i)], **row["per_task"]}
-        return row
+        return cclip_tasks.continual_row(records, names, extra)
 
     def save_state(path):  # the model, then the baseline's own tensors beside it
         if rank == 0:
@@ -162,8 +160,10 @@ def main(config_class, make_baseline, argv=None, demo=None):
         print(f"[{baseline.name}] {e}; continue with --resume latest", file=sys.stderr)
         return {"interrupted": str(e)}
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
-    print(f"\n## {baseline.name}: R[i][j] on each task's test set (R@1 = mean of I2T and T2I)\n")
+    print(f"\n{cclip_tasks.matrix_heading(baseline.name, [t.test for t in tasks])}\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
+    if "mtil" in summary:  # ZSCL's Transfer / Average / Last, as cclip.py and dns.py print them
+        return zscl_report.report(baseline.name, summary, tasks, cfg.backbone)
     row = {"method": baseline.name,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
     table = common.markdown_table([row], list(row))

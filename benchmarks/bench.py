@@ -856,21 +856,46 @@ def bench_compile(quick, backbone):
     batch = {"image": torch.randn(b, 3, *model.visual.image_size, device=DEVICE),
              "text": tok(coco_like_captions(b)).to(DEVICE)}
     precision = "fp16" if DEVICE.type == "cuda" else "fp32"
-    eager = make_step(lab.ClipFineTune(copy.deepcopy(model)), batch, precision)
+    eager_net = lab.ClipFineTune(copy.deepcopy(model))
     net = lab.ClipFineTune(model)
     models.compile_towers(net.model)
-    compiled = make_step(net, batch, precision)
     t = time.time()
-    compiled()
-    sync()
+    difference = compiled_vs_eager(net, eager_net, batch, precision)  # the first compiled call compiles
     first = time.time() - t
+    eager, compiled = make_step(eager_net, batch, precision), make_step(net, batch, precision)
     repeat = 3 if quick else 10
     t_e, s_e = timeit(eager, warmup=1, repeat=repeat)
     t_c, s_c = timeit(compiled, warmup=1, repeat=repeat)
     record(f"--torchcompile step ({backbone}, batch {b}, {precision})", t_c, t_e, kind="speedup", goal=None,
-           spread=s_c, baseline_spread=s_e, note=f"first compiled call (the compile) {first:.1f}s; CPU inductor, "
-                                               f"not CUDA's kernels" if DEVICE.type == "cpu" else
-                                               f"first compiled call (the compile) {first:.1f}s")
+           spread=s_c, baseline_spread=s_e,
+           note=f"first compiled call (the compile) {first:.1f}s; compiled vs eager, same weights and batch: loss "
+                f"{difference['loss']:.1e}, largest gradient {difference['grad']:.1e} (relative)"
+                + ("; CPU inductor, not CUDA's kernels" if DEVICE.type == "cpu" else ""))
+
+
+def compiled_vs_eager(compiled_net, eager_net, batch, precision, loss_tol=1e-4, grad_tol=1e-2) -> dict:
+    """One forward and backward of each (equal weights): the relative difference of the loss and the largest of
+    each gradient's (its norm's) - inductor's numerics, which the test suite leaves here (tests/test_compile.py
+    checks the compiled step on aot_eager: a cold inductor build costs minutes of CPU on every fresh machine).
+    A difference past the tolerance (fp16: 10x wider) is an error, not a timing."""
+    got = {}
+    for name, net in (("compiled", compiled_net), ("eager", eager_net)):
+        net.train()
+        ctx = SimpleNamespace(step=0, epoch=0, total_steps=10, device=DEVICE, precision=precision,
+                              generator=common.step_generator(0, 0))
+        with common.autocast(DEVICE, precision):
+            loss = sum(v.float() for v in net(batch, ctx).values())
+        loss.backward()
+        got[name] = (loss.item(), {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None})
+        net.zero_grad(set_to_none=True)
+    (lc, gc), (le, ge) = got["compiled"], got["eager"]
+    widen = 10 if precision == "fp16" else 1
+    out = {"loss": abs(lc - le) / max(abs(le), 1e-12),
+           "grad": max(((gc[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in ge.items())}
+    if gc.keys() != ge.keys() or out["loss"] > loss_tol * widen or out["grad"] > grad_tol * widen:
+        raise RuntimeError(f"--torchcompile: the compiled step differs from the eager one ({out}; "
+                           f"gradients of {sorted(set(gc) ^ set(ge)) or 'the same parameters'})")
+    return out
 
 
 def main(argv=None):

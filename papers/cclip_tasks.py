@@ -104,6 +104,13 @@ def continual_row(records, names, extra) -> dict:
     return row
 
 
+def matrix_heading(method: str, names) -> str:
+    """The heading of a sequence's R[i][j] tables, naming the metric they hold: top-1 on MTIL's classification
+    sets, else R@1 (the mean of I2T and T2I)."""
+    metric = "top-1 (%)" if mtil.is_mtil(names) else "R@1 = mean of I2T and T2I"
+    return f"## {method}: R[i][j] on each task's test set ({metric})"
+
+
 def task_lrs(cfg, task_name: str):
     """(image lr, text lr): the paper's preset for its datasets (Sec. 5.2.3), else --lr-image / --lr-text (0: --lr)."""
     if cfg.lr_preset == "paper" and task_name.lower() in PAPER_TASK_LRS:

@@ -333,13 +333,25 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
     name = resolve_backbone(backbone)
     model_cfg = open_clip.get_model_config(name)
     config = json.dumps(model_cfg, sort_keys=True)
+    hf = (model_cfg or {}).get("text_cfg", {}).get("hf_tokenizer_name")
+
+    def unreachable(why):
+        return RunError(f"{name}'s tokenizer is the Hugging Face hub's {hf}: not in the cache and the hub is "
+                        f"unreachable ({why}); download it elsewhere (huggingface-cli download {hf}) and set "
+                        f"HF_HOME to that cache")
+    # asked first: offline, transformers reaches its OSError only after ~30 s of hub retries (issue 68.4)
+    if hf and not _tokenizer_cached(hf) and (os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable()):
+        raise unreachable("HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE") == "1" else "no connection")
     try:
         return _cached_tokenizer(name, context_length, config)
     except OSError as e:  # transformers' own: an HF tokenizer (SigLIP's) neither cached nor reachable
-        hf = (model_cfg or {}).get("text_cfg", {}).get("hf_tokenizer_name", "?")
-        raise RunError(f"{name}'s tokenizer is the Hugging Face hub's {hf}: not in the cache and the hub is "
-                       f"unreachable ({str(e).splitlines()[0][:120]}); download it elsewhere "
-                       f"(huggingface-cli download {hf}) and set HF_HOME to that cache") from None
+        raise unreachable(str(e).splitlines()[0][:120]) from None
+
+
+def _tokenizer_cached(repo: str) -> bool:
+    """A Hugging Face tokenizer's files in the hub cache (what transformers reads offline)."""
+    from huggingface_hub import try_to_load_from_cache
+    return any(isinstance(try_to_load_from_cache(repo, f), str) for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 @functools.lru_cache(maxsize=None)

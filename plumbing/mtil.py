@@ -107,9 +107,20 @@ def random_split_indices(n: int, ratio: float = 0.8, seed: int = 42):
     return perm[:int(ratio * n)], perm[int(ratio * n):]
 
 
-def _loadmat(path):
-    from scipy.io import loadmat
-    return loadmat(path, squeeze_me=True)
+def _loadmat(path: Path, dataset: str):
+    """A MATLAB .mat file (Flowers', StanfordCars' annotations) through scipy; a missing one, scipy absent, or
+    a file scipy cannot read: MissingMTIL naming it."""
+    _need(path, dataset)
+    try:
+        from scipy.io import loadmat
+    except ModuleNotFoundError:
+        raise MissingMTIL(f"{dataset}: reading {path} needs scipy, which is not installed (pip install -r "
+                          f"requirements.txt)") from None
+    try:
+        return loadmat(path, squeeze_me=True)
+    except Exception as e:  # scipy's MatReadError, ValueError, or an IndexError on a truncated header
+        raise MissingMTIL(f"{dataset}: {path} is not a readable MATLAB .mat file ({type(e).__name__}: {e})") \
+            from None
 
 
 def _idx(path: Path):
@@ -176,8 +187,8 @@ def _eurosat(root, split):
 
 def _flowers(root, split):
     base = root / "flowers-102"
-    ids = _loadmat(_need(base / "setid.mat", "Flowers"))["trnid" if split == "train" else "tstid"]
-    labels = _loadmat(_need(base / "imagelabels.mat", "Flowers"))["labels"]
+    ids = _loadmat(base / "setid.mat", "Flowers")["trnid" if split == "train" else "tstid"]
+    labels = _loadmat(base / "imagelabels.mat", "Flowers")["labels"]
     return ([str(base / "jpg" / f"image_{int(i):05d}.jpg") for i in ids], [int(labels[int(i) - 1]) - 1 for i in ids],
             None)
 
@@ -211,10 +222,10 @@ def _pets(root, split):
 
 def _cars(root, split):
     base = root / "stanford_cars"
-    meta = _loadmat(_need(base / "devkit" / "cars_meta.mat", "StanfordCars"))["class_names"]
+    meta = _loadmat(base / "devkit" / "cars_meta.mat", "StanfordCars")["class_names"]
     annos, images = ((base / "devkit" / "cars_train_annos.mat", base / "cars_train") if split == "train" else
                      (base / "cars_test_annos_withlabels.mat", base / "cars_test"))
-    rows = np.atleast_1d(_loadmat(_need(annos, "StanfordCars"))["annotations"])
+    rows = np.atleast_1d(_loadmat(annos, "StanfordCars")["annotations"])
     return ([str(images / str(a["fname"])) for a in rows], [int(a["class"]) - 1 for a in rows],
             _spaces(np.atleast_1d(meta).tolist()))
 

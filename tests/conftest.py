@@ -80,7 +80,8 @@ def check_demo_results():
 
     def check(out, png: str, names, min_claims: int, checks=()) -> dict:
         saved = json.loads((out / "results.json").read_text())
-        assert saved["seeds"] == list(lab.seeds()) and len(lab.seeds()) >= 3
+        # two seeds: the fewest a paired verdict (mean +- se) takes; the demo tests run two to fit the suite's time
+        assert saved["seeds"] == list(lab.seeds()) and len(lab.seeds()) >= 2
         for name in names:
             want = list(lab.seeds())[:1] if name in checks else list(lab.seeds())
             assert [r["seed"] for r in saved["per_seed"][name]] == want
@@ -148,3 +149,19 @@ def _csv_columns_of_one_test():
     saved = dict(flags.CSV_COLUMNS)
     yield
     flags.CSV_COLUMNS.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored(request):
+    """A test that leaves SIGINT / SIGTERM handled otherwise than it found them fails, and the handlers are put
+    back: a later test in the same worker would otherwise run under them (issue 68.5: the signal tests assume a
+    script's handlers, as a shell gives them)."""
+    import signal
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {s: signal.getsignal(s) for s in before}
+    for s, handler in before.items():
+        if handler is not None and after[s] is not handler:
+            signal.signal(s, handler)
+    if after != before:
+        pytest.fail(f"{request.node.nodeid} left the signal handlers {after} (found {before})")

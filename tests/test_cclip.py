@@ -381,7 +381,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every method is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world(lambda k: 16 if k.startswith("task-") or k == "train" else 8 if k in ("unseen", "zs-test") else None)
     out = tmp_path / "demo"
-    cclip.main(["--demo", "--seeds", "0,1,2", "--processes", "1", "--steps", "2", "--batch-size", "8", "--eval-n", "8",
+    cclip.main(["--demo", "--seeds", "0,1", "--processes", "1", "--steps", "2", "--batch-size", "8", "--eval-n", "8",
                 "--proj-hidden", "32",
                 "--data-root", str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "cclip-demo.png", cclip_demo.ALL_NAMES.values(), min_claims=18)

@@ -456,7 +456,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, shrink_world, check_dem
     of every mode is kept, the claims carry the agreed keys, the PNG exists."""
     shrink_world(lambda k: 48 if k.startswith("task-") or k == "zs-test" else None)
     out = tmp_path / "demo"
-    dns.main(["--demo", "--seeds", "0,1,2", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
+    dns.main(["--demo", "--seeds", "0,1", "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--data-root",
               str(tmp_path / "data"), "--out", str(out)])
     names = [*dns_demo.DEMO_MODES.values(), *(name for name, _ in dns_demo.DEMO_BASELINES.values())]
     saved = check_demo_results(out, "dns-demo.png", names, min_claims=10)

@@ -102,7 +102,7 @@ def test_demo_sweep_results_file(tmp_path, monkeypatch, shrink_world, check_demo
     monkeypatch.setattr(sweeps, "LAMBDAS", (0.0, 0.5, 2.0))
     monkeypatch.setattr(erclip_sweeps, "DEMO_DATA_SIZES", (16, 40, 400))
     out = tmp_path / "demo"
-    argv = ["--demo", "--seeds", "0,1,2", "--processes", "1", "--sweep", name,
+    argv = ["--demo", "--seeds", "0,1", "--processes", "1", "--sweep", name,
             "--steps", "0" if name == "epochs" else "1", "--warmup", "1", "--batch-size",
             "8", "--data-root", str(tmp_path / "data"), "--out", str(out)]
     erclip.main(argv)

@@ -154,17 +154,24 @@ def test_an_interrupt_says_what_was_written_and_that_the_previous_folder_is_unch
     assert _contents(target) == {"old"} and not folders.leftovers(target)
 
 
-def test_a_signal_as_the_folder_is_put_in_place_waits_until_it_is_complete(tmp_path, monkeypatch):
+def test_a_signal_as_the_folder_is_put_in_place_waits_until_it_is_complete(tmp_path, monkeypatch, request):
     """A SIGINT between the renames is held back, then raised: the new folder is complete there and the message
     says so (before, a KeyboardInterrupt could fall between moving the old folder aside and the new one in)."""
     target = tmp_path / "exported"
     folders.atomic_folder(target, lambda t: (t / "open_clip_config.json").write_text("old"))
     monkeypatch.setattr(folders, "_exchange", lambda a, b: False)  # the two-rename fallback
     real = os.replace
+    # the handler a script starts with (Python's Ctrl-C), whatever this worker's earlier tests left
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     def replace(a, b):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # Python runs a handler between two bytecodes: the rename would be interrupted here
+        # raise_signal is raise(3): the signal goes to this thread and its C handler has run when it returns,
+        # and Python runs the handler installed now before the next line, so it lands between the renames
+        # every time. (os.kill(getpid()) before, with a 10 ms sleep, was flaky, issue 68.5: a signal sent to
+        # the process may be taken by any of its threads - an xdist worker's I/O thread, torch's pool - and
+        # under load that thread ran its handler only after the renames, with the process's handler back.)
+        signal.raise_signal(signal.SIGINT)
         real(a, b)
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(folders.FolderInterrupted, match="as the export .* was put in place: it is complete there") \

@@ -163,7 +163,7 @@ def test_demo_writes_claims_results_and_figure(tmp_path, monkeypatch, check_demo
     import lab.demos.gmc as demo
     monkeypatch.setattr(demo, "sentiment_world", lambda out: sentiment_world(out, sizes=SMALL))
     out = tmp_path / "demo"
-    gmc.main(["--demo", "--seeds", "0,1,2", "--steps", "2", "--data-root", str(tmp_path / "data"), "--out", str(out)])
+    gmc.main(["--demo", "--seeds", "0,1", "--steps", "2", "--data-root", str(tmp_path / "data"), "--out", str(out)])
     saved = check_demo_results(out, "gmc-demo.png", ("GMC", "GMC+m2-Mix"), min_claims=6)
     assert "GMC+m2-Mix (paper)" in saved["table4"]
 
