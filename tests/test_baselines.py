@@ -15,20 +15,23 @@ import lab
 from baselines import ewc, lwf, sequence, zscl
 
 # --------------------------------------------------------------------------- the authors' computation
-# Thunderbeee/ZSCL at b96e714, re-implemented from reading it (not imported: it loads OpenAI's clip package).
+# Thunderbeee/ZSCL at b96e714 (the commit docs/baselines.md records), re-implemented from reading it (not imported:
+# it loads OpenAI's clip package). Each function names its file and function in that repository at that commit.
 
 
 def _authors_distillation(t, s, T=2.0):
-    """helpers.distillation: p = softmax(t / T, dim=1); cross_entropy(s / T, p, reduction='mean') * T ** 2,
-    written out as sums (an independent path to the same number)."""
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/helpers.py, distillation: p = softmax(t / T, dim=1);
+    cross_entropy(s / T, p, reduction='mean') * T ** 2, written out as sums (an independent path to the same
+    number)."""
     p = torch.exp(t / T - torch.logsumexp(t / T, dim=1, keepdim=True))
     log_q = s / T - torch.logsumexp(s / T, dim=1, keepdim=True)
     return -(p * log_q).sum(1).mean() * T ** 2
 
 
 def _authors_zscl_terms(ref_out_current, ref_out, ref_embeddings, logit_scale, T=2.0):
-    """finetune.py's ZSCL block: both sides on the reference model's text features, one (frozen) logit scale;
-    its features normalised as x / x.norm(dim=-1, keepdim=True)."""
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/finetune.py, finetune's `args.method == "ZSCL"` block
+    (loss_ZSCL, and loss_ZSCL_2 under --text_loss): both sides on the reference model's text features, one
+    (frozen) logit scale; its features normalised as x / x.norm(dim=-1, keepdim=True)."""
     norm = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
     ref_out_current, ref_out, ref_embeddings = norm(ref_out_current), norm(ref_out), norm(ref_embeddings)
     logits_current = logit_scale * ref_out_current @ ref_embeddings.t()
@@ -38,7 +41,8 @@ def _authors_zscl_terms(ref_out_current, ref_out, ref_embeddings, logit_scale, T
 
 
 def _authors_we(params_per_update, start, avg_freq):
-    """finetune.py's loop and helpers.merge_we: we_model = the starting model, we_n = 0; after the update of
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/finetune.py (finetune's loop, `# we`) and
+    mtil/src/models/helpers.py (merge_we): we_model = the starting model, we_n = 0; after the update of
     iteration i (i = 0, 1, ...), if i % avg_freq == 0: we_n += 1, we = (we * we_n + theta) / (1 + we_n)."""
     we, we_n = [s.clone() for s in start], 0
     for iteration, theta in enumerate(params_per_update):
