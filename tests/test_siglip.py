@@ -262,3 +262,14 @@ def test_every_method_runs_end_to_end_with_siglip(name, tmp_path):
         model = tmp_path / "r" / "model.pt"
     bias = torch.load(model, weights_only=True)["logit_bias"]
     assert torch.isfinite(bias) and bias.item() != -10.0
+
+
+def test_cclip_main_passes_siglip_init_on(tmp_path):
+    """cclip.py adds the bias in main() (before its LoRA): a short run with --siglip-init open_clip ends near
+    b = 0 and the random tiny model's own scale ln(1 / 0.07), far from SigLIP's b = -10, s = 10 (3 steps a task at
+    lr 1e-3 move either by well under 0.1)."""
+    from test_cclip import _argv as cclip_argv
+    cclip.main(cclip_argv(tmp_path / "d", tmp_path / "r", "--loss", "siglip", "--siglip-init", "open_clip"))
+    saved = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    assert abs(saved["logit_bias"].item()) < 0.1
+    assert abs(saved["logit_scale"].item() - math.log(1 / 0.07)) < 0.1
