@@ -36,8 +36,8 @@ clip_openai/; "KoyoImai" = the reimplementation KoyoImai/C-CLIP; at length in do
  13. Per-step cosine to 0 after --warmup; the research code's per-epoch one: --schedule research.
  14. No decay on gains, biases, embeddings, logit_scale; the research code decays all: --decay-all.
  15. Every task trains augmented; research: 4 fractional-split tasks unaugmented: --train-transform.
- 16. --loss siglip (ours): L_CLIP as SigLIP's sigmoid loss; L_CKC keeps its softmax (an InfoNCE
-     toward the old model's features: it needs the normaliser) at the model's logit_scale.
+ 16. --loss siglip (ours): L_CLIP SigLIP's, from s = 10, b = -10 (--siglip-init); L_CKC keeps its
+     softmax (an InfoNCE toward the old model's features: it needs the normaliser) at logit_scale.
 Commands: README.md (the 8 tasks, DDP, --resume, --demo); docs/cclip.md (own tasks, research's)"""
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, cfg.pretrained, device=device, cache_dir=cfg.cache_dir, world=world)
-    models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 16)
+    models.pair_bias(model, cfg.loss, cfg.siglip_init)  # --loss siglip's logit_bias (deviation 16)
     use_lora, use_ckc = cfg.method in ("lora", "cclip"), cfg.method in ("ckc", "cclip")
     out = Path(cfg.out)
 

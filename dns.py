@@ -57,6 +57,7 @@ class DNSConfig(Config):
                           "over all steps, columns 0, 1 (dev. 16-17)", choices=("ours", "code"))
     loss: str = arg("clip", "clip: InfoNCE at CLIP's scale (ours) | code: one-way CE, temperature "
                     "1 | siglip: b frozen (dev. 14)", choices=("clip", "code", "siglip"))
+    siglip_init: str = arg("paper", "paper only: b = -10, frozen (dev. 14)", choices=("paper",))
     bias: bool = arg(False, "biases on both maps, never projected (the code, deviation 4)")
     tasks: str = arg("auto", "sequence 'name=train.jsonl[:test.jsonl],...', 'synthetic', "
                      "mtil-order1/2 (MTIL), 'auto' (tiny: synthetic; the paper's data: no layout)")
@@ -515,8 +516,7 @@ class DNSLearner:
 
     def __init__(self, dim: int, logit_scale: float, label_smoothing: float = 0.0,
                  loss: str = "clip", bias: bool = False, modalities=CLIP_MODALITIES):
-        self.net = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities)
-        self.dim = dim
+        self.net, self.dim = DNSNet(dim, logit_scale, label_smoothing, loss, bias, modalities), dim
         self.Z = {m: self._zeros() for m in modalities}
         self.Zo = {m: self._zeros() for m in modalities}
         self.Zp, self.n_pair = {m: {} for m in modalities}, {m: {} for m in modalities}

@@ -39,7 +39,7 @@ Deviations and choices (paper location in brackets; at length in docs/erclip.md)
 13. Evaluation [Sec. 4]: COCO 5k = first 5 captions (coco-all: all); Urban1K = first line.
 14. Sweeps [Sec. 4.3, 4.4] (--sweep, --demo --sweep): schedules, prefixes, stand-ins are ours.
 15. No decay on gains, biases, embeddings, logit_scale [Sec. 4 does not say]: --decay-all.
-16. --loss siglip (ours): L_clip of Eq. (3) as SigLIP's sigmoid loss; L_pres as printed.
+16. --loss siglip (ours): L_clip SigLIP's, from s = 10, b = -10 (--siglip-init); L_pres as is.
 
 Commands (Tab. 2's variants: M+P the default; RT+P --fusion rt; M --lambda-p 0; v1 ablations
 --fusion lstm | transformer with --lambda-p 0)
@@ -266,7 +266,7 @@ class ERCLIP(common.Method):
         self.model, self.cfg = model, cfg
         self.fusion = make_fusion(cfg.fusion, common.embed_dim(model))
         self.teacher = None
-        models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 16)
+        models.pair_bias(model, cfg.loss, cfg.siglip_init)  # --loss siglip's logit_bias (dev. 16)
         if cfg.lambda_p > 0:  # a frozen copy of the INITIAL model (deviation 10)
             self.teacher = copy.deepcopy(model).eval().requires_grad_(False)
         if not cfg.learn_temperature:  # deviation 3

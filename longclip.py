@@ -41,7 +41,7 @@ Deviations and choices (paper / code location in brackets; at length in docs/lon
 11. DDP: the loss over the gathered batch; its mean over ranks is the code's.
 12. --recipe erclip-budget (ours): ERCLIP's 20k pairs and settings, so that only the method differs.
 13. No decay on gains, biases, embeddings, logit_scale [train.py: the code decays all]: --decay-all.
-14. --loss siglip (ours): both terms SigLIP's sigmoid loss, at SigLIP's scale (--log-scale unused).
+14. --loss siglip (ours): both terms SigLIP's, from s = 10, b = -10 (--siglip-init); no --log-scale.
 
 Commands
   one GPU, the paper's recipe (ShareGPT4V under data/): python longclip.py --backbone ViT-B/16
@@ -271,8 +271,8 @@ class LongCLIP(common.Method):
                                  f"--no-stretch")
             stretch_text_window(model, self.keep, cfg.factor)
         self.context_length = int(t.context_length)
-        if models.pair_bias(model, cfg.loss) is None and cfg.log_scale >= 0:  # siglip: dev. 14
-            with torch.no_grad():  # train.py sets ln 100 (deviation 5)
+        if models.pair_bias(model, cfg.loss, cfg.siglip_init) is None and cfg.log_scale >= 0:
+            with torch.no_grad():  # train.py sets ln 100 (deviation 5; siglip keeps its own, 14)
                 model.logit_scale.fill_(cfg.log_scale)
         model.logit_scale.requires_grad_(cfg.learn_temperature)
         if cfg.freeze_kept and self.keep > 0:  # deviation 2

@@ -40,7 +40,7 @@ Deviations (one line each; at length in docs/m2mix.md under the same number, wit
  19. AdamW beta2 0.98, eps 1e-6 (Sec. 5.1); the code: torch's 0.999, 1e-8: --beta2 0.999 --eps 1e-8
  20. C_m2(T, I)'s negatives are mix_lam(I_j, T_j) too (the code), not Eq. (4) swapped (T, I).
  21. Training images randomly cropped (open_clip, 0.9-1); the code centre-crops: --augment none.
- 22. --loss siglip (ours): L_CLIP as SigLIP's; the mix terms keep softmax (no sigmoid form printed).
+ 22. --loss siglip (ours): L_CLIP SigLIP's, from s=10, b=-10 (--siglip-init); mixes keep softmax.
 Commands: README.md (runs, --collect, --demo, the towers); docs/m2mix.md (torchrun, the code's)
 """
 from __future__ import annotations
@@ -222,7 +222,7 @@ class M2Mix(common.Method):
     def __init__(self, model, cfg: M2MixConfig):
         super().__init__()
         self.model, self.cfg = model, cfg
-        models.pair_bias(model, cfg.loss)  # --loss siglip: the model's logit_bias (deviation 22)
+        models.pair_bias(model, cfg.loss, cfg.siglip_init)  # --loss siglip's logit_bias (dev. 22)
         if cfg.base_tau:  # deviation 5: the code's fixed base scale; the learnable one is unused
             model.logit_scale.requires_grad_(False)
         self.logit_scale2 = None

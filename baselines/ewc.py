@@ -13,12 +13,20 @@ Implements
   3 tasks+   "the sum of two quadratic penalties is itself a quadratic penalty" (after Eq. 3):
                  sum_t F_t (theta - theta*_t)^2 = F (theta - theta*)^2 + const,
                  F = sum_t F_t, theta* = sum_t F_t theta*_t / F                                 consolidate
-             so one (F, theta*) pair is kept, whatever the number of tasks (--ewc-gamma < 1: online EWC's
-             decayed sum, Schwarz et al. 2018, ours)
+             so one (F, theta*) pair is kept, whatever the number of tasks (--ewc-gamma 1, the default)
+  online     --ewc-gamma < 1: online EWC, J. Schwarz, J. Luketina, W. M. Czarnecki, A. Grabska-Barwinska,
+             Y. W. Teh, R. Pascanu, R. Hadsell, "Progress & Compress: A scalable framework for continual
+             learning", ICML 2018, https://arxiv.org/abs/1805.06370 (its online-EWC penalty, the one its compress
+             phase adds): F*_t = gamma F*_{t-1} + F_t, and task t+1's penalty is
+                 1/2 ||theta - theta*_t||^2 over gamma F*_t, i.e. lambda/2 sum_i gamma F*_t,i (theta_i - theta*_t,i)^2
+             anchored at the LAST task's weights theta*_t. The same as GMvandeVen/continual-learning at 0fa419e
+             (models/cl/continual_learner.py: estimate_fisher, ewc_loss), gamma on the penalty too   consolidate
 
 Code name -> paper symbol
-  fisher / anchor        F (summed over tasks) / theta* (their F-weighted mean)
+  fisher / anchor        the penalty's F (sum_t F_t; online: gamma F*_t) / theta* (the F-weighted mean of the
+                         theta*_t; online: theta*_t, the last); weighted = W = F theta*, what resume keeps
   ewc_lambda             lambda (Eq. 3; the paper tunes it per experiment, no value for CLIP)
+  ewc_gamma              gamma (Schwarz et al.'s online EWC; 1: Kirkpatrick et al.'s sum over tasks)
 
 Deviations
   1. The Fisher's gradients are those of a BATCH's contrastive loss: one caption's loss depends on the whole
@@ -29,6 +37,17 @@ Deviations
      penalties by a constant, so metrics.jsonl's loss_ewc is not that sum).
   3. Every trainable weight is penalised, the logit scale included.
   4. Training protocol C-CLIP's (baselines/sequence.py): the CLIP loss on captions, its epochs, lrs, batch.
+  5. gamma = 1 is Kirkpatrick et al.'s sum of per-task penalties; gamma < 1 Schwarz et al.'s online EWC. The two
+     differ even as gamma -> 1 (the online anchor is the last theta*, not the F-weighted mean of all of them).
+     Before issue 74, gamma < 1 decayed the per-task sum (the F-weighted mean of the theta*_t): no published
+     form, dropped.
+  6. lambda is Eq. (3)'s: lambda/2 sum F (theta - theta*)^2. avalanche's EWCPlugin (avalanche-lib 0.6.0,
+     avalanche/training/plugins/ewc.py, before_backward) adds ewc_lambda * sum F (theta - theta*)^2, with no
+     1/2 and, in its online mode, no gamma on the penalty: its ewc_lambda a is --ewc-lambda 2a here (online:
+     2a / gamma). Its Fisher (compute_importances) is the same mean over batches of squared batch gradients.
+  7. The Fisher pass shuffles (seeded) and drops the last partial batch; avalanche's keeps it, unshuffled, as
+     one batch of the mean. Kept: by deviation 1 a batch's F scales as 1/B, so a smaller last batch would be
+     a term of another scale. With --fisher-batches 0 the pass covers len(data) // B batches.
 Commands: python -m baselines.ewc --tasks vlcl | --tasks synthetic --backbone tiny (the lab); the flags of
 baselines/sequence.py (cclip.py's) and the ones below. Notes: docs/baselines.md."""
 from __future__ import annotations
@@ -43,7 +62,8 @@ from plumbing.flags import arg
 @dataclasses.dataclass(frozen=True)
 class EWCConfig(SequenceConfig):
     ewc_lambda: float = arg(1e4, "lambda of Eq. (3) (ours: the paper tunes it; deviation 1 makes F small)")
-    ewc_gamma: float = arg(1.0, "decay of the older tasks' F (1: the paper's sum; < 1: online EWC, ours)")
+    ewc_gamma: float = arg(1.0, "gamma (1: the paper's sum over tasks; < 1: Schwarz et al.'s online EWC, "
+                           "anchored at the last task's weights; deviation 5)")
     fisher_batches: int = arg(0, "batches of the task's data for F (0: one pass over it)")
     fisher_batch_size: int = arg(0, "batch of F's gradients (0: --batch-size)")
     out: str = arg("runs/ewc", "output: continual.json, results.json, per-task folders, model.pt")
@@ -84,18 +104,26 @@ def empirical_fisher(gradients) -> list:
 
 @torch.no_grad()
 def consolidate(fisher: list | None, weighted: list | None, new_fisher: list, theta: list, gamma: float = 1.0):
-    """One more task in the single quadratic penalty (after Eq. 3): F <- gamma F + F_t and
-    W <- gamma W + F_t theta*_t, so that theta* = W / F (anchor). Returns (F, W); None: no task yet."""
-    if fisher is None:
-        return [f.clone() for f in new_fisher], [f * t.float() for f, t in zip(new_fisher, theta)]
-    return ([gamma * f + n for f, n in zip(fisher, new_fisher)],
-            [gamma * w + n * t.float() for w, n, t in zip(weighted, new_fisher, theta)])
+    """One more task in the single quadratic penalty. Returns (F, W): the penalty's F and W = F theta*, so that
+    theta* = W / F (anchor); None: no task yet. new_fisher: F_t; theta: theta*_t, the weights the task ended on.
+      gamma = 1 (after Eq. 3): F <- F + F_t, W <- W + F_t theta*_t: theta* is the F-weighted mean of the theta*_t.
+      gamma < 1 (online EWC): F holds gamma F*_{t-1}, so gamma F*_t = gamma (gamma F*_{t-1} + F_t) = gamma (F + F_t);
+        W <- F theta*_t: theta* is the last task's weights."""
+    theta = [t.float() for t in theta]
+    if gamma == 1.0:
+        if fisher is None:
+            return [f.clone() for f in new_fisher], [f * t for f, t in zip(new_fisher, theta)]
+        return ([f + n for f, n in zip(fisher, new_fisher)],
+                [w + n * t for w, n, t in zip(weighted, new_fisher, theta)])
+    # online EWC: F*_t = gamma F*_{t-1} + F_t; the penalty's F is gamma F*_t, its anchor theta*_t
+    fisher = [gamma * (f + n) for f, n in zip(fisher or [torch.zeros_like(n) for n in new_fisher], new_fisher)]
+    return fisher, [f * t for f, t in zip(fisher, theta)]
 
 
 def consolidate_named(fisher: dict | None, weighted: dict | None, new: dict, theta: dict, gamma: float = 1.0):
     """consolidate over {name: tensor}: the weights named in `new` (F_t) at theta (their theta*_t) join (F, W);
-    weights that did not train in this task keep their entries (CMCL's steps train one pair of maps). Returns
-    (F, W) as dicts."""
+    weights that did not train in this task keep their entries, undecayed (CMCL's steps train one pair of maps; a
+    frozen map's theta is still its theta*). Returns (F, W) as dicts."""
     fisher, weighted = fisher or {}, weighted or {}
     old = ([fisher.get(n, torch.zeros_like(f)) for n, f in new.items()],
            [weighted.get(n, torch.zeros_like(f)) for n, f in new.items()]) if fisher else (None, None)

@@ -57,7 +57,8 @@ class MapsConfig(dns.DNSConfig):
     mode: str = arg("ewc", "the baseline: ewc | lwf | zscl (each on vanilla's training)",
                     choices=("ewc", "lwf", "zscl"))
     ewc_lambda: float = arg(1e4, "EWC: lambda of Eq. (3) (ours; the paper tunes it)")
-    ewc_gamma: float = arg(1.0, "EWC: decay of older tasks' F (1: the paper's sum; < 1: online EWC)")
+    ewc_gamma: float = arg(1.0, "EWC: gamma (1: the paper's sum over tasks; < 1: Schwarz et al.'s online EWC, "
+                           "anchored at the last step's maps; baselines/ewc.py deviation 5)")
     fisher_batches: int = arg(0, "EWC: batches of the task's pairs for F (0: one pass)")
     lwf_weight: float = arg(1.0, "LwF: lambda_o, the weight of L_old (LwF Sec. 3: 1)")
     lwf_tau: float = arg(2.0, "LwF: T (Sec. 3: 2)")

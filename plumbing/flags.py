@@ -138,6 +138,9 @@ class Config:
     loss: str = arg("clip", "the pair loss of every CLIP term: clip (softmax InfoNCE) | siglip (SigLIP's sigmoid "
                     "loss as open_clip's SigLipLoss, with the model's logit_bias; a CLIP backbone gets one at "
                     "SigLIP's init, b = -10, logit scale ln 10; no label smoothing)", choices=("clip", "siglip"))
+    siglip_init: str = arg("paper", "--loss siglip on a backbone without a logit_bias starts at: paper (SigLIP's "
+                           "s = 10, b = -10) | open_clip (open_clip's fine-tuning route: the checkpoint's logit "
+                           "scale kept, b = 0)", choices=("paper", "open_clip"))
     lora: int = arg(0, "LoRA rank r: adapters on --lora-targets, every other weight frozen; merged into model.pt / "
                     "--export (a plain open_clip model) and written as a peft adapter in <out>/lora_adapter (0: off)")
     lora_alpha: float = arg(32.0, "LoRA scale: DeltaW = lora_alpha / r * B A (C-CLIP's research code's 32)")
@@ -277,6 +280,9 @@ def parse_config(cls, argv=None, **overrides):
         if any(a.split("=")[0] == "--batch-size" for a in argv):
             p.error("pass --batch-size (global) or --batch-size-per-gpu, not both")
         values["batch_size"] = values["batch_size_per_gpu"] * world_size() * values.get("accum_freq", 1)
+    if values.get("siglip_init", "paper") != "paper" and values.get("loss") != "siglip":
+        p.error(f"--siglip-init {values['siglip_init']} sets where --loss siglip's scale and bias start; add "
+                f"--loss siglip, or drop --siglip-init")
     CSV_COLUMNS.update({k: values.get(k, "") for k in CSV_COLUMNS})
     return cls(**values)
 

@@ -188,18 +188,27 @@ def load_model(backbone: str = "tiny", pretrained: str = "", device="cpu", cache
 
 
 SIGLIP_INIT = (math.log(10.0), -10.0)  # SigLIP's t' = log 10 and b = -10 (Zhai et al. 2023, Sec. 3, the bias term)
+# --siglip-init open_clip: open_clip_train/main.py (main) asks for SIGLIP_INIT (init_logit_scale, init_logit_bias),
+# but create_model then loads the CLIP checkpoint (open_clip/factory.py, load_checkpoint), whose logit_scale
+# replaces ln 10 and which, having no logit_bias, gets one of zeros (open_clip issue 712): s kept, b = 0
+OPEN_CLIP_SIGLIP_BIAS = 0.0
 
 
-def pair_bias(model, loss: str):
-    """--loss siglip (common.siglip_loss): the model's logit_bias (a SigLIP backbone's own; one added at SIGLIP_INIT,
-    with the logit scale set to ln 10, to a model without one: its export's config then builds it too); None for
+def pair_bias(model, loss: str, init: str = "paper"):
+    """--loss siglip (common.siglip_loss): the model's logit_bias (a SigLIP backbone's own; else one added: init
+    "paper" at SIGLIP_INIT, the logit scale set to ln 10; "open_clip" at b = 0, the model's logit scale kept, as
+    open_clip's fine-tuning of a CLIP checkpoint starts; its export's config then builds it too); None for
     --loss clip."""
+    if init not in ("paper", "open_clip"):
+        raise ValueError(f"pair_bias: init is 'paper' or 'open_clip', not {init!r}")
     if loss != "siglip":
         return None
     if getattr(model, "logit_bias", None) is None:
-        with torch.no_grad():
-            model.logit_scale.fill_(SIGLIP_INIT[0])
-        model.logit_bias = torch.nn.Parameter(torch.tensor(SIGLIP_INIT[1], device=model.logit_scale.device))
+        if init == "paper":
+            with torch.no_grad():
+                model.logit_scale.fill_(SIGLIP_INIT[0])
+        bias = SIGLIP_INIT[1] if init == "paper" else OPEN_CLIP_SIGLIP_BIAS
+        model.logit_bias = torch.nn.Parameter(torch.tensor(bias, device=model.logit_scale.device))
     return model.logit_bias
 
 

@@ -11,9 +11,11 @@ predates them. Each tower, input -> output, is G = n + 2 groups:
   proj         the projection
 
 and group k gets lr x decay ** (G - 1 - k): the projection x 1, block i x decay ** (n - i), the embeddings
-x decay ** (n + 1) (BEiT's layer ids: the embeddings are layer 0, block i layer i + 1, the head layer n + 1).
-A parameter in no group (logit_scale, a method's own modules, an attentional pooler) keeps its rate, as in
-open_clip. Imports torch only."""
+x decay ** (n + 1). This is open_clip's layer_groups, not BEiT's get_num_layer_for_vit (microsoft/unilm at 2312c6f,
+beit/optim_factory.py), though both number the embeddings 0, block i i + 1, the head n + 1: open_clip puts ln_pre
+with the embeddings and ln_post / ln_final with the last block; BEiT's ViT has no ln_pre (a name it does not match
+goes to n + 1) and keeps its final norm with the head. A parameter in no group (logit_scale, a method's own
+modules, an attentional pooler) keeps its rate, as in open_clip. Imports torch only."""
 from __future__ import annotations
 
 from typing import Callable

@@ -15,20 +15,23 @@ import lab
 from baselines import ewc, lwf, sequence, zscl
 
 # --------------------------------------------------------------------------- the authors' computation
-# Thunderbeee/ZSCL at b96e714, re-implemented from reading it (not imported: it loads OpenAI's clip package).
+# Thunderbeee/ZSCL at b96e714 (the commit docs/baselines.md records), re-implemented from reading it (not imported:
+# it loads OpenAI's clip package). Each function names its file and function in that repository at that commit.
 
 
 def _authors_distillation(t, s, T=2.0):
-    """helpers.distillation: p = softmax(t / T, dim=1); cross_entropy(s / T, p, reduction='mean') * T ** 2,
-    written out as sums (an independent path to the same number)."""
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/helpers.py, distillation: p = softmax(t / T, dim=1);
+    cross_entropy(s / T, p, reduction='mean') * T ** 2, written out as sums (an independent path to the same
+    number)."""
     p = torch.exp(t / T - torch.logsumexp(t / T, dim=1, keepdim=True))
     log_q = s / T - torch.logsumexp(s / T, dim=1, keepdim=True)
     return -(p * log_q).sum(1).mean() * T ** 2
 
 
 def _authors_zscl_terms(ref_out_current, ref_out, ref_embeddings, logit_scale, T=2.0):
-    """finetune.py's ZSCL block: both sides on the reference model's text features, one (frozen) logit scale;
-    its features normalised as x / x.norm(dim=-1, keepdim=True)."""
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/finetune.py, finetune's `args.method == "ZSCL"` block
+    (loss_ZSCL, and loss_ZSCL_2 under --text_loss): both sides on the reference model's text features, one
+    (frozen) logit scale; its features normalised as x / x.norm(dim=-1, keepdim=True)."""
     norm = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
     ref_out_current, ref_out, ref_embeddings = norm(ref_out_current), norm(ref_out), norm(ref_embeddings)
     logits_current = logit_scale * ref_out_current @ ref_embeddings.t()
@@ -38,7 +41,8 @@ def _authors_zscl_terms(ref_out_current, ref_out, ref_embeddings, logit_scale, T
 
 
 def _authors_we(params_per_update, start, avg_freq):
-    """finetune.py's loop and helpers.merge_we: we_model = the starting model, we_n = 0; after the update of
+    """Thunderbeee/ZSCL at b96e714, mtil/src/models/finetune.py (finetune's loop, `# we`) and
+    mtil/src/models/helpers.py (merge_we): we_model = the starting model, we_n = 0; after the update of
     iteration i (i = 0, 1, ...), if i % avg_freq == 0: we_n += 1, we = (we * we_n + theta) / (1 + we_n)."""
     we, we_n = [s.clone() for s in start], 0
     for iteration, theta in enumerate(params_per_update):
@@ -169,25 +173,110 @@ def test_ewc_penalty_by_hand():
     assert math.isclose(float(ewc.ewc_penalty(p, f, a, 10.0)), 20.0)
 
 
+def _ewc_tasks(seed=5, n=3):
+    """n tasks' Fishers F_t and end weights theta*_t, for two tensors (one entry no task constrains at first)."""
+    g = torch.Generator().manual_seed(seed)
+    fishers = [[torch.rand(4, 3, generator=g), torch.rand(3, generator=g)] for _ in range(n)]
+    fishers[0][1][0] = 0.0
+    thetas = [[torch.randn(4, 3, generator=g), torch.randn(3, generator=g)] for _ in range(n)]
+    theta = [torch.randn(4, 3, generator=g, requires_grad=True), torch.randn(3, generator=g, requires_grad=True)]
+    return fishers, thetas, theta
+
+
 def test_ewc_consolidated_penalty_has_the_gradient_of_the_per_task_sum():
-    """After Eq. (3): sum_t F_t (theta - theta*_t)^2 = F (theta - theta*)^2 + const: equal gradients, values
-    apart by a constant; gamma < 1 weights the older task by gamma."""
-    g = torch.Generator().manual_seed(5)
-    fishers = [[torch.rand(4, 3, generator=g), torch.rand(3, generator=g)] for _ in range(3)]
-    fishers[0][1][0] = 0.0  # a weight no task constrains at first
-    thetas = [[torch.randn(4, 3, generator=g), torch.randn(3, generator=g)] for _ in range(3)]
-    for gamma in (1.0, 0.5):
-        F_, W = None, None
-        for f, t in zip(fishers, thetas):
-            F_, W = ewc.consolidate(F_, W, f, t, gamma)
-        theta = [torch.randn(4, 3, generator=g, requires_grad=True), torch.randn(3, generator=g, requires_grad=True)]
-        one = ewc.ewc_penalty(theta, F_, ewc.anchor(F_, W, theta), 3.0)
-        g_one = torch.autograd.grad(one, theta)
-        weights = [gamma ** 2, gamma, 1.0]
-        each = sum(w * ewc.ewc_penalty(theta, f, t, 3.0) for w, f, t in zip(weights, fishers, thetas))
-        g_each = torch.autograd.grad(each, theta)
-        for x, y in zip(g_one, g_each):
-            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    """After Eq. (3), gamma 1: sum_t F_t (theta - theta*_t)^2 = F (theta - theta*)^2 + const: equal gradients,
+    values apart by a constant."""
+    fishers, thetas, theta = _ewc_tasks()
+    F_, W = None, None
+    for f, t in zip(fishers, thetas):
+        F_, W = ewc.consolidate(F_, W, f, t)
+    g_one = torch.autograd.grad(ewc.ewc_penalty(theta, F_, ewc.anchor(F_, W, theta), 3.0), theta)
+    each = sum(ewc.ewc_penalty(theta, f, t, 3.0) for f, t in zip(fishers, thetas))
+    for x, y in zip(g_one, torch.autograd.grad(each, theta)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_ewc_gamma_below_one_is_online_ewc_anchored_at_the_last_task():
+    """Schwarz et al. (Progress & Compress), online EWC: F*_t = gamma F*_{t-1} + F_t and task t+1's penalty
+    lambda/2 sum gamma F*_t (theta - theta*_t)^2, so its gradient is lambda gamma F*_t (theta - theta*_t), with
+    theta*_t the LAST task's weights (before issue 74: the F-weighted mean of all of them)."""
+    fishers, thetas, theta = _ewc_tasks()
+    lam, gamma = 3.0, 0.5
+    F_, W = None, None
+    for f, t in zip(fishers, thetas):
+        F_, W = ewc.consolidate(F_, W, f, t, gamma)
+    got = torch.autograd.grad(ewc.ewc_penalty(theta, F_, ewc.anchor(F_, W, theta), lam), theta)
+    F_star = [torch.zeros_like(x) for x in theta]
+    for f in fishers:  # the paper's recursion, from F*_0 = 0
+        F_star = [gamma * s + x for s, x in zip(F_star, f)]
+    want = [lam * gamma * s * (p.detach() - a) for s, p, a in zip(F_star, theta, thetas[-1])]
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def _avalanche_ewc():
+    """avalanche-lib's EWCPlugin (avalanche/training/plugins/ewc.py), the one installable EWC the tests can call."""
+    plugin = pytest.importorskip("avalanche.training.plugins.ewc", reason="avalanche-lib is not installed (pip "
+                                 "install avalanche-lib==0.6.0): EWC's cross-check against its EWCPlugin is skipped")
+    from avalanche.training.utils import ParamData
+    return plugin.EWCPlugin, ParamData
+
+
+@pytest.mark.parametrize("mode", ["separate", "online"])
+def test_ewc_penalty_gradient_matches_avalanches_plugin(mode):
+    """avalanche's EWCPlugin.before_backward adds ewc_lambda * sum F (theta - theta*)^2 (no 1/2; online: F* =
+    decay F*_{t-1} + F_t, no decay on the penalty): ours at lambda = 2a ("separate", the sum over tasks, gamma 1)
+    or 2a / gamma ("online") has its gradient (ewc.py deviation 6)."""
+    from types import SimpleNamespace
+    EWCPlugin, ParamData = _avalanche_ewc()
+    fishers, thetas, theta = _ewc_tasks()
+    a, gamma = 7.0, (1.0 if mode == "separate" else 0.5)
+    model = torch.nn.Module()
+    model.w, model.b = (torch.nn.Parameter(t.detach().clone()) for t in theta)
+    names = ["w", "b"]
+    plugin = EWCPlugin(a, mode=mode, decay_factor=None if mode == "separate" else gamma)
+    for t, (f, th) in enumerate(zip(fishers, thetas)):
+        plugin.update_importances({n: ParamData(n, init_tensor=x.clone()) for n, x in zip(names, f)}, t)
+        plugin.saved_params[t] = {n: ParamData(n, init_tensor=x.clone()) for n, x in zip(names, th)}
+    strategy = SimpleNamespace(clock=SimpleNamespace(train_exp_counter=len(fishers)), model=model, device="cpu",
+                               loss=torch.zeros(()))
+    plugin.before_backward(strategy)
+    theirs = torch.autograd.grad(strategy.loss, [model.w, model.b])
+    F_, W = None, None
+    for f, th in zip(fishers, thetas):
+        F_, W = ewc.consolidate(F_, W, f, th, gamma)
+    ours = torch.autograd.grad(ewc.ewc_penalty(theta, F_, ewc.anchor(F_, W, theta), 2 * a / gamma), theta)
+    diff = max(float((x - y).abs().max()) for x, y in zip(ours, theirs))
+    print(f"EWC ({mode}) vs avalanche-lib EWCPlugin: max abs gradient difference {diff:.3g}")
+    for x, y in zip(ours, theirs):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_ewc_fisher_matches_avalanches_and_drops_the_partial_batch():
+    """avalanche's compute_importances is the mean over batches of squared batch-loss gradients, as
+    empirical_fisher; it keeps a last partial batch (one term of the mean), ours drops it (ewc.py deviation 7): on
+    12 items in batches of 4 the two agree, on 14 they differ by that batch."""
+    EWCPlugin, _ = _avalanche_ewc()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    data = [(torch.randn(5), int(torch.randint(3, ())), 0) for _ in range(14)]
+
+    def ours(items):
+        def gradients():
+            for i in range(0, len(items) - len(items) % 4, 4):  # full batches only, as task_fisher's loader
+                x = torch.stack([d[0] for d in items[i:i + 4]])
+                y = torch.tensor([d[1] for d in items[i:i + 4]])
+                yield torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+        return ewc.empirical_fisher(gradients())
+
+    def theirs(items):
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        imp = EWCPlugin(1.0).compute_importances(model, F.cross_entropy, opt, items, "cpu", 4)
+        return [imp[n].data for n, _ in model.named_parameters()]
+
+    for x, y in zip(ours(data[:12]), theirs(data[:12])):
+        torch.testing.assert_close(x, y, atol=1e-7, rtol=1e-5)
+    assert max(float((x - y).abs().max()) for x, y in zip(ours(data), theirs(data))) > 1e-6
 
 
 def test_empirical_fisher_is_the_mean_squared_gradient():

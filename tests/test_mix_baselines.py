@@ -75,7 +75,8 @@ def test_imix_draw_is_the_codes_folded_beta_and_a_permutation_seeded_by_step():
 
 
 def _authors_imix(encoder, images, keys, lam, randind, temp):
-    """kibok90/imix, re-implemented from builder.py: `mixup` (lam_expanded = lam.view(-1, 1, 1, 1); output =
+    """kibok90/imix, re-implemented from builder.py (commit not recorded when written; issue 74 re-read it at
+    691bf2d, the lines below are there): `mixup` (lam_expanded = lam.view(-1, 1, 1, 1); output =
     lam_expanded * input + (1 - lam_expanded) * input[randind]); the N-pair branch: q = normalize(encoder_q(im_q)),
     logits = q.mm(k.t()) / temp, labels = arange; loss = (lam * criterion(logits, labels) + (1 - lam) *
     criterion(logits, labels_aux)).mean() with criterion = CrossEntropyLoss(reduction='none')."""
@@ -150,7 +151,8 @@ def test_unmix_hand_case_and_lam_1():
 
 
 def _authors_rand_bbox(size, lam, cx, cy):
-    """szq0214/Un-Mix main_moco_unmix.py's rand_bbox with its two np.random.randint draws given as cx, cy."""
+    """szq0214/Un-Mix, UnMix_MoCo/for_ImageNet/main_moco_unmix.py, rand_bbox (commit not recorded when written;
+    issue 74 re-read it at 6bdefb4, unchanged there), with its two np.random.randint draws given as cx, cy."""
     W, H = size[2], size[3]
     cut_rat = np.sqrt(1.0 - lam)
     cut_w, cut_h = int(W * cut_rat), int(H * cut_rat)
@@ -159,7 +161,9 @@ def _authors_rand_bbox(size, lam, cx, cy):
 
 
 def _authors_unmix(encoder, images, keys, lam, temp, glob, cx=0, cy=0):
-    """szq0214/Un-Mix, re-implemented from main_moco_unmix.py's train() and builder.py's forward, the queue's
+    """szq0214/Un-Mix, re-implemented from UnMix_MoCo/for_ImageNet/main_moco_unmix.py's train() and
+    UnMix_MoCo/for_ImageNet/moco/builder.py's forward (commit not recorded when written; issue 74 re-read both
+    at 6bdefb4, the lines below are there), the queue's
     logits replaced by the batch's keys (our deviation 2): the mixture with images_reverse = flip(images); for a
     region one the box pasted and lam = 1 - box / (W H); q_mixed = normalize(encoder(mixed)), q_mixed_flip =
     flip(q_mixed); loss_m = CE(q_mixed k^T / T, labels), loss_m_flip = CE(q_mixed_flip k^T / T, labels); the mixed

@@ -151,6 +151,48 @@ def test_each_method_takes_its_clip_terms_as_siglips(tiny_random):
         assert torch.allclose(losses["loss_clip"], want, atol=1e-5), type(net).__name__
 
 
+def test_siglip_init_open_clip_starts_where_open_clips_fine_tuning_does(tiny_random, tmp_path):
+    """--siglip-init open_clip (issue 74.1): open_clip_train's --siglip asks for s = 10, b = -10, then loads the
+    CLIP checkpoint (open_clip/factory.py load_checkpoint), which brings its logit scale and, having no
+    logit_bias, a zero one. Each method's net built with the flag starts at that model's (s, b); without it at
+    SigLIP's (the default, unchanged)."""
+    model0, _, _, _ = tiny_random
+    with torch.no_grad():
+        model0.logit_scale.fill_(math.log(100.0))  # a CLIP checkpoint's trained scale
+    path = tmp_path / "clip.pt"
+    torch.save(model0.state_dict(), path)
+    theirs = open_clip.create_model(models.TINY_NAME, pretrained=str(path), init_logit_scale=math.log(10),
+                                    init_logit_bias=-10)
+    assert theirs.logit_bias.item() == 0.0 and theirs.logit_scale.item() == pytest.approx(math.log(100.0))
+    siglip = ["--loss", "siglip", "--siglip-init", "open_clip"]
+    for net_class, cfg_class, extra in ((erclip.ERCLIP, erclip.ERCLIPConfig, ["--lambda-p", "0"]),
+                                        (longclip.LongCLIP, longclip.LongCLIPConfig, ["--no-stretch"]),
+                                        (m2mix.M2Mix, m2mix.M2MixConfig, ["--backbone", "tiny"])):
+        net = net_class(copy.deepcopy(model0), common.parse_config(cfg_class, siglip + extra))
+        assert net.model.logit_bias.item() == theirs.logit_bias.item()
+        assert net.model.logit_scale.item() == theirs.logit_scale.item()
+    model = copy.deepcopy(model0)
+    models.pair_bias(model, "siglip", common.parse_config(cclip.CClipConfig, siglip).siglip_init)  # cclip.main's
+    assert model.logit_bias.item() == 0.0 and model.logit_scale.item() == theirs.logit_scale.item()
+    paper = erclip.ERCLIP(copy.deepcopy(model0), common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"]))
+    assert paper.model.logit_bias.item() == -10.0 and paper.model.logit_scale.item() == pytest.approx(math.log(10))
+
+
+def test_siglip_init_values_are_checked_when_the_flags_are_parsed(capsys):
+    """One argparse line for a value that is not paper / open_clip, for open_clip without --loss siglip (it
+    would do nothing) and in dns.py (its b is frozen at -10, deviation 14); a programming error for the API."""
+    for cls, argv, said in ((erclip.ERCLIPConfig, ["--loss", "siglip", "--siglip-init", "big_vision"],
+                             "invalid choice"),
+                            (m2mix.M2MixConfig, ["--siglip-init", "open_clip"], "add --loss siglip"),
+                            (dns.DNSConfig, ["--loss", "siglip", "--siglip-init", "open_clip"], "invalid choice")):
+        with pytest.raises(SystemExit):
+            common.parse_config(cls, argv)
+        assert said in capsys.readouterr().err
+    assert common.parse_config(dns.DNSConfig, ["--loss", "siglip"]).siglip_init == "paper"
+    with pytest.raises(ValueError, match="'paper' or 'open_clip'"):
+        models.pair_bias(torch.nn.Module(), "siglip", "zero")
+
+
 def test_dns_takes_siglip_at_its_frozen_scale():
     net = dns.DNSNet(16, math.log(1 / 0.07), loss="siglip")
     img, txt = _features()
@@ -220,3 +262,14 @@ def test_every_method_runs_end_to_end_with_siglip(name, tmp_path):
         model = tmp_path / "r" / "model.pt"
     bias = torch.load(model, weights_only=True)["logit_bias"]
     assert torch.isfinite(bias) and bias.item() != -10.0
+
+
+def test_cclip_main_passes_siglip_init_on(tmp_path):
+    """cclip.py adds the bias in main() (before its LoRA): a short run with --siglip-init open_clip ends near
+    b = 0 and the random tiny model's own scale ln(1 / 0.07), far from SigLIP's b = -10, s = 10 (3 steps a task at
+    lr 1e-3 move either by well under 0.1)."""
+    from test_cclip import _argv as cclip_argv
+    cclip.main(cclip_argv(tmp_path / "d", tmp_path / "r", "--loss", "siglip", "--siglip-init", "open_clip"))
+    saved = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    assert abs(saved["logit_bias"].item()) < 0.1
+    assert abs(saved["logit_scale"].item() - math.log(1 / 0.07)) < 0.1
