@@ -37,7 +37,6 @@ import argparse
 import csv
 import hashlib
 import json
-import pickle
 import re
 import sys
 import time
@@ -156,7 +155,7 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, wise_ft
+from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, safepickle, wise_ft
 
 
 # =============================================================================
@@ -467,12 +466,9 @@ def _cifar(root, n_classes: int, download=False, longclip: bool = False) -> Clas
         import torchvision
         cls = torchvision.datasets.CIFAR10 if n_classes == 10 else torchvision.datasets.CIFAR100
         cls(str(root / task), train=False, download=True)
-    _require(folder / test_file, task, root)
-    meta = pickle.loads(_require(folder / meta_file, task, root).read_bytes(), encoding="latin1")
-    batch = pickle.loads((folder / test_file).read_bytes(), encoding="latin1")
-    names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
-    labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
-    images = _CifarImages(np.asarray(batch["data"], dtype=np.uint8))
+    data, labels, names = safepickle.cifar(_require(folder / test_file, task, root),
+                                           _require(folder / meta_file, task, root), n_classes)  # issue 69.1
+    images = _CifarImages(data)
     if longclip:
         return ClassificationSet(f"{task}-longclip", images, torch.tensor(labels), list(names), imagenet_templates(),
                                  protocol=f"CIFAR-{n_classes} test ({len(labels)}), Long-CLIP's: 80 ImageNet "
@@ -704,7 +700,7 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=m2mix
                           f"{BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
-    oscar = torch.as_tensor(torch.load(_require(d / "oscar_similarity_matrix.pt", "simat", root), map_location="cpu"))
+    oscar = torch.as_tensor(loading.load_weights_only(_require(d / "oscar_similarity_matrix.pt", "simat", root)))
     img = image_features(model, preprocess, [str(p) for p in paths], batch_size, device=device)
     words = sorted({r["value"] for r in tr} | {r["target"] for r in tr})
     w = dict(zip(words, common.encode_texts(model, tokenizer, words, device=device)))
