@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plumbing import base, flags, published
+from plumbing import base, flags, outfolder, published
 from plumbing.results import OWN_METRICS, document, sequence_stage, staged  # one results.json for every method (42.3)
 
 
@@ -977,6 +977,8 @@ def main(argv=None, world=None):
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
+    if a.out and (problem := outfolder.not_ours(Path(a.out), "--out", "eval", outfolder.EVAL_FILES)) is not None:
+        raise problem  # issue 69.2: a finished run's results.json was replaced
     tasks = _expand(a.tasks)
     check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
                 a.data_root, "--tasks")  # names and indexes before any model (--download fetches CIFAR later)
@@ -1029,10 +1031,12 @@ def main(argv=None, world=None):
     results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
-    if a.out and a.format == "clip_benchmark" and results.get("records"):  # not with --wise-ft / --continual (above)
-        for name, content in clip_benchmark_files(results["records"], models.resolve_backbone(a.backbone),
-                                                  a.pretrained).items():
-            common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
+    bench = (clip_benchmark_files(results["records"], models.resolve_backbone(a.backbone), a.pretrained)
+             if a.out and a.format == "clip_benchmark" and results.get("records") else {})  # not with --wise-ft
+    if a.out:  # its own earlier output, or nothing there it would replace; its receipt
+        outfolder.claim(Path(a.out), "eval", "--out", (*outfolder.EVAL_FILES, *bench))
+    for name, content in bench.items():
+        common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:
         common.write_results(a.out, results)
         print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)
