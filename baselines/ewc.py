@@ -42,10 +42,12 @@ from plumbing.flags import arg
 
 @dataclasses.dataclass(frozen=True)
 class EWCConfig(SequenceConfig):
-    ewc_lambda: float = arg(1e4, "lambda of Eq. (3) (ours: the paper tunes it; deviation 1 makes F small)")
-    ewc_gamma: float = arg(1.0, "decay of the older tasks' F (1: the paper's sum; < 1: online EWC, ours)")
-    fisher_batches: int = arg(0, "batches of the task's data for F (0: one pass over it)")
-    fisher_batch_size: int = arg(0, "batch of F's gradients (0: --batch-size)")
+    ewc_lambda: float = arg(1e4, "lambda of Eq. (3) (ours: the paper tunes it; deviation 1 makes F small)",
+                            rule=">= 0")
+    ewc_gamma: float = arg(1.0, "decay of the older tasks' F (1: the paper's sum; < 1: online EWC, ours)",
+                           rule="in (0, 1]")
+    fisher_batches: int = arg(0, "batches of the task's data for F (0: one pass over it)", rule=">= 0")
+    fisher_batch_size: int = arg(0, "batch of F's gradients (0: --batch-size)", rule=">= 0")
     out: str = arg("runs/ewc", "output: continual.json, results.json, per-task folders, model.pt")
 
 
