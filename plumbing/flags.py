@@ -280,6 +280,15 @@ def parse_config(cls, argv=None, **overrides):
         if any(a.split("=")[0] == "--batch-size" for a in argv):
             p.error("pass --batch-size (global) or --batch-size-per-gpu, not both")
         values["batch_size"] = values["batch_size_per_gpu"] * world_size() * values.get("accum_freq", 1)
+    if values.get("lora"):  # issue 69.3: found after the model loaded (a ValueError) or after training (peft's export)
+        if values.get("lock_image") and values.get("lock_text"):
+            p.error("--lora with --lock-image and --lock-text: both towers are locked, so no weight is left to "
+                    "adapt; drop one of the locks (LoRA then adapts the other tower only)")
+        bad = [t for t in values.get("lora_targets", "x.weight").split(",") if not t.strip().endswith("weight")]
+        if bad:
+            p.error(f"--lora-targets {values['lora_targets']!r}: {', '.join(repr(t) for t in bad)} is not a weight "
+                    f"name's suffix; each target ends in 'weight' (a Linear's weight or attention's in_proj_weight), "
+                    f"e.g. {DEFAULT_LORA_TARGETS}")
     CSV_COLUMNS.update({k: values.get(k, "") for k in CSV_COLUMNS})
     return cls(**values)
 

@@ -328,3 +328,25 @@ def test_the_baselines_own_settings_are_checked_at_parse_time(module, flag, valu
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"argument {flag}: must be" in err and f"got {value}" in err, (value, err)
     assert flags.parse_config(config, [])  # the defaults pass
+
+
+# ----------------------------------------------------------------------------- 3. tracebacks owed one message
+@pytest.mark.parametrize("argv,said", [
+    (["--lock-image", "--lock-text"], "both towers are locked, so no weight is left to adapt"),
+    (["--lora-targets", "nonexistent"], "'nonexistent' is not a weight name's suffix"),
+    (["--lora-targets", "proj"], "'proj' is not a weight name's suffix"),
+    (["--lora-targets="], "'' is not a weight name's suffix"),
+])
+def test_lora_settings_that_cannot_work_stop_at_parse_time(argv, said, capsys):
+    """Found after the model loaded (22 s, a ValueError) or, for proj / "", in peft's export after training."""
+    from plumbing import flags
+    with pytest.raises(SystemExit) as e:
+        flags.parse_config(common.Config, ["--lora", "2", *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
+    flags.parse_config(common.Config, argv)  # without --lora they mean nothing and stay accepted
+
+
+def test_lora_targets_that_match_no_weight_are_one_message(tmp_path, capsys):
+    code, err = _cli(capsys, lambda argv: _erclip(tmp_path, tmp_path / "r", *argv),
+                     ["--lora", "2", "--lora-targets", "nonexistent.weight"])
+    assert code == 2 and err.count("error:") == 1 and "no plain 2-D parameter ends in any of" in err
