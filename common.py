@@ -337,7 +337,7 @@ def add_lora(model, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
     found = [t for t in _targets(model, tuple(targets))
              if ("image" if t[2].startswith("visual.") else "text") in towers]
     if not found:
-        raise ValueError(f"add_lora: no plain 2-D parameter ends in any of {tuple(targets)} (already adapted? "
+        raise UsageError(f"add_lora: no plain 2-D parameter ends in any of {tuple(targets)} (already adapted? "
                          f"merge first; --lora-targets names weight suffixes such as attn.in_proj_weight)")
     for mod, p_name, _ in found:
         w = getattr(mod, p_name)

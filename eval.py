@@ -37,7 +37,6 @@ import argparse
 import csv
 import hashlib
 import json
-import pickle
 import re
 import sys
 import time
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plumbing import base, flags, published
+from plumbing import base, flags, outfolder, published
 from plumbing.results import OWN_METRICS, document, sequence_stage, staged  # one results.json for every method (42.3)
 
 
@@ -156,7 +155,7 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, wise_ft
+from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, safepickle, wise_ft
 
 
 # =============================================================================
@@ -467,12 +466,9 @@ def _cifar(root, n_classes: int, download=False, longclip: bool = False) -> Clas
         import torchvision
         cls = torchvision.datasets.CIFAR10 if n_classes == 10 else torchvision.datasets.CIFAR100
         cls(str(root / task), train=False, download=True)
-    _require(folder / test_file, task, root)
-    meta = pickle.loads(_require(folder / meta_file, task, root).read_bytes(), encoding="latin1")
-    batch = pickle.loads((folder / test_file).read_bytes(), encoding="latin1")
-    names = meta["label_names"] if n_classes == 10 else meta["fine_label_names"]
-    labels = batch["labels"] if n_classes == 10 else batch["fine_labels"]
-    images = _CifarImages(np.asarray(batch["data"], dtype=np.uint8))
+    data, labels, names = safepickle.cifar(_require(folder / test_file, task, root),
+                                           _require(folder / meta_file, task, root), n_classes)  # issue 69.1
+    images = _CifarImages(data)
     if longclip:
         return ClassificationSet(f"{task}-longclip", images, torch.tensor(labels), list(names), imagenet_templates(),
                                  protocol=f"CIFAR-{n_classes} test ({len(labels)}), Long-CLIP's: 80 ImageNet "
@@ -704,7 +700,7 @@ def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=m2mix
                           f"{BENCHMARKS['simat'][1]}")
     with open(d / "transfos.csv", newline="") as f:
         tr = [r for r in csv.DictReader(f) if (r["is_test"] == "True") == (split == "test")]
-    oscar = torch.as_tensor(torch.load(_require(d / "oscar_similarity_matrix.pt", "simat", root), map_location="cpu"))
+    oscar = torch.as_tensor(loading.load_weights_only(_require(d / "oscar_similarity_matrix.pt", "simat", root)))
     img = image_features(model, preprocess, [str(p) for p in paths], batch_size, device=device)
     words = sorted({r["value"] for r in tr} | {r["target"] for r in tr})
     w = dict(zip(words, common.encode_texts(model, tokenizer, words, device=device)))
@@ -981,6 +977,8 @@ def main(argv=None, world=None):
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
+    if a.out and (problem := outfolder.not_ours(Path(a.out), "--out", "eval", outfolder.EVAL_FILES)) is not None:
+        raise problem  # issue 69.2: a finished run's results.json was replaced
     tasks = _expand(a.tasks)
     check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
                 a.data_root, "--tasks")  # names and indexes before any model (--download fetches CIFAR later)
@@ -1033,10 +1031,12 @@ def main(argv=None, world=None):
     results["protocols"] = {r["task"]: r["protocol"] for r in results.get("records", [])}  # e.g. COCO's captions
     if published:
         results["published"] = {f"{t}/{m}": v for (t, m), v in published.items()}
-    if a.out and a.format == "clip_benchmark" and results.get("records"):  # not with --wise-ft / --continual (above)
-        for name, content in clip_benchmark_files(results["records"], models.resolve_backbone(a.backbone),
-                                                  a.pretrained).items():
-            common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
+    bench = (clip_benchmark_files(results["records"], models.resolve_backbone(a.backbone), a.pretrained)
+             if a.out and a.format == "clip_benchmark" and results.get("records") else {})  # not with --wise-ft
+    if a.out:  # its own earlier output, or nothing there it would replace; its receipt
+        outfolder.claim(Path(a.out), "eval", "--out", (*outfolder.EVAL_FILES, *bench))
+    for name, content in bench.items():
+        common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:
         common.write_results(a.out, results)
         print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)

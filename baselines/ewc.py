@@ -61,11 +61,12 @@ from plumbing.flags import arg
 
 @dataclasses.dataclass(frozen=True)
 class EWCConfig(SequenceConfig):
-    ewc_lambda: float = arg(1e4, "lambda of Eq. (3) (ours: the paper tunes it; deviation 1 makes F small)")
+    ewc_lambda: float = arg(1e4, "lambda of Eq. (3) (ours: the paper tunes it; deviation 1 makes F small)",
+                            rule=">= 0")
     ewc_gamma: float = arg(1.0, "gamma (1: the paper's sum over tasks; < 1: Schwarz et al.'s online EWC, "
-                           "anchored at the last task's weights; deviation 5)")
-    fisher_batches: int = arg(0, "batches of the task's data for F (0: one pass over it)")
-    fisher_batch_size: int = arg(0, "batch of F's gradients (0: --batch-size)")
+                           "anchored at the last task's weights; deviation 5)", rule="in (0, 1]")
+    fisher_batches: int = arg(0, "batches of the task's data for F (0: one pass over it)", rule=">= 0")
+    fisher_batch_size: int = arg(0, "batch of F's gradients (0: --batch-size)", rule=">= 0")
     out: str = arg("runs/ewc", "output: continual.json, results.json, per-task folders, model.pt")
 
 

@@ -51,8 +51,10 @@ from plumbing.flags import arg
 @dataclass(frozen=True)
 class IMixConfig(mixrun.MixBaselineConfig):
     out: str = arg("runs/imix", "output folder")
-    alpha: float = arg(1.0, "Beta(alpha, alpha) of the mixing ratio")  # the code's --alpha default
-    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 4)")
+    alpha: float = arg(1.0, "Beta(alpha, alpha) of the mixing ratio",
+                       rule="> 0")  # the code's --alpha default
+    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 4)",
+                     rule=">= 0")
 
 
 # --- Losses ---

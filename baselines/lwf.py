@@ -39,8 +39,9 @@ from plumbing.flags import arg
 
 @dataclasses.dataclass(frozen=True)
 class LwFConfig(SequenceConfig):
-    lwf_weight: float = arg(1.0, "lambda_o, the weight of L_old (LwF Sec. 3: 1)")
-    lwf_tau: float = arg(2.0, "T, the distillation temperature (LwF Sec. 3: 2; ZSCL's code: 2)")
+    lwf_weight: float = arg(1.0, "lambda_o, the weight of L_old (LwF Sec. 3: 1)", rule=">= 0")
+    lwf_tau: float = arg(2.0, "T, the distillation temperature (LwF Sec. 3: 2; ZSCL's code: 2)",
+                         rule="> 0")
     distil_towers: str = arg("both", "both: the new logits from both new towers | image: the old text "
                              "features on both sides (ZSCL's code, deviation 4)", choices=("both", "image"))
     out: str = arg("runs/lwf", "output: continual.json, results.json, per-task folders, model.pt")

@@ -56,20 +56,21 @@ from plumbing.flags import arg
 class MapsConfig(dns.DNSConfig):
     mode: str = arg("ewc", "the baseline: ewc | lwf | zscl (each on vanilla's training)",
                     choices=("ewc", "lwf", "zscl"))
-    ewc_lambda: float = arg(1e4, "EWC: lambda of Eq. (3) (ours; the paper tunes it)")
+    ewc_lambda: float = arg(1e4, "EWC: lambda of Eq. (3) (ours; the paper tunes it)", rule=">= 0")
     ewc_gamma: float = arg(1.0, "EWC: gamma (1: the paper's sum over tasks; < 1: Schwarz et al.'s online EWC, "
-                           "anchored at the last step's maps; baselines/ewc.py deviation 5)")
-    fisher_batches: int = arg(0, "EWC: batches of the task's pairs for F (0: one pass)")
-    lwf_weight: float = arg(1.0, "LwF: lambda_o, the weight of L_old (LwF Sec. 3: 1)")
-    lwf_tau: float = arg(2.0, "LwF: T (Sec. 3: 2)")
+                           "anchored at the last step's maps; baselines/ewc.py deviation 5)", rule="in (0, 1]")
+    fisher_batches: int = arg(0, "EWC: batches of the task's pairs for F (0: one pass)", rule=">= 0")
+    lwf_weight: float = arg(1.0, "LwF: lambda_o, the weight of L_old (LwF Sec. 3: 1)", rule=">= 0")
+    lwf_tau: float = arg(2.0, "LwF: T (Sec. 3: 2)", rule="> 0")
     ref_images: str = arg("auto", "ZSCL: reference images, a manifest (auto: the lab's 'train' split with the lab)")
     ref_texts: str = arg("auto", "ZSCL: reference captions, a manifest (auto: --ref-images')")
-    ref_batch: int = arg(0, "ZSCL: reference images a step (0: --batch-size)")
-    ref_texts_per_step: int = arg(0, "ZSCL: reference texts a step (0: --batch-size)")
-    zscl_tau: float = arg(2.0, "ZSCL: T of the distillation (the code's --T 2)")
-    image_weight: float = arg(1.0, "ZSCL: weight of the image -> texts term (the code: 1)")
-    text_weight: float = arg(1.0, "ZSCL: weight of the text -> images term (the code: 1)")
-    we_every: int = arg(100, "ZSCL: I, steps between weight-ensemble merges (the code: 100); 0: none")
+    ref_batch: int = arg(0, "ZSCL: reference images a step (0: --batch-size)", rule=">= 0")
+    ref_texts_per_step: int = arg(0, "ZSCL: reference texts a step (0: --batch-size)", rule=">= 0")
+    zscl_tau: float = arg(2.0, "ZSCL: T of the distillation (the code's --T 2)", rule="> 0")
+    image_weight: float = arg(1.0, "ZSCL: weight of the image -> texts term (the code: 1)", rule=">= 0")
+    text_weight: float = arg(1.0, "ZSCL: weight of the text -> images term (the code: 1)", rule=">= 0")
+    we_every: int = arg(100, "ZSCL: I, steps between weight-ensemble merges (the code: 100); 0: none",
+                         rule=">= 0")
     out: str = arg("runs/maps", "output: continual.json, results.json, per-task folders")
 
 

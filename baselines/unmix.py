@@ -52,10 +52,14 @@ from plumbing.flags import arg
 @dataclass(frozen=True)
 class UnMixConfig(mixrun.MixBaselineConfig):
     out: str = arg("runs/unmix", "output folder")
-    beta: float = arg(1.0, "Beta(beta, beta) of the mixing ratio")  # the code's --beta default
-    unmix_prob: float = arg(0.5, "probability of the global mixture, else the region one")  # run.sh
-    mix_weight: float = arg(1.0, "weight of the mixed terms (the code: 1; ours to tune, dev. 4)")
-    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 5)")
+    beta: float = arg(1.0, "Beta(beta, beta) of the mixing ratio",
+                      rule="> 0")  # the code's --beta default
+    unmix_prob: float = arg(0.5, "probability of the global mixture, else the region one",
+                             rule="in [0, 1]")  # run.sh
+    mix_weight: float = arg(1.0, "weight of the mixed terms (the code: 1; ours to tune, dev. 4)",
+                            rule=">= 0")
+    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 5)",
+                     rule=">= 0")
 
 
 # --- Losses ---

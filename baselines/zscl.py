@@ -55,14 +55,18 @@ class ZSCLConfig(SequenceConfig):
                           "'train' split with --backbone tiny (the code: ImageNet's training set)")
     ref_texts: str = arg("auto", "reference texts: a manifest's captions or a .txt file (a sentence a line); "
                          "auto: the --ref-images manifest's captions (the code: Conceptual Captions)")
-    ref_batch: int = arg(0, "reference images a step (0: --batch-size, as the code)")
-    ref_texts_per_step: int = arg(0, "reference texts a step (0: --batch-size; the code: all, deviation 2)")
-    zscl_tau: float = arg(2.0, "T of the distillation (the code's --T 2)")
-    image_weight: float = arg(1.0, "weight of the image -> texts term (the code's --image_loss: 1)")
-    text_weight: float = arg(1.0, "weight of the text -> images term (the code's --text_loss: 1)")
+    ref_batch: int = arg(0, "reference images a step (0: --batch-size, as the code)", rule=">= 0")
+    ref_texts_per_step: int = arg(0, "reference texts a step (0: --batch-size; the code: all, deviation 2)",
+                                   rule=">= 0")
+    zscl_tau: float = arg(2.0, "T of the distillation (the code's --T 2)", rule="> 0")
+    image_weight: float = arg(1.0, "weight of the image -> texts term (the code's --image_loss: 1)",
+                              rule=">= 0")
+    text_weight: float = arg(1.0, "weight of the text -> images term (the code's --text_loss: 1)",
+                             rule=">= 0")
     distil_towers: str = arg("both", "both: the current logits from both current towers | image: theta_0's "
                              "text features on both sides (the code, deviation 1)", choices=("both", "image"))
-    we_every: int = arg(100, "I: steps between weight-ensemble merges (the code's --avg_freq 100); 0: no WE")
+    we_every: int = arg(100, "I: steps between weight-ensemble merges (the code's --avg_freq 100); 0: no WE",
+                         rule=">= 0")
     l2: float = arg(0.0, "weight of the code's WC term, squared distance to the task's start (ZSCL.sh: 1; "
                     "deviation 4)")
     out: str = arg("runs/zscl", "output: continual.json, results.json, per-task folders, model.pt")

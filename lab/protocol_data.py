@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -175,8 +174,38 @@ def write_imagenet_shifts(root, per_class: int = 2, classes=(1, 6, 11, 13), seed
     return root
 
 
-if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "data-fixture")
+# What main writes at the top of DIR (tests/test_reliability5.py checks it against a run): a DIR holding any of
+# them that this command did not write is refused (issue 69.2), anything else there is left alone.
+WRITES = ("fgvc-aircraft-2013b", "caltech101", "cifar100", "dtd", "eurosat", "flowers-102", "food-101", "MNIST",
+          "oxford-iiit-pet", "stanford_cars", "SUN397", "imagenet", "sketch",
+          "imagenetv2-matched-frequency-format-val", "imagenet-r", "imagenet-a", "objectnet-1.0")
+
+
+def command_line():
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m lab.protocol_data", allow_abbrev=False, description=(
+        "Writes the stand-in layouts of MTIL's 11 datasets and of ImageNet with its five shifts under DIR (about "
+        "12 MB; docs/protocols.md). DIR may be new, empty, this command's earlier output, or a folder holding "
+        "none of the folders it writes (a data root: the rest is left alone)."))
+    p.add_argument("dir", metavar="DIR", nargs="?", default="data-fixture", help="the folder (default: %(default)s)")
+    return p
+
+
+def main(argv=None):
+    from plumbing import outfolder
+    from plumbing.base import UsageError
+    target = Path(command_line().parse_args(argv).dir)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"DIR {target}: a file is there; give a folder (new, empty, or this command's output)")
+    if (problem := outfolder.write_problem(target)) is not None:
+        raise UsageError(f"DIR {target}: cannot be created or written ({problem[1]}: {problem[0]})")
+    outfolder.claim(target, "lab.protocol_data", "DIR", WRITES)  # issue 69.2: never over someone's data
     write_mtil(target)
     write_imagenet_shifts(target)
     print(f"wrote MTIL's and ImageNet shifts' stand-in layouts under {target} (see docs/protocols.md)")
+    return target
+
+
+if __name__ == "__main__":
+    import common
+    common.cli(main)

@@ -12,7 +12,6 @@ if __name__ == "__main__":  # issue 55.3: it ran nothing and exited 0 on any fla
 
 import math
 import os
-import pickle
 import zipfile
 import zlib
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 import common
-from plumbing import published
+from plumbing import published, safepickle
 
 MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
 SLACK = 64 << 20  # bytes any file may declare beyond its ratio (small files, headers, copies)
@@ -50,94 +49,13 @@ def _budget(path: Path, need: int, ratio: int, what: str) -> None:
             f"allocating (a crafted or corrupted file{hint})")
 
 
-class NumpyOnly(pickle.Unpickler):
-    """Admits only what numpy arrays need, under every protocol: _reconstruct + ndarray + dtype
-    (+ scalar), protocol 5's _frombuffer, _codecs.encode(str, 'latin1') and bytes() (protocols
-    <= 2's bytes); anything else stops. Each array's declared shape and dtype are checked against
-    the bytes it holds and the file's budget before numpy builds it (numpy trusts them: an object
-    array declaring more items than it holds crashes the interpreter)."""
-    SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
-            ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-            ("__builtin__", "bytes"), ("builtins", "bytes")}
+class NumpyOnly(safepickle.ArraysOnly):
+    """plumbing.safepickle's reader (numpy arrays and builtin containers only), with MOSEI's memory budget:
+    the arrays' declared bytes against PICKLE_RATIO x the file's size and the machine's memory."""
+    HOLDS = "the MOSEI file holds numpy arrays only"
 
-    def __init__(self, f, path: Path, **kw):
-        super().__init__(f, **kw)
-        self.path, self.declared = path, 0
-        reader = self
-
-        class Checked(np.ndarray):
-            def __setstate__(self, state):
-                reader.check_state(state)
-                return np.ndarray.__setstate__(self, state)
-        self.checked = Checked
-
-    def refuse(self, why: str):
-        raise common.DataError(f"{self.path}: {why}: refused (a pickle can run code when loaded; "
-                               f"the MOSEI file holds numpy arrays only)")
-
-    def declare(self, shape, dtype, held: int | None):
-        if not (isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape)
-                and isinstance(dtype, np.dtype)):
-            self.refuse(f"an array with shape {shape!r} and dtype {dtype!r}")
-        count = math.prod(shape)
-        need = count * (8 if dtype.hasobject else dtype.itemsize)
-        if held is not None and held != need:
-            self.refuse(f"an array declaring {shape} {dtype} ({need} bytes) holds {held} bytes")
-        self.declared += need
-        _budget(self.path, self.declared, PICKLE_RATIO, "the pickle's arrays")
-        return count
-
-    def check_state(self, state):
-        if not (isinstance(state, tuple) and len(state) in (4, 5)):
-            self.refuse(f"an array state {type(state).__name__} of length {len(state)}"
-                        if isinstance(state, tuple) else
-                        f"an array state of type {type(state).__name__}")
-        shape, dtype, _, raw = state[-4:]
-        if isinstance(dtype, np.dtype) and dtype.hasobject:
-            if not isinstance(raw, list) or dtype != np.dtype(object):
-                self.refuse(f"an object array of {dtype} whose items are {type(raw).__name__}")
-            if self.declare(shape, dtype, None) != len(raw):
-                self.refuse(f"an object array declaring {shape} holds {len(raw)} items")
-        elif isinstance(raw, (bytes, str)):  # str: a Python 2 pickle's bytes, read as latin1
-            self.declare(shape, dtype, len(raw))
-        else:
-            self.refuse(f"an array whose data is {type(raw).__name__}")
-
-    def find_class(self, module, name):
-        if (module, name) not in self.SAFE:
-            self.refuse(f"the pickle asks for {module}.{name}, which is not a numpy array")
-        if name == "bytes":
-            return self.empty_bytes
-        if name == "encode":
-            return self.latin1
-        real = super().find_class(module, name)
-        if name == "_reconstruct":
-            def reconstruct(subtype, shape, tag):
-                if subtype is not np.ndarray:
-                    self.refuse(f"_reconstruct of {subtype!r}, not numpy.ndarray")
-                return real(self.checked, shape, tag)
-            return reconstruct
-        if name == "_frombuffer":
-            def frombuffer(buf, dtype, shape, order):
-                if not isinstance(buf, (bytes, bytearray, pickle.PickleBuffer)) or order not in (
-                        "C", "F"):
-                    self.refuse(f"_frombuffer of {type(buf).__name__} (order {order!r})")
-                self.declare(shape, dtype, memoryview(buf).nbytes)
-                return real(buf, dtype, shape, order)
-            return frombuffer
-        return real
-
-    def empty_bytes(self, *args):  # protocols <= 2 pickle b'' (an empty array's data) as bytes()
-        if args:
-            self.refuse(f"bytes{args!r} (only bytes() of an empty array is numpy's)")
-        return b""
-
-    def latin1(self, obj, encoding="utf-8", errors="strict"):  # protocols <= 2's bytes
-        if not isinstance(obj, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
-            self.refuse(f"_codecs.encode({type(obj).__name__}, {encoding!r}), not numpy's bytes")
-        return obj.encode("latin1")
+    def budget(self, declared: int):
+        _budget(self.path, declared, PICKLE_RATIO, "the pickle's arrays")
 
 
 LAYOUT = "GMC's layout: {'train'|'valid'|'test': {'text', 'audio', 'vision', 'labels'}}"
@@ -215,15 +133,7 @@ def read_arrays(path) -> dict:
                                 f"it mosei_data.pkl): docs/gmc.md, 'The data as distributed'")
     if path.suffix == ".npz":
         return _read_npz(path)
-    with open(path, "rb") as f:
-        try:
-            tree = NumpyOnly(f, path, encoding="latin1").load()
-        except common.DataError:
-            raise
-        except Exception as e:  # noqa: BLE001  truncated or not a pickle
-            raise common.DataError(f"{path}: not a readable pickle ({type(e).__name__}: "
-                                   f"{e})") from None
-    return _plain(tree, path)
+    return _plain(safepickle.load(path, NumpyOnly), path)
 
 
 def _items(a: np.ndarray, where: str, path: Path, spent: int = 0) -> np.ndarray:

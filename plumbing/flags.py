@@ -30,7 +30,8 @@ class HelpWithDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDe
 
 
 def arg(default, help: str, **kw):
-    """A dataclass field that carries its argparse help text."""
+    """A dataclass field that carries its argparse help text; rule="> 0" (any of checked's) checks its value at
+    parse time, as the shared settings' lists below do."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
@@ -206,12 +207,12 @@ DECAYS = ("image_layer_decay", "text_layer_decay")  # in (0, 1], as open_clip's 
 
 
 def checked(typ, rule: str):
-    """An argparse type: typ(text), finite, and "> 0", ">= 0", "in [0, 1)" or "in (0, 1]"; else argparse's one-line
-    error."""
+    """An argparse type: typ(text), finite, and "> 0", ">= 0", "in [0, 1)", "in (0, 1]" or "in [0, 1]"; else
+    argparse's one-line error."""
     def check(text):
         v = typ(text)
         ok = (v > 0 if rule == "> 0" else 0 <= v < 1 if rule == "in [0, 1)" else 0 < v <= 1 if rule == "in (0, 1]"
-              else v >= 0)
+              else 0 <= v <= 1 if rule == "in [0, 1]" else v >= 0)
         if not math.isfinite(v) or not ok:
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return v
@@ -270,7 +271,9 @@ def parse_config(cls, argv=None, **overrides):
         else:
             typ = {"int": int, "float": float, "str": str}.get(
                 f.type if isinstance(f.type, str) else f.type.__name__, str)
-            if f.name in POSITIVE + COUNTS + UNIT + DECAYS:
+            if rule := f.metadata.get("rule"):  # a script's own setting: arg(..., rule="> 0") (issue 69.5)
+                typ = checked(typ, rule)
+            elif f.name in POSITIVE + COUNTS + UNIT + DECAYS:
                 typ = checked(typ, "> 0" if f.name in POSITIVE else "in [0, 1)" if f.name in UNIT else
                               "in (0, 1]" if f.name in DECAYS else ">= 0")
             p.add_argument(name, *f.metadata.get("aliases", ()), *old, type=f.metadata.get("type", typ),
@@ -283,6 +286,15 @@ def parse_config(cls, argv=None, **overrides):
     if values.get("siglip_init", "paper") != "paper" and values.get("loss") != "siglip":
         p.error(f"--siglip-init {values['siglip_init']} sets where --loss siglip's scale and bias start; add "
                 f"--loss siglip, or drop --siglip-init")
+    if values.get("lora"):  # issue 69.3: found after the model loaded (a ValueError) or after training (peft's export)
+        if values.get("lock_image") and values.get("lock_text"):
+            p.error("--lora with --lock-image and --lock-text: both towers are locked, so no weight is left to "
+                    "adapt; drop one of the locks (LoRA then adapts the other tower only)")
+        bad = [t for t in values.get("lora_targets", "x.weight").split(",") if not t.strip().endswith("weight")]
+        if bad:
+            p.error(f"--lora-targets {values['lora_targets']!r}: {', '.join(repr(t) for t in bad)} is not a weight "
+                    f"name's suffix; each target ends in 'weight' (a Linear's weight or attention's in_proj_weight), "
+                    f"e.g. {DEFAULT_LORA_TARGETS}")
     CSV_COLUMNS.update({k: values.get(k, "") for k in CSV_COLUMNS})
     return cls(**values)
 

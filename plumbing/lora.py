@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from plumbing import flags
+from plumbing import flags, folders
+from plumbing.base import RunError
 
 DEFAULT_TARGETS = flags.DEFAULT_LORA_TARGETS  # C-CLIP's: attention in / out and the MLP's two weights
 ADAPTER_FOLDER = "lora_adapter"  # <out>/lora_adapter: the peft adapter of a --lora run
+RECEIPT = "adapter_receipt.json"  # the files the adapter's write put there (plumbing.folders.atomic_folder)
 
 
 # --- peft's adapter layout ---
@@ -61,11 +63,17 @@ def export_peft(model, found: dict, folder, base_model: str = "") -> Path:
             if key + "A.weight" not in sd:
                 sd[key + "A.weight"] = torch.zeros(rank, attn.embed_dim)
                 sd[key + "B.weight"] = torch.zeros(rows, rank)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(folder / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": scale * rank, "lora_dropout": 0.0,
               "target_modules": sorted(modules), "bias": "none", "fan_in_fan_out": False,
               "init_lora_weights": True, "modules_to_save": None, "base_model_name_or_path": base_model}
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return folder
+
+    def write(tmp: Path):
+        save_file(sd, str(tmp / "adapter_model.safetensors"))
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    # issue 69.2 / 69.6: whole or not at all, the export's permissions, and never over a folder it did not write
+    folders.check_target(folder, "the LoRA adapter folder", RECEIPT)
+    try:
+        return folders.atomic_folder(Path(folder), write, what="LoRA adapter", marker=RECEIPT)
+    except folders.FolderInterrupted as e:  # at a run's end: named beside what the run keeps, and how to finish
+        from plumbing.cli import interrupted_message
+        raise RunError(f"{e}; {interrupted_message(e.signum)[0]}", e.code) from None

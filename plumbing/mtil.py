@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from plumbing import safepickle
 from plumbing.base import CACHE_DIR, DataError, UsageError, atomic_write, markdown_table
 
 DATA = json.loads(Path(__file__).with_name("mtil.json").read_text())
@@ -160,10 +160,8 @@ def _split(paths, labels, split, classes):
 def _cifar100(root, split):
     base = next((p for p in (root / "cifar100" / "cifar-100-python", root / "cifar-100-python") if p.exists()),
                 root / "cifar100" / "cifar-100-python")
-    meta = pickle.loads(_need(base / "meta", "CIFAR100").read_bytes(), encoding="latin1")
-    batch = pickle.loads(_need(base / split, "CIFAR100").read_bytes(), encoding="latin1")
-    return (ArrayImages(np.asarray(batch["data"], np.uint8)), list(batch["fine_labels"]),
-            _spaces(meta["fine_label_names"]))
+    data, labels, names = safepickle.cifar(_need(base / split, "CIFAR100"), _need(base / "meta", "CIFAR100"), 100)
+    return ArrayImages(data), labels, _spaces(names)
 
 
 def _dtd(root, split):

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
 
-from plumbing.base import DataError, RunError, UsageError
+from plumbing.base import DataError, RunError, UsageError, atomic_write
 
 LOCK = ".lock"
 BOTH = "--resume continues the run in --out and --overwrite deletes it: pass one of them"
@@ -57,6 +58,91 @@ def locked(out: Path, held: dict) -> RunError:
         return RunError(f"{out} is locked by PID {pid} on {held['host']} ({path}); if that run is gone, "
                         f"delete {path}")
     return RunError(f"another run (PID {pid}) is writing to {out}; wait for it, stop it, or choose another --out")
+
+
+# Files and folders of a training run (what --overwrite deletes); caches such as features/ or data/ stay.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
+             "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
+             "model.safetensors.json", "lora_adapter")
+TASK_FOLDERS = "task[0-9]*-*"  # a task sequence's per-task run folders (common.run_continual)
+EVAL_FILES = ("results.json", "wise-ft-robustness.png")  # eval.py's (and CLIP_benchmark's files, --format)
+RECEIPT = "run_receipt.json"  # issue 69.2: which command of this repository writes the folder
+RECEIPT_BY = "this repository's command line (plumbing.outfolder.claim); it replaces only the files it writes"
+
+
+def receipt(out: Path) -> str | None:
+    """The writer ('training', 'eval', ...) that out's receipt names; None when there is none of ours."""
+    try:
+        got = json.loads((Path(out) / RECEIPT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(got, dict) and got.get("written_by") == RECEIPT_BY and isinstance(got.get("writer"), str)
+    return got["writer"] if ok else None
+
+
+def _results_method(out: Path) -> str | None:
+    """The method a results.json of this repository's schema names (a folder written before receipts)."""
+    try:
+        got = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        return got["method"] if str(got.get("schema", "")).startswith("clipft") else None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def own_output(out: Path, writer: str) -> bool:
+    """Whether `out` is `writer`'s own earlier output: its receipt, or (written before receipts) a run's
+    checkpoints / metrics / task record, or a results.json of this repository's schema from eval.py ('eval') or
+    from a training run (any other method)."""
+    got = receipt(out)
+    if got is not None:
+        return got == writer
+    method = _results_method(out)
+    if writer == "eval":
+        return method == "eval"
+    return writer == "training" and (holds_run(out) or method not in (None, "eval"))
+
+
+def foreign_files(out: Path, writer: str, writes=RUN_FILES) -> list[str]:
+    """The entries of `out` that `writer` would write over (names in `writes`, a training run's task folders)
+    though it did not write them: none when out is its own earlier output (own_output)."""
+    out = Path(out)
+    if not out.is_dir() or own_output(out, writer):
+        return []
+    tasks = [p.name for p in sorted(out.glob(TASK_FOLDERS)) if p.is_dir()] if writer == "training" else []
+    return [n + ("/" if (out / n).is_dir() else "") for n in [*writes, *tasks] if _holds_files(out / n)]
+
+
+def _holds_files(path: Path) -> bool:
+    """Whether `path` is (or is a folder holding) a file other than an interrupted atomic write's `*.tmp<PID>`."""
+    if not os.path.lexists(path):
+        return False
+    files = [p for p in path.rglob("*") if not p.is_dir()] if path.is_dir() and not path.is_symlink() else [path]
+    return any(not re.fullmatch(r".+\.tmp\d+", p.name) for p in files)
+
+
+def not_ours(out: Path, flag: str, writer: str, writes=RUN_FILES) -> UsageError | None:
+    """The refusal of a folder holding what `writer` would replace but did not write (issue 69.2: a run replaced
+    someone's config.json, model.pt and results.json; eval.py a finished run's results.json); None otherwise."""
+    foreign = foreign_files(out, writer, writes)
+    if not foreign:
+        return None
+    whose = receipt(out)
+    why = (f"it is the output of {'a training run' if whose == 'training' else whose} ({RECEIPT})" if whose
+           else f"no command of this repository wrote them (no {RECEIPT} of ours)")
+    overwrite = " (--overwrite neither: it deletes only a run's own files)" if writer == "training" else ""
+    return UsageError(f"{flag} {out}: it holds {', '.join(foreign[:8])}"
+                      f"{f' and {len(foreign) - 8} more' if len(foreign) > 8 else ''}, which this command writes, "
+                      f"and {why}; nothing there is touched{overwrite}: choose a new or empty folder, or move "
+                      f"them away")
+
+
+def claim(out: Path, writer: str, flag: str = "--out", writes=RUN_FILES):
+    """Refuses `out` as not_ours does, then writes its receipt naming `writer` (once; atomically), so that a later
+    command knows the folder as this writer's own output."""
+    if (problem := not_ours(out, flag, writer, writes)) is not None:
+        raise problem
+    if receipt(out) != writer:
+        atomic_write(Path(out) / RECEIPT, json.dumps({"written_by": RECEIPT_BY, "writer": writer}, indent=1))
 
 
 def resumable(out: Path) -> bool:
@@ -118,6 +204,8 @@ def early_problem(cfg) -> Exception | None:
         return unwritable(out, f"{problem[1]}: {problem[0]}")
     if (held := live_holder(out)) is not None:
         return locked(out, held)
+    if (problem := not_ours(out, "--out", "training")) is not None:
+        return problem
     if not cfg.resume and not cfg.overwrite and holds_run(out):
         return occupied(out)
     return None

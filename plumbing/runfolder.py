@@ -22,8 +22,8 @@ import torch
 from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
 from plumbing.loading import _atomic_save, load_weights_only
 from plumbing.manifests import content_sha256
-from plumbing.outfolder import (BOTH, LOCK, pid_alive, holds_run, live_holder, lock_state, locked, occupied,
-                                unwritable)  # torch-free (issue 42.4); LOCK, live_holder, holds_run: re-exported
+from plumbing.outfolder import (BOTH, LOCK, RUN_FILES, TASK_FOLDERS, claim, pid_alive, holds_run, live_holder,
+                                lock_state, locked, not_ours, occupied, unwritable)  # torch-free (issue 42.4)
 from plumbing.results import from_json, to_json
 
 __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_holder", "clean_temporary",
@@ -32,10 +32,6 @@ __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_h
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
 RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
-# Files and folders of a run (what --overwrite deletes); caches such as features/ or data/ stay.
-RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "model.pt", "model.pt.json",
-             "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
-             "model.safetensors.json")
 REPORT_RUNS = "report_to_runs"  # config.json's key for the wandb id and trackio run a resumed run continues
 # Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
@@ -96,8 +92,9 @@ def clean_temporary(out: Path) -> list[Path]:
 
 
 def clear_run(out: Path):
-    """Deletes a run's files in `out` (RUN_FILES, a task sequence's per-task folders), keeping caches and lock."""
-    for p in [out / n for n in RUN_FILES] + [p for p in out.glob("task[0-9]*-*") if p.is_dir()]:
+    """Deletes a run's files in `out` (RUN_FILES, its lora_adapter/ included, a task sequence's per-task folders),
+    keeping caches, the lock and whatever else is there (start_run has checked that the folder is the run's own)."""
+    for p in [out / n for n in RUN_FILES] + [p for p in out.glob(TASK_FOLDERS) if p.is_dir()]:
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
@@ -134,12 +131,15 @@ def resume_differences(old: dict, new: dict) -> list[tuple[str, object, object]]
 
 def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     """Claims --out for this run (rank 0): creates it (a clear error if it cannot be written), takes the lock,
-    removes leftover temporary files; then a new run into an --out holding one is refused unless --overwrite
+    removes leftover temporary files; refuses a folder holding run files that no run of ours wrote (its receipt,
+    outfolder.claim, written then); then a new run into an --out holding one is refused unless --overwrite
     (which clears it), and --resume compares the settings with the run's config.json and refuses differences
     unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
     global RUN_OUT
     if cfg.resume and cfg.overwrite:
         raise UsageError(BOTH)
+    if (problem := not_ours(out, "--out", "training")) is not None:  # before anything is written there
+        raise problem
     try:  # the flag named: an OSError alone says "No such file or directory (/proc/x)"
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test{os.getpid()}"
@@ -151,6 +151,7 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     if RUN_OUT is None or not out.absolute().is_relative_to(RUN_OUT.absolute()):  # a task: inside
         RUN_OUT = out
     clean_temporary(out)
+    claim(out, "training")  # issue 69.2: never over files another command or person put there; its receipt
     if not cfg.resume:
         if holds_run(out):
             if not cfg.overwrite:
