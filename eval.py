@@ -977,8 +977,8 @@ def main(argv=None, world=None):
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
-    if a.out and (problem := outfolder.not_ours(Path(a.out), "--out", "eval", outfolder.EVAL_FILES)) is not None:
-        raise problem  # issue 69.2: a finished run's results.json was replaced
+    if a.out:  # issue 69.2 (a finished run's results.json was replaced): checked, and claimed before any write
+        outfolder.claim(Path(a.out), "eval", "--out", outfolder.EVAL_FILES)
     tasks = _expand(a.tasks)
     check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
                 a.data_root, "--tasks")  # names and indexes before any model (--download fetches CIFAR later)

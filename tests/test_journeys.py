@@ -27,7 +27,7 @@ import eval as evaluation
 import lab
 import longclip
 import m2mix
-from plumbing import datafolders, models
+from plumbing import datafolders, models, outfolder
 from commands import write_shards
 
 datasets = pytest.importorskip("datasets")
@@ -152,7 +152,7 @@ def test_6_image_folder_to_eval_with_clip_benchmarks_spellings(scenes, tmp_path)
                      "--format", "clip_benchmark", "--cache-dir", str(tmp_path / "classifiers")], world=lab.WORLD)
     doc = _records(out, "eval")
     assert {(r["metric"], r["stage"]) for r in doc["records"]} >= {("top1", "eval")}
-    [name] = [p.name for p in out.glob("*.json") if p.name != "results.json"]
+    [name] = [p.name for p in out.glob("*.json") if p.name not in ("results.json", outfolder.RECEIPT)]
     assert ":" not in name and json.loads((out / name).read_text())["task"] == "zeroshot_classification"
 
 
