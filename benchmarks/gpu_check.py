@@ -26,7 +26,13 @@ budget --budget would be exceeded):
      after it and resumed ends where an uninterrupted run does
   4. a 2-process NCCL DDP run of common.train when two GPUs exist (skipped
      with a message otherwise): every rank ends with the same weights
-  5. benchmarks/bench.py --quick on CUDA (its records go into this JSON; the
+  5. throughput (benchmarks/throughput.py, issue 75): per method pairs/s, GFLOP
+     per pair and model FLOP utilisation against the chip's dense peak (and a
+     measured bf16 matmul rate) over >= 30 fixed-shape steps, fp16 + GradScaler
+     beside bf16; for the plain step a batch sweep to the memory limit,
+     --torchcompile, --accum-freq 4's parts timed apart, and the real loop with
+     JPEG decoding in DataLoader workers
+  6. benchmarks/bench.py --quick on CUDA (its records go into this JSON; the
      committed benchmarks/results.json is left alone)
 Writes one JSON (--out, default runs/gpu_check.json), prints a markdown
 table, exits 1 when a check failed. On a machine without CUDA it prints one
@@ -61,6 +67,7 @@ import common  # noqa: E402
 from plumbing import models  # noqa: E402
 import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 
+SWEEP = (64, 128, 256, 512, 1024)  # the plain step's batch sweep (section 5), until one does not fit
 METHODS = ("plain", "erclip-m+p", "erclip-rt+p", "m2-mix", "m3-mix", "c-clip", "dns-gradient", "dns-update",
            "longclip")
 WORDS = (("a man", "a woman", "two dogs", "a small child", "a red bus", "a cat", "a group of people"),
@@ -466,6 +473,58 @@ def bench_quick(out_json, timeout: float, extra=("--quick",)) -> dict:
 # =============================================================================
 # Main
 # =============================================================================
+def throughput_check(method: str, base_model, tokenizer, device, *, batch_size: int, backbone: str,
+                     peak: float | None, steps: int = 30, sweep=(), compiled: bool = False, accum: int = 0,
+                     data_loop: bool = False, train_tf=None) -> dict:
+    """Section 5 for one method: step_throughput in fp16 (GradScaler) and bf16 at batch_size; then, as asked,
+    a bf16 batch sweep, the bf16 step with the towers compiled, --accum-freq's parts, the loop with data."""
+    import throughput
+
+    def stepper(precision, b=batch_size, compile_towers=False):
+        torch.manual_seed(0)
+        case = build(method, copy.deepcopy(base_model), tokenizer, b, device, backbone=backbone)
+        if compile_towers:
+            models.compile_towers(case.net.model)
+        return Stepper(case, device, precision)
+
+    precisions = ("fp16", "bf16") if torch.device(device).type == "cuda" else ("bf16",)
+    rows = [throughput.step_throughput(stepper(p), batch_size, steps=steps, peak=peak) for p in precisions]
+    for r in rows:
+        r["variant"] = "step"
+    for r in throughput.batch_sweep(lambda b: stepper("bf16", b), sweep, steps=steps, peak=peak):
+        rows.append({**r, "variant": "batch sweep"})
+    if compiled:
+        t0 = time.time()
+        s = stepper("bf16", compile_towers=True)
+        s.step()  # the compile
+        rows.append({**throughput.step_throughput(s, batch_size, steps=steps, peak=peak), "variant": "compiled",
+                     "compile_seconds": time.time() - t0})
+    out = {"check": f"{method} throughput", "ok": True, "problems": [], "method": method, "rows": rows}
+    if accum:
+        s = stepper("bf16")
+        out["accum_breakdown"] = throughput.accum_breakdown(s.case, device, "bf16", accum)
+    if data_loop:
+        out["data_loop"] = throughput.data_loop_throughput(stepper("bf16"), train_tf, tokenizer, batch_size,
+                                                          steps=steps, workers=min(8, os.cpu_count() or 1))
+    return out
+
+
+def throughput_rows(results: list[dict]) -> list[dict]:
+    """The markdown rows of section 5: one per measured (method, variant, batch, precision)."""
+    rows = []
+    for r in results:
+        for t in r.get("rows", ()):
+            if t.get("out_of_memory"):
+                rows.append({"method": r["method"], "variant": t["variant"], "batch": t["batch_size"],
+                             "precision": "", "pairs/s": "out of memory", "GFLOP/pair": "", "TFLOP/s": "", "MFU": ""})
+                continue
+            rows.append({"method": r["method"], "variant": t["variant"], "batch": t["batch_size"],
+                         "precision": t["precision"], "pairs/s": f"{t['pairs_per_s']:.0f}",
+                         "GFLOP/pair": f"{t['gflop_per_pair']:.1f}", "TFLOP/s": f"{t['achieved_tflops']:.1f}",
+                         "MFU": f"{100 * t['mfu']:.1f} %" if t["mfu"] is not None else "no peak"})
+    return rows
+
+
 def summary_rows(results: list[dict]) -> list[dict]:
     rows = []
     for r in results:
@@ -489,6 +548,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="steps per method and precision")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of " + ", ".join(METHODS))
     p.add_argument("--skip-bench", action="store_true", help="do not run benchmarks/bench.py --quick")
+    p.add_argument("--skip-throughput", action="store_true", help="do not run section 5 (throughput)")
+    p.add_argument("--throughput-steps", type=int, default=30, help="timed steps per throughput row (>= 30)")
     p.add_argument("--budget", type=float, default=540, help="seconds; sections that would not fit are skipped")
     p.add_argument("--device", default="cuda", help="cuda (cpu only for testing this script)")
     a = p.parse_args(argv)
@@ -512,7 +573,7 @@ def main(argv=None) -> int:
             results.append(fn())
 
     torch.manual_seed(0)
-    base, _, _, tok = models.load_model(a.backbone, "random", device=str(device))
+    base, train_tf, _, tok = models.load_model(a.backbone, "random", device=str(device))
     methods = [m for m in a.methods.split(",") if m]
     for m in methods:
         run(f"{m} step", 30, lambda m=m: check_method(m, base, tok, device, batch_size=a.batch_size, steps=a.steps,
@@ -532,6 +593,21 @@ def main(argv=None) -> int:
         msg = f"skipped: {torch.cuda.device_count() if device.type == 'cuda' else 0} GPU(s), needs 2"
         results.append({"check": "2-process NCCL DDP", "ok": None, "problems": [msg]})
         print(msg, flush=True)
+    if not a.skip_throughput:
+        import throughput
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        peak, key = throughput.peak_tflops(name)
+        measured = throughput.matmul_tflops(device, n=8192 if device.type == "cuda" else 256, repeat=5)
+        results.append({"check": "bf16 matmul rate", "ok": True, "problems": [], "device": name,
+                        "peak_tflops": peak, "peak_key": key, "measured_tflops": measured})
+        print(f"{name}: dense bf16 peak {peak or 'not in the table'} TFLOP/s ({key or '-'}), measured 8192^3 bf16 "
+              f"matmul {measured:.0f} TFLOP/s", flush=True)
+        for m in methods:
+            plain = m == "plain"
+            run(f"{m} throughput", 120 if plain else 30, lambda m=m, plain=plain: throughput_check(
+                m, base, tok, device, batch_size=a.batch_size, backbone=a.backbone, peak=peak or measured,
+                steps=a.throughput_steps, sweep=SWEEP if plain else (), compiled=plain, accum=4 if plain else 0,
+                data_loop=plain, train_tf=train_tf))
     if not a.skip_bench:
         run("bench.py --quick", 150, lambda: bench_quick(out.with_name(out.stem + "_bench.json"), max(60, left() - 10)))
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -542,6 +618,10 @@ def main(argv=None) -> int:
           f"{info['seconds']:.0f}s; {out}")
     print(common.markdown_table(summary_rows(results),
                                 ["check", "ok", "s/step", "peak MiB", "fp32 peak MiB", "detail"]))
+    if any(r.get("rows") for r in results):
+        print("\nThroughput (pairs/s over the median step; MFU = achieved / the chip's dense peak):\n")
+        print(common.markdown_table(throughput_rows(results), ["method", "variant", "batch", "precision", "pairs/s",
+                                                               "GFLOP/pair", "TFLOP/s", "MFU"]))
     bench = next((r for r in results if r["check"].startswith("bench.py") and r.get("table")), None)
     if bench:
         print("\nbench.py --quick:\n" + bench["table"])

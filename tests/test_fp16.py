@@ -220,15 +220,19 @@ def test_gpu_check_main_runs_on_cpu_and_writes_json_and_table(tmp_path, monkeypa
     monkeypatch.setattr(gpu_check, "resume_check", lambda *a, **k: calls.append(a) or {"check": "resume", "ok": True})
     out = tmp_path / "g.json"
     rc = gpu_check.main(["--device", "cpu", "--backbone", "tiny", "--methods", "dns-gradient", "--batch-size", "8",
-                         "--steps", "2", "--skip-bench", "--out", str(out)])
+                         "--steps", "2", "--skip-bench", "--throughput-steps", "2", "--out", str(out)])
     res = json.loads(out.read_text())
     checks = {r["check"]: r for r in res["results"]}
     assert rc == 0, [r for r in res["results"] if r["ok"] is False]
     assert checks["dns-gradient step (fp16 vs fp32)"]["ok"]
     assert sum(c.startswith("overflow skip (dns-gradient") for c in checks) == 2
     assert checks["2-process NCCL DDP"]["ok"] is None and calls and calls[0][2] == "fp16"
+    rows = checks["dns-gradient throughput"]["rows"]  # section 5: one bf16 row on CPU (fp16 beside it on CUDA)
+    assert [(r["variant"], r["precision"], r["steps"]) for r in rows] == [("step", "bf16", 2)]
+    assert rows[0]["pairs_per_s"] > 0 and rows[0]["gflop_per_pair"] > 0 and rows[0]["mfu"] > 0
+    assert checks["bf16 matmul rate"]["measured_tflops"] > 0 and checks["bf16 matmul rate"]["peak_tflops"] is None
     table = capsys.readouterr().out
-    assert "| check | ok |" in table and "dns-gradient step" in table
+    assert "| check | ok |" in table and "dns-gradient step" in table and "| method | variant | batch |" in table
 
 
 @pytest.mark.slow

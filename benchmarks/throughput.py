@@ -1,0 +1,227 @@
+"""Throughput of a method's training step against the chip's peak (issue 75.1), for benchmarks/gpu_check.py.
+
+Per method, batch and precision: pairs per second over a fixed-shape loop (the same batch every step, so neither
+CUDA's caching allocator nor a compiled graph sees a new shape), the GFLOP each pair costs (forward and backward,
+counted by torch.utils.flop_counter on the step as the run computes it: captions trimmed to the batch's longest,
+ERCLIP's sentences, the teacher's forward), and the model FLOP utilisation, MFU = pairs/s x FLOP per pair / the
+chip's dense bf16 / fp16 tensor peak. The peak comes from the vendor's table by device name (PEAK_TFLOPS) with a
+measured large bf16 matmul rate beside it, so a chip missing from the table still has a ceiling. Timing: >= 30
+steps after a warm-up, each between CUDA events (perf_counter on CPU), reported as median and (min, max).
+
+Also: a batch sweep up to the memory limit; --accum-freq's parts timed apart (accum_breakdown: the no-graph
+feature pass, the loss, the replays with their backward), to name where a slow accumulated step goes; the real
+loop with data loading (JPEG decode and RandomResizedCrop in DataLoader workers) beside the synthetic step.
+Everything runs on CPU too (tests/test_throughput.py, tiny backbone), where the numbers mean nothing of a GPU.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+import common
+
+# Dense (no sparsity) bf16 / fp16 tensor-core peak in TFLOP/s, from NVIDIA's datasheets, which print the sparse
+# figure (2x) beside it: H100 SXM5 and H200 SXM 1,979 sparse; H100 PCIe 1,513; H100 NVL 1,671; A100 624.
+PEAK_TFLOPS = {"H200": 989.5, "H100 NVL": 835.5, "H100 PCIe": 756.5, "H100": 989.5, "A100": 312.0}
+
+
+def peak_tflops(device_name: str) -> tuple[float | None, str]:
+    """(dense bf16/fp16 TFLOP/s, the table's key) for a CUDA device name; (None, '') for a chip not in the table.
+    The first key the name contains, in the table's order (H100 NVL / PCIe before the SXM default)."""
+    for key, tflops in PEAK_TFLOPS.items():
+        if key in device_name:
+            return tflops, key
+    return None, ""
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Seconds of one call: between CUDA events on a GPU (what the device spent, launches included), else
+    perf_counter."""
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def spread(times: list[float]) -> dict:
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
+
+
+def count_flops(fn) -> int:
+    """FLOPs of fn() by torch.utils.flop_counter (matrix products, convolutions, attention; CPU's attention
+    kernels mapped to the registered formulas, as benchmarks/bench.py does)."""
+    from bench import count_flops as counted
+    return counted(fn)
+
+
+def matmul_tflops(device, n: int = 8192, repeat: int = 20, dtype=torch.bfloat16) -> float:
+    """Measured TFLOP/s of an n x n x n bf16 matrix product (the ceiling a step's matmuls could reach here)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timer = Timer(device)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t = statistics.median(timer(lambda: a @ b) for _ in range(repeat))
+    return 2 * n ** 3 / t / 1e12
+
+
+def step_throughput(stepper, batch_size: int, *, steps: int = 30, warmup: int = 5, peak: float | None = None,
+                    flops: int | None = None) -> dict:
+    """Pairs/s of `stepper` (gpu_check.Stepper: one common.train_step on a fixed batch) over `steps` timed steps
+    after `warmup`; GFLOP per pair counted on one more step (flops: given, to skip the count); MFU against
+    `peak` TFLOP/s."""
+    device = stepper.device
+    for _ in range(warmup):
+        stepper.step()
+    sync(device)
+    timer = Timer(device)
+    times = [timer(stepper.step) for _ in range(steps)]
+    if flops is None:
+        flops = count_flops(stepper.step)
+    t = spread(times)
+    achieved = flops / t["median"] / 1e12
+    return {"batch_size": batch_size, "precision": stepper.precision, "steps": steps, "seconds": t,
+            "pairs_per_s": batch_size / t["median"], "gflop_per_pair": flops / batch_size / 1e9,
+            "achieved_tflops": achieved, "peak_tflops": peak, "mfu": achieved / peak if peak else None}
+
+
+def batch_sweep(make_stepper, batches, **kw) -> list[dict]:
+    """step_throughput at each batch in turn until one does not fit (CUDA out of memory: recorded, the sweep
+    ends). make_stepper(batch) -> Stepper."""
+    rows = []
+    for b in batches:
+        try:
+            rows.append(step_throughput(make_stepper(b), b, **kw))
+        except torch.cuda.OutOfMemoryError:
+            rows.append({"batch_size": b, "out_of_memory": True})
+            break
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
+def accum_breakdown(case, device, precision: str, k: int, repeat: int = 10) -> dict:
+    """The parts of common.accumulated_backward timed apart on `case` (its net and batch): the k feature passes
+    without a graph, the loss over the whole batch with its backward, the k replays with their backward; and the
+    plain step's forward + backward on the whole batch beside them. Median seconds each. Where the parts sum to
+    well over the plain step, the micro-batches do not fill the device (each costs about what the whole batch
+    does: launch- or latency-bound), which no change to the replay removes."""
+    net, batch = case.net, case.batch
+    ctx = SimpleNamespace(step=0, epoch=0, total_steps=0, device=torch.device(device), precision=precision,
+                          generator=common.step_generator(0, 0))
+    micro = getattr(net, "split_batch", common.split_batch)(batch, k)
+    timer = Timer(device)
+    state = {}
+
+    def features():
+        with torch.no_grad():
+            state["parts"] = []
+            for mb in micro:
+                with common.autocast(ctx.device, precision):
+                    state["parts"].append(net.features(mb, ctx))
+
+    def loss():
+        whole = {key: torch.cat([p[key] for p in state["parts"]]) for key in state["parts"][0]}
+        for v in whole.values():
+            v.requires_grad_(v.is_floating_point())
+        with common.autocast(ctx.device, precision):
+            total = common.summed_loss(net.losses(whole, ctx), ctx, None)
+        total.backward()
+        state["whole"] = whole
+
+    def replays():
+        start = 0
+        for mb in micro:
+            with common.autocast(ctx.device, precision):
+                f = net.features(mb, SimpleNamespace(**{**vars(ctx), "replay": True}))
+            rows = slice(start, start + len(next(iter(f.values()))))
+            start = rows.stop
+            pairs = [(v, state["whole"][key].grad[rows]) for key, v in f.items()
+                     if v.requires_grad and state["whole"][key].grad is not None]
+            if pairs:
+                torch.autograd.backward(*zip(*pairs))
+
+    def plain():
+        with common.autocast(ctx.device, precision):
+            total = common.summed_loss(net(batch, ctx), ctx, None)
+        total.backward()
+
+    out = {}
+    for name, fn in (("features_no_graph", features), ("loss_and_backward", loss), ("replays_and_backward", replays),
+                     ("plain_forward_backward", plain)):
+        fn()  # warm-up (and the state the next part reads)
+        sync(device)
+        out[name] = statistics.median(timer(fn) for _ in range(repeat))
+        net.zero_grad(set_to_none=True)
+    out["accumulated"] = out["features_no_graph"] + out["loss_and_backward"] + out["replays_and_backward"]
+    out["ratio_to_plain"] = out["accumulated"] / out["plain_forward_backward"]
+    out["k"] = k
+    return out
+
+
+def data_loop_throughput(stepper, train_tf, tokenizer, batch_size: int, *, workers: int = 4, steps: int = 30,
+                         warmup: int = 5, image_px: int = 320) -> dict:
+    """The real loop's pairs/s: JPEG files decoded and augmented by the model's train transform in DataLoader
+    workers (pinned memory on CUDA), collated and tokenised, then stepper's step on each batch; beside it the
+    loader alone. The synthetic step's rate over this one says what the data path costs."""
+    from PIL import Image
+    device = stepper.device
+    n = batch_size * (steps + warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        g = torch.Generator().manual_seed(0)
+        for i in range(min(n, 4 * batch_size)):  # a few distinct images, listed again to fill the loop
+            pixels = torch.randint(0, 256, (image_px, image_px, 3), generator=g, dtype=torch.uint8).numpy()
+            path = Path(tmp) / f"{i:05d}.jpg"
+            Image.fromarray(pixels).save(path, quality=90)
+            rows.append({"image": str(path), "caption": f"a photo number {i} of a random scene"})
+        manifest = Path(tmp) / "train.jsonl"
+        import json
+        manifest.write_text("".join(json.dumps(rows[i % len(rows)]) + "\n" for i in range(n)))
+        dataset = common.ManifestDataset(manifest, train_tf)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, drop_last=True,
+                                             collate_fn=common.Collate(tokenizer), persistent_workers=workers > 0,
+                                             pin_memory=device.type == "cuda")
+
+        def run(with_step: bool) -> list[float]:
+            times, it = [], iter(loader)
+            for i in range(steps + warmup):
+                t0 = time.perf_counter()
+                batch = next(it)
+                if with_step:
+                    stepper.case.batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+                                          for k, v in batch.items()}
+                    stepper.step()
+                    sync(device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            return times
+
+        fixed = copy.copy(stepper.case.batch)
+        loop, data = spread(run(True)), spread(run(False))
+        stepper.case.batch = fixed
+    return {"batch_size": batch_size, "workers": workers, "image_px": image_px, "loop_seconds": loop,
+            "loop_pairs_per_s": batch_size / loop["median"], "data_only_pairs_per_s": batch_size / data["median"]}
