@@ -15,7 +15,6 @@ Everything runs on CPU too (tests/test_throughput.py, tiny backbone), where the 
 """
 from __future__ import annotations
 
-import copy
 import statistics
 import tempfile
 import time
@@ -64,6 +63,43 @@ class Timer:
         return time.perf_counter() - t0
 
 
+def time_steps(fn, n: int, device) -> list[float]:
+    """Seconds of each of n calls of fn back to back. On CUDA between events recorded after each call and read
+    once at the end, so the host never waits inside the loop and runs ahead of the device as training does
+    (a host read per step, as gpu_check.Stepper's float(loss), would serialise launches and device work)."""
+    if torch.device(device).type == "cuda":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        events[0].record()
+        for i in range(n):
+            fn()
+            events[i + 1].record()
+        events[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def training_step(stepper):
+    """stepper's step as common.train takes it: common.train_step with a NonFiniteGuard (the loss checked on the
+    device) and nothing read back to the host; the step counter and generator advance as in training."""
+    guard = common.NonFiniteGuard(stepper.device)
+    case = stepper.case
+
+    def step():
+        i = stepper.step_index
+        ctx = SimpleNamespace(step=i, epoch=0, total_steps=0, device=stepper.device, precision=stepper.precision,
+                              generator=common.step_generator(stepper.seed, i))
+        common.train_step(case.net, case.batch, ctx, stepper.opt, stepper.scaler, stepper.sched,
+                          grad_clip=stepper.grad_clip, hooks=case.hooks, guard=guard, accum=stepper.accum)
+        stepper.step_index += 1
+    step.guard = guard
+    return step
+
+
 def spread(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
 
@@ -89,17 +125,18 @@ def matmul_tflops(device, n: int = 8192, repeat: int = 20, dtype=torch.bfloat16)
 
 def step_throughput(stepper, batch_size: int, *, steps: int = 30, warmup: int = 5, peak: float | None = None,
                     flops: int | None = None) -> dict:
-    """Pairs/s of `stepper` (gpu_check.Stepper: one common.train_step on a fixed batch) over `steps` timed steps
-    after `warmup`; GFLOP per pair counted on one more step (flops: given, to skip the count); MFU against
-    `peak` TFLOP/s."""
+    """Pairs/s of `stepper` (gpu_check.Stepper: its net, batch, optimizer and scaler; stepped as training_step
+    does) over `steps` timed steps after `warmup`; GFLOP per pair counted on one more step (flops: given, to skip
+    the count); MFU against `peak` TFLOP/s."""
     device = stepper.device
+    step = training_step(stepper)
     for _ in range(warmup):
-        stepper.step()
+        step()
     sync(device)
-    timer = Timer(device)
-    times = [timer(stepper.step) for _ in range(steps)]
+    times = time_steps(step, steps, device)
+    step.guard.check()  # a non-finite loss in the timed steps is an error, not a throughput
     if flops is None:
-        flops = count_flops(stepper.step)
+        flops = count_flops(step)
     t = spread(times)
     achieved = flops / t["median"] / 1e12
     return {"batch_size": batch_size, "precision": stepper.precision, "steps": steps, "seconds": t,
@@ -206,22 +243,27 @@ def data_loop_throughput(stepper, train_tf, tokenizer, batch_size: int, *, worke
                                              collate_fn=common.Collate(tokenizer), persistent_workers=workers > 0,
                                              pin_memory=device.type == "cuda")
 
-        def run(with_step: bool) -> list[float]:
-            times, it = [], iter(loader)
+        step = training_step(stepper)
+
+        def run(with_step: bool) -> float:
+            """Seconds per batch over the `steps` after `warmup`, the device synchronised once at the end."""
+            it = iter(loader)
             for i in range(steps + warmup):
-                t0 = time.perf_counter()
+                if i == warmup:
+                    sync(device)
+                    t0 = time.perf_counter()
                 batch = next(it)
                 if with_step:
                     stepper.case.batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
                                           for k, v in batch.items()}
-                    stepper.step()
-                    sync(device)
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-            return times
+                    step()
+            sync(device)
+            return (time.perf_counter() - t0) / steps
 
-        fixed = copy.copy(stepper.case.batch)
-        loop, data = spread(run(True)), spread(run(False))
+        fixed = stepper.case.batch  # put back after (the loop reassigns it, never mutates it)
+        loop, data = run(True), run(False)
+        step.guard.check()
         stepper.case.batch = fixed
-    return {"batch_size": batch_size, "workers": workers, "image_px": image_px, "loop_seconds": loop,
-            "loop_pairs_per_s": batch_size / loop["median"], "data_only_pairs_per_s": batch_size / data["median"]}
+    return {"batch_size": batch_size, "workers": workers, "image_px": image_px, "steps": steps,
+            "loop_seconds_per_step": loop, "loop_pairs_per_s": batch_size / loop,
+            "data_only_pairs_per_s": batch_size / data}
