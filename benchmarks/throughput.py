@@ -16,6 +16,7 @@ Everything runs on CPU too (tests/test_throughput.py, tiny backbone), where the 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ from types import SimpleNamespace
 
 import torch
 
-import common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402
 
 # Dense (no sparsity) bf16 / fp16 tensor-core peak in TFLOP/s, from NVIDIA's datasheets, which print the sparse
 # figure (2x) beside it: H100 SXM5 and H200 SXM 1,979 sparse; H100 PCIe 1,513; H100 NVL 1,671; A100 624.
@@ -111,6 +113,23 @@ def count_flops(fn) -> int:
     return counted(fn)
 
 
+def op_count(fn) -> int:
+    """How many aten operations fn() dispatches (views and casts included): on a GPU each costs the host a few
+    microseconds whatever its size, so a step whose device work per operation is small runs at the host's pace,
+    and its time follows this count rather than its FLOPs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.n += 1
+            return func(*args, **(kwargs or {}))
+    with Counter():
+        fn()
+    return Counter.n
+
+
 def matmul_tflops(device, n: int = 8192, repeat: int = 20, dtype=torch.bfloat16) -> float:
     """Measured TFLOP/s of an n x n x n bf16 matrix product (the ceiling a step's matmuls could reach here)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -163,9 +182,11 @@ def batch_sweep(make_stepper, batches, **kw) -> list[dict]:
 def accum_breakdown(case, device, precision: str, k: int, repeat: int = 10) -> dict:
     """The parts of common.accumulated_backward timed apart on `case` (its net and batch): the k feature passes
     without a graph, the loss over the whole batch with its backward, the k replays with their backward; and the
-    plain step's forward + backward on the whole batch beside them. Median seconds each. Where the parts sum to
-    well over the plain step, the micro-batches do not fill the device (each costs about what the whole batch
-    does: launch- or latency-bound), which no change to the replay removes."""
+    plain step's forward + backward on the whole batch beside them. Median seconds each; beside them both sides'
+    aten operation counts and FLOPs. Exact accumulation costs one more no-graph forward of the towers: 4/3 of
+    the plain FLOPs, but k times the operations twice over (ViT-B/16, k = 4: 5.36x the operations). Where the
+    parts sum to far more than 4/3 of the plain step, the step runs at the host's dispatch pace (docs/benchmarks.md,
+    issue 75.2), and only a micro-batch that fills the device (or fewer operations: --torchcompile) lowers it."""
     net, batch = case.net, case.batch
     ctx = SimpleNamespace(step=0, epoch=0, total_steps=0, device=torch.device(device), precision=precision,
                           generator=common.step_generator(0, 0))
@@ -215,6 +236,10 @@ def accum_breakdown(case, device, precision: str, k: int, repeat: int = 10) -> d
         net.zero_grad(set_to_none=True)
     out["accumulated"] = out["features_no_graph"] + out["loss_and_backward"] + out["replays_and_backward"]
     out["ratio_to_plain"] = out["accumulated"] / out["plain_forward_backward"]
+    accumulated = lambda: (features(), loss(), replays())  # noqa: E731
+    out["ops"] = {"plain": op_count(plain), "accumulated": op_count(accumulated)}
+    out["flops"] = {"plain": count_flops(plain), "accumulated": count_flops(accumulated)}
+    net.zero_grad(set_to_none=True)
     out["k"] = k
     return out
 
@@ -267,3 +292,71 @@ def data_loop_throughput(stepper, train_tf, tokenizer, batch_size: int, *, worke
     return {"batch_size": batch_size, "workers": workers, "image_px": image_px, "steps": steps,
             "loop_seconds_per_step": loop, "loop_pairs_per_s": batch_size / loop,
             "data_only_pairs_per_s": batch_size / data}
+
+
+# =============================================================================
+# Issue 75.3: what a GPU run would cost, on paper (no device lent): counts here, times from a committed GPU run
+# =============================================================================
+def project(gpu_results: Path, backbone: str = "ViT-B/16", batch: int = 4, efficiency: float = 0.6) -> list[dict]:
+    """Per method of a committed gpu_check run (its fp16 seconds per step at its batch, on its device): the aten
+    operations and GFLOP per pair of one step counted here on CPU (random weights, `batch` pairs; the operation
+    count does not grow with the batch), the MFU that run reached, the host's seconds per operation if the step
+    ran at the host's dispatch pace (its seconds / its operations), and the projection from that model: device
+    seconds = FLOPs / (efficiency x peak) against host seconds = operations x the plain step's seconds per
+    operation; the batch from which the device's work outlasts the host's (the step stops being host-bound),
+    and the MFU projected there. A model for planning the next lent run, not a measurement."""
+    import json
+    import gpu_check
+    from plumbing import models
+    doc = json.loads(Path(gpu_results).read_text())
+    device, gpu_batch = doc["info"]["device"], doc["info"]["batch_size"]
+    peak, _ = peak_tflops(device)
+    seconds = {r["method"]: r["sec_per_step"] for r in doc["results"]
+               if r.get("method") and "accum" not in r["check"] and r.get("sec_per_step")}
+    torch.manual_seed(0)
+    base, _, _, tok = models.load_model(backbone, "random")
+    rows = []
+    for method, sec in seconds.items():
+        case = gpu_check.build(method, copy_model(base), tok, batch, "cpu", backbone=backbone)
+        step = training_step(gpu_check.Stepper(case, "cpu", "bf16"))
+        step()  # optimizer state made
+        rows.append({"method": method, "ops": op_count(step), "gflop_per_pair": count_flops(step) / batch / 1e9,
+                     "gpu_seconds": sec, "gpu_batch": gpu_batch})
+    per_op = next(r for r in rows if r["method"] == "plain")
+    host_per_op = per_op["gpu_seconds"] / per_op["ops"]
+    for r in rows:
+        flops = r["gflop_per_pair"] * 1e9
+        r["mfu_measured"] = flops * r["gpu_batch"] / r["gpu_seconds"] / (peak * 1e12) if peak else None
+        r["seconds_per_op"] = r["gpu_seconds"] / r["ops"]
+        r["host_seconds_projected"] = r["ops"] * host_per_op
+        device_per_pair = flops / (efficiency * peak * 1e12) if peak else None
+        r["host_bound_below_batch"] = r["host_seconds_projected"] / device_per_pair if peak else None
+        # step seconds ~ max(host, batch x device per pair): MFU = efficiency x min(1, batch / that batch)
+        r["mfu_projected_at_gpu_batch"] = (efficiency * min(1.0, r["gpu_batch"] / r["host_bound_below_batch"])
+                                           if peak else None)
+    return rows
+
+
+def copy_model(model):
+    import copy
+    return copy.deepcopy(model)
+
+
+def main(argv=None):
+    import argparse
+    import json
+    p = argparse.ArgumentParser(description="issue 75.3: a GPU run's cost on paper, from a committed gpu_check run")
+    p.add_argument("--project", required=True, help="a gpu_check JSON (e.g. benchmarks/results-gpu-h200.json)")
+    p.add_argument("--backbone", default="ViT-B/16")
+    p.add_argument("--out", default="benchmarks/results-projection.json")
+    a = p.parse_args(argv)
+    rows = project(Path(a.project), a.backbone)
+    Path(a.out).write_text(json.dumps({"source": a.project, "backbone": a.backbone, "rows": rows}, indent=1))
+    print(common.markdown_table(rows, ["method", "ops", "gflop_per_pair", "gpu_seconds", "mfu_measured",
+                                       "mfu_projected_at_gpu_batch", "seconds_per_op", "host_seconds_projected",
+                                       "host_bound_below_batch"]))
+
+
+if __name__ == "__main__":
+    import lab  # noqa: F401  (the tiny backbone registered, as gpu_check's import does)
+    main()

@@ -213,14 +213,16 @@ def run_demo(cfg: erclip.ERCLIPConfig, processes: int = lab.PROCESSES):
     t0 = time.time()
     out = lab.hold_out(cfg.out)
     lab.synthetic_manifest("train", cfg.data_root)  # the world's splits written once, before the workers read them
-    base = lab.run_jobs(measure_pretrained, [(cfg,)], 1)[0]
     jobs = [(name, dataclasses.replace(cfg, fusion=fusion, lambda_p=lambda_p, fusion_lr=fusion_lr, seed=seed,
                                        out=str(out / f"{name.replace('+', '').replace(' ', '-')}-seed{seed}")))
             for k, seed in enumerate(lab.seeds()) for name, fusion, lambda_p, fusion_lr in DEMO_VARIANTS
             if not (k and name in CHECK_ONLY)]
     done = lambda i, r: print(f"[erclip demo] seed {r['seed']} {jobs[i][0]}: trained in {r['train_seconds']:.0f}s, "  # noqa: E731
                               f"{time.time() - t0:.0f}s so far", file=sys.stderr)
-    results = lab.run_jobs(train_and_measure, [(vcfg,) for _, vcfg in jobs], processes, done)
+    with lab.job_pool(min(processes, len(jobs))) as pool:  # issue 75.5: the workers start at once, the base
+        base = pool.submit(measure_pretrained, cfg) if pool else None  # measured in one while the runs begin
+        results = lab.run_jobs(train_and_measure, [(vcfg,) for _, vcfg in jobs], processes, done, pool=pool)
+        base = base.result() if pool else lab.run_jobs(measure_pretrained, [(cfg,)], 1)[0]
     runs = {name: [] for name, *_ in DEMO_VARIANTS}
     for (name, _), r in zip(jobs, results):
         runs[name].append(r)
