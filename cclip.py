@@ -14,7 +14,7 @@ Implements (each equation written out once, in the docstring of the function nam
 
 Code name -> paper symbol
   model / teacher                f_theta, g_phi (new model) / f_{theta^{t-1}}, g_{phi^{t-1}} (old)
-  LoRA.A (r, in), LoRA.B (out, r) A, B (LoRA.scale = lora_alpha / r); merge_alpha: alpha (Sec. 4.1)
+  common.LoRA.A (r, in), .B (out, r) A, B (.scale = lora_alpha / r); merge_alpha: alpha (Sec. 4.1)
   projector, logit_scale         h_psi (Sec. 4.2), s = 1 / tau
   p_img, p_txt / z_img, z_txt    h_psi(f_theta(v)), h_psi(g_phi(c)) / f_{theta^{t-1}}(v), g_..(c)
   R[i][j] (continual.json)       R@1 on task j after tasks 1..i (row 0: before training)

@@ -13,8 +13,13 @@ loop (the set-up) or after it (the end of the run) sits behind its named calls a
 (--workers 0 runs them in train's process and lists them too). A function nested in a listed one (train's save) is
 counted with its parent; lambdas, comprehensions and generator expressions are never listed on their own.
 
-    python tests/reading_path.py erclip.py cclip.py dns.py              # docs/reading.md is written from this
+    python tests/reading_path.py erclip.py cclip.py dns.py              # the listings, printed
+    python tests/reading_path.py --write docs/reading.md                # the page, written (its three methods)
+    python tests/reading_path.py --check docs/reading.md                # exit 1 when the page is not today's
     python tests/reading_path.py --workers 0 erclip.py                  # the data pipeline included
+
+docs/reading.md is this program's output (issue 73.5): tests/test_layout.py runs --check, so the page's line
+numbers cannot drift from the code.
 
 The run's data and run folders, and a cache (CLIPFT_CACHE, unless set), live in a temporary folder."""
 from __future__ import annotations
@@ -122,18 +127,57 @@ def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
                                          for o in spans)]
 
 
+PAGE_METHODS = ("erclip.py", "cclip.py", "dns.py")
+PAGE_HEAD = """# The reading path of one default step
+
+<!-- Written by `python tests/reading_path.py --write docs/reading.md`; tests/test_layout.py checks that it is
+today's. Do not edit by hand. -->
+
+The functions a reader opens to follow one default training step of a method: common.train (the loop), then
+everything defined in the method file, common.py or plumbing/ that runs in train's process while train is inside
+its training loop (the batch, train_step with the method's features and losses, the log, the save and stop
+checks), in the order of first call, each as `file:function (first-last, lines)`, with the total. The set-up
+before the loop (the lock, resume, the loader, the optimizer) and the end of the run after it sit behind named
+calls in train and are not on the path. Found by running it, not by hand: tests/reading_path.py runs each method's
+main() on the lab's tiny backbone and synthetic world with its default settings but one step (`--steps 1
+--batch-size 8 --device cpu`) and traces one common.train call with sys.settrace: the first, or for a task
+sequence (cclip.py, dns.py) the second task's, where the continual part runs (C-CLIP's old model and CKC, DNS's
+projection). With the default `--workers 2` the dataset and the collate function run in the DataLoader's worker
+processes and are not listed; dns.py's default is `--workers 0` (its features live in memory), so its batch path
+is; `python tests/reading_path.py --workers 0 erclip.py cclip.py` lists them for the others.
+"""
+
+
+def listing(method_file: str, extra=()) -> str:
+    path = reading_path(method_file, extra)
+    total = sum(end - start + 1 for _, _, start, end in path)
+    rows = [f"- {Path(file).relative_to(ROOT).as_posix()}:{func} ({start}-{end}, {end - start + 1} lines)"
+            for file, func, start, end in path]
+    return f"## {Path(method_file).name}: {len(path)} functions, {total} lines\n\n" + "\n".join(rows) + "\n"
+
+
+def page() -> str:
+    return PAGE_HEAD + "".join(f"\n{listing(m)}" for m in PAGE_METHODS)
+
+
 def main(argv):
+    if argv[:1] in (["--write"], ["--check"]):
+        target, text = ROOT / argv[1], page()
+        if argv[0] == "--write":
+            target.write_text(text)
+            return 0
+        if target.read_text() != text:
+            print(f"{argv[1]} is not today's reading path: run python tests/reading_path.py --write {argv[1]}",
+                  file=sys.stderr)
+            return 1
+        return 0
     extra = []
     if argv[:1] == ["--workers"]:
         extra, argv = argv[:2], argv[2:]
     for method_file in argv or ["erclip.py"]:
-        path = reading_path(method_file, extra)
-        total = sum(end - start + 1 for _, _, start, end in path)
-        print(f"## {Path(method_file).name}: {len(path)} functions, {total} lines\n")
-        for file, func, start, end in path:
-            print(f"- {Path(file).relative_to(ROOT).as_posix()}:{func} ({start}-{end}, {end - start + 1} lines)")
-        print(flush=True)
+        print(listing(method_file, extra), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -3,6 +3,7 @@ eval.py; the plumbing in one package; imports that run one way, checked by rule 
 ones included), with one exception: a method's main() loading the lab for its demo. Parsed from the source
 (ast), so a circle or a stray import cannot come back unnoticed."""
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -262,3 +263,13 @@ def test_the_readme_says_what_each_entry_writes(model_files_as_readme_says):
     assert f"{', '.join(full[:-1])} and {full[-1]} runs write `model.pt` and `model.safetensors`" in text
     assert "gmc.py only `model.pt`" in text and claims["gmc"] == {"model.pt"}
     assert "dns.py no model" in text and not claims["dns"]
+
+
+@pytest.mark.slow
+def test_the_reading_path_page_is_todays():
+    """Issue 73.5: docs/reading.md is tests/reading_path.py's output (the functions and line spans of one default
+    step, found by running it), so a change to any listed function fails here until the page is written again."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "reading_path.py"), "--check", "docs/reading.md"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
