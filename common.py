@@ -798,9 +798,17 @@ def accumulated_backward(net: Method, batch, ctx, scaler, k: int, guard=None):
          backward: the gradients of the features and of the loss's own parameters (temperature, projector)
       3. each micro-batch again with a graph (its RNG state put back, so dropout draws the same), backward with
          its rows of the features' gradient: the towers' gradients add up to the whole batch's
-    Peak activation memory is one micro-batch's; the cost is a second forward of the towers. Returns (losses,
-    loss) as train_step's forward would; the gradients are in .grad (scaled by the scaler, as backward leaves
-    them)."""
+    Peak activation memory is one micro-batch's; the cost is a second forward of the towers. The whole step sits
+    in one (disabled) autocast region, so autocast's cache of the weights' low-precision copies lives for the
+    step: each weight is cast once, not once per pass (2k + 1 times; on ViT-B/16 at k = 4 those casts were 2,868
+    of the step's 20,709 operations, each a host dispatch on a GPU: docs/benchmarks.md, issue 75.2); the
+    backward passes run outside autocast as before. Returns (losses, loss) as train_step's forward would; the
+    gradients are in .grad (scaled by the scaler, as backward leaves them)."""
+    with torch.autocast(ctx.device.type, enabled=False):  # holds autocast's cast cache open for the step
+        return _accumulated_backward(net, batch, ctx, scaler, k, guard)
+
+
+def _accumulated_backward(net: Method, batch, ctx, scaler, k: int, guard=None):
     split = getattr(net, "split_batch", split_batch)
     micro, states, parts = split(batch, k), [], []
     with torch.no_grad():

@@ -184,7 +184,8 @@ def accum_breakdown(case, device, precision: str, k: int, repeat: int = 10) -> d
     without a graph, the loss over the whole batch with its backward, the k replays with their backward; and the
     plain step's forward + backward on the whole batch beside them. Median seconds each; beside them both sides'
     aten operation counts and FLOPs. Exact accumulation costs one more no-graph forward of the towers: 4/3 of
-    the plain FLOPs, but k times the operations twice over (ViT-B/16, k = 4: 5.36x the operations). Where the
+    the plain FLOPs, but k times the operations twice over (ViT-B/16, k = 4: 5.36x the operations before the step
+    kept one autocast cast cache, issue 75.2). The counts are of common.accumulated_backward itself. Where the
     parts sum to far more than 4/3 of the plain step, the step runs at the host's dispatch pace (docs/benchmarks.md,
     issue 75.2), and only a micro-batch that fills the device (or fewer operations: --torchcompile) lowers it."""
     net, batch = case.net, case.batch
@@ -236,7 +237,8 @@ def accum_breakdown(case, device, precision: str, k: int, repeat: int = 10) -> d
         net.zero_grad(set_to_none=True)
     out["accumulated"] = out["features_no_graph"] + out["loss_and_backward"] + out["replays_and_backward"]
     out["ratio_to_plain"] = out["accumulated"] / out["plain_forward_backward"]
-    accumulated = lambda: (features(), loss(), replays())  # noqa: E731
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=False)
+    accumulated = lambda: common.accumulated_backward(net, batch, ctx, scaler, k)  # noqa: E731  (as training runs it)
     out["ops"] = {"plain": op_count(plain), "accumulated": op_count(accumulated)}
     out["flops"] = {"plain": count_flops(plain), "accumulated": count_flops(accumulated)}
     net.zero_grad(set_to_none=True)
@@ -337,6 +339,33 @@ def project(gpu_results: Path, backbone: str = "ViT-B/16", batch: int = 4, effic
     return rows
 
 
+def accum_op_counts(backbone: str = "ViT-B/16", k: int = 4, batch: int = 4, precision: str = "bf16") -> dict:
+    """Issue 75.2 on paper: the aten operations of one plain step's forward + backward and of one
+    common.accumulated_backward over k micro-batches, as training runs it (one autocast cast cache for the step)
+    and with the cache dropped after every pass (the step before issue 75.2), on CPU with random weights. The
+    count does not grow with the batch; on a host-bound GPU step it is the step's time (docs/benchmarks.md)."""
+    import gpu_check
+    from plumbing import models
+    torch.manual_seed(0)
+    base, _, _, tok = models.load_model(backbone, "random")
+    case = gpu_check.build("plain", base, tok, batch, "cpu", backbone=backbone)
+    ctx = SimpleNamespace(step=0, epoch=0, total_steps=0, device=torch.device("cpu"), precision=precision,
+                          generator=common.step_generator(0, 0))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+
+    def plain():
+        with common.autocast(ctx.device, precision):
+            total = common.summed_loss(case.net(case.batch, ctx), ctx, None)
+        total.backward()
+    out = {"backbone": backbone, "k": k, "batch": batch, "precision": precision, "plain": op_count(plain),
+           "accumulated": op_count(lambda: common.accumulated_backward(case.net, case.batch, ctx, scaler, k)),
+           "accumulated_cast_per_pass": op_count(
+               lambda: common._accumulated_backward(case.net, case.batch, ctx, scaler, k))}
+    out["ratio"] = out["accumulated"] / out["plain"]
+    out["ratio_cast_per_pass"] = out["accumulated_cast_per_pass"] / out["plain"]
+    return out
+
+
 def copy_model(model):
     import copy
     return copy.deepcopy(model)
@@ -346,10 +375,20 @@ def main(argv=None):
     import argparse
     import json
     p = argparse.ArgumentParser(description="issue 75.3: a GPU run's cost on paper, from a committed gpu_check run")
-    p.add_argument("--project", required=True, help="a gpu_check JSON (e.g. benchmarks/results-gpu-h200.json)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--project", help="a gpu_check JSON (e.g. benchmarks/results-gpu-h200.json)")
+    what.add_argument("--accum-ops", action="store_true",
+                      help="issue 75.2: operation counts of a plain and an accumulated step (k = 4)")
     p.add_argument("--backbone", default="ViT-B/16")
-    p.add_argument("--out", default="benchmarks/results-projection.json")
+    p.add_argument("--out", default=None, help="default benchmarks/results-projection.json "
+                                               "(--accum-ops: benchmarks/results-accum-ops.json)")
     a = p.parse_args(argv)
+    if a.accum_ops:
+        counts = accum_op_counts(a.backbone)
+        Path(a.out or "benchmarks/results-accum-ops.json").write_text(json.dumps(counts, indent=1))
+        print(counts)
+        return
+    a.out = a.out or "benchmarks/results-projection.json"
     rows = project(Path(a.project), a.backbone)
     Path(a.out).write_text(json.dumps({"source": a.project, "backbone": a.backbone, "rows": rows}, indent=1))
     print(common.markdown_table(rows, ["method", "ops", "gflop_per_pair", "gpu_seconds", "mfu_measured",

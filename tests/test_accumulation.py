@@ -199,6 +199,54 @@ def test_dropout_draws_the_same_masks_in_both_passes():
         assert _relative(net.get_parameter(n).grad, g) < 1e-9, n
 
 
+def _weight_casts(net, batch, k, keep_cache=True):
+    """How many times each weight was cast to bf16 in one accumulated step, and the gradients. keep_cache=False
+    runs the step as it was before issue 75.2: autocast's cache dropped after every pass."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    # the matrices autocast casts (an embedding added with an explicit .to(dtype), as open_clip's positional
+    # embedding is, is the model's own cast, never cached)
+    weights = {p.data_ptr(): n for n, p in net.named_parameters() if p.ndim == 2 and "embedding" not in n}
+    casts = dict.fromkeys(weights.values(), 0)
+
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                name = weights.get(args[0].data_ptr())
+                if name is not None:
+                    casts[name] += 1
+            return func(*args, **kwargs)
+    net.zero_grad(set_to_none=True)
+    ctx = SimpleNamespace(step=0, epoch=0, device=torch.device("cpu"), precision="bf16",
+                          generator=common.step_generator(0, 0))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    torch.manual_seed(5)
+    with Casts():
+        if keep_cache:
+            common.accumulated_backward(net, batch, ctx, scaler, k)
+        else:
+            common._accumulated_backward(net, batch, ctx, scaler, k)
+    return casts, {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+def test_an_accumulated_step_casts_each_weight_once():
+    """Issue 75.2: under bf16 / fp16 autocast each weight's low-precision copy is made once per step, not once per
+    pass (k passes without a graph, k replays): on a GPU every cast is a host dispatch. The gradients are the
+    ones the step gave with a cast per pass, bit for bit."""
+    model, tok = _tiny()
+    net = lab.ClipFineTune(model).train()
+    batch = {"image": _images(), "text": tok([s["caption"] for s in _scenes()])}
+    once, grads = _weight_casts(net, batch, 4)
+    per_pass, grads_before = _weight_casts(net, batch, 4, keep_cache=False)
+    cast = {n for n, c in per_pass.items() if c}
+    assert len(cast) >= 10  # the towers' linear layers
+    assert {once[n] for n in cast} == {1}
+    assert min(per_pass[n] for n in cast) >= 8  # 4 passes without a graph + 4 replays (before the change)
+    assert grads.keys() == grads_before.keys()
+    for n, g in grads_before.items():
+        assert torch.equal(grads[n], g), n
+
+
 def test_accum_freq_is_checked_and_scales_the_per_gpu_batch():
     cfg = common.parse_config(common.Config, ["--batch-size-per-gpu", "16", "--accum-freq", "4"])
     assert cfg.batch_size == 64  # open_clip: global = per-GPU micro-batch x processes x accum_freq

@@ -98,6 +98,15 @@ def test_accum_breakdown_times_each_part():
     assert r["ops"]["accumulated"] > 2 * r["ops"]["plain"]
 
 
+def test_accum_op_counts_show_the_step_cast_once():
+    """--accum-ops (docs/benchmarks.md, issue 75.2): the accumulated step as training runs it dispatches fewer
+    operations than with a cast per pass (the weights' casts made once a step), and still over twice the plain
+    step's (the GradCache replay)."""
+    r = throughput.accum_op_counts("tiny", k=2, batch=4)
+    assert r["plain"] > 0 and 2 * r["plain"] < r["accumulated"] < r["accumulated_cast_per_pass"]
+    assert r["ratio"] == pytest.approx(r["accumulated"] / r["plain"])
+
+
 def test_the_loop_with_data_decodes_jpegs_and_steps():
     s, train_tf, tok = _stepper(batch=4)
     before = s.case.batch
