@@ -240,3 +240,11 @@ def test_a_locked_tower_gets_no_adapters_and_does_not_move(tmp_path):
     model = models.load_model("tiny", world=lab.WORLD)[0]
     assert {n for n, _ in model.named_modules() if re.fullmatch(pattern, n)} == \
         {f"transformer.resblocks.{i}.{m}" for i in range(4) for m in ("attn", "mlp.c_fc", "mlp.c_proj")}
+
+
+def test_the_docs_show_the_lines_the_adapters_readme_holds():
+    """docs/training.md's loading lines are the ones every adapter's README.md holds (plumbing.lora.LOAD, run by
+    the write-time check and by test_the_peft_adapter_is_the_trained_model)."""
+    from pathlib import Path
+    from plumbing import lora as lora_files
+    assert lora_files.LOAD in (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
