@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -320,6 +321,7 @@ def readme(backbone: str, pretrained: str, rank: int, alpha: float, extras: dict
            f"`base_layer.out_proj.lora_B.weight` is written divided by {k:g}: peft then gives the trained weight "
            f"W + (alpha / r) B A. A peft that applies it once needs that B multiplied by {k:g}.\n"
            if k and k != 1 else "")
+    out = "\n" + textwrap.fill(out.strip(), 116) + "\n" if out else ""
     return f"""# LoRA adapter of a --lora run (peft's layout)
 
 Rank {rank}, lora_alpha {alpha:g}, on {base} as the run loaded it (plumbing.models.load_model, or open_clip with
@@ -334,5 +336,5 @@ from safetensors.torch import load_file
 {LOAD}
 ```
 {out}
-Write-time check: {said(check, extras)}.
+Write-time check (one line, as the run printed it): {said(check, extras)}.
 """
