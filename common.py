@@ -1010,18 +1010,18 @@ def train(cfg: Config, net: nn.Module, train_set, collate, *, lr_of=None, export
 def run_lora(cfg, model, out: Path | None = None):
     """--lora RANK of every method (issue 59.2). Before training (out None): adapters on --lora-targets, every other
     weight of the model frozen but a SigLIP logit_bias (before the optimizer and the resume, so a checkpoint's
-    adapters load back). At the end (out given): the adapters written as a peft adapter in <out>/lora_adapter,
-    then merged at coefficient 1 (the trained function), so model.pt and --export hold a plain open_clip model.
-    Without --lora: nothing ({})."""
+    adapters load back). At the end: the adapters written as a peft adapter in <out>/lora_adapter (checked with
+    peft: plumbing/lora.py), then merged at coefficient 1, so model.pt and --export hold the trained function."""
     if not getattr(cfg, "lora", 0):
         return {}
     if out is None:  # --lock-image / --lock-text: no adapters in that tower (LoRA on the other one only)
         keep = ("logit_bias",) if getattr(cfg, "loss", "clip") == "siglip" else ()
         towers = [t for t, locked in (("image", cfg.lock_image), ("text", cfg.lock_text)) if not locked]
         return add_lora(model, cfg.lora, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets.split(","), keep, towers)
-    folder = lora_files.export_peft(model, adapters(model), out / lora_files.ADAPTER_FOLDER, cfg.backbone)
+    written = lora_files.export_peft(model, adapters(model), out / lora_files.ADAPTER_FOLDER, cfg.backbone,
+                                     getattr(cfg, "pretrained", ""))  # checked with peft: one line says what
     merge_lora(model, 1.0)
-    return {"lora_adapter": str(folder)}
+    return written
 
 
 def checked_batch(cfg, net, validate) -> int:

@@ -259,12 +259,12 @@ def test_the_lora_adapter_is_written_whole_with_the_exports_permissions_and_neve
     finally:
         os.umask(old)
     files = {p.name: p.stat().st_mode & 0o777 for p in (out / "lora_adapter").iterdir()}
-    assert files == {"adapter_model.safetensors": 0o644, "adapter_config.json": 0o644,
-                     lora.RECEIPT: 0o644}  # safetensors' own save_file makes 0600
-    (out / "lora_adapter" / "README.md").write_text("someone's")  # a file the adapter's write did not put there
+    assert files == {"adapter_model.safetensors": 0o644, "adapter_config.json": 0o644, lora.EXTRAS: 0o644,
+                     "README.md": 0o644, lora.RECEIPT: 0o644}  # safetensors' own save_file makes 0600
+    (out / "lora_adapter" / "notes.txt").write_text("someone's")  # a file the adapter's write did not put there
     with pytest.raises(common.UsageError, match="the LoRA adapter folder .*lora_adapter: it holds what an export"):
         lora.export_peft(*_adapted(), out / "lora_adapter")
-    assert (out / "lora_adapter" / "README.md").read_text() == "someone's"
+    assert (out / "lora_adapter" / "notes.txt").read_text() == "someone's"
 
 
 def _adapted():
