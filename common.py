@@ -749,9 +749,8 @@ class NonFiniteGuard:
 
 def split_batch(batch: dict, k: int, groups: dict[str, str] | None = None) -> list[dict]:
     """A collated batch of n rows (its images) as k micro-batches of n / k: every tensor and list of n rows is cut
-    into k runs in order; anything else (a tuple of statistics, ...) is kept whole. groups {key: counts key}:
-    batch[key] holds batch[counts key][i] rows for row i, back to back (ERCLIP's sentences); each micro-batch
-    gets its rows' ones."""
+    into k runs in order; anything else (statistics, ...) is kept whole. groups {key: counts key}: batch[key] holds
+    batch[counts key][i] rows for row i, back to back (ERCLIP's sentences); each micro-batch gets its rows' ones."""
     n = len(next(batch[key] for key in ("image", "img") if key in batch))  # the rows: the images'
     if n % k:
         raise UsageError(f"--accum-freq {k} does not divide this process's batch of {n}")
@@ -787,23 +786,16 @@ def summed_loss(losses: dict, ctx, guard: "NonFiniteGuard | None"):
 
 
 def accumulated_backward(net: Method, batch, ctx, scaler, k: int, guard=None):
-    """--accum-freq k: the gradient of the whole batch's loss from k micro-batches, exactly (up to float
-    rounding), whatever the loss does across the batch (m2-Mix's mixes, CKC over 2N rows, Long-CLIP's PCA,
-    ERCLIP's teacher). The feature cache of GradCache (Gao et al., "Scaling Deep Contrastive Learning Batch Size
-    under Memory Limited Setup", RepL4NLP 2021, arXiv 2101.06983, Sec. 3), which open_clip's --accum-freq (PR
-    #267) also uses; open_clip recomputes the loss once per micro-batch (so its temperature's gradient is counted
-    K times: docs/scale.md), this computes it once:
-      1. each micro-batch's features without a graph (the torch RNG state before each one kept)
-      2. the loss over all of them (the method's losses, the batch's randomness from ctx.generator as with k = 1),
-         backward: the gradients of the features and of the loss's own parameters (temperature, projector)
-      3. each micro-batch again with a graph (its RNG state put back, so dropout draws the same), backward with
-         its rows of the features' gradient: the towers' gradients add up to the whole batch's
-    Peak activation memory is one micro-batch's; the cost is a second forward of the towers. The whole step sits
-    in one (disabled) autocast region, so autocast's cache of the weights' low-precision copies lives for the
-    step: each weight is cast once, not once per pass (2k + 1 times; on ViT-B/16 at k = 4 those casts were 2,868
-    of the step's 20,709 operations, each a host dispatch on a GPU: docs/benchmarks.md, issue 75.2); the
-    backward passes run outside autocast as before. Returns (losses, loss) as train_step's forward would; the
-    gradients are in .grad (scaled by the scaler, as backward leaves them)."""
+    """--accum-freq k: the whole batch's gradient from k micro-batches, exactly (up to float rounding), whatever the
+    loss does across the batch (m2-Mix's mixes, CKC over 2N rows, Long-CLIP's PCA, ERCLIP's teacher). GradCache's
+    feature cache (Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup", RepL4NLP
+    2021, arXiv 2101.06983, Sec. 3), as in open_clip's --accum-freq (PR #267) but with the loss computed once
+    (open_clip's, once per micro-batch, counts the temperature's gradient K times: docs/scale.md): 1. each
+    micro-batch's features without a graph (RNG state kept); 2. the loss over all, backward (the features' and the
+    loss's own parameters' gradients); 3. each micro-batch again with a graph (RNG put back: dropout draws the same),
+    backward with its rows of the features' gradient. Peak activation memory: one micro-batch's, for a 2nd forward.
+    One disabled autocast region holds autocast's cast cache for the step: each weight cast once a step, not once a
+    pass (issue 75.2, docs/benchmarks.md). Returns (losses, loss) as train_step's forward; gradients in .grad."""
     with torch.autocast(ctx.device.type, enabled=False):  # holds autocast's cast cache open for the step
         return _accumulated_backward(net, batch, ctx, scaler, k, guard)
 
