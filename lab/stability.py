@@ -39,12 +39,13 @@ def check(base: dict, other: dict) -> list[dict]:
             changes.append(value - diffs[seeds.index(seed)])
             diffs[seeds.index(seed)] = value
         if "why" in c:  # by construction: within the margin on every seed
-            again = "by construction" if all(abs(x) < c.get("margin", 0.0) for x in diffs) \
+            again = "by construction" if all(abs(x) <= c.get("margin", 0.0) for x in diffs) \
                 else "construction check failed"
         else:
-            again = verdict(diffs, c["direction"], c.get("margin", 0.0), c.get("interval"))
+            again = verdict(diffs, c["direction"], c.get("margin", 0.0), c.get("interval"),
+                            c.get("range_rule", "overlap"))
         if c.get("gate") and not c["gate"]["met"]:  # a val check before the seeds: no seed changes it (issue 58)
-            again = "outside the lab's regime"
+            again = "regime unclear" if c["gate"]["met"] is None else "outside the lab's regime"
         rows.append({"claim": c["claim"], "verdict": c["verdict"], "perturbed": again,
                      "largest change": max(abs(x) for x in changes), "holds": again == c["verdict"]})
     return rows

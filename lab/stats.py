@@ -36,6 +36,9 @@ Since issue 58, declared before any run they govern (docs/lab.md, "Statistics"):
                     seeds (EQUAL_SHARE, 20 %, for an 'about equal' claim); a
                     claim that measures the baseline's effect itself (FT -
                     CLIP) takes ERCLIP's one point (FIELD_MARGIN)
+Since issue 70, a demo under the claims registry (lab/registry.py, lab/claims/) takes its margins (from the
+paper's effects, never from levels), gates (with their se: met, not met or 'regime unclear') and range rule
+from there; every gated claim keeps its verdict without the gate beside ('ungated').
 """
 from __future__ import annotations
 
@@ -137,13 +140,22 @@ def paired_stats(diffs: Sequence[float]) -> tuple[float, float, float]:
     return float(d.mean()), std, std / math.sqrt(len(d)) if len(d) > 1 else float("nan")
 
 
-def verdict(diffs: Sequence[float], direction: str, margin: float = 0.0, interval=None) -> str:
+def verdict(diffs: Sequence[float], direction: str, margin: float = 0.0, interval=None,
+            range_rule: str = "overlap") -> str:
     """direction '+' or '-': the paper's sign of the difference; '=': the
     paper says about equal (within +-margin); 'range': the paper gives an
-    interval (lo, hi) for the quantity. See the module docstring."""
+    interval (lo, hi) for the quantity, judged by range_rule: 'overlap' (the
+    module docstring) or 'mean-inside' (issue 70.6, a demo's registry declares
+    it): reproduced when the mean lies in [lo, hi], opposite when the whole
+    mean +- 2 se interval lies outside it, not resolved otherwise."""
     mean, _, se = paired_stats(diffs)
     if not math.isfinite(se):
         return "not resolved"
+    if direction == "range" and range_rule == "mean-inside":
+        lo, hi = interval
+        if lo <= mean <= hi:
+            return "reproduced"
+        return "opposite" if mean + 2 * se < lo or mean - 2 * se > hi else "not resolved"
     if direction == "range":
         lo, hi = interval
         if mean + 2 * se >= lo and mean - 2 * se <= hi:
@@ -163,7 +175,7 @@ def verdict(diffs: Sequence[float], direction: str, margin: float = 0.0, interva
 
 def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin: float = 0.0,
           interval=None, by_construction: str = "", gate: dict | None = None, diagnosis: str = "",
-          **extra) -> dict:
+          range_rule: str = "overlap", **extra) -> dict:
     """One row of a claims table (the keys results.json's `claims` list uses).
     by_construction: why the comparison cannot come out otherwise (the code
     makes the two sides equal); the verdict is then 'by construction', never
@@ -172,20 +184,26 @@ def claim(text: str, paper: str, diffs: Sequence[float], direction: str, margin:
     check on fewer seeds than the demo's). margin: the practical margin of a
     '+' / '-' claim too (module docstring). gate: {'needs': the regime in
     words, 'measured': the val check's numbers, 'met': bool}; not met: the
-    verdict is "outside the lab's regime" (the paired numbers still kept).
-    diagnosis: why a verdict goes against the paper, with a measured number."""
+    verdict is "outside the lab's regime" (the paired numbers still kept); met None (a registry's gate within
+    2 se of its threshold, issue 70.4): "regime unclear". A gated claim keeps its verdict without the gate beside
+    ('ungated'). diagnosis: why a verdict goes against the paper, with a measured number."""
     mean, std, se = paired_stats(diffs)
     kind = ({"interval": list(interval)} if direction == "range" else
             {"margin": margin} if direction == "=" or margin else {})  # '+' / '-': a margin when it has one
-    judged = verdict(diffs, direction, margin, interval)
+    judged = verdict(diffs, direction, margin, interval, range_rule)
     if by_construction:
-        judged = "by construction" if all(abs(x) < margin for x in diffs) else "construction check failed"
-    if gate is not None and not gate["met"]:
-        judged = "outside the lab's regime"
+        judged = "by construction" if all(abs(x) <= margin for x in diffs) else "construction check failed"
+    if gate is not None and (gate["met"] is None or not gate["met"]):
+        extra["ungated"], judged = judged, "regime unclear" if gate["met"] is None else "outside the lab's regime"
     extra |= ({"gate": gate} if gate is not None else {}) | ({"diagnosis": diagnosis} if diagnosis else {})
+    extra |= {"range_rule": range_rule} if direction == "range" and range_rule != "overlap" else {}
     return {"claim": text, "paper": paper, "mean": mean, "std": std, "n_seeds": len(diffs),
             "per_seed": [float(x) for x in diffs], "verdict": judged, "direction": direction, "se": se, **kind,
             **({"why": by_construction} if by_construction else {}), **extra}
+
+
+def gate_word(gate: dict) -> str:
+    return "regime unclear" if gate["met"] is None else "met" if gate["met"] else "not met"
 
 
 def claims_table(claims: Sequence[dict]) -> str:
@@ -193,8 +211,9 @@ def claims_table(claims: Sequence[dict]) -> str:
              "ours (mean ± std)": f"{c['mean']:+.2f} ± {c['std']:.2f}",
              "per seed": ", ".join(f"{x:+.1f}" for x in c["per_seed"]), "verdict": c["verdict"],
              "margin": f"{c['margin']:.3g}" if c["direction"] != "=" and c.get("margin") else "",
-             "regime (val check)": f"{c['gate']['needs']}: {c['gate']['measured']} "
-                                   f"({'met' if c['gate']['met'] else 'not met'})" if c.get("gate") else "",
+             "regime (val check)": f"{c['gate']['needs']}: {c['gate']['measured']} ({gate_word(c['gate'])}"
+                                   + (f"; without the gate: {c['ungated']})" if "ungated" in c else ")")
+                                   if c.get("gate") else "",
              "beside": c.get("beside", ""), "diagnosis": c.get("diagnosis", "")} for c in claims]
     columns = ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"]  # + what issue 58's claims carry
     return common.markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "beside", "diagnosis")

@@ -272,7 +272,8 @@ def test_a_practical_margin_a_regime_gate_and_a_diagnosis_judge_a_claim():
                   diagnosis="the 24-token window reads 34 % of a long caption")
     assert c["verdict"] == "outside the lab's regime" and c["gate"] == gate and c["margin"] == 1.0
     table = lab.claims_table([c, lab.claim("x", "+1", [1.0, 2.0, 3.0], "+")])
-    assert "| margin |" in table and "(not met)" in table and "34 % of a long caption" in table
+    assert "| margin |" in table and "34 % of a long caption" in table
+    assert "(not met; without the gate: reproduced)" in table  # issue 70.4: the verdict without the gate beside
     assert "margin" not in lab.claims_table([lab.claim("x", "+1", [1.0, 2.0, 3.0], "+")])  # older tables as they were
 
 
