@@ -23,6 +23,8 @@ is honestly not resolved at this size.
   lab/runs.py     a demo's --out held, scratch run folders, runs in parallel processes
                   (one folder per sweep run, data prefixes, snapshots: papers/erclip_sweeps.py)
   lab/report.py   the docs' demo sections, printed from a results file
+  lab/registry.py the claims registry (lab/claims/<demo>.json): margins from the
+                  papers' effects, gates with their se, its fingerprint in results
   lab/demos/      one module per method's demo; erclip_sweeps.py
   lab/__main__.py python -m lab eval|export: those commands on the lab
 

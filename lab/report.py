@@ -36,28 +36,54 @@ def demo_markdown(path, command: str) -> str:
             f"{lab.claims_table(r['claims'])}")
 
 
-def claims_lines(path) -> str:
-    """The README's one line per claim: verdict, claim, our mean, the paper."""
+def claims_lines(path, fresh=None) -> str:
+    """The README's one line per claim: verdict, claim, our mean, the paper; with `fresh` (issue 70: the seeds run
+    once after the claims registry) that file's verdict too."""
     r = from_json(Path(path).read_text(), restore=True, strict=False)
-    return "\n".join(f"- {c['verdict']}: {c['claim']}: {c['mean']:+.2f} (paper {c['paper']})" for c in r["claims"])
+    again = {c["claim"]: c for c in from_json(Path(fresh).read_text(), restore=True, strict=False)["claims"]} \
+        if fresh else {}
+    return "\n".join(f"- {c['verdict']}" + (f" (fresh seeds: {again[c['claim']]['verdict']})" if again else "")
+                     + f": {c['claim']}: {c['mean']:+.2f} (paper {c['paper']})" for c in r["claims"])
 
 
-def heldout_markdown(path, heldout) -> str:
+def heldout_markdown(path, *others) -> str:
     """Each claim at the demo's seeds beside the same claim at held-out seeds (issue 39: a verdict reproduced at
-    seeds 0-4 must repeat at 10-14)."""
-    a, b = (from_json(Path(p).read_text(), restore=True, strict=False) for p in (path, heldout))
-    other = {c["claim"]: c for c in b["claims"]}
-    lo, hi = (f"seeds {r['seeds'][0]}-{r['seeds'][-1]}" for r in (a, b))
-    rows = [f"| {c['claim']} | {c['mean']:+.2f} ± {c['std']:.2f} | {c['verdict']} | "
-            f"{other[c['claim']]['mean']:+.2f} ± {other[c['claim']]['std']:.2f} | {other[c['claim']]['verdict']} |"
+    seeds 0-4 must repeat at 10-14), and at fresh seeds run once after the claims registry (issue 70: 30-34)."""
+    a, *rest = (from_json(Path(p).read_text(), restore=True, strict=False) for p in (path, *others))
+    others = [{c["claim"]: c for c in b["claims"]} for b in rest]
+    head = "| claim | " + " | ".join(f"seeds {r['seeds'][0]}-{r['seeds'][-1]} | verdict" for r in (a, *rest)) + " |"
+    rows = [f"| {c['claim']} | " + " | ".join(f"{o['mean']:+.2f} ± {o['std']:.2f} | {o['verdict']}"
+                                             for o in (c, *(other[c["claim"]] for other in others))) + " |"
             for c in a["claims"]]
-    return "\n".join([f"| claim | {lo} | verdict | {hi} | verdict |", "|---|---|---|---|---|", *rows])
+    return "\n".join([head, "|---|" + "---|---|" * (1 + len(rest)), *rows])
+
+
+def margins_markdown(path) -> str:
+    """Issue 70.3: each claim's margin and the numbers it came from (a results file written under a registry)."""
+    r = from_json(Path(path).read_text(), restore=True, strict=False)
+    rows = ["| claim | rule | from | margin |", "|---|---|---|---|"]
+    for c in r["claims"]:
+        src = c.get("margin_source")
+        if not src:
+            rows.append(f"| {c['claim']} | {c.get('range_rule', 'none')} | range {c.get('interval', '')} | |")
+            continue
+        frm = {"paper-tie": lambda s: "the paper's tie threshold",
+               "baseline-share": lambda s: f"{s['share']:g} x lab {' - '.join(s['lab_baseline'][:2])} "
+                                           f"({s['lab_baseline'][2]}) {s['lab_baseline_effect']:+.2f}",
+               "scaled-effect": lambda s: "paper " + " / ".join(f"{x:+.2f}" for x in s["paper_effect"])
+               + " x lab baseline " + f"{s['lab_baseline_effect']:+.2f} / paper baseline "
+               + " / ".join(f"{x:+.2f}" for x in s["paper_baseline_effect"])
+               + f" = {s['scaled_effect']:.2f}, x {s['share']:g}"}[src["rule"]](src)
+        rows.append(f"| {c['claim']} | {src['rule']} | {frm} | {c['margin']:.3g} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND'   or   RESULTS.json HELDOUT_RESULTS.json")
-    if sys.argv[2].endswith(".json"):
-        print(heldout_markdown(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) < 3:
+        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND' | OTHER_SEEDS_RESULTS.json ... | --margins")
+    if sys.argv[2] == "--margins":
+        print(margins_markdown(sys.argv[1]))
+    elif sys.argv[2].endswith(".json"):
+        print(heldout_markdown(*sys.argv[1:]))
     else:
         print(demo_markdown(sys.argv[1], sys.argv[2]))

@@ -97,3 +97,15 @@ def test_the_mean_inside_range_rule():
     assert lab.verdict(straddling, "range", interval=(30, 42), range_rule="mean-inside") == "not resolved"
     assert lab.verdict(straddling, "range", interval=(30, 42)) == "reproduced"  # 'overlap', the other demos'
     assert lab.verdict(outside, "range", interval=(30, 42), range_rule="mean-inside") == "opposite"
+
+
+def test_the_docs_tables_print_the_margins_sources_and_the_three_seed_sets():
+    from lab import report
+    paths = [DOCS / name for name in UNDER_REGISTRY["erclip"]]
+    record = json.loads(paths[0].read_text())
+    margins = report.margins_markdown(paths[0]).splitlines()
+    assert len(margins) == 2 + len(record["claims"])
+    assert all(f"{c['margin']:.3g} |" in row for c, row in zip(record["claims"], margins[2:]) if "margin" in c)
+    seeds = report.heldout_markdown(*paths).splitlines()
+    assert seeds[0].startswith("| claim | seeds 0-4 | verdict | seeds 10-14 | verdict | seeds 30-34 | verdict |")
+    assert len(seeds) == 2 + len(record["claims"])
