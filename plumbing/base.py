@@ -161,3 +161,15 @@ def printable(text: str) -> str:
     """A message as the terminal should show it: control characters from paths and captions (\\r, ANSI escapes,
     NUL) written as escapes, so they cannot rewrite the line or colour the output; newlines stay."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+def shorten(text: str, width: int = 200) -> str:
+    """One line of at most `width` characters for a message that quotes another's (an exception, a list of
+    names): newlines joined, a longer text cut at a word and ended with '... (N more characters)' (issue 69.7:
+    a bare [:200] cut mid-word with no sign of the cut)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    keep = text[:max(width - 30, 10)]
+    keep = keep.rsplit(" ", 1)[0] if " " in keep[len(keep) // 2:] else keep
+    return f"{keep.rstrip(' ,;:')} ... ({len(text) - len(keep)} more characters)"
