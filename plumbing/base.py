@@ -171,5 +171,5 @@ def shorten(text: str, width: int = 200) -> str:
     if len(text) <= width:
         return text
     keep = text[:max(width - 30, 10)]
-    keep = keep.rsplit(" ", 1)[0] if " " in keep[len(keep) // 2:] else keep
-    return f"{keep.rstrip(' ,;:')} ... ({len(text) - len(keep)} more characters)"
+    keep = (keep.rsplit(" ", 1)[0] if " " in keep[len(keep) // 2:] else keep).rstrip(" ,;:")
+    return f"{keep} ... ({len(text) - len(keep)} more characters)"

@@ -287,6 +287,12 @@ def parse_config(cls, argv=None, **overrides):
     if values.get("siglip_init", "paper") != "paper" and values.get("loss") != "siglip":
         p.error(f"--siglip-init {values['siglip_init']} sets where --loss siglip's scale and bias start; add "
                 f"--loss siglip, or drop --siglip-init")
+    if values.get("loss") == "siglip" and values.get("label_smoothing"):  # issue 69.7: it was ignored silently
+        if any(a.split("=")[0] == "--label-smoothing" for a in argv):
+            p.error(f"--label-smoothing {values['label_smoothing']:g} with --loss siglip: SigLIP's sigmoid loss has "
+                    f"no label smoothing (common.siglip_loss); drop --label-smoothing, or train --loss clip")
+        base.warn_once(f"note: --loss siglip has no label smoothing; this command's default --label-smoothing "
+                       f"{values['label_smoothing']:g} (of CLIP's loss) is not applied")
     if values.get("lora"):  # issue 69.3: found after the model loaded (a ValueError) or after training (peft's export)
         if values.get("lock_image") and values.get("lock_text"):
             p.error("--lora with --lock-image and --lock-text: both towers are locked, so no weight is left to "

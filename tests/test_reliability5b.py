@@ -15,6 +15,7 @@ import common
 import eval as ev
 from lab import protocol_data
 from plumbing import mtil
+from plumbing.flags import DEFAULT_LORA_TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -210,3 +211,162 @@ def test_the_mix_baselines_run_on_the_tiny_world(tmp_path, monkeypatch):
     imix.main(["--backbone", "tiny", "--out", str(tmp_path / "i")])
     unmix.main(["--backbone", "tiny", "--out", str(tmp_path / "u")])
     assert seen == [("imix", lab.WORLD), ("unmix", lab.WORLD)]
+
+
+# ----------------------------------------------------------------------------- 7. minors: --override-resume
+def _train(tiny_random, data, out, **kw):
+    import lab
+    from plumbing import models
+    model = models.load_model("tiny", "random")[0]
+    models.pair_bias(model, kw.get("loss", "clip"))  # --loss siglip's logit_bias, as the methods' main() add it
+    cfg = common.Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
+                                  save_every=0, log_every=1, device="cpu", seed=0), **kw})
+    return common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, tiny_random[1]),
+                        common.Collate(tiny_random[3]), export=False)
+
+
+@pytest.mark.parametrize("first, then, says", [
+    ({}, {"lora": 4}, "--lora 0 -> 4 since the checkpoint"),
+    ({"lora": 4}, {"lora": 4, "lora_targets": "attn.in_proj_weight"},
+     f"--lora-targets {DEFAULT_LORA_TARGETS} -> attn.in_proj_weight since the checkpoint"),
+    ({}, {"loss": "siglip"}, "--loss clip -> siglip since the checkpoint"),
+])
+def test_override_resume_after_a_changed_model_setting_names_it(tiny_random, tmp_path, first, then, says):
+    """Issue 69.7: a changed --lora / --lora-targets / --loss under --override-resume read "another model's
+    weights ... resume with the run's --backbone". Now the message names the setting that changed, both values,
+    and how to go on; torch's line comes shortened at a word (plumbing.base.shorten), not cut by [:200]."""
+    import lab
+    data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
+    out = tmp_path / "run"
+    _train(tiny_random, data, out, stop_at=2, **first)
+    with pytest.raises(common.RunError) as e:
+        _train(tiny_random, data, out, resume="latest", override_resume=True, **then)
+    msg = str(e.value)
+    assert "holds another model's weights" in msg and says in msg and "--backbone" not in msg, msg
+    assert "resume with the run's value" in msg and "--overwrite" in msg
+
+
+def test_shorten_cuts_at_a_word_and_says_so():
+    from plumbing.base import shorten
+    assert shorten("a  b\nc") == "a b c"
+    text = "Missing key(s) in state_dict: " + ", ".join(f'"visual.transformer.resblocks.{k}.attn"' for k in range(40))
+    short = shorten(text)
+    assert len(short) <= 200 and short.endswith(" more characters)") and '"visual.transformer.resblocks.' in short
+    kept = short.split(" ... (")[0]
+    assert text.startswith(kept) and text[len(kept)] in ", "  # cut at a word
+    assert int(short.split(" ... (")[1].split()[0]) == len(text) - len(kept)
+
+
+def test_siglip_with_label_smoothing_is_refused_when_asked_and_noted_when_a_default(capsys):
+    """Issue 69.7: --loss siglip ignored --label-smoothing silently (erclip's default 0.1). Asked for, the pair is
+    refused at parse time; erclip's default is one line saying it is not applied; --loss clip says nothing."""
+    import erclip
+    from plumbing import base
+    base.warn_once.cache_clear()
+    with pytest.raises(SystemExit) as e:
+        common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing=0.2"])
+    assert e.value.code == 2 and "--label-smoothing 0.2 with --loss siglip" in capsys.readouterr().err
+    assert common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing", "0"]).loss == "siglip"
+    assert capsys.readouterr().err == ""
+    common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])
+    common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])  # answer_early and main() both parse
+    err = capsys.readouterr().err
+    assert err.count("default --label-smoothing 0.1 (of CLIP's loss) is not applied") == 1
+    common.parse_config(erclip.ERCLIPConfig, [])
+    assert "label smoothing" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["objectnet", "imagenet-v2"])
+def test_an_imagenet_shift_with_absent_class_folders_says_which_and_how_many(tmp_path, capsys, name):
+    """Issue 69.7: ObjectNet's mapped folders and ImageNet-V2's index folders that were absent were skipped
+    without a word (an accuracy over part of the set, reported as the set's). Now one line names them and their
+    count, and the protocol string that goes into results.json says it; the whole layout says nothing."""
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    from plumbing import base, imagenet_shifts
+    root = protocol_data.write_imagenet_shifts(tmp_path / "data")
+    base.warn_once.cache_clear()
+    whole = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
+    assert "absent" not in whole["protocol"] and "absent" not in capsys.readouterr().err
+    folder = root / imagenet_shifts.FOLDERS[name]
+    gone = ([f for f, _, _ in imagenet_shifts.OBJECTNET][-3:] if name == "objectnet" else ["997", "998", "999"])
+    for g in gone:
+        shutil.rmtree(folder / g)
+    total = 113 if name == "objectnet" else 1000
+    got = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
+    err = capsys.readouterr().err
+    assert f"[{name}] 3 of the {total} class folders it reads are absent under {folder}, skipped: " in err
+    assert all(g in err for g in gone) and err.count("\n") == 1
+    assert f"3 of its {total} class folders absent" in got["protocol"]
+
+
+# ----------------------------------------------------------------------------- 3. --torchcompile's build fails
+def _compile_argv(tmp_path, evaluate: bool):
+    import lab
+    root = tmp_path / "data"
+    lab.synthetic_manifest("train", root, n=16)
+    return ["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size", "8",
+            "--steps", "2", "--warmup", "0", "--lr", "1e-3", "--workers", "0", "--device", "cpu", "--eval-tasks",
+            "synthetic-short" if evaluate else "none", "--no-eval-base", "--save-every", "0", "--torchcompile",
+            "--out", str(tmp_path / "run")]
+
+
+def _cli(argv, capsys):
+    import erclip
+    from plumbing import cli
+    with pytest.raises(SystemExit) as e:
+        cli.cli(erclip.main, argv)
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.fixture
+def _dynamo_reset():
+    import torch
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_a_compiler_that_fails_at_the_first_step_is_one_message_naming_torchcompile(tmp_path, capsys,
+                                                                                   _dynamo_reset):
+    """Issue 69.3: --torchcompile with no working C++ compiler ended in inductor's traceback. Inductor itself runs
+    here, its compiler set to /bin/false (it fails at once, no build): one message naming --torchcompile, that
+    nothing was saved, and the command without it; exit 1."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch({"cpp.cxx": (None, "/bin/false")}):
+        code, err = _cli(_compile_argv(tmp_path, evaluate=False), capsys)
+    assert code == 1 and "Traceback" not in err, err[-2000:]
+    said = err[err.index("error: "):]
+    assert said.startswith("error: --torchcompile: torch.compile could not build the model (InvalidCxxCompiler: ")
+    assert "nothing saved in" in said and "Run without --torchcompile" in said
+    assert "--torchcompile" not in said.splitlines()[-1] and "--resume" not in said.splitlines()[-1]
+
+
+def test_a_compile_that_fails_after_the_last_checkpoint_names_what_is_kept_and_goes_on_without_it(
+        tmp_path, capsys, monkeypatch, _dynamo_reset):
+    """The build fails when the evaluation after training compiles its own graphs (grad off): after the last
+    checkpoint and model.pt. The message names --torchcompile, what is kept and the resume command without it,
+    and that command finishes the run (--torchcompile is not a resume setting: the same math and names)."""
+    import shlex
+
+    import erclip
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    from plumbing import models
+
+    def backend(gm, example_inputs):  # aot_eager while training; the C++ compiler "fails" for the evaluation's
+        if not torch.is_grad_enabled():
+            raise InvalidCxxCompiler()
+        return lookup_backend("aot_eager")(gm, example_inputs)
+    import torch
+    monkeypatch.setattr(models, "COMPILE_BACKEND", backend)
+    code, err = _cli(_compile_argv(tmp_path, evaluate=True), capsys)
+    assert code == 1 and "Traceback" not in err, err[-2000:]
+    said = err[err.index("error: "):]
+    assert said.startswith("error: --torchcompile: torch.compile could not build the model (InvalidCxxCompiler")
+    assert f"kept in {tmp_path / 'run'}: checkpoints/last.pt, model.pt (finished training is not repeated" in said
+    command = shlex.split(said.splitlines()[-1])
+    assert command[-2:] == ["--resume", "latest"] and "--torchcompile" not in command
+    erclip.main(command[2:])
+    assert (tmp_path / "run" / "results.json").exists()
