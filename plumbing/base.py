@@ -173,3 +173,19 @@ def shorten(text: str, width: int = 200) -> str:
     keep = text[:max(width - 30, 10)]
     keep = (keep.rsplit(" ", 1)[0] if " " in keep[len(keep) // 2:] else keep).rstrip(" ,;:")
     return f"{keep} ... ({len(text) - len(keep)} more characters)"
+
+
+def inside_folder(top, paths, what: str):
+    """Every image path inside the data set's folder `top` once links are followed: a link (or a '..' in a list
+    file's name) that leads out of it is DataError naming both paths, as a dataset folder's path out of it is
+    (issue 69.7; MTIL's sets, ImageNet's shifts). A folder that is itself a link elsewhere is followed first. One
+    realpath per folder, one lstat per image."""
+    top = os.path.realpath(top)
+    real = functools.lru_cache(maxsize=None)(os.path.realpath)
+    for p in paths:
+        where = os.path.join(real(os.path.dirname(p)), os.path.basename(p))
+        if os.path.islink(where):
+            where = os.path.realpath(where)
+        if os.path.commonpath([top, where]) != top:
+            raise DataError(f"{what}: {p} leads to {where}, outside the dataset's folder {top}: refused (an image "
+                            f"of the set is read from its folder only; copy the file there)")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from plumbing.base import DataError, shorten, warn_once
+from plumbing.base import DataError, inside_folder, shorten, warn_once
 
 DATA = json.loads(Path(__file__).with_name("imagenet_shifts.json").read_text())
 SUBSETS = {"imagenet-r": DATA["imagenet-r"], "imagenet-a": DATA["imagenet-a"]}  # ImageNet indices, sorted
@@ -112,6 +112,7 @@ def read(name: str, root, imagenet_classnames) -> dict:
     if not pairs:
         raise MissingShift(f"{name}: no images under {base} ({LAYOUTS[name][0]})")
     images = [p for p, _ in pairs]
+    inside_folder(root / FOLDERS[name].split("/")[0], images, name)  # a linked image leading out: refused
     protocol = (f"{name} ({len(images)} images, {len(classes)} classes), WiSE-FT's protocol"
                 + (f": {len(groups)} classes, each logit the max over its ImageNet ones, 2-px crop" if groups else ""))
     if absent:  # issue 69.7: they were skipped without a word

@@ -26,17 +26,15 @@ each then averaged over its tasks. R[0] (the pretrained model) is printed beside
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from plumbing import safepickle
-from plumbing.base import CACHE_DIR, DataError, UsageError, atomic_write, markdown_table, shorten
+from plumbing.base import CACHE_DIR, DataError, UsageError, atomic_write, inside_folder, markdown_table, shorten
 
 DATA = json.loads(Path(__file__).with_name("mtil.json").read_text())
 ORDERS = DATA["orders"]  # order1 / order2 -> the 11 dataset names in training order
@@ -325,26 +323,11 @@ def read(root, dataset: str, split: str) -> Listing:
                         f"not one of them. Its folders: " + shorten(", ".join(classes), 400))
     classes = fixed or classes
     if not isinstance(images, ArrayImages):
-        _inside(Path(root) / LAYOUTS[dataset].split("/")[0], images, dataset)
+        inside_folder(Path(root) / LAYOUTS[dataset].split("/")[0], images, f"MTIL {dataset}")
     if labels and max(labels) >= len(classes):
         raise DataError(f"MTIL {dataset} ({root}): label {max(labels)} but {len(classes)} class names")
     return Listing(dataset, split, images, labels, list(classes), list(DATA["templates"][dataset]),
                    LAYOUTS[dataset])
-
-
-def _inside(top: Path, paths, dataset: str):
-    """Every image of a listing inside the dataset's folder once links are followed: a link (or a '..' in a list
-    file's name) that leads out of it is DataError, as a dataset folder's path out of it is (issue 69.7). One
-    realpath per folder, one lstat per image."""
-    top = os.path.realpath(top)
-    real = functools.lru_cache(maxsize=None)(os.path.realpath)
-    for p in paths:
-        where = os.path.join(real(os.path.dirname(p)), os.path.basename(p))
-        if os.path.islink(where):
-            where = os.path.realpath(where)
-        if os.path.commonpath([top, where]) != top:
-            raise DataError(f"MTIL {dataset}: {p} leads to {where}, outside the dataset's folder {top}: refused "
-                            f"(an image of the set is read from its folder only; copy the file there)")
 
 
 def missing(root, datasets=DATASETS) -> list[str]:

@@ -370,3 +370,19 @@ def test_a_compile_that_fails_after_the_last_checkpoint_names_what_is_kept_and_g
     assert command[-2:] == ["--resume", "latest"] and "--torchcompile" not in command
     erclip.main(command[2:])
     assert (tmp_path / "run" / "results.json").exists()
+
+
+def test_an_imagenet_shift_image_linked_out_of_its_folder_is_refused(tmp_path):
+    """Issue 69.7, as MTIL's: ImageNet-Sketch's image that is a link out of sketch/ is one message naming it."""
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    from plumbing import imagenet_shifts
+    root = protocol_data.write_imagenet_shifts(tmp_path / "data")
+    first = sorted((root / "sketch").rglob("*.JPEG"))[0]
+    outside = tmp_path / "secret.JPEG"
+    shutil.move(first, outside)
+    first.symlink_to(outside)
+    with pytest.raises(common.DataError) as e:
+        imagenet_shifts.read("imagenet-sketch", root, IMAGENET_CLASSNAMES)
+    said = f"imagenet-sketch: {first} leads to {outside}, outside the dataset's folder {root / 'sketch'}"
+    assert said in str(e.value)
