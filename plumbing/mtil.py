@@ -169,7 +169,8 @@ def _idx(path: Path, dims: int):
 
 def _aircraft(root, split):
     base = root / "fgvc-aircraft-2013b" / "data"
-    classes = [line.strip() for line in _need(base / "variants.txt", "Aircraft").read_text().splitlines()]
+    classes = [line.strip() for line in _need(base / "variants.txt", "Aircraft").read_text(errors="replace")
+               .splitlines()]
     index = {c: k for k, c in enumerate(classes)}
     listed = base / f"images_variant_{split}.txt"
     rows = _rows(listed, "Aircraft", " ", "'<image id> <variant>'")
@@ -292,7 +293,8 @@ def _cars(root, split):
 
 def _sun397(root, split):
     base = root / "SUN397"
-    classes = [c[3:].strip() for c in _need(base / "ClassName.txt", "SUN397").read_text().splitlines() if c.strip()]
+    classes = [c[3:].strip() for c in _need(base / "ClassName.txt", "SUN397").read_text(errors="replace")
+               .splitlines() if c.strip()]
     index = {c: k for k, c in enumerate(classes)}
     files = sorted(base.rglob("sun_*.jpg"))  # deviation 1: sorted
     labels = [index.get("/".join(f.relative_to(base).parts[1:-1])) for f in files]
