@@ -103,7 +103,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
 def run(cfg, make_net, method: str, world=None):
     """A baseline's main() after parsing: the paper's data resolved, the tasks, --out and device checked before
     any model loads (m2mix.main's order), then finetune. world: the lab's (lab.WORLD) for the tiny backbone and
-    the synthetic world; a baseline never imports the lab itself."""
+    the synthetic world, which the baseline's main() takes from the lab when its command names it (issue 69.7)."""
     settings.refuse_unbuilt(cfg, method)
     if cfg.backbone in ("tiny", "lab-towers") or "synthetic" in cfg.train_data:
         models.lab_world(world, f"{method}: --backbone {cfg.backbone} / --train-data {cfg.train_data}")
