@@ -39,22 +39,30 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from baselines.settings import MixBaselineConfig
+from plumbing import flags
+from plumbing.flags import arg
+
+
+@dataclass(frozen=True)
+class IMixConfig(MixBaselineConfig):
+    out: str = arg("runs/imix", "output folder")
+    alpha: float = arg(1.0, "Beta(alpha, alpha) of the mixing ratio",
+                       rule="> 0")  # the code's --alpha default
+    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 4)",
+                     rule=">= 0")
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (69.7)
+    flags.answer_early(IMixConfig)
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import common
 from baselines import mixrun
-from plumbing.flags import arg
-
-
-@dataclass(frozen=True)
-class IMixConfig(mixrun.MixBaselineConfig):
-    out: str = arg("runs/imix", "output folder")
-    alpha: float = arg(1.0, "Beta(alpha, alpha) of the mixing ratio",
-                       rule="> 0")  # the code's --alpha default
-    tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 4)",
-                     rule=">= 0")
+from plumbing import models
 
 
 # --- Losses ---
@@ -111,6 +119,8 @@ class IMix(mixrun.MixBaseline):
 def main(argv=None, world=None):
     """`python -m baselines.imix [flags]` (m2mix.py's); world: the lab's, for --backbone tiny."""
     cfg = common.parse_config(IMixConfig, sys.argv[1:] if argv is None else list(argv))
+    if world is None and models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
+        from lab import WORLD as world
     return mixrun.run(cfg, IMix, "imix", world=world)
 
 

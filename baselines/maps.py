@@ -39,21 +39,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from pathlib import Path
 
-import torch
-
-import common
-import dns
-from baselines.ewc import anchor, consolidate_named, empirical_fisher, ewc_penalty
-from baselines.lwf import lwf_loss
-from baselines.zscl import WeightEnsemble, reference_paths, zscl_loss
-from papers import cmcl
-from plumbing import models
+from plumbing import flags
 from plumbing.flags import arg
 
 
 @dataclasses.dataclass(frozen=True)
-class MapsConfig(dns.DNSConfig):
+class MapsSettings:
+    """The rows' own settings, torch-free (MapsConfig adds them to dns.py's): --help answers before torch."""
     mode: str = arg("ewc", "the baseline: ewc | lwf | zscl (each on vanilla's training)",
                     choices=("ewc", "lwf", "zscl"))
     ewc_lambda: float = arg(1e4, "EWC: lambda of Eq. (3) (ours; the paper tunes it)", rule=">= 0")
@@ -72,6 +66,26 @@ class MapsConfig(dns.DNSConfig):
     we_every: int = arg(100, "ZSCL: I, steps between weight-ensemble merges (the code: 100); 0: none",
                          rule=">= 0")
     out: str = arg("runs/maps", "output: continual.json, results.json, per-task folders")
+
+
+if __name__ == "__main__":  # --help and flag errors before torch loads (issue 69.7): dns.py's config
+    flags.answer_early(dataclasses.dataclass(frozen=True)(type(  # from the head of dns.py, run alone
+        "MapsConfig", (MapsSettings, flags.light_head(Path(__file__).parents[1] / "dns.py")["DNSConfig"]), {})))
+
+import torch
+
+import common
+import dns
+from baselines.ewc import anchor, consolidate_named, empirical_fisher, ewc_penalty
+from baselines.lwf import lwf_loss
+from baselines.zscl import WeightEnsemble, reference_paths, zscl_loss
+from papers import cmcl
+from plumbing import models
+
+
+@dataclasses.dataclass(frozen=True)
+class MapsConfig(MapsSettings, dns.DNSConfig):
+    """dns.py's settings (vanilla's training) and the rows' own (MapsSettings)."""
 
 
 class MapsNet(dns.DNSNet):

@@ -11,37 +11,16 @@ mixed queries, its texts the keys (the other modality plays the second view), an
 (pixels, partners in the batch), at m2mix.py's optimiser, schedule, data and evaluation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 import common
 from baselines import settings
 import eval as evaluation
-from plumbing import flags, m2mix_analysis, models, results, towers, train_manifests
+from plumbing import m2mix_analysis, models, results, towers, train_manifests
 from plumbing.base import UsageError
-from plumbing.flags import arg
 
 
-@dataclass(frozen=True)
-class MixBaselineConfig(flags.TowerConfig):
-    """m2mix.py's settings that are not m2-Mix's own (the same defaults and meanings: m2mix.M2MixConfig)."""
-    backbone: str = arg("ViT-B/32", "m2-Mix Sec. 5.1 | bert-resnet50 (Sec. 5.4, Table 3)")
-    train_data: str = arg("auto", "auto: flickr30k in --data-root | flickr30k (Karpathy) | coco (--coco-split) | "
-                          "a manifest | synthetic (the lab's, through the lab)")
-    coco_split: str = arg("2017", "coco's split (m2mix.py's deviation 10)", choices=("2017", "karpathy"))
-    train_captions: str = arg("first", "first (m2-Mix Sec. 5.1) | all captions", choices=("first", "all"))
-    epochs: int = arg(9, "epochs")  # the m2-Mix code's scripts
-    batch_size: int = arg(128, "global batch")  # the m2-Mix code's scripts
-    lr: float = arg(1e-5, "peak lr")  # m2mix.py's (ours, inside the m2-Mix code's sweep)
-    wd: float = arg(0.2, "AdamW weight decay")  # m2mix.py's
-    warmup: int = arg(-10, "warm-up steps; negative = percent of all steps")  # the m2-Mix code: 10 %
-    eval_mode: bool = arg(True, "keep the model in eval() mode while training (m2-Mix Sec. 5.1)")
-    eval_base: bool = arg(True, "evaluate before fine-tuning too (the ZS row)")
-    eval_tasks: str = arg("", "eval.py tasks a,b (default: the train set's test protocols; none)")
-    simat: bool = arg(False, "also evaluate SIMAT (Table 5) through eval.py; needs data/simat")
-    simat_protocol: str = arg("ours", "SIMAT's split and lambdas (m2mix.py's deviation 15)",
-                              choices=("ours", "code"))
+MixBaselineConfig = settings.MixBaselineConfig  # torch-free there: the baselines answer --help first
 
 
 def mix_inputs(x, lam, partner):
@@ -124,7 +103,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
 def run(cfg, make_net, method: str, world=None):
     """A baseline's main() after parsing: the paper's data resolved, the tasks, --out and device checked before
     any model loads (m2mix.main's order), then finetune. world: the lab's (lab.WORLD) for the tiny backbone and
-    the synthetic world; a baseline never imports the lab itself."""
+    the synthetic world, which the baseline's main() takes from the lab when its command names it (issue 69.7)."""
     settings.refuse_unbuilt(cfg, method)
     if cfg.backbone in ("tiny", "lab-towers") or "synthetic" in cfg.train_data:
         models.lab_world(world, f"{method}: --backbone {cfg.backbone} / --train-data {cfg.train_data}")

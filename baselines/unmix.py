@@ -40,17 +40,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-import common
-from baselines import mixrun
+from baselines.settings import MixBaselineConfig
+from plumbing import flags
 from plumbing.flags import arg
 
 
 @dataclass(frozen=True)
-class UnMixConfig(mixrun.MixBaselineConfig):
+class UnMixConfig(MixBaselineConfig):
     out: str = arg("runs/unmix", "output folder")
     beta: float = arg(1.0, "Beta(beta, beta) of the mixing ratio",
                       rule="> 0")  # the code's --beta default
@@ -60,6 +56,18 @@ class UnMixConfig(mixrun.MixBaselineConfig):
                             rule=">= 0")
     tau: float = arg(0.0, "fixed temperature (the code: 0.2); 0: CLIP's learnable one (dev. 5)",
                      rule=">= 0")
+
+
+if __name__ == "__main__":  # --help and flag errors are answered here, before the imports below (69.7)
+    flags.answer_early(UnMixConfig)
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import common
+from baselines import mixrun
+from plumbing import models
 
 
 # --- Losses ---
@@ -146,6 +154,8 @@ class UnMix(mixrun.MixBaseline):
 def main(argv=None, world=None):
     """`python -m baselines.unmix [flags]` (m2mix.py's); world: the lab's, for --backbone tiny."""
     cfg = common.parse_config(UnMixConfig, sys.argv[1:] if argv is None else list(argv))
+    if world is None and models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
+        from lab import WORLD as world
     return mixrun.run(cfg, UnMix, "unmix", world=world)
 
 

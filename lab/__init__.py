@@ -49,6 +49,9 @@ if sys.argv[:1] == ["-m"] and sys.orig_argv[sys.orig_argv.index("-m") + 1:][:2] 
     flags.answer_head_early(Path(__file__).parent.parent / COMMANDS[sys.argv[1]], sys.argv[2:],
                             f"python -m lab {sys.argv[1]}")
 
+if sys.argv[:1] == ["-m"] and sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["lab.calibrate"]:
+    flags.answer_head_early(Path(__file__).parent / "calibrate.py", sys.argv[1:], "python -m lab.calibrate")
+
 if sys.argv[:1] == ["-m"] and sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["lab.protocol_data"]:
     from lab.protocol_data import command_line  # numpy and PIL: --help and a bad flag answered before torch
     command_line().parse_args(sys.argv[1:])

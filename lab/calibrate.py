@@ -128,12 +128,31 @@ records them, in commits that precede the seed runs.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
 import sys
 import time
 from pathlib import Path
+
+# CALIBRATIONS' names (a test holds them equal), here so that the command line answers --help and a bad name
+# before torch loads (lab/__init__.py runs the lines above `if __name__ == "__main__":` alone; issue 69.7)
+NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip-lora-edge", "cclip", "cclip-long",
+         "cclip-long-2", "dns", "dns-2", "dns-cmcl", "m2mix-mix", "m2mix-baselines", "towers-mix", "gmc-mix",
+         "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf", "dns-cmcl-ewc")
+
+
+def command_line() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lab.calibrate", allow_abbrev=False,
+                                description="One demo's calibration grid on 'val' with the pilot seed; writes "
+                                            "docs/calibration-NAME.json (module docstring).")
+    p.add_argument("name", choices=NAMES, metavar="NAME", help="the calibration: " + ", ".join(NAMES))
+    return p
+
+
+if __name__ == "__main__":  # python -m lab.calibrate: lab/__init__.py has answered --help and a bad NAME
+    command_line().parse_args()
 
 import numpy as np
 
@@ -760,13 +779,11 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] not in CALIBRATIONS:
-        sys.exit(f"usage: python -m lab.calibrate {{{','.join(CALIBRATIONS)}}}")
+    name = command_line().parse_args(sys.argv[1:] if argv is None else argv).name
     t0 = time.time()
-    record = {"demo": argv[0], "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[argv[0]](),
+    record = {"demo": name, "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[name](),
               "seconds": time.time() - t0, "machine": lab.machine_info()}
-    path = common.atomic_write(DOCS / f"calibration-{argv[0]}.json", to_json(record))  # strict JSON
+    path = common.atomic_write(DOCS / f"calibration-{name}.json", to_json(record))  # strict JSON
     print(json.dumps({k: record[k] for k in record if k in ("chosen", "fusion_lr")}), path)
     return record
 

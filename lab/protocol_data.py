@@ -153,6 +153,9 @@ def write_imagenet_shifts(root, per_class: int = 2, classes=(1, 6, 11, 13), seed
     for k in range(1000):
         for base in (root / "imagenet" / "val", root / "sketch"):
             (base / wnids[k]).mkdir(parents=True, exist_ok=True)
+        (root / "imagenetv2-matched-frequency-format-val" / str(k)).mkdir(parents=True, exist_ok=True)
+    for f, _, _ in imagenet_shifts.OBJECTNET:  # the 113 folders read (an absent one is named: issue 69.7)
+        (root / "objectnet-1.0" / "images" / f).mkdir(parents=True, exist_ok=True)
     for name in ("imagenet-r", "imagenet-a"):
         for k in imagenet_shifts.SUBSETS[name]:
             (root / name / wnids[k]).mkdir(parents=True, exist_ok=True)

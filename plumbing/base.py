@@ -161,3 +161,31 @@ def printable(text: str) -> str:
     """A message as the terminal should show it: control characters from paths and captions (\\r, ANSI escapes,
     NUL) written as escapes, so they cannot rewrite the line or colour the output; newlines stay."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+def shorten(text: str, width: int = 200) -> str:
+    """One line of at most `width` characters for a message that quotes another's (an exception, a list of
+    names): newlines joined, a longer text cut at a word and ended with '... (N more characters)' (issue 69.7:
+    a bare [:200] cut mid-word with no sign of the cut)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    keep = text[:max(width - 30, 10)]
+    keep = (keep.rsplit(" ", 1)[0] if " " in keep[len(keep) // 2:] else keep).rstrip(" ,;:")
+    return f"{keep} ... ({len(text) - len(keep)} more characters)"
+
+
+def inside_folder(top, paths, what: str):
+    """Every image path inside the data set's folder `top` once links are followed: a link (or a '..' in a list
+    file's name) that leads out of it is DataError naming both paths, as a dataset folder's path out of it is
+    (issue 69.7; MTIL's sets, ImageNet's shifts). A folder that is itself a link elsewhere is followed first. One
+    realpath per folder, one lstat per image."""
+    top = os.path.realpath(top)
+    real = functools.lru_cache(maxsize=None)(os.path.realpath)
+    for p in paths:
+        where = os.path.join(real(os.path.dirname(p)), os.path.basename(p))
+        if os.path.islink(where):
+            where = os.path.realpath(where)
+        if os.path.commonpath([top, where]) != top:
+            raise DataError(f"{what}: {p} leads to {where}, outside the dataset's folder {top}: refused (an image "
+                            f"of the set is read from its folder only; copy the file there)")

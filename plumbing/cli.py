@@ -82,12 +82,45 @@ def expected_error(e: BaseException) -> tuple[str | None, int]:
                       "data) or fix the permissions")
             return f"{e.strerror}{where}: {advice}", 1
         return f"{e.strerror or e}{where}", 1
+    if (failed := compile_failure(e)) is not None:
+        return compile_message(failed), 1
     if isinstance(e, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile)) or (
             isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)):
-        why = next((line for line in str(e).splitlines() if line.strip() and "weights_only" not in line), "")[:200]
+        why = base.shorten(next((ln for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln), ""))
         return (f"a checkpoint or weights file is truncated or not a torch file ({type(e).__name__}: {why}); "
                 f"run with --debug to see which"), 1
     return None, 1
+
+
+def compile_failure(e: BaseException) -> BaseException | None:
+    """The innermost exception of torch.compile's inductor (InvalidCxxCompiler, CppCompileError, ...) or dynamo's
+    BackendCompilerFailed in e's chain: --torchcompile's build failed (issue 69.3); None for anything else."""
+    found, seen = None, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith("torch._inductor") or type(e).__name__ == "BackendCompilerFailed":
+            found = e
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__  # dynamo's wrapper holds the cause
+    return found
+
+
+def compile_message(e: BaseException) -> str:
+    """--torchcompile failed to build (a missing or failing C++ compiler): what failed, what the run kept, and the
+    command that goes on without it (the same training, uncompiled; --torchcompile is not a resume setting)."""
+    why = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    out = runfolder.RUN_OUT
+    kept = [n for n in ("checkpoints/last.pt", "model.pt") if out is not None and (out / n).exists()]
+    if kept:
+        kept = (f"; kept in {out}: {', '.join(kept)} (" + ("finished training is not repeated, the evaluation is)"
+                if "model.pt" in kept else "training goes on from its last checkpoint)"))
+        command = runfolder.resume_command(without=("--torchcompile",))
+    else:
+        kept = f"; nothing saved in {out} to resume from" if out is not None else ""
+        again = ("--overwrite",) if out is not None and runfolder.holds_run(out) else ()
+        command = runfolder.resume_command(without=("--torchcompile",), then=again)
+    return (f"--torchcompile: torch.compile could not build the model ({type(e).__name__}: {base.shorten(why)}); "
+            f"inductor needs a working C++ compiler (set CXX to one, e.g. g++){kept}. Run without --torchcompile "
+            f"(the same training, uncompiled):\n  {command}")
 
 
 def interrupted_message(signum: int) -> tuple[str, int]:

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import textwrap
+import types
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,12 @@ def parse_config(cls, argv=None, **overrides):
     if values.get("siglip_init", "paper") != "paper" and values.get("loss") != "siglip":
         p.error(f"--siglip-init {values['siglip_init']} sets where --loss siglip's scale and bias start; add "
                 f"--loss siglip, or drop --siglip-init")
+    if values.get("loss") == "siglip" and values.get("label_smoothing"):  # issue 69.7: it was ignored silently
+        if any(a.split("=")[0] == "--label-smoothing" for a in argv):
+            p.error(f"--label-smoothing {values['label_smoothing']:g} with --loss siglip: SigLIP's sigmoid loss has "
+                    f"no label smoothing (common.siglip_loss); drop --label-smoothing, or train --loss clip")
+        base.warn_once(f"note: --loss siglip has no label smoothing; this command's default --label-smoothing "
+                       f"{values['label_smoothing']:g} (of CLIP's loss) is not applied")
     if values.get("lora"):  # issue 69.3: found after the model loaded (a ValueError) or after training (peft's export)
         if values.get("lock_image") and values.get("lock_text"):
             p.error("--lora with --lock-image and --lock-text: both towers are locked, so no weight is left to "
@@ -326,17 +333,25 @@ def answer_head_early(script, argv, prog: str):
     `if __name__ == "__main__":` are its light head (this project's rule: the command line needs no torch); they
     run alone, and its command_line() parses argv: the help or argparse's one-line error exit here, a valid
     command line returns and the real run parses it again."""
+    parser = light_head(script)["command_line"]()
+    parser.prog = prog
+    parser.parse_args(argv)
+
+
+def light_head(script) -> dict:
+    """The names a script defines above its first `if __name__ == "__main__":` (its light head: no torch), run
+    alone: answer_head_early's command_line(), dns.py's DNSConfig for baselines.maps (issue 69.7)."""
     tree = ast.parse(Path(script).read_text(encoding="utf-8"), str(script))
     head = []
     for node in tree.body:
         if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
             break
         head.append(node)
-    space = {"__name__": "_command_line", "__file__": str(script)}
-    exec(compile(ast.Module(head, type_ignores=[]), str(script), "exec"), space)
-    parser = space["command_line"]()
-    parser.prog = prog
-    parser.parse_args(argv)
+    module = types.ModuleType(f"_light_head_{Path(script).stem}")  # a module, so that a dataclass there resolves
+    module.__file__ = str(script)                                    # its string annotations (dns.py's config)
+    sys.modules[module.__name__] = module
+    exec(compile(ast.Module(head, type_ignores=[]), str(script), "exec"), module.__dict__)
+    return module.__dict__
 
 
 def numbers(text: str) -> list[float]:

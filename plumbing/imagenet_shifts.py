@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from plumbing.base import DataError
+from plumbing.base import DataError, inside_folder, shorten, warn_once
 
 DATA = json.loads(Path(__file__).with_name("imagenet_shifts.json").read_text())
 SUBSETS = {"imagenet-r": DATA["imagenet-r"], "imagenet-a": DATA["imagenet-a"]}  # ImageNet indices, sorted
@@ -90,6 +90,7 @@ def read(name: str, root, imagenet_classnames) -> dict:
         pairs = [(f, int(d.name)) for d in sorted(base.iterdir(), key=lambda d: d.name) if d.name.isdigit()
                  for f in _files(d)]
         classes, groups = names, None
+        absent = [str(k) for k in range(len(names)) if not (base / str(k)).is_dir()]
     elif name in ("imagenet-r", "imagenet-a", "imagenet-sketch"):
         base = _need(root / FOLDERS[name], name, root)
         folders = sorted(d.name for d in base.iterdir() if d.is_dir())
@@ -99,19 +100,27 @@ def read(name: str, root, imagenet_classnames) -> dict:
                                f"({LAYOUTS[name][0]}; the sorted wnids give the labels). See docs/data.md, "
                                f"'ImageNet distribution shifts'.")
         pairs = [(f, k) for k, d in enumerate(folders) for f in _files(base / d)]
-        classes, groups = [names[i] for i in sub], None
+        classes, groups, absent = [names[i] for i in sub], None, []
     elif name == "objectnet":
         base = _need(root / FOLDERS[name], name, root)
         pairs = [(f, k) for k, (folder, _, _) in enumerate(OBJECTNET) if (base / folder).is_dir()
                  for f in _files(base / folder)]
         classes, groups = names, [list(ids) for _, _, ids in OBJECTNET]  # the head: ImageNet's; labels: groups
+        absent = [folder for folder, _, _ in OBJECTNET if not (base / folder).is_dir()]
     else:
         raise DataError(f"unknown shift {name!r}; known: {', '.join(SHIFTS)}")
     if not pairs:
         raise MissingShift(f"{name}: no images under {base} ({LAYOUTS[name][0]})")
     images = [p for p, _ in pairs]
+    inside_folder(root / FOLDERS[name].split("/")[0], images, name)  # a linked image leading out: refused
     protocol = (f"{name} ({len(images)} images, {len(classes)} classes), WiSE-FT's protocol"
                 + (f": {len(groups)} classes, each logit the max over its ImageNet ones, 2-px crop" if groups else ""))
+    if absent:  # issue 69.7: they were skipped without a word
+        total = len(groups) if groups else len(classes)
+        protocol += f", {len(absent)} of its {total} class folders absent (not WiSE-FT's whole set)"
+        warn_once(f"[{name}] {len(absent)} of the {total} class folders it reads are absent under {base}, skipped: "
+                  + shorten(", ".join(absent), 300) + f"; its accuracy is over the {total - len(absent)} there, "
+                  f"not WiSE-FT's whole set ({LAYOUTS[name][0]}; {LAYOUTS[name][1]})")
     return {"images": CroppedImages(images) if name == "objectnet" else images,
             "labels": torch.tensor([k for _, k in pairs], dtype=torch.long), "classnames": classes,
             "groups": groups, "protocol": protocol}

@@ -23,7 +23,7 @@ import open_clip
 import torch
 from PIL import Image
 
-from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write, warn_once
+from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write, shorten, warn_once
 
 
 def _hub_reachable(timeout=3.0) -> bool:
@@ -123,7 +123,7 @@ def state_shapes(path) -> dict[str, tuple[int, ...]] | None:
     except UnsafeFileError:
         raise
     except Exception as e:  # noqa: BLE001  SafetensorError, torch's zip and unpickling errors, OSError
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        reason = shorten((str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0])
         raise UsageError(f"{path}: not a readable model file ({reason}); copy it again, or pass another "
                          f"--pretrained") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
@@ -233,7 +233,7 @@ def load_weights_only(path, map_location="cpu", mmap: bool = False):
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()[-1][:200]
+        reason = shorten(str(e).strip().splitlines()[-1])
         raise UnsafeFileError(f"{path}: refused to load: it holds Python objects beyond tensors and plain "
                               f"containers, which this repository never writes (another program's file, an "
                               f"older version's, or tampered with); delete it if it is a cache ({reason})") from None

@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.nn.utils import parametrize
 
 from plumbing import flags, folders, models
-from plumbing.base import RunError
+from plumbing.base import RunError, shorten
 
 DEFAULT_TARGETS = flags.DEFAULT_LORA_TARGETS  # C-CLIP's: attention in / out and the MLP's two weights
 ADAPTER_FOLDER = "lora_adapter"  # <out>/lora_adapter: the peft adapter of a --lora run
@@ -237,9 +237,9 @@ def check_with_peft(model, folder, extras: dict) -> dict:
         del adapted, base
     except Exception as e:  # noqa: BLE001  (said in one line, never silent; the adapter is still written)
         model.train(was)
-        return {"checked": False, "peft": _peft_version(), "error": f"{type(e).__name__}: {e}"[:300]}
+        return {"checked": False, "peft": _peft_version(), "error": shorten(f"{type(e).__name__}: {e}", 300)}
     diff = {k: float((got[k] - want[k]).abs().max()) for k in want}
-    warned = [str(w.message)[:200] for w in said_ if "adapter" in str(w.message).lower()]
+    warned = [shorten(str(w.message)) for w in said_ if "adapter" in str(w.message).lower()]
     passed = diff["image"] <= TOLERANCE and diff["text"] <= TOLERANCE and diff["logits"] <= TOLERANCE * max(
         1.0, float(want["scale"])) and not warned
     return {"checked": True, "passed": passed, "peft": _peft_version(), **{k: diff[k] for k in

@@ -331,7 +331,7 @@ def _mismatches(message: str, name: str) -> str:
     size = re.compile(r"size mismatch for (\S+): copying a param with shape torch.Size\((\[.*?\])\) from checkpoint, "
                       r"the shape in current model is torch.Size\((\[.*?\])\)")
     lines = [ln.strip() for ln in message.splitlines()[1:] if ln.strip()]
-    said = [size.sub(rf"\1 is \2 in the file, \3 in {name}", ln).rstrip(".")[:200] for ln in lines]
+    said = [base.shorten(size.sub(rf"\1 is \2 in the file, \3 in {name}", ln).rstrip(".")) for ln in lines]
     return "; ".join(said[:3]) + (f" (and {len(said) - 3} more)" if len(said) > 3 else "")
 
 
@@ -354,7 +354,7 @@ def get_tokenizer(backbone: str, context_length: int | None = None):
     try:
         return _cached_tokenizer(name, context_length, config)
     except OSError as e:  # transformers' own: an HF tokenizer (SigLIP's) neither cached nor reachable
-        raise unreachable(str(e).splitlines()[0][:120]) from None
+        raise unreachable(base.shorten(str(e).splitlines()[0], 120)) from None
 
 
 def _tokenizer_cached(repo: str) -> bool:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from plumbing import safepickle
-from plumbing.base import CACHE_DIR, DataError, UsageError, atomic_write, markdown_table
+from plumbing.base import CACHE_DIR, DataError, UsageError, atomic_write, inside_folder, markdown_table, shorten
 
 DATA = json.loads(Path(__file__).with_name("mtil.json").read_text())
 ORDERS = DATA["orders"]  # order1 / order2 -> the 11 dataset names in training order
@@ -95,6 +95,33 @@ def _need(path: Path, dataset: str) -> Path:
     return path
 
 
+def _bad(dataset: str, path, what: str, line: int | None = None):
+    """MissingMTIL for a file that is there but not in its format: the file, its line (1-based) and what is wrong
+    (issue 69.3)."""
+    return MissingMTIL(f"{dataset}: {path}{f' line {line}' if line else ''}: {what}")
+
+
+def _rows(path: Path, dataset: str, sep: str, what: str):
+    """A list file's non-empty lines split once at `sep` as (line number, first, rest); a line without it is
+    _bad naming the line and the format `what`."""
+    rows = []
+    for n, line in enumerate(_need(path, dataset).read_text(errors="replace").splitlines(), 1):
+        if line.strip():
+            first, found, rest = line.strip().partition(sep)
+            if not (found and first and rest):
+                raise _bad(dataset, path, f"{line.strip()[:80]!r} is not {what}", n)
+            rows.append((n, first, rest))
+    return rows
+
+
+def _key(mat: dict, key: str, path: Path, dataset: str):
+    """A .mat file's variable, or _bad naming the file, the variable and what the file holds."""
+    if key not in mat:
+        held = ", ".join(k for k in mat if not k.startswith("__")) or "no variables"
+        raise _bad(dataset, path, f"holds no {key!r} (it holds {held})")
+    return mat[key]
+
+
 def _spaces(names):
     return [str(n).replace("_", " ") for n in names]
 
@@ -123,21 +150,34 @@ def _loadmat(path: Path, dataset: str):
             from None
 
 
-def _idx(path: Path):
-    """An MNIST idx file (big-endian: magic with the dimension count in its last byte, the sizes, uint8 data)."""
-    raw = path.read_bytes()
-    dims = raw[3]
-    shape = [int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], "big") for k in range(dims)]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * dims).reshape(shape)
+def _idx(path: Path, dims: int):
+    """An MNIST idx file (big-endian: magic 0 0 8 <dimension count>, the sizes, uint8 data). The header is read
+    and checked against the file's size before the data (a huge or cut file is refused unread, issue 69.7)."""
+    with _need(path, "MNIST").open("rb") as f:
+        head = f.read(4 + 4 * dims)
+        if len(head) < 4 + 4 * dims or head[:4] != bytes([0, 0, 8, dims]):
+            raise _bad("MNIST", path, f"not an idx file of {dims}-dimensional uint8 data (its first bytes are "
+                                      f"{head[:4].hex(' ') or 'missing'}, want 00 00 08 {dims:02x})")
+        shape = [int.from_bytes(head[4 + 4 * k: 8 + 4 * k], "big") for k in range(dims)]
+        size = int(np.prod(shape))
+        held = path.stat().st_size - len(head)
+        if held != size:
+            raise _bad("MNIST", path, f"its header says {' x '.join(map(str, shape))} = {size} bytes of data, the "
+                                      f"file holds {held} ({'cut short' if held < size else 'more than that'})")
+        return np.frombuffer(f.read(), np.uint8).reshape(shape)
 
 
 def _aircraft(root, split):
     base = root / "fgvc-aircraft-2013b" / "data"
-    classes = [line.strip() for line in _need(base / "variants.txt", "Aircraft").read_text().splitlines()]
+    classes = [line.strip() for line in _need(base / "variants.txt", "Aircraft").read_text(errors="replace")
+               .splitlines()]
     index = {c: k for k, c in enumerate(classes)}
-    rows = [line.strip().split(" ", 1) for line in _need(base / f"images_variant_{split}.txt", "Aircraft")
-            .read_text().splitlines() if line.strip()]
-    return [str(base / "images" / f"{i}.jpg") for i, _ in rows], [index[c] for _, c in rows], _spaces(classes)
+    listed = base / f"images_variant_{split}.txt"
+    rows = _rows(listed, "Aircraft", " ", "'<image id> <variant>'")
+    for n, _, c in rows:
+        if c not in index:
+            raise _bad("Aircraft", listed, f"variant {c!r} is not in {base / 'variants.txt'}", n)
+    return [str(base / "images" / f"{i}.jpg") for _, i, _ in rows], [index[c] for _, _, c in rows], _spaces(classes)
 
 
 def _caltech101(root, split):
@@ -166,8 +206,7 @@ def _cifar100(root, split):
 
 def _dtd(root, split):
     base = root / "dtd" / "dtd"
-    rows = [line.strip().split("/") for line in _need(base / "labels" / f"{split}1.txt", "DTD").read_text()
-            .splitlines() if line.strip()]
+    rows = [(c, n) for _, c, n in _rows(base / "labels" / f"{split}1.txt", "DTD", "/", "'<class>/<image>'")]
     classes = sorted({c for c, _ in rows})
     return [str(base / "images" / c / n) for c, n in rows], [classes.index(c) for c, _ in rows], _spaces(classes)
 
@@ -185,15 +224,29 @@ def _eurosat(root, split):
 
 def _flowers(root, split):
     base = root / "flowers-102"
-    ids = _loadmat(base / "setid.mat", "Flowers")["trnid" if split == "train" else "tstid"]
-    labels = _loadmat(base / "imagelabels.mat", "Flowers")["labels"]
+    ids = np.atleast_1d(_key(_loadmat(base / "setid.mat", "Flowers"), "trnid" if split == "train" else "tstid",
+                             base / "setid.mat", "Flowers"))
+    labels = np.atleast_1d(_key(_loadmat(base / "imagelabels.mat", "Flowers"), "labels", base / "imagelabels.mat",
+                                "Flowers"))
+    wrong = next((i for i in ids.tolist() if not (isinstance(i, (int, float)) and float(i).is_integer()
+                                                       and 1 <= i <= len(labels))), None)
+    if wrong is not None or not len(ids):
+        raise _bad("Flowers", base / "setid.mat", f"image id {wrong!r} is not one of imagelabels.mat's 1..{len(labels)}"
+                   if len(ids) else f"lists no {split} images")
     return ([str(base / "jpg" / f"image_{int(i):05d}.jpg") for i in ids], [int(labels[int(i) - 1]) - 1 for i in ids],
             None)
 
 
 def _food(root, split):
     base = root / "food-101"
-    meta = json.loads(_need(base / "meta" / f"{split}.json", "Food").read_text())
+    path = _need(base / "meta" / f"{split}.json", "Food")
+    try:
+        meta = json.loads(path.read_text(errors="replace"))
+    except json.JSONDecodeError as e:
+        raise _bad("Food", path, f"not valid JSON ({e.msg}, column {e.colno})", e.lineno) from None
+    if not (isinstance(meta, dict) and all(isinstance(v, list) and all(isinstance(f, str) for f in v)
+                                           for v in meta.values())):
+        raise _bad("Food", path, 'not a JSON object of {"<class>": ["<class>/<image id>", ...]}')
     classes = sorted(meta)
     pairs = [(str(base / "images" / f"{p}.jpg"), classes.index(c)) for c, files in meta.items() for p in files]
     return [p for p, _ in pairs], [k for _, k in pairs], _spaces(classes)
@@ -202,16 +255,23 @@ def _food(root, split):
 def _mnist(root, split):
     base = root / "MNIST" / "raw"
     stem = "train" if split == "train" else "t10k"
-    images = _idx(_need(base / f"{stem}-images-idx3-ubyte", "MNIST"))
-    labels = _idx(_need(base / f"{stem}-labels-idx1-ubyte", "MNIST"))
+    images = _idx(base / f"{stem}-images-idx3-ubyte", 3)
+    labels = _idx(base / f"{stem}-labels-idx1-ubyte", 1)
+    if len(images) != len(labels):
+        raise _bad("MNIST", base / f"{stem}-labels-idx1-ubyte", f"{len(labels)} labels for {len(images)} images "
+                                                                f"in {stem}-images-idx3-ubyte")
     return ArrayImages(images), [int(x) for x in labels], list(MNIST_CLASSES)
 
 
 def _pets(root, split):
     base = root / "oxford-iiit-pet"
-    rows = [line.split()[:2] for line in _need(base / "annotations" / f"{'trainval' if split == 'train' else split}"
-                                                         ".txt", "OxfordPet").read_text().splitlines() if line.strip()]
-    labels = [int(k) - 1 for _, k in rows]
+    listed = base / "annotations" / f"{'trainval' if split == 'train' else split}.txt"
+    rows = [(n, i, k.split()[0]) for n, i, k in _rows(listed, "OxfordPet", " ", "'<image id> <class id> ...'")]
+    for n, _, k in rows:
+        if not (k.isascii() and k.isdigit() and int(k) >= 1):
+            raise _bad("OxfordPet", listed, f"class id {k!r} is not a whole number from 1", n)
+    labels = [int(k) - 1 for _, _, k in rows]
+    rows = [(i, k) for _, i, k in rows]
     # torchvision: each label's breed from its image ids ("american_bulldog_12" -> "American Bulldog")
     names = dict(sorted({(k, i.rsplit("_", 1)[0]) for i, k in zip((i for i, _ in rows), labels)}))
     classes = [" ".join(part.title() for part in names[k].split("_")) for k in sorted(names)]
@@ -220,20 +280,27 @@ def _pets(root, split):
 
 def _cars(root, split):
     base = root / "stanford_cars"
-    meta = _loadmat(base / "devkit" / "cars_meta.mat", "StanfordCars")["class_names"]
+    path = base / "devkit" / "cars_meta.mat"
+    meta = _key(_loadmat(path, "StanfordCars"), "class_names", path, "StanfordCars")
     annos, images = ((base / "devkit" / "cars_train_annos.mat", base / "cars_train") if split == "train" else
                      (base / "cars_test_annos_withlabels.mat", base / "cars_test"))
-    rows = np.atleast_1d(_loadmat(annos, "StanfordCars")["annotations"])
+    rows = np.atleast_1d(_key(_loadmat(annos, "StanfordCars"), "annotations", annos, "StanfordCars"))
+    if not (rows.dtype.names and {"fname", "class"} <= set(rows.dtype.names)):
+        raise _bad("StanfordCars", annos, "its annotations have no 'fname' and 'class' fields")
     return ([str(images / str(a["fname"])) for a in rows], [int(a["class"]) - 1 for a in rows],
             _spaces(np.atleast_1d(meta).tolist()))
 
 
 def _sun397(root, split):
     base = root / "SUN397"
-    classes = [c[3:].strip() for c in _need(base / "ClassName.txt", "SUN397").read_text().splitlines() if c.strip()]
+    classes = [c[3:].strip() for c in _need(base / "ClassName.txt", "SUN397").read_text(errors="replace")
+               .splitlines() if c.strip()]
     index = {c: k for k, c in enumerate(classes)}
     files = sorted(base.rglob("sun_*.jpg"))  # deviation 1: sorted
-    labels = [index["/".join(f.relative_to(base).parts[1:-1])] for f in files]
+    labels = [index.get("/".join(f.relative_to(base).parts[1:-1])) for f in files]
+    if None in labels:
+        raise _bad("SUN397", files[labels.index(None)].parent,
+                   f"a folder of images not named in {base / 'ClassName.txt'}")
     return _split([str(f) for f in files], labels, split, _spaces(classes))
 
 
@@ -250,7 +317,15 @@ def read(root, dataset: str, split: str) -> Listing:
     except MissingMTIL as e:
         raise MissingMTIL(f"MTIL {e}; expected under the data root ({root}): {LAYOUTS[dataset]}. See "
                           f"docs/data.md, 'MTIL'.") from None
-    classes = DATA["classnames"].get(dataset, classes)  # ZSCL's own names where it fixes them
+    fixed = DATA["classnames"].get(dataset)  # ZSCL's own names where it fixes them
+    if fixed and classes is not None and len(classes) != len(fixed):  # class-named folders (issue 69.7)
+        folder = Path(root) / LAYOUTS[dataset].split("/<")[0]
+        raise DataError(f"MTIL {dataset}: {folder} holds {len(classes)} class folders, ZSCL's {dataset} has "
+                        f"{len(fixed)} classes; a folder's class is its place in sorted order, so move out what is "
+                        f"not one of them. Its folders: " + shorten(", ".join(classes), 400))
+    classes = fixed or classes
+    if not isinstance(images, ArrayImages):
+        inside_folder(Path(root) / LAYOUTS[dataset].split("/")[0], images, f"MTIL {dataset}")
     if labels and max(labels) >= len(classes):
         raise DataError(f"MTIL {dataset} ({root}): label {max(labels)} but {len(classes)} class names")
     return Listing(dataset, split, images, labels, list(classes), list(DATA["templates"][dataset]),

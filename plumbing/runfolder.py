@@ -19,7 +19,7 @@ import numpy as np
 import open_clip
 import torch
 
-from plumbing.base import RunError, UsageError, atomic_write, warn_once, world_size
+from plumbing.base import RunError, UsageError, atomic_write, shorten, warn_once, world_size
 from plumbing.loading import _atomic_save, load_weights_only
 from plumbing.manifests import content_sha256
 from plumbing.outfolder import (BOTH, LOCK, RUN_FILES, TASK_FOLDERS, claim, pid_alive, holds_run, live_holder,
@@ -39,7 +39,8 @@ REPORT_RUNS = "report_to_runs"  # config.json's key for the wandb id and trackio
 RESUME_FREE = {"resume", "stop_at", "workers", "log_every", "save_every", "debug", "device", "precision", "out",
                "cache_dir", "data_root", "find_unused", "overwrite", "override_resume", "demo", "stop_after_tasks",
                "threads", "task_safetensors", "eval_tasks", "eval_base", "eval_zs", "eval_on", "erclip_results",
-               "collect", "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq"}
+               "collect", "report_to", "val_every", "val_data", "export", "batch_size_per_gpu", "accum_freq",
+               "torchcompile"}  # issue 69.3: the same math and names; a run whose compile failed goes on without
 
 
 def lock_out(out: Path):
@@ -211,21 +212,22 @@ def report_runs(out: Path) -> dict:
         return {}
 
 
-def resume_command() -> str:
+def resume_command(without: tuple = (), then: tuple = ("--resume", "latest")) -> str:
     """The command that continues this run: the script's own arguments without --resume / --overwrite /
-    --stop-at, plus --resume latest."""
+    --stop-at (and the switches `without`: --torchcompile after a failed compile), plus `then` (--resume latest)."""
     import shlex
     if COMMAND is None:
-        return "the same command with --resume latest"
+        return f"the same command{' without ' + ' '.join(without) if without else ''} with {' '.join(then)}"
     drop_with_value = {"--resume", "--stop-at", "--stop-after-tasks"}
     args, skip = [], False  # skip: a is the value of the flag before it
     for a in COMMAND[1:]:
-        if not skip and a not in ("--overwrite", "--override-resume") and a.split("=")[0] not in drop_with_value:
+        if (not skip and a not in ("--overwrite", "--override-resume", *without)
+                and a.split("=")[0] not in drop_with_value):
             args.append(a)
         skip = not skip and a in drop_with_value
     launcher = ("python" if world_size() == 1 else "srun python" if "SLURM_PROCID" in os.environ
                 else "torchrun --nproc_per_node N")
-    return shlex.join([*launcher.split(), COMMAND[0], *args, "--resume", "latest"])
+    return shlex.join([*launcher.split(), COMMAND[0], *args, *then])
 
 
 def _rng_state():
@@ -362,6 +364,20 @@ def kept_result(cfg, name: str, compute: Callable[[], object]):
     return value
 
 
+# the settings that decide which parameters a model has (a checkpoint of another holds other tensors)
+MODEL_SETTINGS = ("backbone", "pretrained", "lora", "lora_targets", "loss", "text_weights", "image_weights")
+
+
+def model_changes(saved: dict | None, cfg) -> str:
+    """'--lora 0 -> 4, --loss clip -> siglip': MODEL_SETTINGS the checkpoint's config holds with other values
+    than cfg ('' when none, or a checkpoint without its config): issue 69.7, the message named --backbone only."""
+    now = dataclasses.asdict(cfg)
+    def shown(v):
+        return repr(v) if v in ("", None) else str(v)
+    return ", ".join(f"--{k.replace('_', '-')} {shown(saved[k])} -> {shown(now[k])}" for k in MODEL_SETTINGS
+                     if saved and k in saved and k in now and saved[k] != now[k])
+
+
 def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: int):
     """--resume in common.train: the checkpoint's weights, optimizer, schedule, grad scaler and RNG put back;
     metrics.jsonl cut to its step (rank 0). Returns (step, fp16 steps skipped so far, the data change that
@@ -371,10 +387,13 @@ def resume_training(cfg, out: Path, net, opt, sched, scaler, data: dict, rank: i
     data_change = resumed_data_check(cfg, ck, state, data)  # the config is checked in start_run
     try:
         load_checkpoint_state(net, state["net"])
-    except RuntimeError as e:  # another backbone's checkpoint, let through by --override-resume
-        raise RunError(f"{ck} holds another model's weights ({str(e).strip().splitlines()[-1][:200]}); "
-                       f"--override-resume can change settings, never the model: resume with the run's "
-                       f"--backbone, or start afresh with --overwrite") from None
+    except RuntimeError as e:  # another backbone's checkpoint, or --lora / --loss changed: --override-resume's
+        changed = model_changes(state.get("config"), cfg)
+        raise RunError(f"{ck} holds another model's weights ({shorten(str(e).strip().splitlines()[-1])}); "
+                       f"--override-resume can change settings, never the model: "
+                       + (f"{changed} since the checkpoint, which changes the model's parameters: resume with the "
+                          f"run's value{'s' * (', ' in changed)}" if changed else "resume with the run's --backbone")
+                       + ", or start afresh with --overwrite") from None
     try:
         opt.load_state_dict(state["optimizer"])
     except ValueError as e:  # torch: another number of groups, or of parameters in a group
@@ -463,7 +482,7 @@ def needs_tensorboard():
     try:
         import torch.utils.tensorboard  # noqa: F401
     except Exception as e:  # noqa: BLE001  any failure of a broken install
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        why = shorten((str(e).strip().splitlines() or [type(e).__name__])[0])
         raise UsageError(f"--report-to tensorboard: torch.utils.tensorboard does not import ({type(e).__name__}: "
                          f"{why}); repair the install (pip install --force-reinstall tensorboard) or drop the "
                          f"flag") from None

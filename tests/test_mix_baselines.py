@@ -293,8 +293,10 @@ def test_accumulation_is_refused_before_anything_loads(tmp_path):
 
 
 def test_the_tiny_backbone_without_the_labs_world_is_one_message(tmp_path):
+    """mixrun.run without the lab's world (a caller's; main() takes it from the lab since issue 69.7)."""
+    cfg = common.parse_config(unmix.UnMixConfig, _args(tmp_path, tmp_path / "o", tmp_path / "none.jsonl"))
     with pytest.raises(common.UsageError, match="is the lab's"):
-        unmix.main(_args(tmp_path, tmp_path / "o", tmp_path / "none.jsonl"))
+        mixrun.run(cfg, unmix.UnMix, "unmix")
 
 
 def test_table1_puts_the_papers_baseline_rows_beside_ours():
