@@ -350,6 +350,14 @@ def numbers(text: str) -> list[float]:
     return values
 
 
+def pair(text: str) -> tuple[float, float]:
+    """A flag of two comma-separated finite numbers (eval.py --er-line SLOPE,INTERCEPT)."""
+    values = numbers(text)
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers SLOPE,INTERCEPT such as 0.83,-0.05, got {text!r}")
+    return values[0], values[1]
+
+
 def add_fields(parser: argparse.ArgumentParser, cls, names):
     """Config fields as a hand-made parser's flags (eval.py), with the same names, defaults and help."""
     for f in (f for f in dataclasses.fields(cls) if f.name in names):

@@ -65,7 +65,7 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "mod
              "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
              "model.safetensors.json", "lora_adapter")
 TASK_FOLDERS = "task[0-9]*-*"  # a task sequence's per-task run folders (common.run_continual)
-EVAL_FILES = ("results.json", "wise-ft-robustness.png")  # eval.py's (and CLIP_benchmark's files, --format)
+EVAL_FILES = ("results.json", "wise-ft-robustness.png", "wise-ft")  # eval.py's; wise-ft/: one file an alpha
 RECEIPT = "run_receipt.json"  # issue 69.2: which command of this repository writes the folder
 RECEIPT_BY = "this repository's command line (plumbing.outfolder.claim); it replaces only the files it writes"
 
