@@ -189,11 +189,16 @@ MANIFEST_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
 def early_problem(cfg) -> Exception | None:
     """What the run would refuse, found without torch and without writing anything (but write_problem's probe): a
-    --train-data file that
-    does not exist (a path, not a name such as auto or coco, nor shards); then what start_run refuses about
+    --train-data file that does not exist (a path, not a name such as auto or coco, nor shards), or an
+    imagefolder:DIR that is no folder; then what start_run refuses about
     cfg.out: --resume with --overwrite, a folder that cannot be made or written, a live lock, a run already there
     (without --resume / --overwrite). None when none of them (the run still checks everything itself)."""
     data = str(getattr(cfg, "train_data", "") or "")
+    if data.startswith("imagefolder:"):  # class folders (issue 72.2: this was "manifest not found")
+        folder = Path(data.partition(":")[2])
+        return None if folder.is_dir() else DataError(
+            f"--train-data {data}: {folder} is not a folder; class folders are DIR/<class>/<image> "
+            f"(docs/protocols.md, 'Fine-tuning on class folders')")
     if (data.endswith(MANIFEST_SUFFIXES) or os.sep in data) and not data.endswith(".tar") and "{" not in data \
             and not Path(data).exists():
         return DataError(f"--train-data {data}: manifest not found")
