@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from plumbing import base, flags, outfolder, published
-from plumbing.results import OWN_METRICS, document, sequence_stage, staged  # one results.json for every method (42.3)
+from plumbing.results import OWN_METRICS, document, sequence_stage, staged, task_tags  # one results.json (42.3)
 
 
 # =============================================================================
@@ -937,20 +937,21 @@ def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
 
 
 def validator(cfg, preprocess, tasks=()) -> Callable | None:
-    """common.train's validate= for --val-every (None when it is off): the model evaluated on --val-data, or the
-    run's first evaluation task, through the model's own text window (Long-CLIP's stretched one)."""
+    """common.train's validate= for --val-every (None when it is off): the model evaluated on --val-data's sets
+    (comma-separated; each tagged by its name: results.task_tags), or the run's first evaluation task, through the
+    model's own text window (Long-CLIP's stretched one)."""
     if not cfg.val_every:
         return None
-    task = cfg.val_data or next(iter(tasks), None)
-    if task is None:
-        raise common.UsageError("--val-every needs a validation set: pass --val-data (an eval.py task or a manifest)")
-    check_tasks([task], cfg.data_root, "--val-data")
-    short = Path(task).stem if Path(task).is_file() else task
+    chosen = [t.strip() for t in cfg.val_data.split(",") if t.strip()] or list(tasks)[:1]
+    if not chosen:
+        raise common.UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
+    check_tasks(chosen, cfg.data_root, "--val-data")
+    tags = task_tags(chosen)
 
     def validate(model):
         tokenizer = models.get_tokenizer(cfg.backbone, models.text_tower(model).context_length)
-        return {f"{short}/{r['metric']}": r["value"] for r in evaluate(
-            model, preprocess, tokenizer, [task], cfg.data_root, model_name=cfg.backbone, weights="during training")}
+        return {f"{tags[r['task']]}/{r['metric']}": r["value"] for r in evaluate(
+            model, preprocess, tokenizer, chosen, cfg.data_root, model_name=cfg.backbone, weights="during training")}
     return validate
 
 

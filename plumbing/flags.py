@@ -160,7 +160,8 @@ class Config:
                          "(pip install tensorboard / wandb / trackio)", type=report_targets)
     val_every: int = arg(0, "evaluate the validation set every N steps (rank 0; metrics.jsonl and results.json "
                          "record it; 0: off)")
-    val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
+    val_data: str = arg("", "--val-every's sets, comma-separated: eval.py tasks or manifests, each logged as val/<its "
+                        "name>/<metric> ('': the run's first evaluation task)")
     export: str = arg("", "also write the trained model to this folder in open_clip's hub layout (safetensors; "
                       "python -m commands.export --format transformers converts it further)")
     save_every: int = arg(200, "steps between checkpoints (always one at the end)")

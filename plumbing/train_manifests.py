@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from plumbing import class_folders, models
+from plumbing.datafolders import kind
+from plumbing.manifests import LAYOUTS
 from plumbing.base import DataError, UsageError, atomic_write
 from plumbing.shards import is_shards
 
@@ -99,6 +101,9 @@ def eval_tasks(cfg) -> dict:
     if is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
         raise UsageError("--train-data names tar shards: pass --eval-tasks (eval.py tasks or "
                                 "manifests; 'none': train without evaluating)")
+    if Path(cfg.train_data).is_dir() and kind(cfg.train_data) is None:  # it was blamed on an evaluation task
+        raise DataError(f"--train-data {cfg.train_data}: a folder of no layout read here (nor class folders, "
+                        f"DIR/<class>/<image>); training data are {LAYOUTS}")
     if class_folders.folder_of(cfg.train_data):  # no test set goes with class folders: evaluate afterwards
         return {}  # (eval.py --tasks imagenet-shifts --wise-ft; docs/protocols.md), or name them in --eval-tasks
     return {Path(cfg.train_data).stem: cfg.train_data}
