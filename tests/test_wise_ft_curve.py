@@ -43,12 +43,6 @@ def _cli(capsys, argv):
     return code, capsys.readouterr().err
 
 
-@pytest.fixture(autouse=True)
-def _not_evaluating():
-    yield
-    runfolder.EVALUATING = None
-
-
 # ----------------------------------------------------------------------------- kept alpha by alpha
 def test_a_stopped_curve_keeps_its_finished_alphas_and_resume_skips_them(runs, tmp_path, capsys, monkeypatch):
     """A stop during the second alpha: exit 130, alpha-0.json on disk and the message naming it with the command
