@@ -5,11 +5,13 @@ of the checkpoint files it interpolates, with their checks (issue 69.3, 72.3). c
 interpolates with interpolate_weights.
 
 Effective robustness (Taori et al., "Measuring Robustness to Natural Distribution Shifts in Image Classification",
-NeurIPS 2020, arXiv:2007.00644, Sec. 3): rho(f) = acc_shift(f) - beta(acc_ImageNet(f)), beta a line fit in logit
-space, logit(beta(x)) = slope * logit(x) + intercept, to the accuracies of baseline models. WiSE-FT reports it
-against a line fit to zero-shot CLIP models (its Fig. 1 and Sec. 4); one run has one zero-shot model, so the
-default line here is ours: slope 1 through the alpha-0 (zero-shot) point, which gives alpha 0 an effective
-robustness of 0 by construction. --er-line SLOPE,INTERCEPT supplies a published fit; results.json says which."""
+NeurIPS 2020, arXiv:2007.00644, its definition of effective robustness; the section number is not checked here, no
+copy of the paper being on this machine): rho(f) = acc_shift(f) - beta(acc_ImageNet(f)), beta a line fit in logit
+space, logit(beta(x)) = slope * logit(x) + intercept, to the accuracies of baseline models. WiSE-FT measures its
+points against such fits over many models (its Fig. 1: zero-shot CLIP models, standard ImageNet models); one run
+has one zero-shot model, so the default line here is ours: slope 1 through the alpha-0 (zero-shot) point, which
+gives alpha 0 an effective robustness of 0 by construction. --er-line SLOPE,INTERCEPT supplies a published fit;
+results.json says which."""
 from __future__ import annotations
 
 import math
