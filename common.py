@@ -1062,13 +1062,13 @@ def training_loader(cfg, train_set, collate, local_batch: int, steps_per_epoch: 
 
 
 def optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch: int, total: int):
-    """AdamW (make_optimizer) and its LambdaLR: schedule(opt, steps_per_epoch, total)'s multipliers, by default
-    --warmup's linear warm-up (a negative --warmup: a percentage of the run), then cosine to 0."""
+    """AdamW (make_optimizer), LambdaLR: schedule's multipliers, else --warmup's (< 0: % of the run), then cosine."""
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
-    if warmup >= total and not schedule and dist_info()[0] == 0:  # issue 42.4: the lr never leaves its warm-up
-        warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): the lr only climbs "
-                  f"(to {min(total, warmup) / max(warmup, 1):.2g} x --lr at the last step); a negative --warmup is a "
-                  f"percentage of the run")
+    if warmup >= total and not schedule:  # issue 72.5: scaled, not a run spent warming up (42.4 only warned)
+        dist_info()[0] or warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): scaled to "
+                                    f"{round(total / 10)} (10 % of the run, as --warmup -10) so that the lr reaches "
+                                    f"--lr; pass a --warmup below {total} to choose another")
+        warmup = round(total / 10)
     opt = make_optimizer(cfg, net, device, lr_of)
     multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, multipliers)
@@ -1224,10 +1224,10 @@ def summarize_continual(rec) -> dict:
 # =============================================================================
 
 
-def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
+def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str, after: str = ""):
     """cfg with `--<field> auto` made concrete: `paper` when every path in `needs` exists (paper=None: the
     paper's data has no layout here); otherwise 'synthetic' (the lab's world) with --backbone tiny, and with a
-    real backbone a RunError saying what is missing, where it goes and how to smoke-test instead."""
+    real backbone a RunError saying what is missing, where it goes and how to smoke-test instead (+ `after`)."""
     if getattr(cfg, field_name) != "auto":
         return cfg
     flag = "--" + field_name.replace("_", "-")
@@ -1242,7 +1242,7 @@ def resolve_auto(cfg, field_name: str, paper: str, needs: Sequence, what: str):
                  f"README.md's 'Real data' layout shows (or point --data-root at it), pass" if paper is not None
                  else "has no layout in this repository; pass")
         raise RunError(f"{flag} auto: the paper's training data ({what}) {where} {flag} with your own data, or run "
-                       f"a smoke test on the lab's synthetic world with {flag} synthetic.")
+                       f"a smoke test on the lab's synthetic world with {flag} synthetic{after}.")
     print(f"[data] {flag} auto -> {value}", file=sys.stderr)
     return dataclasses.replace(cfg, **{field_name: value})
 

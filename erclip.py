@@ -396,7 +396,7 @@ def main(argv=None):
     cfg = common.resolve_auto(cfg, "train_data", TRAIN_POOL, [
         cfg.coco_captions or root / "coco" / "annotations" / "captions_train2017.json",
         cfg.sharegpt4v or root / "sharegpt4v" / "share-captioner_coco_lcs_sam_1246k_1107.json"],
-        "COCO train2017 captions + ShareGPT4V descriptions, Sec. 4")
+        *erclip_data.AUTO_NEEDS)  # what --train-data auto needs, in the message when it is missing
     if cfg.sweep:  # Sec. 4.3-4.4 in the real setting: the single run's preflight, then every run
         common.check_device(cfg)
         return erclip_sweeps.run_sweep(sweep_method(world), cfg)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from plumbing import base, flags, outfolder, published
-from plumbing.results import OWN_METRICS, document, sequence_stage, staged  # one results.json for every method (42.3)
+from plumbing.results import OWN_METRICS, document, sequence_stage, staged, task_tags  # one results.json (42.3)
 
 
 # =============================================================================
@@ -131,6 +131,9 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--wise-ft", default="", help="fine-tuned checkpoint: evaluate the WiSE-FT curve to it")
     p.add_argument("--wise-base", default="", help="its starting weights (default: --pretrained)")
     p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=flags.numbers, help="WiSE-FT mixing coefficients")
+    p.add_argument("--resume", action="store_true", help="--wise-ft: keep the alphas --out holds (same settings)")
+    p.add_argument("--er-line", type=flags.pair, help="SLOPE,INTERCEPT: a published logit-space line for effective "
+                   "robustness (default ours: slope 1 through alpha 0; plumbing/wise_ft.py)")
     p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
     p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
     p.add_argument("--synthetic-n", type=flags.checked(int, "> 0"), default=None,
@@ -934,20 +937,21 @@ def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
 
 
 def validator(cfg, preprocess, tasks=()) -> Callable | None:
-    """common.train's validate= for --val-every (None when it is off): the model evaluated on --val-data, or the
-    run's first evaluation task, through the model's own text window (Long-CLIP's stretched one)."""
+    """common.train's validate= for --val-every (None when it is off): the model evaluated on --val-data's sets
+    (comma-separated; each tagged by its name: results.task_tags), or the run's first evaluation task, through the
+    model's own text window (Long-CLIP's stretched one)."""
     if not cfg.val_every:
         return None
-    task = cfg.val_data or next(iter(tasks), None)
-    if task is None:
-        raise common.UsageError("--val-every needs a validation set: pass --val-data (an eval.py task or a manifest)")
-    check_tasks([task], cfg.data_root, "--val-data")
-    short = Path(task).stem if Path(task).is_file() else task
+    chosen = [t.strip() for t in cfg.val_data.split(",") if t.strip()] or list(tasks)[:1]
+    if not chosen:
+        raise common.UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
+    check_tasks(chosen, cfg.data_root, "--val-data")
+    tags = task_tags(chosen)
 
     def validate(model):
         tokenizer = models.get_tokenizer(cfg.backbone, models.text_tower(model).context_length)
-        return {f"{short}/{r['metric']}": r["value"] for r in evaluate(
-            model, preprocess, tokenizer, [task], cfg.data_root, model_name=cfg.backbone, weights="during training")}
+        return {f"{tags[r['task']]}/{r['metric']}": r["value"] for r in evaluate(
+            model, preprocess, tokenizer, chosen, cfg.data_root, model_name=cfg.backbone, weights="during training")}
     return validate
 
 
@@ -973,15 +977,19 @@ def main(argv=None, world=None):
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
         raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
+    if (a.resume or a.er_line) and not a.wise_ft:
+        raise common.UsageError(f"{'--resume' if a.resume else '--er-line'} belongs to a WiSE-FT curve: add --wise-ft")
     if models.wants_lab(a) and not models.tiny_known():  # eval.py never imports the lab (it sits above)
         raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
+    common.runfolder.EVALUATING = Path(a.out)  # what a stop keeps (plumbing/cli.py, issue 72.3)
     if a.out:  # issue 69.2 (a finished run's results.json was replaced): checked, and claimed before any write
         outfolder.claim(Path(a.out), "eval", "--out", outfolder.EVAL_FILES)
     tasks = _expand(a.tasks)
     check_tasks([t for t in [*tasks, *_expand(a.zero_shot)] if not (a.download and is_classification(t))],
                 a.data_root, "--tasks")  # names and indexes before any model (--download fetches CIFAR later)
+    curve_settings = wise_ft.preflight(a, tasks) if a.wise_ft else None  # its files, --resume's: before any model
     device = common.init_distributed(a.device)
     kw = dict(text_mode=a.text_mode, batch_size=a.batch_size, analyses=tuple(filter(None, a.analyses.split(","))),
               download=a.download, strict=a.strict, workers=a.workers, cache_dir=a.cache_dir,
@@ -1006,19 +1014,11 @@ def main(argv=None, world=None):
                                         f"window ({models.text_tower(model).context_length})")
             tok = models.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
-        if a.wise_ft:
-            theta0 = (wise_ft.load_state_dict(a.wise_base) if a.wise_base else
-                      {k: v.detach().cpu() for k, v in model.state_dict().items()})
-            curve = wise_ft.wise_ft(model, theta0, wise_ft.load_state_dict(a.wise_ft), a.alphas,
-                                    lambda m: evaluate(m, preprocess, tok, tasks, a.data_root, device=device,
-                                                       model_name=a.backbone, weights=f"wise-ft:{a.wise_ft}", **kw))
-            print(wise_ft.wise_ft_table(curve))
-            if points := wise_ft.robustness_points(curve):  # ImageNet + its 5 shifts: the effective-robustness curve
-                common.atomic_write(Path(a.out) / "wise-ft-robustness.png", lambda tmp: wise_ft.robustness_figure(
-                    points, tmp, f"python eval.py --tasks {a.tasks} --wise-ft {a.wise_ft}"[:120]))
-                print("\n" + common.markdown_table(points, list(points[0])))
-                results["robustness"] = points
-            results.update(wise_ft=curve, records=[r for c in curve for r in staged(
+        if a.wise_ft:  # each alpha kept as it finishes, effective robustness, the figure: plumbing/wise_ft.py
+            curve = wise_ft.run(a, model, curve_settings, lambda m: evaluate(
+                m, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
+                weights=f"wise-ft:{a.wise_ft}", **kw), wise_ft.command_run(sys.argv[1:] if argv is None else argv))
+            results.update(curve, records=[r for c in curve["wise_ft"] for r in staged(
                 c["records"], f"alpha {c['alpha']:g}", alpha=c["alpha"])])
         else:
             records = evaluate(model, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,

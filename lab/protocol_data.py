@@ -144,14 +144,15 @@ def write_mtil(root, classes: int = 3, per_class: int = 4, seed: int = 0) -> Pat
 
 
 def write_imagenet_shifts(root, per_class: int = 2, classes=(1, 6, 11, 13), seed: int = 0) -> Path:
-    """ImageNet val and its five shifts under root in the layouts WiSE-FT reads: imagenet/val/<wnid>/,
+    """ImageNet val (and a train split, imagenet/train/<wnid>/, for class-folder fine-tuning: issue 72.2) and its
+    five shifts under root in the layouts WiSE-FT reads: imagenet/val/<wnid>/,
     imagenetv2-matched-frequency-format-val/<index>/, imagenet-r/<wnid>/ and imagenet-a/<wnid>/ (their 200 folders),
     sketch/<wnid>/, objectnet-1.0/images/<folder>/. Images for the ImageNet indices `classes` (and for ObjectNet
     the first folders mapped to any of them, or its first four folders); every class folder exists."""
     root, rng = Path(root), np.random.default_rng(seed)
     wnids = [f"n{k:08d}" for k in range(1000)]  # sorted like the real wnids, so the folder order is the index order
     for k in range(1000):
-        for base in (root / "imagenet" / "val", root / "sketch"):
+        for base in (root / "imagenet" / "val", root / "imagenet" / "train", root / "sketch"):
             (base / wnids[k]).mkdir(parents=True, exist_ok=True)
         (root / "imagenetv2-matched-frequency-format-val" / str(k)).mkdir(parents=True, exist_ok=True)
     for f, _, _ in imagenet_shifts.OBJECTNET:  # the 113 folders read (an absent one is named: issue 69.7)
@@ -162,6 +163,7 @@ def write_imagenet_shifts(root, per_class: int = 2, classes=(1, 6, 11, 13), seed
     for k in classes:
         for j in range(per_class):
             _save(root / "imagenet" / "val" / wnids[k] / f"ILSVRC2012_val_{k:04d}{j}.JPEG", rng, k)
+            _save(root / "imagenet" / "train" / wnids[k] / f"{wnids[k]}_{j}.JPEG", rng, k)
             _save(root / "sketch" / wnids[k] / f"sketch_{j}.JPEG", rng, k)
             _save(root / "imagenetv2-matched-frequency-format-val" / str(k) / f"{j}.jpeg", rng, k)
             for name in ("imagenet-r", "imagenet-a"):

@@ -11,6 +11,12 @@ from plumbing.base import DataError, atomic_write
 from plumbing.loading import reusable_manifest, source_stamp
 
 
+# erclip.py's --train-data auto, when its files are missing: what they are (and the images they name), then what
+# else can run (issue 72.5: the message named the two JSON files only)
+AUTO_NEEDS = ("COCO train2017 captions + ShareGPT4V descriptions, Sec. 4; both name COCO's train2017 images, which go "
+              "in coco/train2017/", "; the GPU paths with random weights and no data: python benchmarks/gpu_check.py")
+
+
 def coco_sharegpt4v_manifest(coco_captions, sharegpt4v, out_dir, n_pairs: int = 20000, holdout: int = 1000) -> Path:
     """ERCLIP's training set (its paper's Sec. 4, erclip.py's deviation 9; longclip.py's --recipe erclip-budget
     reuses it): the first n_pairs, in COCO image-id order, of the COCO train2017 images that ShareGPT4V

@@ -126,6 +126,8 @@ def compile_message(e: BaseException) -> str:
 def interrupted_message(signum: int) -> tuple[str, int]:
     """What an interrupt outside the training loop (the evaluations before or after it, a second Ctrl-C) leaves:
     the files of the run on disk, named, and the command that finishes it; exit code 128 + signal."""
+    if runfolder.EVALUATING is not None:  # eval.py: no training here (issue 72.3)
+        return evaluation_interrupted(signum, runfolder.EVALUATING)
     out = runfolder.RUN_OUT
     kept = [n for n in ("checkpoints/last.pt", "model.pt", "base.json", "continual.json")
             if out is not None and (out / n).exists()] + (
@@ -138,6 +140,22 @@ def interrupted_message(signum: int) -> tuple[str, int]:
            "training goes on from its last checkpoint, then the evaluation")
     return (f"interrupted (signal {signum}) outside the training steps; kept in {out}: {', '.join(kept)}. Finish the "
             f"run with ({how}):\n  {runfolder.resume_command()}"), 128 + signum
+
+
+def evaluation_interrupted(signum: int, out: Path) -> tuple[str, int]:
+    """What an interrupted eval.py keeps: a WiSE-FT curve's finished alphas (<out>/wise-ft/alpha-*.json, written as
+    each finished) and the command that goes on from them; otherwise that results.json is written only at the end."""
+    import shlex
+    kept = sorted(p.name for p in (out / "wise-ft").glob("alpha-*.json")) if str(out) not in ("", ".") else []
+    if not kept:
+        return (f"interrupted (signal {signum}) during the evaluation, before it wrote results.json (written when "
+                f"every task is done); nothing to keep: run the command again"), 128 + signum
+    args = [a for a in (runfolder.COMMAND or ["eval.py"])[1:] if a != "--resume"]
+    head = (runfolder.COMMAND or ["eval.py"])[0]
+    command = f"{head if head.startswith('python') else 'python ' + head} {shlex.join(args)} --resume"
+    return (f"interrupted (signal {signum}) during the WiSE-FT curve; kept in {out / 'wise-ft'}: {', '.join(kept)} "
+            f"(each alpha's numbers as it finished). Go on from them (finished alphas are not evaluated again):\n  "
+            f"{command}"), 128 + signum
 
 
 class StopSignals:

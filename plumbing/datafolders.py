@@ -14,7 +14,8 @@ keep besides a manifest file.
 
 Rows come back with absolute image paths (so `manifest.parent / image` is the image) and `_line`, the row's
 number (1-based) in that order. An ImageFolder (class subfolders, no sidecars) is a classification set:
-evaluation reads it as `imagefolder:DIR`; as training data it is refused with that pointer."""
+evaluation reads it as `imagefolder:DIR`; m2mix.py and the baselines' runs train on its class prompts
+(plumbing/class_folders.py); anywhere else it is refused with those pointers."""
 from __future__ import annotations
 
 import hashlib
@@ -72,7 +73,8 @@ def rows(path, image_keys, layouts: str) -> list[dict]:
                         f"{path / (splits[0] if splits else 'train')}")
     if found == "imagefolder":
         raise DataError(f"{path} is an ImageFolder (class subfolders): a classification set, which has no captions "
-                        f"to train or retrieve with; evaluate it as imagefolder:{path}. Data with captions: {layouts}")
+                        f"to retrieve with or long captions to train on; evaluate it as imagefolder:{path}; m2mix.py "
+                        f"trains on its class prompts (docs/protocols.md). Data with captions: {layouts}")
     raise DataError(f"{path} is a folder of no layout read here; training and evaluation data are {layouts}")
 
 

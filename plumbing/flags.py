@@ -161,7 +161,8 @@ class Config:
                          "(pip install tensorboard / wandb / trackio)", type=report_targets)
     val_every: int = arg(0, "evaluate the validation set every N steps (rank 0; metrics.jsonl and results.json "
                          "record it; 0: off)")
-    val_data: str = arg("", "--val-every's set: an eval.py task or manifest ('': the run's first evaluation task)")
+    val_data: str = arg("", "--val-every's sets, comma-separated: eval.py tasks or manifests, each logged as val/<its "
+                        "name>/<metric> ('': the run's first evaluation task)")
     export: str = arg("", "also write the trained model to this folder in open_clip's hub layout (safetensors; "
                       "python -m commands.export --format transformers converts it further)")
     save_every: int = arg(200, "steps between checkpoints (always one at the end)")
@@ -363,6 +364,14 @@ def numbers(text: str) -> list[float]:
     if not values or not all(math.isfinite(v) for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,0.5,1, got {text!r}")
     return values
+
+
+def pair(text: str) -> tuple[float, float]:
+    """A flag of two comma-separated finite numbers (eval.py --er-line SLOPE,INTERCEPT)."""
+    values = numbers(text)
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers SLOPE,INTERCEPT such as 0.83,-0.05, got {text!r}")
+    return values[0], values[1]
 
 
 def add_fields(parser: argparse.ArgumentParser, cls, names):

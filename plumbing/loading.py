@@ -98,11 +98,11 @@ def read_sidecar(path):
     return meta
 
 
-def state_shapes(path) -> dict[str, tuple[int, ...]] | None:
+def state_shapes(path, flag: str = "--pretrained") -> dict[str, tuple[int, ...]] | None:
     """{key: shape} of a model file's state_dict, read without its tensors (safetensors' header; torch's zip through
     mmap) and unwrapped as open_clip unwraps it ({'state_dict': ...}, 'module.'); None for files open_clip reads its
     own way (a TorchScript archive: OpenAI's files; numpy's .npz / .npy). A file cut short, empty, or holding no
-    tensors is refused with one message naming it."""
+    tensors is refused with one message naming it (and `flag`, the option that passed it)."""
     path = str(path)
     if path.endswith((".npz", ".npy")):
         return None
@@ -125,7 +125,7 @@ def state_shapes(path) -> dict[str, tuple[int, ...]] | None:
     except Exception as e:  # noqa: BLE001  SafetensorError, torch's zip and unpickling errors, OSError
         reason = shorten((str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0])
         raise UsageError(f"{path}: not a readable model file ({reason}); copy it again, or pass another "
-                         f"--pretrained") from None
+                         f"{flag}") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
     if not isinstance(sd, dict) or not any(isinstance(v, torch.Tensor) for v in sd.values()):

@@ -97,6 +97,10 @@ def iter_manifest(path, keep_bad: bool = False, sep: str = ""):
     is never in memory whole (issue 55.3: ManifestDataset packs each row as it comes). A JSON array and a
     data folder are read whole. The file's errors (missing, not a regular file) come at the first row."""
     path = Path(path)
+    if str(path).startswith("imagefolder:"):  # a script that does not read class folders (issue 72.2)
+        raise DataError(f"{path}: class folders train on class-prompt captions with m2mix.py and the baselines' "
+                        f"runs (docs/protocols.md, 'Fine-tuning on class folders'); this script trains on long "
+                        f"captions too, which class folders lack. {LONG_CAPTIONS}")
     if not path.exists():
         raise DataError(f"manifest not found: {path}")
     if not path.is_dir() and not path.is_file():  # issue 55.3: /dev/zero was read until killed, a pipe read twice
@@ -170,6 +174,11 @@ def _csv_rows(f, sep):
         end = reader.line_num
 
 
+LONG_CAPTIONS = ("A long caption comes from a manifest's long_caption column, or, in a folder of images with "
+                 "sidecars, from NAME.json beside NAME.jpg: {\"caption\": \"...\", \"long_caption\": \"...\"} (a "
+                 "NAME.txt holds the short caption only; docs/data.md)")
+
+
 def columns(path, cols, keys, need_long: bool = False, extra=()) -> tuple[str, str]:
     """A manifest's image and caption columns among `cols` (its first good row's): the named one (open_clip's
     --csv-img-key / --csv-caption-key, `keys`) when given, else the first of IMAGE_KEYS / CAPTION_KEYS present.
@@ -179,7 +188,8 @@ def columns(path, cols, keys, need_long: bool = False, extra=()) -> tuple[str, s
     missing = [n for n, k in ((keys[0] or "image", image), (keys[1] or "caption", caption)) if k is None]
     missing += ["long_caption"] * (need_long and "long_caption" not in cols) + [k for k in extra if k not in cols]
     if missing:
-        raise DataError(f"{path}: missing column(s) {missing}; available: {sorted(cols)}")
+        raise DataError(f"{path}: missing column(s) {missing}; available: {sorted(cols)}" + (
+            f". {LONG_CAPTIONS}" if "long_caption" in missing else ""))
     return image, caption
 
 

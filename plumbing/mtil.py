@@ -357,12 +357,15 @@ def order_of(spec: str) -> list[str] | None:
     return order[:int(first)]
 
 
-def training_manifest(listing: Listing, cache=None) -> Path:
+def training_manifest(listing: Listing, cache=None, every_template: bool = False) -> Path:
     """A training manifest of the split: one row per image {image (absolute path), caption = templates[0] of its
-    class (deviation 3), label}. In-memory images (CIFAR, MNIST) are written out as PNG files once, beside it in
-    CLIPFT_CACHE/mtil/<dataset>-<fingerprint>/, as plumbing.datafolders does for Hugging Face folders."""
+    class (deviation 3), label}; every_template: `captions`, the class's prompt in every template, of which
+    training draws one per image per epoch (seeded; plumbing/class_folders.py). In-memory images (CIFAR, MNIST)
+    are written out as PNG files once, beside it in CLIPFT_CACHE/mtil/<dataset>-<fingerprint>/, as
+    plumbing.datafolders does for Hugging Face folders."""
     paths = None if isinstance(listing.images, ArrayImages) else list(listing.images)
-    key = [listing.dataset, listing.split, listing.labels, listing.templates[0], listing.classnames,
+    key = [listing.dataset, listing.split, listing.labels, listing.templates if every_template else
+           listing.templates[0], listing.classnames,
            paths if paths is not None else hashlib.sha1(listing.images.data.tobytes()).hexdigest()]
     folder = Path(cache or CACHE_DIR / "mtil") / (
         f"{listing.dataset}-{listing.split}-" + hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16])
@@ -375,9 +378,9 @@ def training_manifest(listing: Listing, cache=None) -> Path:
             png = folder / "images" / f"{i:06d}.png"
             atomic_write(png, lambda tmp, i=i: listing.images[i].save(tmp, format="PNG"))
             paths.append(str(png))
-    rows = [json.dumps({"image": str(Path(p).resolve()), "label": k,
-                        "caption": listing.templates[0].format(listing.classnames[k])})
-            for p, k in zip(paths, listing.labels)]
+    rows = [json.dumps({"image": str(Path(p).resolve()), "label": k, **(
+        {"captions": [t.format(listing.classnames[k]) for t in listing.templates]} if every_template else
+        {"caption": listing.templates[0].format(listing.classnames[k])})}) for p, k in zip(paths, listing.labels)]
     atomic_write(manifest, "\n".join(rows) + "\n")
     return manifest
 

@@ -65,7 +65,7 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "config.json", "results.json", "mod
              "continual.json", "boundary.pt", "boundary.pt.json", "base.json", "model.safetensors",
              "model.safetensors.json", "lora_adapter")
 TASK_FOLDERS = "task[0-9]*-*"  # a task sequence's per-task run folders (common.run_continual)
-EVAL_FILES = ("results.json", "wise-ft-robustness.png")  # eval.py's (and CLIP_benchmark's files, --format)
+EVAL_FILES = ("results.json", "wise-ft-robustness.png", "wise-ft")  # eval.py's; wise-ft/: one file an alpha
 RECEIPT = "run_receipt.json"  # issue 69.2: which command of this repository writes the folder
 RECEIPT_BY = "this repository's command line (plumbing.outfolder.claim); it replaces only the files it writes"
 
@@ -187,13 +187,40 @@ def write_problem(start) -> tuple[Path, str] | None:
 MANIFEST_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
 
+def missing_packages(cfg) -> UsageError | None:
+    """The optional packages the command line asks for, found by name (importlib's find_spec: nothing is imported,
+    so this answers before torch; issue 72.3: `--report-to wandb` without wandb answered after 29 s): --report-to's
+    backends, and datasets for a Hugging Face datasets folder as --train-data. The same message as
+    plumbing.reporting.check, which checks them again (tensorboard's import too) before any model."""
+    import importlib.util
+    wanted = [t for t in str(getattr(cfg, "report_to", "") or "").split(",") if t]
+    missing = [t for t in wanted if importlib.util.find_spec(t) is None]
+    if missing:
+        names = " and ".join(missing)
+        return UsageError(f"--report-to {','.join(wanted)} needs the {names} package{'s' * (len(missing) > 1)}: "
+                          f"pip install {' '.join(missing)} (or drop {names} from --report-to)")
+    data = Path(str(getattr(cfg, "train_data", "") or "."))
+    hf = data.is_dir() and ((data / "state.json").is_file() or (data / "dataset_dict.json").is_file())
+    if (hf or data.suffix == ".parquet") and importlib.util.find_spec("datasets") is None:
+        return UsageError(f"--train-data {data}: a Hugging Face datasets folder or parquet file needs the datasets "
+                          f"package: pip install datasets")
+    return None
+
+
 def early_problem(cfg) -> Exception | None:
-    """What the run would refuse, found without torch and without writing anything (but write_problem's probe): a
-    --train-data file that
-    does not exist (a path, not a name such as auto or coco, nor shards); then what start_run refuses about
-    cfg.out: --resume with --overwrite, a folder that cannot be made or written, a live lock, a run already there
-    (without --resume / --overwrite). None when none of them (the run still checks everything itself)."""
+    """What the run would refuse, found without torch and without writing anything (but write_problem's probe): an
+    optional package the flags need (missing_packages); a --train-data file that does not exist (a path, not a
+    name such as auto or coco, nor shards), or an imagefolder:DIR that is no folder; then what start_run refuses
+    about cfg.out: --resume with --overwrite, a folder that cannot be made or written, a live lock, a run already
+    there (without --resume / --overwrite). None when none of them (the run still checks everything itself)."""
+    if (problem := missing_packages(cfg)) is not None:
+        return problem
     data = str(getattr(cfg, "train_data", "") or "")
+    if data.startswith("imagefolder:"):  # class folders (issue 72.2: this was "manifest not found")
+        folder = Path(data.partition(":")[2])
+        return None if folder.is_dir() else DataError(
+            f"--train-data {data}: {folder} is not a folder; class folders are DIR/<class>/<image> "
+            f"(docs/protocols.md, 'Fine-tuning on class folders')")
     if (data.endswith(MANIFEST_SUFFIXES) or os.sep in data) and not data.endswith(".tar") and "{" not in data \
             and not Path(data).exists():
         return DataError(f"--train-data {data}: manifest not found")

@@ -35,6 +35,22 @@ RECALLS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10")
 OWN_METRICS = (*RECALLS, "top1")  # the table of a user's own tasks: retrieval both ways, zero-shot top-1
 
 
+def task_tags(tasks) -> dict[str, str]:
+    """{task: its tag in metric names (val/<tag>/<metric>)}: an eval.py name as it is, a manifest by its file's stem,
+    a folder (or imagefolder:DIR, DIR#column) by its last part, never the absolute path (issue 72.5: tags read
+    val//<absolute path>/i2t_R@1); a tag two tasks share gets -2, -3, ... in order."""
+    tags, seen = {}, {}
+    for task in tasks:
+        spec, _, column = str(task).partition("#")
+        kind, colon, rest = spec.partition(":")
+        path = Path(rest if colon and kind == "imagefolder" else spec)
+        tag = (path.stem if path.suffix else path.name) if ("/" in spec or path.exists()) else spec
+        tag = (tag or spec).replace("/", "-") + (f"#{column}" if column else "")
+        seen[tag] = seen.get(tag, 0) + 1
+        tags[task] = tag if seen[tag] == 1 else f"{tag}-{seen[tag]}"
+    return tags
+
+
 def staged(records, stage: str | None, reasons: dict | None = None, **extra) -> list[dict]:
     """eval.evaluate's records (or any {task, metric, value, ...}) with their stage (None: kept) and `extra` set;
     a value that is not a finite number gets a 'reason' (reasons: {metric: why}; else what stood there), and

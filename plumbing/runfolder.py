@@ -32,6 +32,7 @@ __all__ = ["LOCK", "RUN_FILES", "RESUME_FREE", "lock_out", "lock_state", "live_h
 
 COMMAND: list[str] | None = None  # the script and its arguments, set by plumbing.cli, for the resume hint
 RUN_OUT: Path | None = None  # the --out this process claimed (start_run), for the message after an interrupt
+EVALUATING: Path | None = None  # eval.py's --out while it evaluates ('' for none), for that message (issue 72.3)
 REPORT_RUNS = "report_to_runs"  # config.json's key for the wandb id and trackio run a resumed run continues
 # Settings that may change on --resume without --override-resume: where and how the run is executed or logged,
 # never what it computes: device and precision (an fp32 run may go on in fp16, see train), the method files'
@@ -136,7 +137,8 @@ def start_run(cfg, out: Path, continual: bool = False) -> list[dict]:
     outfolder.claim, written then); then a new run into an --out holding one is refused unless --overwrite
     (which clears it), and --resume compares the settings with the run's config.json and refuses differences
     unless --override-resume. Returns the overrides [{field, was, now}] (empty without --override-resume)."""
-    global RUN_OUT
+    global RUN_OUT, EVALUATING
+    EVALUATING = None  # a training run (its evaluations are training's): the interrupt message is the run's
     if cfg.resume and cfg.overwrite:
         raise UsageError(BOTH)
     if (problem := not_ours(out, "--out", "training")) is not None:  # before anything is written there

@@ -5,9 +5,12 @@ training manifest and test protocols from its flags."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from plumbing import models
+from plumbing import class_folders, models
+from plumbing.datafolders import kind
+from plumbing.manifests import LAYOUTS
 from plumbing.base import DataError, UsageError, atomic_write
 from plumbing.shards import is_shards
 
@@ -65,6 +68,9 @@ def _write_rows(rows, path: Path) -> Path:
 def train_manifest(cfg, world: models.LabWorld | None = None) -> Path:
     """The manifest m2mix.py trains on (cfg: m2mix.M2MixConfig; world: the lab's); written under <out>/data/."""
     data_dir = Path(cfg.out) / "data"
+    if class_folders.folder_of(cfg.train_data):  # imagefolder:DIR or a class-folder DIR: class prompts (72.2)
+        class_folders.describe(cfg.train_data, lambda line: print(line, file=sys.stderr))
+        return class_folders.training_manifest(cfg.train_data)
     if cfg.train_data == "synthetic":  # the lab's world
         return models.lab_world(world, "--train-data synthetic").synthetic_manifest("train", cfg.data_root)
     if cfg.train_data == "flickr30k":
@@ -95,4 +101,9 @@ def eval_tasks(cfg) -> dict:
     if is_shards(cfg.train_data):  # webdataset shards: no test set to go with them
         raise UsageError("--train-data names tar shards: pass --eval-tasks (eval.py tasks or "
                                 "manifests; 'none': train without evaluating)")
+    if Path(cfg.train_data).is_dir() and kind(cfg.train_data) is None:  # it was blamed on an evaluation task
+        raise DataError(f"--train-data {cfg.train_data}: a folder of no layout read here (nor class folders, "
+                        f"DIR/<class>/<image>); training data are {LAYOUTS}")
+    if class_folders.folder_of(cfg.train_data):  # no test set goes with class folders: evaluate afterwards
+        return {}  # (eval.py --tasks imagenet-shifts --wise-ft; docs/protocols.md), or name them in --eval-tasks
     return {Path(cfg.train_data).stem: cfg.train_data}

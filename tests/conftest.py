@@ -41,6 +41,15 @@ def _seeds_reset():
     lab.take_seeds_flag([])
 
 
+@pytest.fixture(autouse=True)
+def _not_evaluating():
+    """eval.main marks its process as evaluating (plumbing.runfolder.EVALUATING: what an interrupt's message says,
+    issue 72.3); one process runs one command, but a test worker runs many: the next test starts without it."""
+    yield
+    from plumbing import runfolder
+    runfolder.EVALUATING = None
+
+
 @pytest.fixture(scope="session")
 def _tiny_random_once():
     from plumbing import models

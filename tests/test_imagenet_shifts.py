@@ -3,6 +3,7 @@
 of its code (max abs diff), one message for missing data, and `eval.py --tasks imagenet-shifts --wise-ft` writing
 the curve and the effective-robustness figure."""
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 import common
 import eval as evaluation
 import lab  # noqa: F401  the tiny backbone, registered
+from lab import __main__ as lab_main
 from lab import protocol_data
 from plumbing import imagenet_shifts, models, wise_ft
 
@@ -95,15 +97,25 @@ def test_eval_writes_the_wise_ft_curve_and_the_effective_robustness_figure(root,
              for k, v in model.state_dict().items()}
     model.load_state_dict(tuned)
     models.save_model(model, tmp_path / "tuned.pt", "tiny", twin=False)
-    out = tmp_path / "w"
-    evaluation.main(["--backbone", "tiny", "--tasks", "imagenet-shifts", "--data-root", str(root), "--wise-ft",
-                     str(tmp_path / "tuned.pt"), "--alphas", "0,1", "--out", str(out), "--cache-dir", ""],
-                    world=lab.WORLD)
+    out, captions = tmp_path / "w", []
+    figure = wise_ft.robustness_figure
+    monkeypatch.setattr(wise_ft, "robustness_figure", lambda *a, **k: captions.append(a[2]) or figure(*a, **k))
+    argv = ["--backbone", "tiny", "--tasks", "imagenet-shifts", "--data-root", str(root), "--wise-ft",
+            str(tmp_path / "tuned.pt"), "--alphas", "0,1", "--out", str(out), "--cache-dir", ""]
+    monkeypatch.setattr("sys.argv", ["python -m lab", "eval", *argv])
+    lab_main.main()  # as `python -m lab eval ...` runs it: the command named in results.json and the caption
     res = json.loads((out / "results.json").read_text())
+    assert res["command"] == captions[0] == "python -m lab eval " + shlex.join(argv)
     points = res["robustness"]
     assert [p["alpha"] for p in points] == [0, 1]
     for p in points:
         assert p["avg shifts"] == pytest.approx(sum(p[s] for s in imagenet_shifts.SHIFTS) / 5)
+    line = res["er_line"]  # issue 72.3: effective robustness against the declared line (ours: through alpha 0)
+    assert line["slope"] == 1 and line["source"].startswith("ours: slope 1 in logit space through the alpha 0")
+    assert points[0]["effective robustness"] == pytest.approx(0, abs=1e-6)
+    assert points[1]["effective robustness"] == pytest.approx(max(points[1]["avg shifts"], 0.01) - wise_ft.line_at(
+        line, points[1]["imagenet"]))
+    assert sorted(p.name for p in (out / "wise-ft").iterdir()) == ["alpha-0.json", "alpha-1.json"]
     png = (out / "wise-ft-robustness.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     plain = evaluation.main(["--backbone", "tiny", "--tasks", "imagenet-shifts", "--data-root", str(root),

@@ -400,7 +400,8 @@ def test_a_folder_as_m2mix_training_data_is_not_blamed_on_a_flag_never_passed(tm
         common.cli(m2mix.main, ["--backbone", "tiny", "--train-data", str(tmp_path / "imgs"), "--out",
                                 str(tmp_path / "run"), "--data-root", str(tmp_path)])
     err = capsys.readouterr().err
-    assert "--train-data (evaluated as the default task)" in err and "--eval-on" not in err
+    assert f"--train-data {tmp_path / 'imgs'}: a folder of no layout read here" in err  # issue 72.4: not an
+    assert "--eval-on" not in err and "evaluation task" not in err  # evaluation task's failure
 
 
 def test_messages_name_the_cause(tmp_path, capsys):
