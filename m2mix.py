@@ -57,8 +57,8 @@ from plumbing.flags import arg
 @dataclass(frozen=True)
 class M2MixConfig(flags.TowerConfig):  # + the towers' settings (--backbone bert-resnet50)
     backbone: str = arg("ViT-B/32", "paper: Sec. 5.1 | bert-resnet50 (Sec. 5.4)")  # Sec. 5.1
-    train_data: str = arg("auto", "auto: flickr30k in --data-root (tiny: synthetic) | flickr30k (Karpathy)"
-                          " | coco (--coco-split) | a manifest | synthetic | imagefolder:DIR")
+    train_data: str = arg("auto", "auto: flickr30k in --data-root (tiny: synthetic) | "
+                          "flickr30k (Karpathy) | coco | a manifest | synthetic | imagefolder:DIR")
     coco_split: str = arg("2017", "coco's split (deviation 10)", choices=("2017", "karpathy"))
     train_captions: str = arg("first", "first (Sec. 5.1) | all captions", choices=("first", "all"))
     epochs: int = arg(9, "epochs")  # code scripts
