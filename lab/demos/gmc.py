@@ -192,7 +192,8 @@ def run_demo(cfg: gmc.GMCConfig) -> dict:
             "A acc"]
     lab.report_demo(out, head, {}, runs, found, cols, t0, lambda o: figure(
         runs, o / "gmc-demo.png", f"python gmc.py --demo; seeds {list(lab.seeds())}; error bars: std over seeds; "
-        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=mosei.table4(runs, gmc.SUBSETS))
+        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=mosei.table4(runs, gmc.SUBSETS),
+        registry=registry.fingerprint(REGISTRY))
     return {"per_seed": runs, "claims": found}
 
 
