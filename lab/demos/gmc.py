@@ -20,7 +20,7 @@ import numpy as np
 import common
 import gmc
 import lab
-from lab import calibrate
+from lab import calibrate, registry
 from lab.sentiment import sentiment_world
 from plumbing import published
 from papers import mosei
@@ -48,25 +48,48 @@ def with_means(m: dict) -> dict:
     return out
 
 
-# Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): the paper states no tie threshold, so
-# the accuracy claims' margin is lab.EFFECT_SHARE (10 %) of GMC's own accuracy cost of missing modalities (Full -
-# mean of partial, the room m2-Mix has to recover), the geometry claims' 10 % of GMC's own value (as m2-Mix's
-# Fig. 2); "missing modalities cost GMC accuracy" measures GMC's effect itself: lab.FIELD_MARGIN. The
-# partial-observation claims need GMC to lose >= 1 point when modalities are missing, on 'valid' with the pilot seed
-# (docs/calibration-gmc-mix.json's GMC run).
-PARTIAL_COST = 1.0
+# Issue 70: the claims' margins, the gate and the tuning rule are declared in the claims registry, lab/claims/gmc.json
+# (read by lab/registry.py; its fingerprint is in every results file). Issue 58's margins were 10 % of levels
+# (GMC's alignment and uniformity) or of GMC's cost of missing modalities, larger than Table 4's effects; the
+# registry's come from the paper's effects scaled to the lab by GMC's own effect of missing modalities, and the
+# gate is measured at three pilot seeds with its se (python -m lab.calibrate gmc-gate).
+REGISTRY = "gmc"
+OBSERVED = {"Full": ("Full",), "partial": tuple(PARTIAL), "one": ("T", "V", "A"), "two": ("T+V", "T+A", "V+A")}
+MEASURES = ("acc", "align x100", "unif x100")
 
 
-def partial_gate() -> dict:
-    """The partial-observation claims' regime, from the calibration's GMC run on 'valid'."""
-    val = calibrate.record("gmc-mix")["gmc"]["val"]
-    cost = val["Full acc"] - val["partial acc"]
-    return {"needs": f"GMC's accuracy cost of missing modalities >= {PARTIAL_COST:g} (valid, pilot seed)",
-            "measured": f"{cost:+.1f}", "met": cost >= PARTIAL_COST}
+def observed(row: dict, at: str, measure: str) -> float | None:
+    """A Table 4 row's measure (the paper's or one seed's) over the subsets OBSERVED[at]: 'acc' (%), 'align x100',
+    'unif x100' (the mean over the subsets, x100 where named); None where the row has no such number (Full align)."""
+    what, _, x100 = measure.partition(" ")
+    values = [row.get(f"{s} {what}") for s in OBSERVED[at]]
+    return None if None in values else (100 if x100 else 1) * float(np.mean(values))
+
+
+def paper_number(variant: str, measure: str) -> list[float]:
+    """'NAME@OBSERVED' on a measure in Table 4 (published.M2MIX_TABLE4): one number, one model."""
+    name, at = variant.split("@")
+    return [observed(published.M2MIX_TABLE4[name], at, measure)]
+
+
+def by_observed(runs: dict) -> dict:
+    """The run's seeds as 'NAME@OBSERVED' -> per seed {measure: value}: what the registry's margins read."""
+    return {f"{name}@{at}": [{m: v for m in MEASURES if (v := observed(r, at, m)) is not None} for r in rs]
+            for name, rs in runs.items() for at in OBSERVED}
+
+
+def missing_gate(spec: dict) -> dict:
+    """The partial-observation claims' regime, as `python -m lab.calibrate gmc-gate` measured it on 'valid' at its
+    pilot seeds, judged by the registry's gate rule (lab.registry.gate)."""
+    pilots = calibrate.record(spec["record"])["pilots"]
+    costs = [p["cost"] for p in pilots.values()]
+    measured = ", ".join(f"{c:+.1f}" for c in costs) + f" (pilots {', '.join(map(str, pilots))})"
+    return registry.gate(spec, costs, measured)
 
 
 def claims(runs: dict) -> list[dict]:
-    """Table 4's claims (directions, margins and the gate fixed before the seeds ran); the paper's differences from
+    """Table 4's claims as paired per-seed differences; each margin and gate from the claims registry
+    (lab/claims/gmc.json), the numbers a margin came from kept with its claim. Paper numbers: Table 4, from
     published.M2MIX_TABLE4."""
     p, g = published.M2MIX_TABLE4["GMC+m2-Mix"], published.M2MIX_TABLE4["GMC"]
 
@@ -79,28 +102,32 @@ def claims(runs: dict) -> list[dict]:
     def d(key, a="GMC+m2-Mix", b="GMC"):
         return lab.paired(runs, a, b, key)
 
-    def own(key):  # 10 % of GMC's own value on a geometry measure
-        return lab.effect_margin([r[key] for r in runs["GMC"]])
+    reg, view = registry.load(REGISTRY), by_observed(runs)
+    spec = {c["id"]: c for c in reg["claims"]}
+    gates = {name: missing_gate(gs) for name, gs in reg["gates"].items()}
+
+    def judged(key):  # the registry's margin (and its source) and gate for claim `key`
+        c = spec[key]
+        margin, source = registry.margin(c["margin"], view, {}, paper_number)
+        return {"margin": margin, "margin_source": source, **({"gate": gates[c["gate"]]} if "gate" in c else {}),
+                "registry_id": key}
 
     mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     hurt = [r["Full acc"] - r["partial acc"] for r in runs["GMC"]]
     paper_hurt = g["Full acc"] - np.mean([g[f"{s} acc"] for s in PARTIAL])
-    acc, gate = lab.effect_margin(hurt), partial_gate()
     found = [
         lab.claim("m2-Mix raises accuracy under partial observation (mean of 6 subsets, %)", paper("partial acc"),
-                  d("partial acc"), "+", margin=acc, gate=gate),
+                  d("partial acc"), "+", **judged("partial-acc")),
         lab.claim("m2-Mix raises alignment under partial observation (mean of 6 subsets, x100)",
-                  paper("partial align", 100), d("partial align x100"), "+", margin=own("partial align x100"),
-                  gate=gate),
+                  paper("partial align", 100), d("partial align x100"), "+", **judged("partial-align")),
         lab.claim("m2-Mix raises uniformity under partial observation (mean of 6 subsets, x100)",
-                  paper("partial unif", 100), d("partial unif x100"), "+", margin=own("partial unif x100"),
-                  gate=gate),
+                  paper("partial unif", 100), d("partial unif x100"), "+", **judged("partial-unif")),
         lab.claim("m2-Mix raises accuracy with every modality (Full, %)", paper("Full acc"), d("Full acc"), "+",
-                  margin=acc),
+                  **judged("full-acc")),
         lab.claim("m2-Mix raises the joint's uniformity (Full, x100)", paper("Full unif", 100), d("Full unif x100"),
-                  "+", margin=own("Full unif x100")),
+                  "+", **judged("full-unif")),
         lab.claim("missing modalities cost GMC accuracy (Full - mean of partial, %)", f"{paper_hurt:+.2f}", hurt, "+",
-                  margin=lab.FIELD_MARGIN),
+                  **judged("missing-cost")),
     ]
     per_subset = ", ".join(f"{s} {mean('GMC+m2-Mix', f'{s} acc') - mean('GMC', f'{s} acc'):+.1f}" for s in PARTIAL)
     return lab.diagnosed(found, {  # issue 58.7, written before the seeds ran
@@ -165,7 +192,8 @@ def run_demo(cfg: gmc.GMCConfig) -> dict:
             "A acc"]
     lab.report_demo(out, head, {}, runs, found, cols, t0, lambda o: figure(
         runs, o / "gmc-demo.png", f"python gmc.py --demo; seeds {list(lab.seeds())}; error bars: std over seeds; "
-        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=mosei.table4(runs, gmc.SUBSETS))
+        f"dots: seeds"), base_name=None, config=dataclasses.asdict(cfg), table4=mosei.table4(runs, gmc.SUBSETS),
+        registry=registry.fingerprint(REGISTRY))
     return {"per_seed": runs, "claims": found}
 
 
