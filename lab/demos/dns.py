@@ -86,7 +86,7 @@ R1_PAPER = "higher (the paper gives R@10 only)"
 # Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): the paper states no tie threshold, so
 # a claim's margin is lab.EFFECT_SHARE (10 %) of vanilla's own forgetting on its measure (-BWT, mean over the run's
 # seeds), for its BWT and its final claim alike; the drift claims', 10 % of vanilla's drift (its own effect). The
-# CMCL demo keeps these rules (registry None).
+# CMCL demo took these rules too until issue 70 (registry None: the rules of issue 58).
 # Issue 70: `python dns.py --demo` takes its margins and tuning rule from the claims registry, lab/claims/dns.json
 # (read by lab/registry.py; its fingerprint is in every results file), declared after seeing seeds 0-4 and 10-14, its
 # clean test seeds 30-34: half CMCL's DNS - vanilla (ImageBind, LanguageBind) scaled by vanilla's forgetting, the
@@ -271,6 +271,7 @@ CMCL_DEMO_MODES = DEMO_MODES
 # lab.calibrate dns-cmcl-lwf / dns-cmcl-ewc` (declared before they ran; docs/calibration-dns-cmcl-*.json); their
 # claims: baseline_claims.
 CMCL_BASELINES = {"lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e3))}
+CMCL_REGISTRY = "dns-cmcl"  # issue 70: lab/claims/dns-cmcl.json, the same rules as --demo's (REGISTRY) in this setting
 
 
 def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
@@ -309,12 +310,12 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
             f"drift = relative change of an old step's test score matrix (%). Identity = the frozen features. "
             "Baselines on the maps (baselines/maps.py, vanilla's settings, own knob; ZSCL does not apply here): "
             + knobs(CMCL_BASELINES) + ". Mean ± std over seeds.")
-    claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), "old-pair score")
+    claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), "old-pair score", reg=CMCL_REGISTRY)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: cmcl_demo_figure(
         runs, base, o / "dns-cmcl-demo.png",
         f"python dns.py --demo-cmcl: the code's 11 steps on a synthetic multimodal world (not real features), "
         f"mean ± std over seeds {list(lab.seeds())}; hatched: the paper's ImageBind numbers (real data)"),
-        config=dataclasses.asdict(cfg), world=CMCL_DEMO)
+        config=dataclasses.asdict(cfg), world=CMCL_DEMO, registry=registry.fingerprint(CMCL_REGISTRY))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
