@@ -13,9 +13,9 @@ from lab.demos import cclip, dns, erclip, gmc, longclip, m2mix, towers
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 JUDGES = {  # results file -> the claims its demo computes from (base, per-seed runs)
     "cclip-demo": lambda base, runs: cclip.demo_claims(runs, base),
-    "dns-demo": lambda base, runs: dns.demo_claims(runs),
+    "dns-demo": lambda base, runs: dns.demo_claims(runs, (dns._paper_gain(3), dns._paper_gain(2)), reg=dns.REGISTRY),
     "dns-cmcl-demo": lambda base, runs: dns.demo_claims(runs, (dns._paper_gain(3), dns._paper_gain(2)),
-                                                        "old-pair score"),
+                                                        "old-pair score", reg=dns.CMCL_REGISTRY),
     "erclip-demo": erclip.demo_claims,
     "gmc-demo": lambda base, runs: gmc.claims(runs),
     "longclip-demo": lambda base, runs: longclip.demo_claims(base, runs, "Long-CLIP, window 24",

@@ -18,6 +18,7 @@ import common
 import dns
 import lab
 from baselines import maps
+from lab import registry
 from papers import cmcl
 
 # =============================================================================
@@ -84,44 +85,80 @@ R1_PAPER = "higher (the paper gives R@10 only)"
 
 # Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): the paper states no tie threshold, so
 # a claim's margin is lab.EFFECT_SHARE (10 %) of vanilla's own forgetting on its measure (-BWT, mean over the run's
-# seeds), for its BWT and its final claim alike; the drift claims', 10 % of vanilla's drift (its own effect).
+# seeds), for its BWT and its final claim alike; the drift claims', 10 % of vanilla's drift (its own effect). The
+# CMCL demo took these rules too until issue 70 (registry None: the rules of issue 58).
+# Issue 70: `python dns.py --demo` takes its margins and tuning rule from the claims registry, lab/claims/dns.json
+# (read by lab/registry.py; its fingerprint is in every results file), declared after seeing seeds 0-4 and 10-14, its
+# clean test seeds 30-34: half CMCL's DNS - vanilla (ImageBind, LanguageBind) scaled by vanilla's forgetting, the
+# lab's over the paper's; 20 % of the lab's vanilla forgetting (or drift) where the paper prints no number.
+REGISTRY = "dns"
+NO_FORGETTING = {"BWT_A": 0.0, "BWT_R@1": 0.0, "BWT_R@10": 0.0, "drift %": 0.0}  # 'CLIP': the model that never moves
+PAPER_COLUMNS = ("Acc", "BWT_A", "R@10", "BWT_R@10")  # cmcl.CMCL_PAPER's columns
+PAPER_BACKBONES = ("ImageBind", "LanguageBind")  # the main table's backbones with a vanilla row (UniBind has none)
+
+
+def paper_number(variant: str, measure: str) -> list[float]:
+    """CMCL's main table (cmcl.CMCL_PAPER) for 'vanilla' / 'DNS' on a measure, one per backbone in PAPER_BACKBONES
+    (lab.registry.margin's form); 'CLIP' (never moves) has BWT 0."""
+    if variant == "CLIP":
+        return [NO_FORGETTING[measure]] * len(PAPER_BACKBONES)
+    return [cmcl.CMCL_PAPER[f"{b} {variant}"][PAPER_COLUMNS.index(measure)] for b in PAPER_BACKBONES]
+
+
+def registry_margins(runs: dict, reg: str | None) -> dict | None:
+    """{claim id: {margin, margin_source, registry_id}} from the claims registry `reg`, in the registry's order
+    (None: issue 58's margins, no registry)."""
+    if reg is None:
+        return None
+    out = {}
+    for c in registry.load(reg)["claims"]:
+        m, src = registry.margin(c["margin"], runs, NO_FORGETTING, paper_number)
+        out[c["id"]] = {"margin": m, "margin_source": src, "registry_id": c["id"]}
+    return out
 
 
 def demo_claims(runs: dict, paper_r10=("higher (no number in our sources)",) * 2,
-                drift: str = "old-score") -> list[dict]:
+                drift: str = "old-score", reg: str | None = None) -> list[dict]:
     """The paper's claims as paired per-seed differences, in both modes;
     directions fixed before the seeds ran. Paper: ImageBind, vanilla 47.32 acc
     / -5.72 BWT, DNS 52.52 / -0.02 (its main table, cmcl.CMCL_PAPER);
     paper_r10: what it says of BWT of R@10 and final R@10 (CMCL's setting:
-    -3.34 -> -1.07, 38.56 -> 40.89, so +2.27, +2.33)."""
+    -3.34 -> -1.07, 38.56 -> 40.89, so +2.27, +2.33). reg: the claims registry
+    whose margins (and their sources) the claims take, None for issue 58's."""
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
 
     mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     m = {key: lab.effect_margin([r[f"BWT_{key}"] for r in runs["vanilla"]]) for key in ("A", "R@1", "R@10")}
     m["drift"] = lab.effect_margin([r["drift %"] for r in runs["vanilla"]])
+    ruled = registry_margins(runs, reg)
+
+    def judged(key: str, old: float) -> dict:  # the registry's margin for claim `key`, or issue 58's
+        return {"margin": old} if ruled is None else ruled[key]
     claims, lines = [], {}
     for mode in ("DNS-gradient", "DNS-update"):
         ours = " (our mode)" if mode == "DNS-update" else ""
-        for key, final, paper in (("A", "Acc", (_paper_gain(1), _paper_gain(0))), ("R@1", "R@1", (R1_PAPER,) * 2),
-                                  ("R@10", "R@10", paper_r10)):
+        short = mode.split("-")[1]  # the registry's ids: gradient-..., update-...
+        for key, final, paper, rid in (("A", "Acc", (_paper_gain(1), _paper_gain(0)), "acc"),
+                                       ("R@1", "R@1", (R1_PAPER,) * 2, "r1"), ("R@10", "R@10", paper_r10, "r10")):
             lines[len(claims)] = f"BWT of {final}: {mode} {mean(mode, f'BWT_{key}'):+.1f}, vanilla " \
                                  f"{mean('vanilla', f'BWT_{key}'):+.1f}"
             claims.append(lab.claim(f"{mode} raises BWT of {final} over vanilla{ours}", paper[0],
-                                    d(mode, "vanilla", f"BWT_{key}"), "+", margin=m[key]))
+                                    d(mode, "vanilla", f"BWT_{key}"), "+", **judged(f"{short}-bwt-{rid}", m[key])))
             lines[len(claims)] = f"final {final}: {mode} {mean(mode, final):.1f}, vanilla {mean('vanilla', final):.1f}"
             claims.append(lab.claim(f"{mode} raises final {final} over vanilla{ours}", paper[1],
-                                    d(mode, "vanilla", final), "+", margin=m[key]))
+                                    d(mode, "vanilla", final), "+", **judged(f"{short}-final-{rid}", m[key])))
         lines[len(claims)] = f"drift (% of the old scores): {mode} {mean(mode, 'drift %'):.1f}, vanilla " \
                              f"{mean('vanilla', 'drift %'):.1f}"
         claims.append(lab.claim(f"{mode} cuts {drift} drift vs vanilla (% rel.){ours}",
                                 "to 0 (Thm. 4, exact under SGD)", d(mode, "vanilla", "drift %"), "-",
-                                margin=m["drift"]))
+                                **judged(f"{short}-drift", m["drift"])))
     lines[len(claims)] = (f"drift (% of the old scores): DNS-update {mean('DNS-update', 'drift %'):.1f}, "
                           f"DNS-gradient {mean('DNS-gradient', 'drift %'):.1f}")
     claims.append(lab.claim("update mode drifts less than gradient mode (ours)", "- (ours)",
-                            d("DNS-update", "DNS-gradient", "drift %"), "-", margin=m["drift"]))
-    return lab.diagnosed(claims, lines) + baseline_claims(runs, m["R@1"])
+                            d("DNS-update", "DNS-gradient", "drift %"), "-",
+                            **judged("update-vs-gradient-drift", m["drift"])))
+    return lab.diagnosed(claims, lines) + baseline_claims(runs, m["R@1"], ruled)
 
 
 # Issue 60, declared AFTER seeds 0-4 of the baseline rows had run (they were first shown without claims: CMCL's
@@ -132,8 +169,9 @@ PREMISES = {"ZSCL": "higher (ZSCL's premise: MTIL Last above continual FT)", "Lw
             "EWC": "higher (EWC's premise, Sec. 2)"}
 
 
-def baseline_claims(runs: dict, margin: float) -> list[dict]:
-    """Each baseline row present in runs forgets less than vanilla (BWT of R@1, paired per seed)."""
+def baseline_claims(runs: dict, margin: float, ruled: dict | None = None) -> list[dict]:
+    """Each baseline row present in runs forgets less than vanilla (BWT of R@1, paired per seed); ruled: the
+    registry's margins by claim id (registry_margins), None for `margin` (issue 58's)."""
     mean = functools.partial(lab.mean_over_seeds, runs)
     claims, lines = [], {}
     for name in [n for n in PREMISES if n in runs]:
@@ -141,7 +179,7 @@ def baseline_claims(runs: dict, margin: float) -> list[dict]:
                               f"{mean('vanilla', 'BWT_R@1'):+.1f}")
         claims.append(lab.claim(f"{name} forgets less than vanilla: BWT of R@1 (declared after seeds 0-4; clean test: "
                                 f"seeds 10-14)", PREMISES[name], lab.paired(runs, name, "vanilla", "BWT_R@1"), "+",
-                                margin=margin))
+                                **({"margin": margin} if ruled is None else ruled[f"{name.lower()}-bwt-r1"])))
     return lab.diagnosed(claims, lines)
 
 
@@ -205,11 +243,12 @@ def run_demo(cfg: dns.DNSConfig) -> dict:
             f"(drift): " + ", ".join(f"{c['mode']} {c['drift']:.1e}" for c in checks) + ". Baselines on the maps "
             "(baselines/maps.py, vanilla's settings, own knob from val): " + knobs(DEMO_BASELINES)
             + ". Mean ± std over seeds.")
-    claims = demo_claims(runs)
+    claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), reg=REGISTRY)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "dns-demo.png",
         f"python dns.py --demo; R[i][j] = R@1 on task j's test split after tasks 1..i; seeds {list(lab.seeds())}",
-        unit="R@1 (%)", row_first="CLIP (identity)"), config=dataclasses.asdict(cfg), guarantee=checks)
+        unit="R@1 (%)", row_first="CLIP (identity)"), config=dataclasses.asdict(cfg), guarantee=checks,
+        registry=registry.fingerprint(REGISTRY))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
@@ -232,6 +271,7 @@ CMCL_DEMO_MODES = DEMO_MODES
 # lab.calibrate dns-cmcl-lwf / dns-cmcl-ewc` (declared before they ran; docs/calibration-dns-cmcl-*.json); their
 # claims: baseline_claims.
 CMCL_BASELINES = {"lwf": ("LwF", dict(lwf_weight=0.1)), "ewc": ("EWC", dict(ewc_lambda=1e3))}
+CMCL_REGISTRY = "dns-cmcl"  # issue 70: lab/claims/dns-cmcl.json, the same rules as --demo's (REGISTRY) in this setting
 
 
 def cmcl_demo_figure(runs: dict, base: dict, path, caption: str) -> Path:
@@ -270,12 +310,12 @@ def run_cmcl_demo(cfg: dns.DNSConfig) -> dict:
             f"drift = relative change of an old step's test score matrix (%). Identity = the frozen features. "
             "Baselines on the maps (baselines/maps.py, vanilla's settings, own knob; ZSCL does not apply here): "
             + knobs(CMCL_BASELINES) + ". Mean ± std over seeds.")
-    claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), "old-pair score")
+    claims = demo_claims(runs, (_paper_gain(3), _paper_gain(2)), "old-pair score", reg=CMCL_REGISTRY)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: cmcl_demo_figure(
         runs, base, o / "dns-cmcl-demo.png",
         f"python dns.py --demo-cmcl: the code's 11 steps on a synthetic multimodal world (not real features), "
         f"mean ± std over seeds {list(lab.seeds())}; hatched: the paper's ImageBind numbers (real data)"),
-        config=dataclasses.asdict(cfg), world=CMCL_DEMO)
+        config=dataclasses.asdict(cfg), world=CMCL_DEMO, registry=registry.fingerprint(CMCL_REGISTRY))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
