@@ -1,37 +1,105 @@
-"""Issue 70: the claims registry. A committed results file of a demo under the registry was written under today's
-registry (its sha256), so no rule changes without the demo being rerun; every margin records where it came from
-and is at most half the paper's effect scaled to the lab; gates carry their se and the verdict without them."""
+"""Issue 70: the claims registry. For every demo under it (DEMOS): each committed results file was written under
+today's registry (its sha256), declared in a commit before the fresh seeds ran, and its verdicts and margins follow
+from its per-seed numbers, so no rule changes without the demo being rerun; the fresh seeds were never run before;
+the docs print the margins' sources and the three seed sets. The registry's own rules: every margin records where
+it came from and is at most half the paper's effect scaled to the lab; gates carry their se and the verdict without
+them. Each demo's margin sources against its paper: tests/test_lab_registry_<demo>.py."""
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import lab
 from lab import registry
-from lab.demos import erclip
+from lab.demos import dns, erclip, gmc, m2mix, towers
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-UNDER_REGISTRY = {"erclip": ("erclip-demo-results.json", "erclip-demo-heldout-results.json",
-                             "erclip-demo-fresh-results.json")}
-STABILITY_RERUNS = {"erclip": ("erclip-demo-ulp-results.json", "erclip-demo-2threads-results.json")}
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+FRESH_SEEDS = [30, 31, 32, 33, 34]
+# registry -> its demo's results prefix (docs/<prefix>-results.json, -heldout-, -fresh-), its docs page, the
+# stability reruns (suffixes), the calibration records whose pilot seeds the fresh seeds must avoid, and the claims
+# as its run_demo makes them from (base, per-seed runs)
+DEMOS = {
+    "erclip": ("erclip-demo", "erclip.md", ("-ulp", "-2threads"), ("erclip", "erclip-rt", "erclip-gates"),
+               erclip.demo_claims),
+    "gmc": ("gmc-demo", "gmc.md", ("-1thread",), ("gmc-gate", "gmc-mix"), lambda base, runs: gmc.claims(runs)),
+    "towers": ("m2mix-unimodal-demo", "m2mix.md", ("-1thread",), ("towers-mix",),
+               lambda base, runs: towers.claims(runs)),
+    "m2mix": ("m2mix-demo", "m2mix.md", ("-1thread",), ("m2mix-mix", "m2mix-baselines"), m2mix.demo_claims),
+    "dns": ("dns-demo", "dns.md", ("-1thread",), ("dns-2", "dns-zscl", "dns-lwf", "dns-ewc"),
+            lambda base, runs: dns.demo_claims(runs, (dns._paper_gain(3), dns._paper_gain(2)), reg=dns.REGISTRY)),
+    "dns-cmcl": ("dns-cmcl-demo", "dns.md", ("-1thread",), ("dns-cmcl", "dns-cmcl-lwf", "dns-cmcl-ewc"),
+                 lambda base, runs: dns.demo_claims(runs, (dns._paper_gain(3), dns._paper_gain(2)),
+                                                    "old-pair score", reg=dns.CMCL_REGISTRY)),
+}
+SEED_SETS = ("", "-heldout", "-fresh")
+UNDER_REGISTRY = {demo: tuple(f"{d[0]}{kind}-results.json" for kind in SEED_SETS) for demo, d in DEMOS.items()}
+EVERY_FILE = [(demo, f"{d[0]}{kind}-results.json") for demo, d in DEMOS.items() for kind in SEED_SETS + d[2]]
 
 
-@pytest.mark.parametrize("demo", sorted(UNDER_REGISTRY))
-def test_committed_results_were_judged_under_todays_registry(demo):
-    today = registry.sha256(demo)
-    for name in UNDER_REGISTRY[demo] + STABILITY_RERUNS[demo]:
-        record = json.loads((DOCS / name).read_text())
-        assert record["registry"]["sha256"] == today, f"{name}: written under another registry; rerun the demo"
-        assert record["registry"]["declared_in"] != "uncommitted", name  # the rules were committed before the run
+def record(name: str) -> dict:
+    return json.loads((DOCS / name).read_text())
 
 
-def test_the_fresh_seeds_are_new_and_ran_after_the_registry():
-    record = json.loads((DOCS / "erclip-demo-fresh-results.json").read_text())
-    assert record["seeds"] == [30, 31, 32, 33, 34]
-    used = {s for name in ("erclip-demo-results.json", "erclip-demo-heldout-results.json")
-            for s in json.loads((DOCS / name).read_text())["seeds"]}
-    assert not used & set(record["seeds"])
+@pytest.mark.parametrize("demo, name", EVERY_FILE)
+def test_committed_results_were_judged_under_todays_registry(demo, name):
+    r = record(name)
+    assert r["registry"]["file"] == f"lab/claims/{demo}.json"
+    assert r["registry"]["sha256"] == registry.sha256(demo), f"{name}: written under another registry; rerun the demo"
+    assert r["registry"]["declared_in"] != "uncommitted", name  # the rules were committed before the run
+    assert [c["registry_id"] for c in r["claims"]] == [c["id"] for c in registry.load(demo)["claims"]]
+
+
+@pytest.mark.parametrize("demo, name", EVERY_FILE)
+def test_committed_verdicts_and_margins_follow_from_the_committed_numbers(demo, name):
+    r = record(name)
+    again = DEMOS[demo][4](r["base"], r["per_seed"])
+    assert [c["claim"] for c in again] == [c["claim"] for c in r["claims"]]
+    for new, old in zip(again, r["claims"]):
+        assert new["verdict"] == old["verdict"], (name, new["claim"])
+        assert new.get("margin") == pytest.approx(old.get("margin")), (name, new["claim"])
+
+
+@pytest.mark.parametrize("demo", sorted(DEMOS))
+def test_declared_in_is_a_commit_of_this_history_that_changed_the_registry(demo):
+    seeds_04, _, fresh = UNDER_REGISTRY[demo]
+    declared = record(seeds_04)["registry"]["declared_in"]
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+    if git("rev-parse", "--git-dir").returncode:
+        pytest.skip("a copy without its git history")
+    assert git("cat-file", "-e", f"{declared}^{{commit}}").returncode == 0, declared
+    assert f"lab/claims/{demo}.json" in git("show", "--name-only", "--format=", declared).stdout
+    for commit in git("log", "--format=%H", "--", f"docs/{fresh}").stdout.split():  # never before the registry
+        assert git("merge-base", "--is-ancestor", declared, commit).returncode == 0, commit
+
+
+@pytest.mark.parametrize("demo", sorted(DEMOS))
+def test_the_fresh_seeds_are_new_and_ran_after_the_registry(demo):
+    prefix, _, reruns, calibrations, _ = DEMOS[demo]
+    fresh = record(f"{prefix}-fresh-results.json")["seeds"]
+    assert fresh == registry.load(demo).get("fresh_seeds", FRESH_SEEDS) == FRESH_SEEDS
+    used = {s for kind in ("", "-heldout") + reruns for s in record(f"{prefix}{kind}-results.json")["seeds"]}
+    for name in calibrations:  # the pilots: one seed, or several
+        pilots = json.loads((DOCS / f"calibration-{name}.json").read_text())["pilot_seed"]
+        used |= set(pilots) if isinstance(pilots, list) else {pilots}
+    assert not used & set(fresh)
+
+
+@pytest.mark.parametrize("demo", sorted(DEMOS))
+def test_the_docs_print_the_margins_sources_and_the_three_seed_sets(demo):
+    from lab import report
+    paths = [DOCS / name for name in UNDER_REGISTRY[demo]]
+    claims = record(paths[0].name)["claims"]
+    margins = report.margins_markdown(paths[0])
+    assert len(margins.splitlines()) == 2 + len(claims)
+    assert all(f"{c['margin']:.3g} |" in row for c, row in zip(claims, margins.splitlines()[2:]) if "margin" in c)
+    seeds = report.heldout_markdown(*paths)
+    assert seeds.splitlines()[0].startswith("| claim | seeds 0-4 | verdict | seeds 10-14 | verdict | seeds 30-34 |")
+    assert len(seeds.splitlines()) == 2 + len(claims)
+    text = (DOCS / DEMOS[demo][1]).read_text()
+    assert margins in text and seeds in text
 
 
 def test_a_changed_rule_changes_the_fingerprint(tmp_path, monkeypatch):
@@ -98,15 +166,3 @@ def test_the_mean_inside_range_rule():
     assert lab.verdict(straddling, "range", interval=(30, 42), range_rule="mean-inside") == "not resolved"
     assert lab.verdict(straddling, "range", interval=(30, 42)) == "reproduced"  # 'overlap', the other demos'
     assert lab.verdict(outside, "range", interval=(30, 42), range_rule="mean-inside") == "opposite"
-
-
-def test_the_docs_tables_print_the_margins_sources_and_the_three_seed_sets():
-    from lab import report
-    paths = [DOCS / name for name in UNDER_REGISTRY["erclip"]]
-    record = json.loads(paths[0].read_text())
-    margins = report.margins_markdown(paths[0]).splitlines()
-    assert len(margins) == 2 + len(record["claims"])
-    assert all(f"{c['margin']:.3g} |" in row for c, row in zip(record["claims"], margins[2:]) if "margin" in c)
-    seeds = report.heldout_markdown(*paths).splitlines()
-    assert seeds[0].startswith("| claim | seeds 0-4 | verdict | seeds 10-14 | verdict | seeds 30-34 | verdict |")
-    assert len(seeds) == 2 + len(record["claims"])
