@@ -117,6 +117,25 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       drawn with the pilot seed (as dns-cmcl: the demo's world parameters),
       pilot seed, at vanilla's CMCL demo settings (lr 1e-2, 10 epochs); the
       score is the last R@1 (mean over the 11 steps after the last one).
+  cclip-gates, longclip-gates (issue 70.4, declared before they ran): the
+      regime gates of C-CLIP's and Long-CLIP's demos at GATE_PILOTS (97, 98,
+      99), the demos' settings, on val; lab/claims/{cclip,longclip}.json hold
+      the thresholds and judge the mean and se. cclip-gates: full FT's -BWT
+      over its mean per-task gain (R@1, mean of I2T and T2I). longclip-gates:
+      Long-CLIP's long-R@1 gain over CLIP through its stretched window, at
+      its demo lr.
+  cclip-floor (issue 70.5, declared before it ran): one tuning rule for
+      every variant of C-CLIP's demo that has a knob (LoRA only's rank and
+      rates, which C-CLIP takes; ZSCL's, LwF's and EWC's weights): in the
+      knob's declared order, from the setting that changes the model least
+      (LoRA: ascending rank, then rate; a regulariser: descending weight), the
+      first at which the variant learns every task by >= 5 R@1 on val (pilot
+      seed), the plasticity floor full FT's own setting was chosen by. It reads
+      the per-task gain only, never last R@1, BWT or PD. The rows are the
+      cclip-lora(-edge) and cclip-zscl/-lwf/-ewc records' (the same runs:
+      val, pilot seed, the demo's settings); a choice at the grid's
+      least-changing edge extends it once (a regulariser's weight x10 beyond
+      its largest), a run made here.
   cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
@@ -148,7 +167,7 @@ from pathlib import Path
 NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip-lora-edge", "cclip", "cclip-long",
          "cclip-long-2", "dns", "dns-2", "dns-cmcl", "m2mix-mix", "m2mix-baselines", "towers-mix", "gmc-mix",
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
-         "dns-cmcl-ewc")
+         "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -439,16 +458,17 @@ def cclip_long_passes(R: list[list[float]], zs_loss: float) -> dict:
             "learns and forgets": check["passes"], "passes": check["passes"] and zs_loss >= ZS_LOSS}
 
 
-def _cclip_long_rows(data_root, out, grid, method: str, name: str) -> list[dict]:
+def _cclip_long_rows(data_root, out, grid, method: str, name: str, seed: int = PILOT_SEED) -> list[dict]:
     """`method`'s task sequence on the domains' long captions (val) at each setting of `grid`, with the
-    background family on 'zs-val': a row each, checked by cclip_long_passes (cclip-long's and cclip-lora's)."""
+    background family on 'zs-val': a row each, checked by cclip_long_passes (cclip-long's, cclip-lora's and
+    cclip-gates')."""
     import cclip
     import eval as evaluation
     from lab import world
     from lab.demos import cclip as demo
     zs = "synthetic-background-val"  # calibration only: the background family on 'zs-val'
     evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
-    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": seed})
     rows = []
     for setting in grid:
         summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/{method}-{len(rows)}", method)
@@ -730,6 +750,11 @@ def _baseline_knob(name: str, w: float) -> dict:
 
 def calibrate_cclip_baseline(name: str, data_root="data", out=None) -> dict:
     """A continual baseline's own knob (module docstring: cclip-zscl, -lwf, -ewc) on val, pilot seed."""
+    return _tune_baseline(name, _cclip_baseline_row(name, data_root, out or f"runs/calibration/cclip-{name}"))
+
+
+def _cclip_baseline_row(name: str, data_root: str, out: str):
+    """row(w): baseline `name` at knob w over the val task sequence, pilot seed, the demo's settings."""
     import cclip
     import eval as evaluation
     from lab import world
@@ -737,7 +762,6 @@ def calibrate_cclip_baseline(name: str, data_root="data", out=None) -> dict:
     zs = "synthetic-background-val"  # as _cclip_long_rows: the background family on 'zs-val'
     evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
     cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
-    out = out or f"runs/calibration/cclip-{name}"
 
     def score(w):
         run_out = f"{out}/{w:g}"
@@ -750,7 +774,70 @@ def calibrate_cclip_baseline(name: str, data_root="data", out=None) -> dict:
                "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])}
         print(f"[calibrate cclip-{name}] {w:g}: val last R@1 {row['score']:.2f}, {row['check']}", file=sys.stderr)
         return row
-    return _tune_baseline(name, score)
+    return score
+
+
+def calibrate_cclip_gates(data_root="data", out="runs/calibration/cclip-gates") -> dict:
+    """C-CLIP's forgetting gate (module docstring, cclip-gates): full FT at the demo's setting, val, each pilot."""
+    pilots = {}
+    for seed in GATE_PILOTS:
+        setting = record("cclip-long-2")["chosen"]  # the demo's: 30 steps, image 3e-4 / text 6e-4
+        row = _cclip_long_rows(data_root, f"{out}/seed{seed}", [setting], "full", "cclip-gates", seed)[0]
+        gain = float(np.mean(row["check"]["learned per task"]))
+        pilots[seed] = {**row, "-BWT": -row["check"]["BWT"], "gain": gain, "ratio": -row["check"]["BWT"] / gain}
+    return {"pilot_seed": list(GATE_PILOTS), "pilots": pilots, "needs": "full FT's -BWT / its mean per-task gain"}
+
+
+FLOOR_EDGE = 10.0  # cclip-floor: a regulariser chosen at its largest weight extends the grid once by this factor
+
+
+def _first_that_learns(rows: list[dict]):
+    return next((r for r in rows if r["check"]["learns"]), None)
+
+
+def calibrate_cclip_floor(data_root="data", out="runs/calibration/cclip-floor") -> dict:
+    """One tuning rule for every variant of C-CLIP's demo (module docstring, cclip-floor): the first setting, from
+    the one that changes the model least, at which the variant learns every task by >= 5 R@1 on val."""
+    lora = [r for name in ("cclip-lora-edge", "cclip-lora") for r in record(name)["grid"]]  # ascending rank, rate
+    lora.sort(key=lambda r: (r["setting"]["lora_rank"], r["setting"]["lr_image"]))
+    pick = _first_that_learns(lora)
+    chosen = {"lora": pick and pick["setting"]}
+    rows = {"lora": [{"setting": r["setting"], "check": r["check"], "from": "cclip-lora-edge"
+                      if r["setting"]["lora_rank"] == 2 else "cclip-lora"} for r in lora]}
+    for name in ("zscl", "lwf", "ewc"):
+        grid = sorted(({**r, "from": f"cclip-{name}"} for r in record(f"cclip-{name}")["grid"]),
+                      key=lambda r: -r["weight"])  # descending: the strongest regulariser first
+        pick = _first_that_learns(grid)
+        if pick is grid[0]:  # at the least-changing edge: the grid extends once
+            edge = grid[0]["weight"] * FLOOR_EDGE
+            grid.insert(0, {**_cclip_baseline_row(name, data_root, f"{out}/{name}")(edge), "from": "cclip-floor"})
+            pick = _first_that_learns(grid)
+        rows[name] = [{k: r[k] for k in ("weight", "score", "check", "from")} for r in grid]
+        chosen[name] = pick and _baseline_knob(name, pick["weight"])
+        print(f"[calibrate cclip-floor] {name}: {chosen[name]}", file=sys.stderr)
+    return {"grid": rows, "chosen": chosen}
+
+
+def calibrate_longclip_gates(data_root="data", out="runs/calibration/longclip-gates") -> dict:
+    """Long-CLIP's learns-long gate (module docstring, longclip-gates): its long gain on val, each pilot."""
+    import longclip
+    from lab.demos import longclip as demo
+    from papers import longclip_data
+    cfg = common.parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
+                                                              "data_root": data_root, "lr": demo.LONGCLIP_LR})
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
+    window = longclip.original_context(cfg.backbone)
+    base = demo.demo_measure(model, preprocess, {window: tokenizer}, data_root, split="val")[window]
+    manifest = longclip_data.train_manifest(cfg, lab.WORLD)
+    pilots = {}
+    for seed in GATE_PILOTS:
+        vcfg = dataclasses.replace(cfg, seed=seed, out=f"{out}/seed{seed}")
+        measured, _ = demo.train_and_measure(vcfg, manifest, "val")
+        full = measured[max(measured)]  # through the stretched window
+        pilots[seed] = {"Long-CLIP": measured, "long gain": full["long"] - base["long"]}
+        print(f"[calibrate longclip-gates] seed {seed}: long gain {pilots[seed]['long gain']:+.2f}", file=sys.stderr)
+    return {"base": base, "pilot_seed": list(GATE_PILOTS), "pilots": pilots, "lr": cfg.lr,
+            "needs": "Long-CLIP's long-R@1 gain over CLIP through its stretched window"}
 
 
 def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
@@ -807,7 +894,9 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "towers-mix": calibrate_towers_mix, "gmc-mix": calibrate_gmc_mix, "gmc-gate": calibrate_gmc_gate,
                 **{f"cclip-{b}": (lambda b=b: calibrate_cclip_baseline(b)) for b in ("zscl", "lwf", "ewc")},
                 **{f"dns-{b}": (lambda b=b: calibrate_dns_baseline(b)) for b in ("zscl", "lwf", "ewc")},
-                **{f"dns-cmcl-{b}": (lambda b=b: calibrate_dns_cmcl_baseline(b)) for b in ("lwf", "ewc")}}
+                **{f"dns-cmcl-{b}": (lambda b=b: calibrate_dns_cmcl_baseline(b)) for b in ("lwf", "ewc")},
+                "cclip-gates": calibrate_cclip_gates, "cclip-floor": calibrate_cclip_floor,
+                "longclip-gates": calibrate_longclip_gates}
 
 
 def main(argv=None):

@@ -37,7 +37,7 @@ from plumbing import models
 from papers import longclip_data
 import common
 import lab
-from lab import calibrate
+from lab import calibrate, registry
 import longclip
 from plumbing import published
 
@@ -91,51 +91,67 @@ def demo_paper_numbers() -> dict:
     return out
 
 
-# Issue 58, declared before the seeds ran (docs/lab.md, "How the lab judges"): this demo runs at ERCLIP's budget
-# and compares with ERCLIP, so every '+' claim carries ERCLIP's one-point tie threshold (lab.FIELD_MARGIN); the two
-# '=' claims keep their 2 points. "Long-CLIP ahead of ERCLIP" is the paper's result at ~1M pairs (ERCLIP Tab. 1);
-# at 20k pairs it needs a regime where the Long-CLIP recipe learns the long captions at all: on val with the
-# pilot seed at its chosen lr (docs/calibration-longclip.json) a long-R@1 gain over CLIP through the stretched
-# window >= the calibration's own target (3 points).
-LEARNS_LONG = 3.0
+# Issue 70: every claim's margin, the learns-long gate and the tuning rule are declared in the claims registry,
+# lab/claims/longclip.json (read by lab/registry.py; its fingerprint is in every results file). Issue 58's margins
+# (ERCLIP's one-point tie, 2 points for '=') and its one-pilot gate gave way to the registry's rules.
+REGISTRY = "longclip"
+PAPER_BACKBONES = ("B/16", "L/14")  # ERCLIP Tab. 1 prints Long-CLIP for these two
 
 
-def learns_gate(record: dict) -> dict:
-    """The ahead-of-ERCLIP claims' regime, from the Long-CLIP row of its calibration record at the chosen lr."""
-    gain = calibrate.chosen_row(record)["check"]["long gain"]
-    return {"needs": f"Long-CLIP's long R@1 gain over CLIP >= {LEARNS_LONG:g} through its window (val, pilot "
-                     f"seed, lr {record['chosen']['lr']:g})", "measured": f"{gain:+.1f}", "met": gain >= LEARNS_LONG}
+def paper_number(variant: str, measure: str) -> list[float]:
+    """ERCLIP Tab. 1's long avg R@1 (mean of I2T and T2I over its four sets) of 'Long-CLIP' (its grey rows), 'M+P'
+    or 'CLIP', one per backbone of PAPER_BACKBONES."""
+    if measure != "long":
+        raise KeyError(f"ERCLIP Tab. 1 gives no {measure!r} number for Long-CLIP")
+    return [_paper_long_avg(published.PUBLISHED_LONGCLIP[models.openai_name(f"ViT-{v}")] if variant == "Long-CLIP"
+                            else published.ERCLIP_TABLE1[(v, variant)]) for v in PAPER_BACKBONES]
+
+
+def learns_gate(spec: dict) -> dict:
+    """The claims that need Long-CLIP to learn the long captions, as `python -m lab.calibrate longclip-gates`
+    measured it on val at its pilot seeds, judged by the registry's gate rule (lab.registry.gate)."""
+    pilots = calibrate.record(spec["record"])["pilots"].values()
+    gains = [p["long gain"] for p in pilots]
+    return registry.gate(spec, gains, ", ".join(f"{g:+.1f}" for g in gains) + " (pilots)")
 
 
 def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
-    """Paired per-seed differences. Directions and margins fixed before any
-    run: Long-CLIP ahead of CLIP and of ERCLIP on long captions (Long-CLIP's
-    claim; ERCLIP's stated expectation that it closes only part of the gap
-    to Long-CLIP), the stretched window ahead of the truncated one (Long-CLIP
-    Sec. 3); short-caption R@1 and held-out zero-shot: neither paper claims a
-    direction between the two methods, so '=' within 2 points (8 test scenes
-    of 400; 14 zero-shot scenes of 720). short / full: the run names of the
+    """Paired per-seed differences; each margin and gate from the claims registry (lab/claims/longclip.json), the
+    numbers a margin came from kept with its claim. Directions: Long-CLIP ahead of CLIP and of ERCLIP on long
+    captions (Long-CLIP's claim; ERCLIP's stated expectation that it closes only part of the gap to Long-CLIP),
+    the stretched window ahead of the truncated one (Long-CLIP Sec. 3); short-caption R@1 and held-out zero-shot:
+    neither paper claims a direction between the two methods, so '='. short / full: the run names of the
     Long-CLIP model read through the original and the stretched window."""
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    record = calibrate.record("longclip")  # the gate's check and the diagnosis's grid
-    paper, m, gate = demo_paper_numbers(), lab.FIELD_MARGIN, learns_gate(record)
+    reg = registry.load(REGISTRY)
+    spec = {c["id"]: c for c in reg["claims"]}
+    gates = {name: learns_gate(g) for name, g in reg["gates"].items()}
+
+    def judged(key):  # the registry's margin (and its source) and gate for claim `key`
+        c = spec[key]
+        margin, source = registry.margin(c["margin"], runs, base, paper_number)
+        return {"margin": margin, "margin_source": source, "registry_id": key,
+                **({"gate": gates[c["gate"]]} if "gate" in c else {})}
+    paper = demo_paper_numbers()
     gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"
     claims = [
         lab.claim(f"Long-CLIP beats CLIP on long R@1 ({full} - CLIP)",
-                  f"{paper['CLIP']} (ERCLIP Tab. 1, B/16 / L/14, ~1M pairs)", d(full, "CLIP", "long"), "+", margin=m),
+                  f"{paper['CLIP']} (ERCLIP Tab. 1, B/16 / L/14, ~1M pairs)", d(full, "CLIP", "long"), "+",
+                  **judged("beats-clip")),
         lab.claim(f"the stretched window reads more of the long captions ({full} - {short}, long R@1)", "-",
-                  d(full, short, "long"), "+", margin=m),
+                  d(full, short, "long"), "+", **judged("stretched-window")),
         lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, truncated ({short} - {ERCLIP_NAME})", gap,
-                  d(short, ERCLIP_NAME, "long"), "+", margin=m, gate=gate),
+                  d(short, ERCLIP_NAME, "long"), "+", **judged("ahead-truncated")),
         lab.claim(f"Long-CLIP ahead of ERCLIP on long R@1, full window ({full} - {ERCLIP_NAME})", gap,
-                  d(full, ERCLIP_NAME, "long"), "+", margin=m, gate=gate),
-        lab.claim(f"short R@1 about equal ({ERCLIP_NAME} - {short}; within 2 points)", "-",
-                  d(ERCLIP_NAME, short, "short"), "=", margin=2.0),
-        lab.claim(f"held-out zero-shot about equal ({ERCLIP_NAME} - Long-CLIP, background top-1; within 2 points)",
-                  "-", d(ERCLIP_NAME, short, "background"), "=", margin=2.0),
+                  d(full, ERCLIP_NAME, "long"), "+", **judged("ahead-full")),
+        lab.claim(f"short R@1 about equal ({ERCLIP_NAME} - {short}; within the registry's margin)", "-",
+                  d(ERCLIP_NAME, short, "short"), "=", **judged("short-equal")),
+        lab.claim(f"held-out zero-shot about equal ({ERCLIP_NAME} - Long-CLIP, background top-1; within the "
+                  f"registry's margin)", "-", d(ERCLIP_NAME, short, "background"), "=", **judged("zero-shot-equal")),
     ]
+    record, gate = calibrate.record("longclip"), gates["learns-long"]  # the diagnosis's grid
 
     def gain(name, key):  # mean over seeds, over CLIP
         return float(np.mean([r[key] for r in runs[name]])) - base[key]
@@ -245,7 +261,7 @@ def run_demo(cfg: longclip.LongCLIPConfig):
     claims = demo_claims(base, runs, short, full)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: demo_figure(
         base, runs, o / "longclip-demo.png", f"python longclip.py --demo; seeds {list(lab.seeds())}; error bars: "
-        f"std over seeds; dots: seeds"), config=dataclasses.asdict(cfg),
+        f"std over seeds; dots: seeds"), config=dataclasses.asdict(cfg), registry=registry.fingerprint(REGISTRY),
         erclip="python erclip.py subprocess per seed: " + " ".join(
             erclip_command(cfg, lab.seeds()[0], out / "ERCLIP-MP-seed{seed}")[1:]))
     return {"base": base, "per_seed": runs, "claims": claims}
