@@ -70,9 +70,9 @@ from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pret
                       zero_shot_report)
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
-                       Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
-                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, scene_label_sets,
-                       scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
+                       Domain, classification_tasks, conflict_manifest, conflict_names, finetune_classes, label_sets,
+                       long_caption_manifest, long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene,
+                       scene_label_sets, scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
                        world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
 models.register_tiny(TINY_CFG)  # the tiny backbone, known to open_clip (open_clip.add_model_config)
