@@ -80,3 +80,14 @@ WORLD = models.LabWorld(  # the synthetic world, handed as `world=` to what the 
     tiny_weights=pretrain_tiny, synthetic_manifest=synthetic_manifest, task_manifests=task_manifests,
     long_task_manifests=long_task_manifests, label_sets=lambda: label_sets() | scene_label_sets())
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+
+
+def conflict_world(conflict: float) -> models.LabWorld:
+    """WORLD with its continual tasks (--tasks synthetic, synthetic-long) renamed at strength `conflict` (issue 71:
+    world.conflict_manifest; the strength: python -m lab.calibrate continual-world); 0: WORLD itself. No demo
+    uses it yet: a demo switches by handing this as `world=` where it hands WORLD."""
+    import dataclasses
+    import functools
+    return dataclasses.replace(WORLD, task_manifests=functools.partial(task_manifests, conflict=conflict),
+                               long_task_manifests=functools.partial(long_task_manifests, conflict=conflict)) \
+        if conflict else WORLD

@@ -4,6 +4,7 @@ alike in every split of one domain and differently across domains."""
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,14 @@ def test_conflict_is_nested_and_reaches_the_tasks(tmp_path):
     spec = lab.scene_labelled_tasks(tmp_path, test="val", conflict=0.5)
     te = spec.split(",")[0].split(":")[-1]
     assert "scene-labels-conflict0.5" in te and {"position", "count"} <= set(common.read_manifest(te)[0])
+
+
+def test_conflict_world_hands_the_renamed_tasks_on(tmp_path):
+    from papers import cclip_tasks
+    assert lab.conflict_world(0.0) is lab.WORLD
+    cfg = type("Cfg", (), {"tasks": "synthetic-long", "data_root": str(tmp_path)})()
+    renamed = cclip_tasks.resolve_tasks(cfg, lab.conflict_world(0.5))
+    today = cclip_tasks.resolve_tasks(cfg, lab.WORLD)
+    assert [t.name for t in renamed] == [t.name for t in today] == list(world.TASK_DOMAINS)
+    assert all("conflict0.5-long-as-caption" in str(t.train) and "conflict0.5" in str(t.test) for t in renamed)
+    assert not any("conflict" in Path(t.train).name + Path(t.test).name for t in today)
