@@ -13,7 +13,7 @@ import pytest
 
 import lab
 from lab import registry
-from lab.demos import dns, erclip, gmc, m2mix, towers
+from lab.demos import cclip, dns, erclip, gmc, longclip, m2mix, towers
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -33,6 +33,11 @@ DEMOS = {
     "dns-cmcl": ("dns-cmcl-demo", "dns.md", ("-1thread",), ("dns-cmcl", "dns-cmcl-lwf", "dns-cmcl-ewc"),
                  lambda base, runs: dns.demo_claims(runs, (dns._paper_gain(3), dns._paper_gain(2)),
                                                     "old-pair score", reg=dns.CMCL_REGISTRY)),
+    "cclip": ("cclip-demo", "cclip.md", ("-2threads",),
+              ("cclip-long-2", "cclip-lora", "cclip-lora-edge", "cclip-zscl", "cclip-lwf", "cclip-ewc", "cclip-gates",
+               "cclip-floor"), lambda base, runs: cclip.demo_claims(runs, base)),
+    "longclip": ("longclip-demo", "longclip.md", ("-1thread",), ("erclip", "longclip", "longclip-gates"),
+                 lambda base, runs: longclip.demo_claims(base, runs, "Long-CLIP, window 24", "Long-CLIP, window 78")),
 }
 SEED_SETS = ("", "-heldout", "-fresh")
 UNDER_REGISTRY = {demo: tuple(f"{d[0]}{kind}-results.json" for kind in SEED_SETS) for demo, d in DEMOS.items()}

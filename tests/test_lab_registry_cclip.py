@@ -1,0 +1,88 @@
+"""Issue 70 for C-CLIP's demo (python cclip.py --demo, lab/claims/cclip.json): every margin records where it came
+from, the zero-shot claim's is at most half of Sec. 5's effect scaled to the lab by full FT's own PD, the rest are
+20 % of full FT's own effect; the forgetting gate has three pilots, its se and its source and covers every claim on
+last / avg R@1 against a model that forgets; every variant with a knob took it by the one rule. What every demo
+under the registry checks: tests/test_lab_registry.py."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lab import calibrate, registry
+from lab.demos import cclip
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SEED_SETS = ("cclip-demo-results.json", "cclip-demo-heldout-results.json", "cclip-demo-fresh-results.json")
+
+
+def load(name: str) -> dict:
+    return json.loads((DOCS / name).read_text())
+
+
+def test_the_papers_numbers_the_margin_reads():
+    """Sec. 5 by hand (ViT-B/16): pretrained 67.73; after two tasks C-CLIP ~65.1 (PD 2.63), full FT ~25 (PD 42.73),
+    so C-CLIP - full FT on PD is -40.1 against full FT's own 42.73."""
+    assert cclip.paper_number("C-CLIP", "PD") == pytest.approx([2.63])
+    assert cclip.paper_number("full FT", "PD") == pytest.approx([42.73])
+    assert cclip.paper_number("CLIP", "PD") == [0.0]
+    with pytest.raises(KeyError, match="no 'BWT' number"):
+        cclip.paper_number("C-CLIP", "BWT")
+
+
+@pytest.mark.parametrize("name", SEED_SETS)
+def test_every_margin_records_its_source_and_stays_within_half_the_scaled_paper_effect(name):
+    record = load(name)
+    ids = [c["id"] for c in registry.load("cclip")["claims"]]
+    again = cclip.demo_claims(record["per_seed"], record["base"])
+    assert [c["registry_id"] for c in again] == ids == [c["registry_id"] for c in record["claims"]]
+    full = record["per_seed"]["full FT"]
+    for c, saved in zip(again, record["claims"]):
+        assert c["margin"] == pytest.approx(saved["margin"]) and c["verdict"] == saved["verdict"], c["claim"]
+        src = c["margin_source"]
+        assert c["margin"] > 0, c["claim"]
+        if src["rule"] == "scaled-effect":  # the zero-shot claim: 40.1 / 42.73 of full FT's PD, halved
+            assert src["paper_effect"] == pytest.approx([-40.1]) and src["paper_baseline_effect"] == [42.73]
+            pd = sum(r["background PD"] for r in full) / len(full)
+            assert c["margin"] == pytest.approx(0.5 * 40.1 / 42.73 * pd, rel=1e-3)
+            assert c["margin"] <= 0.5 * src["scaled_effect"] + 1e-12
+        else:
+            assert src["rule"] == "baseline-share" and src["why"] and src["lab_baseline"][:2] == ["full FT", "CLIP"]
+            key = src["lab_baseline"][2]
+            effect = sum(r[key] for r in full) / len(full) - record["base"][key]  # full FT - the pretrained model
+            assert c["margin"] == pytest.approx(0.2 * abs(effect))
+
+
+def test_the_gate_has_three_pilots_its_se_its_source_and_the_ungated_verdict_beside():
+    spec = registry.load("cclip")["gates"]["forgetting"]
+    pilots = calibrate.record("cclip-gates")["pilots"]
+    assert sorted(pilots) == ["97", "98", "99"]
+    for p in pilots.values():  # -BWT over the mean per-task gain, as the record's rows give them
+        assert p["ratio"] == pytest.approx(-p["check"]["BWT"] / (sum(p["check"]["learned per task"]) / 4))
+    # pilot 99 is the world's calibration run again (cclip-long-2's chosen row): the same numbers
+    assert pilots["99"]["R@1"] == calibrate.chosen_row(calibrate.record("cclip-long-2"))["R@1"]
+    for name in SEED_SETS:
+        gated = {c["registry_id"]: c for c in load(name)["claims"] if "gate" in c}
+        assert sorted(gated) == sorted(spec["applies_to"])
+        for c in gated.values():
+            gate = c["gate"]
+            assert gate["pilots"] == [p["ratio"] for p in pilots.values()] and gate["se"] > 0
+            assert gate["threshold"] == 0.5 and "Sec. 5" in gate["source"]
+            assert ("ungated" in c) == (gate["met"] is not True), c["claim"]
+
+
+def test_every_variant_with_a_knob_took_it_by_the_one_rule():
+    """Issue 70.5: LoRA only (and C-CLIP, which takes its setting) and the three baselines, each the first setting
+    from the least-changing one that learns every task by >= 5 R@1 on val; the demo runs what the record chose."""
+    rec = calibrate.record("cclip-floor")
+    assert rec["chosen"]["lora"] == cclip.DEMO_LORA
+    for name in ("zscl", "lwf", "ewc"):
+        assert rec["chosen"][name] == cclip.CHOSEN_BASELINES[name], name
+        rows = rec["grid"][name]
+        weights = [r["weight"] for r in rows]
+        assert weights == sorted(weights, reverse=True), name  # the strongest regulariser first
+        first = next(r for r in rows if r["check"]["learns"])  # every task's gain >= 5 (calibrate.continual_passes)
+        assert cclip.CHOSEN_BASELINES[name] == calibrate._baseline_knob(name, first["weight"])
+    lora = rec["grid"]["lora"]
+    first = next(r for r in lora if r["check"]["learns"])
+    assert first["setting"] == cclip.DEMO_LORA
+    assert all(not r["check"]["learns"] for r in lora[:lora.index(first)])
