@@ -77,7 +77,8 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models, results, wise_ft
+from plumbing import models, results
+from protocols import wise_ft
 from papers import cclip_tasks, zscl
 
 

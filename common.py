@@ -46,7 +46,8 @@ from PIL import Image
 
 # The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
 # names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import flags, manifests, models, mtil, param_rates, reporting, runfolder, shards, trainlog
+from plumbing import flags, manifests, models, param_rates, reporting, runfolder, shards, trainlog
+from protocols import mtil
 from plumbing import lora as lora_files
 from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
                            rendezvous_watch, warn_once, world_size)
@@ -1136,7 +1137,7 @@ class Task:
 
 def parse_tasks(spec: str, data_root="data", world: models.LabWorld | None = None) -> list[Task]:
     """'name=train.jsonl[:test.jsonl],...' in order, 'synthetic' for the lab's four continual domains (lab/world.py
-    TASK_DOMAINS; world: the lab's, models.LabWorld), or 'mtil-order1' / 'mtil-order2' (ZSCL's, plumbing/mtil.py)."""
+    TASK_DOMAINS; world: the lab's, models.LabWorld), or 'mtil-order1' / 'mtil-order2' (ZSCL's, protocols/mtil.py)."""
     if mtil.order_of(spec):  # training manifests written once; each test set is eval.py's mtil:<Dataset>
         return [Task(*t) for t in mtil.sequence(spec, data_root)]
     if spec == "synthetic":

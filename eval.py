@@ -9,8 +9,8 @@ Papers whose protocols this file follows (full references, E1-E5 at length, the 
   m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
             (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
   C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
-  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (plumbing/mtil.py, docs/protocols.md)
-  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (plumbing/imagenet_shifts.py)
+  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (protocols/mtil.py, docs/protocols.md)
+  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (protocols/imagenet_shifts.py)
   CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
 Protocol choices and deviations ("ours" is the default)
@@ -90,7 +90,7 @@ TASK_GROUPS = {  # shorthands for --tasks
     "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
     "imagenet-shifts": "imagenet,imagenet-v2,imagenet-r,imagenet-a,imagenet-sketch,objectnet",  # WiSE-FT's
     "mtil": "mtil:Aircraft,mtil:Caltech101,mtil:CIFAR100,mtil:DTD,mtil:EuroSAT,mtil:Flowers,mtil:Food,mtil:MNIST,"
-            "mtil:OxfordPet,mtil:StanfordCars,mtil:SUN397",  # ZSCL's 11 test sets, Order I (plumbing/mtil.py)
+            "mtil:OxfordPet,mtil:StanfordCars,mtil:SUN397",  # ZSCL's 11 test sets, Order I (protocols/mtil.py)
 }
 CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip",
                         *TASK_GROUPS["imagenet-shifts"].split(",")[1:], *TASK_GROUPS["mtil"].split(",")]
@@ -133,7 +133,7 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=flags.numbers, help="WiSE-FT mixing coefficients")
     p.add_argument("--resume", action="store_true", help="--wise-ft: keep the alphas --out holds (same settings)")
     p.add_argument("--er-line", type=flags.pair, help="SLOPE,INTERCEPT: a published logit-space line for effective "
-                   "robustness (default ours: slope 1 through alpha 0; plumbing/wise_ft.py)")
+                   "robustness (default ours: slope 1 through alpha 0; protocols/wise_ft.py)")
     p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
     p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
     p.add_argument("--synthetic-n", type=flags.checked(int, "> 0"), default=None,
@@ -158,7 +158,8 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, safepickle, wise_ft
+from plumbing import loading, models, safepickle
+from protocols import clip_benchmark, imagenet_shifts, m2mix_analysis, mtil, wise_ft
 
 
 # =============================================================================
@@ -531,11 +532,11 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
         return _imagenet(root)
     if name.startswith("imagefolder:"):
         return _any_image_folder(name.partition(":")[2])
-    if name.startswith(mtil.PREFIX):  # ZSCL's MTIL test sets (plumbing/mtil.py)
+    if name.startswith(mtil.PREFIX):  # ZSCL's MTIL test sets (protocols/mtil.py)
         t = mtil.read(root, name.removeprefix(mtil.PREFIX), "test")
         return ClassificationSet(name, t.images, torch.tensor(t.labels), t.classnames, t.templates,
                                  f"MTIL {t.dataset} test ({len(t.labels)}), ZSCL's split, names, templates")
-    if name in imagenet_shifts.SHIFTS:  # WiSE-FT's protocol (plumbing/imagenet_shifts.py)
+    if name in imagenet_shifts.SHIFTS:  # WiSE-FT's protocol (protocols/imagenet_shifts.py)
         from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
         s = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
         return ClassificationSet(name, s["images"], s["labels"], s["classnames"], imagenet_templates(), s["protocol"],
@@ -677,7 +678,7 @@ def cached(cache_dir, key: dict | None, compute, name: str = ""):
 
 
 # =============================================================================
-# 3. SIMAT (m2-Mix Tab. 5; its score, geometry and ECE: plumbing/m2mix_analysis.py)
+# 3. SIMAT (m2-Mix Tab. 5; its score, geometry and ECE: protocols/m2mix_analysis.py)
 # =============================================================================
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=m2mix_analysis.SIMAT_LAMBDAS,
           batch_size=256, device=None) -> dict:
@@ -932,7 +933,7 @@ def mean_per_class_recall(img, classifier, labels) -> float:
 
 
 def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
-    """CLIP_benchmark's result files {file name: content} of the records (plumbing/clip_benchmark.py)."""
+    """CLIP_benchmark's result files {file name: content} of the records (protocols/clip_benchmark.py)."""
     return clip_benchmark.clip_benchmark_files(records, model, pretrained, is_classification)
 
 
@@ -1014,7 +1015,7 @@ def main(argv=None, world=None):
                                         f"window ({models.text_tower(model).context_length})")
             tok = models.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
-        if a.wise_ft:  # each alpha kept as it finishes, effective robustness, the figure: plumbing/wise_ft.py
+        if a.wise_ft:  # each alpha kept as it finishes, effective robustness, the figure: protocols/wise_ft.py
             curve = wise_ft.run(a, model, curve_settings, lambda m: evaluate(
                 m, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
                 weights=f"wise-ft:{a.wise_ft}", **kw), wise_ft.command_run(sys.argv[1:] if argv is None else argv))

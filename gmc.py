@@ -102,7 +102,7 @@ import torch.nn.functional as F
 
 import common
 from papers import mosei
-from plumbing import m2mix_analysis
+from protocols import m2mix_analysis
 from plumbing.results import document, staged
 
 

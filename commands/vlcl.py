@@ -78,7 +78,7 @@ class HF:
 
 @dataclass(frozen=True)
 class Karpathy:
-    """Karpathy's split file data/<name>/dataset_<name>.json (plumbing.train_manifests' layout)."""
+    """Karpathy's split file data/<name>/dataset_<name>.json (papers/m2mix_data.py's layout)."""
     name: str
     train: tuple
     test: str = "test"
@@ -143,7 +143,7 @@ if __name__ == "__main__":
     command_line(sys.argv[1:])  # --help and flag errors before torch loads
 
 import common  # noqa: E402
-from plumbing import train_manifests  # noqa: E402
+from papers import m2mix_data  # noqa: E402
 
 
 def fetch_hint(repo: str) -> str:
@@ -332,7 +332,7 @@ def check_source(task: str, src, cfg) -> dict:
 def karpathy_task(task: str, src: Karpathy, out: Path, cfg) -> tuple[Written, dict]:
     ann = Path(cfg.data_root) / src.name / f"dataset_{src.name}.json"
     w = Written()
-    for im in train_manifests.karpathy_images(src.name, cfg.data_root):
+    for im in m2mix_data.karpathy_images(src.name, cfg.data_root):
         part = "train" if im["split"] in src.train else "test" if im["split"] == src.test else None
         if part is None:
             continue

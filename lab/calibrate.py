@@ -183,7 +183,7 @@ if __name__ == "__main__":  # python -m lab.calibrate: lab/__init__.py has answe
 
 import numpy as np
 
-from papers.erclip_sweeps import drop_weights
+from plumbing.runfolder import drop_weights
 import common
 from plumbing import models
 from plumbing.results import to_json

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from plumbing import imagenet_shifts
+from protocols import imagenet_shifts
 
 
 def _image(rng, label: int, size: int = 32) -> Image.Image:

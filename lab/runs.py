@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from plumbing import runfolder
-from papers.erclip_sweeps import drop_weights, remove_run_folder
+from plumbing.runfolder import drop_weights, remove_run_folder
 import common
 from lab.stats import JOB_THREADS, take_flag
 

@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 
 import common
-from plumbing import models, mtil, results
+from plumbing import models, results
+from protocols import mtil
 import eval as evaluation
 
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
@@ -95,7 +96,7 @@ def resolve_eval_sets(cfg):
 
 def continual_row(records, names, extra) -> dict:
     """cclip.py's row of the matrices (Sec. 3.3) from evaluate()'s records: R@1 per task both ways and 'R@1' their
-    mean; on MTIL's test sets (classification, plumbing/mtil.py) top-1, ZSCL's metric. extra: the zero-shot sets."""
+    mean; on MTIL's test sets (classification, protocols/mtil.py) top-1, ZSCL's metric. extra: the zero-shot sets."""
     if mtil.is_mtil(names):
         return evaluation.continual_row(records, names, ("top1",), zero_shot=extra)
     row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)

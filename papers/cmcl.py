@@ -325,7 +325,7 @@ def frozen_task_features(cfg, tasks, device, world=None) -> dict:
         classnames, templates, column = models.lab_world(world, "--task-classes").label_sets()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
-    def of_test(name):  # MTIL's test sets (plumbing/mtil.py) are classification sets: their class prompts as txt
+    def of_test(name):  # MTIL's test sets (protocols/mtil.py) are classification sets: their class prompts as txt
         if not is_classification(name):
             return of_manifest(name, column)
         key = base | {"classes": name, "root": str(Path(cfg.data_root).resolve())}

@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import json
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,14 +34,6 @@ import eval as evaluation
 # =============================================================================
 # Sweeps: one folder per run, resume by skipping finished runs, prefixes, snapshots
 # =============================================================================
-def remove_run_folder(folder) -> None:
-    """Deletes a run folder unless another live process holds its lock (a run it is training)."""
-    folder = Path(folder)
-    holder = runfolder.live_holder(folder)
-    if holder:
-        raise common.RunError(f"{folder} is being written by another live process (PID {holder.get('pid')} on "
-                              f"{holder.get('host')}): not deleting it; wait for that run or choose another --out")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
@@ -56,24 +47,13 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     if done.exists():
         print(f"[sweep] {name}: finished earlier, skipped ({done})", file=sys.stderr)
         return from_json(done.read_text(), restore=True)
-    remove_run_folder(folder)
+    runfolder.remove_run_folder(folder)
     folder.mkdir(parents=True)
     record = {"run": name, **fn(folder)}
     common.atomic_write(done, to_json(record))
     return record
 
 
-def drop_weights(folder) -> None:
-    """Deletes every weight file a finished lab run left under folder (the
-    training checkpoints, model.pt and the task boundaries, with their .json
-    cards); metrics, configs and results stay. The lab keeps numbers, not
-    models: a demo's 60 tiny runs would otherwise fill gigabytes."""
-    folder = Path(folder)
-    for ck in list(folder.rglob("checkpoints")):
-        shutil.rmtree(ck, ignore_errors=True)
-    for pattern in ("*.pt", "*.pt.json", "*.safetensors", "*.safetensors.json"):
-        for p in list(folder.rglob(pattern)):
-            p.unlink(missing_ok=True)
 
 
 def prefix_manifest(src, n: int, dst) -> Path:
@@ -193,7 +173,7 @@ def sweep_one(method: Method, cfg, root, run: str, overrides: dict, seed: int, p
                 model.load_state_dict(torch.load(snap, map_location="cpu") if isinstance(snap, Path) else snap)
                 measures.append(measure(model, preprocess, tokenizer, snap if isinstance(snap, Path) else None))
         if not keep_weights:  # the lab: the numbers are what is kept
-            drop_weights(folder)
+            runfolder.drop_weights(folder)
         print(f"[erclip sweep] {run} seed {seed}: trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
         return {"name": run, "overrides": over, "prefix": overrides.get("train_pairs"), "seed": seed,
                 "summary": summary, "measures": measures}

@@ -23,7 +23,7 @@ from papers import cclip_tasks  # noqa: E402
 import common  # noqa: E402
 import lab  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
-from plumbing import wise_ft  # noqa: E402
+from protocols import wise_ft  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -448,7 +448,7 @@ def test_research_merge_schedule_is_a_mix_of_the_full_merge(tmp_path):
 
 
 def test_interpolate_weights_new_by_its_share(tiny):
-    """The research schedule's mixing is plumbing.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 =
+    """The research schedule's mixing is protocols.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 =
     2:1 old:new."""
     model = copy.deepcopy(tiny[0])
     old = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}

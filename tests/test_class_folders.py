@@ -13,7 +13,8 @@ import eval as evaluation
 import lab
 import m2mix
 from lab import protocol_data
-from plumbing import class_folders, models, outfolder
+from plumbing import models, outfolder
+from protocols import class_folders
 
 TRAIN = ["--backbone", "tiny", "--method", "ft", "--steps", "4", "--batch-size", "4", "--warmup", "0", "--lr",
          "1e-3", "--workers", "0", "--device", "cpu"]

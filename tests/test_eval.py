@@ -18,7 +18,8 @@ from PIL import Image
 import common
 import lab
 import eval as ev
-from plumbing import m2mix_analysis, models, published, wise_ft
+from plumbing import models, published
+from protocols import m2mix_analysis, wise_ft
 
 
 # ---------------------------------------------------------------- fixtures

@@ -15,7 +15,8 @@ import eval as evaluation
 import lab  # noqa: F401  the tiny backbone, registered
 from lab import __main__ as lab_main
 from lab import protocol_data
-from plumbing import imagenet_shifts, models, wise_ft
+from plumbing import models
+from protocols import imagenet_shifts, wise_ft
 
 
 @pytest.fixture(scope="module")

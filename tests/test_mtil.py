@@ -1,4 +1,4 @@
-"""MTIL (issue 61): every reader of plumbing/mtil.py against torchvision's own dataset class on a fixture in the real
+"""MTIL (issue 61): every reader of protocols/mtil.py against torchvision's own dataset class on a fixture in the real
 layout (lab/protocol_data.py), ZSCL's splits and Transfer / Average / Last against an independent re-implementation
 of its results.ipynb, the training manifests, one message for missing data, and `--tasks mtil-order1` end to end in
 dns.py and (its first tasks) cclip.py on the fixture."""
@@ -12,7 +12,7 @@ import torchvision
 import common
 import lab  # noqa: F401  the tiny backbone
 from lab import protocol_data
-from plumbing import mtil
+from protocols import mtil
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_the_file_readers_list_what_torchvision_lists(root, split, monkeypatch):
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_the_randomly_split_sets_match_torchvision_and_random_split(root, split):
     """Caltech101, EuroSAT: torchvision's whole dataset, then random_split(0.8, seed 42); SUN397 the same files and
-    labels (its order is the file system's in torchvision, sorted here: plumbing/mtil.py deviation 1)."""
+    labels (its order is the file system's in torchvision, sorted here: protocols/mtil.py deviation 1)."""
     cal = torchvision.datasets.Caltech101(root)
     paths = [str(root / "caltech101" / "101_ObjectCategories" / cal.categories[y] / f"image_{i:04d}.jpg")
              for i, y in zip(cal.index, cal.y)]

@@ -523,7 +523,8 @@ def test_an_image_over_pils_bomb_limit_is_our_one_line_not_pils_warning(tmp_path
 
 def test_eval_py_command_line_names_match_its_loaders():
     import eval as evaluation
-    from plumbing import m2mix_analysis, published
+    from plumbing import published
+    from protocols import m2mix_analysis
     assert evaluation.RETRIEVAL_NAMES == tuple(evaluation.REAL_RETRIEVAL_TASKS)
     assert evaluation.PAPERS == tuple(published.PUBLISHED)
     assert evaluation.SIMAT_PROTOCOL_NAMES == tuple(m2mix_analysis.SIMAT_PROTOCOLS)
@@ -531,7 +532,7 @@ def test_eval_py_command_line_names_match_its_loaders():
 
 
 def test_simat_refuses_non_finite_embeddings():
-    from plumbing import m2mix_analysis
+    from protocols import m2mix_analysis
     img = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
     img[2, 0] = float("nan")
     words = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
@@ -593,11 +594,11 @@ def test_m2mix_random_initial_weights_are_seeded(tmp_path, monkeypatch):
     """`m2mix.py --pretrained random` was not seeded (same --seed, step-1 loss 2.9284 vs 2.9660); now its random
     initial weights are a function of --seed, as erclip's, longclip's and cclip's."""
     import m2mix
-    from plumbing import train_manifests
+    from papers import m2mix_data
     weights = []
     monkeypatch.setattr(common, "train", lambda cfg, net, *a, **k: weights.append(
         {n: p.detach().clone() for n, p in net.named_parameters()}) or {"stopped_at": 0})
-    monkeypatch.setattr(train_manifests, "train_manifest",
+    monkeypatch.setattr(m2mix_data, "train_manifest",
                         lambda cfg, world=None: lab.synthetic_manifest("train", cfg.data_root, 8))
     for seed, out in ((3, "a"), (3, "b"), (4, "c")):
         torch.manual_seed(100 + len(weights))  # whatever the global RNG holds before

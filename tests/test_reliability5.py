@@ -10,7 +10,8 @@ import pytest
 
 import common
 import eval as ev
-from plumbing import mtil, safepickle
+from plumbing import safepickle
+from protocols import mtil
 
 
 @pytest.fixture(autouse=True)

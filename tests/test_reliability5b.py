@@ -14,7 +14,7 @@ import pytest
 import common
 import eval as ev
 from lab import protocol_data
-from plumbing import mtil
+from protocols import mtil
 from plumbing.flags import DEFAULT_LORA_TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,7 +283,8 @@ def test_an_imagenet_shift_with_absent_class_folders_says_which_and_how_many(tmp
     count, and the protocol string that goes into results.json says it; the whole layout says nothing."""
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
-    from plumbing import base, imagenet_shifts
+    from plumbing import base
+    from protocols import imagenet_shifts
     root = protocol_data.write_imagenet_shifts(tmp_path / "data")
     base.warn_once.cache_clear()
     whole = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
@@ -376,7 +377,7 @@ def test_an_imagenet_shift_image_linked_out_of_its_folder_is_refused(tmp_path):
     """Issue 69.7, as MTIL's: ImageNet-Sketch's image that is a link out of sketch/ is one message naming it."""
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
-    from plumbing import imagenet_shifts
+    from protocols import imagenet_shifts
     root = protocol_data.write_imagenet_shifts(tmp_path / "data")
     first = sorted((root / "sketch").rglob("*.JPEG"))[0]
     outside = tmp_path / "secret.JPEG"

@@ -204,7 +204,7 @@ def test_no_host_read_per_step(tmp_path, monkeypatch):
 
 def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
     import eval as ev
-    from plumbing import wise_ft
+    from protocols import wise_ft
     value = {"img": torch.randn(3, 4), "labels": None, "t2i": torch.arange(3)}
     key = {"backbone": "tiny", "manifest": "m.jsonl"}
     assert ev.cached(tmp_path, key, lambda: value) is value

@@ -13,7 +13,8 @@ import common
 import eval as evaluation
 import lab
 import m2mix
-from plumbing import m2mix_analysis, models, towers
+from plumbing import models, towers
+from protocols import m2mix_analysis
 from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 torch.set_num_threads(1)

@@ -13,7 +13,8 @@ import common
 import erclip
 import eval as ev
 import lab
-from plumbing import cli, models, runfolder, wise_ft
+from plumbing import cli, models, runfolder
+from protocols import wise_ft
 
 TASK = ["--backbone", "tiny", "--tasks", "synthetic-short", "--synthetic-n", "16", "--device", "cpu",
         "--cache-dir", ""]

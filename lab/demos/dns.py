@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from papers.erclip_sweeps import drop_weights
+from plumbing.runfolder import drop_weights
 import common
 import dns
 import lab

@@ -27,7 +27,8 @@ import lab
 import m2mix
 from baselines import imix, unmix
 from lab import registry
-from plumbing import m2mix_analysis, models, published
+from plumbing import models, published
+from protocols import m2mix_analysis
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
 # task: the fine-tuning pool's LONG captions (cut at 24 tokens; the backbone
