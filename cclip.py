@@ -77,7 +77,8 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models, results
+from plumbing import loading, manifests, models, results, runfolder
+from plumbing.base import markdown_table
 from protocols import wise_ft
 from papers import cclip_tasks, zscl
 
@@ -185,7 +186,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
-    rank = common.dist_info()[0]
+    rank = manifests.dist_info()[0]
     tasks = cclip_tasks.resolve_tasks(cfg, world)
     unseen, zero_shot = cclip_tasks.resolve_eval_sets(cfg)
     if cfg.tasks == "vlcl" and cfg.zero_shot == "auto":
@@ -261,10 +262,10 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
 
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)
-        common.write_config(cfg, out)
+        runfolder.write_config(cfg, out)
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state,
-        lambda path: model.load_state_dict(common.load_weights_only(path, map_location=device)),
+        lambda path: model.load_state_dict(loading.load_weights_only(path, map_location=device)),
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr),
         first_row=first_row)
     if rank == 0:
@@ -282,7 +283,7 @@ def main(argv=None):
     if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/cclip.py)
         from lab.demos import cclip as demo
         return demo.main(argv)
-    cfg = common.parse_config(CClipConfig, argv)
+    cfg = flags.parse_config(CClipConfig, argv)
     if cfg.lora:  # the shared --lora R is C-CLIP's own LoRA (Sec. 4.1) at rank R
         method = {"full": "lora", "ckc": "cclip"}.get(cfg.method, cfg.method)
         cfg = dataclasses.replace(cfg, lora_rank=cfg.lora, lora=0, method=method)
@@ -302,10 +303,11 @@ def main(argv=None):
         return zscl.report(cfg.method, summary, tasks, cfg.backbone)
     row = {"method": cfg.method,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
-    table = common.markdown_table([row], list(row))  # method, then the headline's columns in order
+    table = markdown_table([row], list(row))  # method, then the headline's columns in order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

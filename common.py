@@ -44,31 +44,22 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 from PIL import Image
 
-# The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
-# names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
+# The plumbing and protocols this module stands on (the layers below it). Nothing is imported here for another
+# module's use: a caller imports each name from the module that defines it (issue 73.3).
 from plumbing import flags, manifests, models, param_rates, reporting, runfolder, shards, trainlog
-from protocols import mtil
 from plumbing import lora as lora_files
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
-                           rendezvous_watch, warn_once, world_size)
-from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
-from plumbing.cli import StopSignals, cli
-from plumbing.shards import is_shards
-from plumbing.trainlog import TrainLog
-from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
-from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
-from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
-                              to_rgb)
+from plumbing.base import (DataError, RunError, UsageError, atomic_write, check_finite, rendezvous_watch, warn_once,
+                           world_size)
+from plumbing.cli import StopSignals
+from plumbing.flags import Config
+from plumbing.loading import seeded, to_rgb
 from plumbing.manifests import (CompactRows, Tally, bad_rows_message, columns, dist_info, image_check_cache,
                                 image_problems, iter_manifest)
-from plumbing.manifests import CAPTION_KEYS, IMAGE_KEYS, read_manifest  # noqa: F401  (the lab's and papers/')
-from plumbing.runfolder import (_rng_state, _set_rng_state, checkpoint_config, checkpoint_state, data_fingerprint,
-                                kept_result, latest_checkpoint, write_config)
-
-_REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
-               source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
-               load_weights_only)  # the methods'
-_REEXPORTED_LAB = (_atomic_save, checkpoint_state)  # the lab's tiny weights; tests/test_erclip.py
+from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
+from plumbing.runfolder import _rng_state, _set_rng_state, data_fingerprint, latest_checkpoint
+from plumbing.shards import is_shards
+from plumbing.trainlog import TrainLog
+from protocols import mtil
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 

@@ -158,7 +158,9 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import loading, models, safepickle
+from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write, markdown_table
+from plumbing.cli import cli
+from plumbing import loading, manifests, models, runfolder, safepickle
 from protocols import clip_benchmark, imagenet_shifts, m2mix_analysis, mtil, wise_ft
 
 
@@ -188,7 +190,7 @@ class ClassificationSet:
     groups: list | None = None  # ObjectNet: per class, the classifier's (ImageNet's) classes; logits = their max
 
 
-class MissingData(common.DataError):
+class MissingData(DataError):
     """A benchmark (or a file of it) is not where the data-root layout says."""
 
 
@@ -205,7 +207,7 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
     and lists the undecodable ones; refuses an evaluation with no image at all (or any dropped image when strict)."""
     t2i = torch.as_tensor(t2i, dtype=torch.long)
     found = [Path(p).is_file() for p in paths]
-    checked = iter(common.image_problems([p for p, f in zip(paths, found) if f]))
+    checked = iter(manifests.image_problems([p for p, f in zip(paths, found) if f]))
     problem = [next(checked) if f else "not found" for f in found]
     unreadable = [p for p in problem if p not in (None, "not found")]
     present = torch.tensor([p is None for p in problem], dtype=torch.bool)
@@ -216,7 +218,7 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
         msg = "" if first is None else (
             f"{name}: {missing - len(unreadable)} of {len(paths)} images not found (first: {first}).{where}")
         if unreadable:
-            msg += "\n" * bool(msg) + common.bad_rows_message(name, unreadable, what="undecodable image(s)")
+            msg += "\n" * bool(msg) + manifests.bad_rows_message(name, unreadable, what="undecodable image(s)")
         if missing == len(paths) or strict:
             raise MissingData(msg + ("" if missing == len(paths) else " (--strict)"))
         base.warn_once(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
@@ -383,7 +385,7 @@ def register_synthetic(retrieval: dict, classification: dict):
 
 def _check_lab_loaded(name: str):  # after the lab's registered sets were looked up
     if name.startswith("synthetic-") and not SYNTHETIC_RETRIEVAL:  # loaded: an unknown name, said as such below
-        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: run "
+        raise UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: run "
                                 f"the command as python -m lab eval ARGS (or import lab first)")
 
 
@@ -403,7 +405,7 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
     """A user manifest (JSONL/CSV, image paths relative to it): a text per row from `column`; rows may share images."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
-        msg = common.bad_rows_message(path, ds.skipped)
+        msg = manifests.bad_rows_message(path, ds.skipped)
         if strict:
             raise MissingData(msg)  # else ManifestDataset's warning has named them, once per process
     index, t2i, texts = {}, [], []  # index: image path -> image index, in order of first appearance
@@ -427,7 +429,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     path, _, column = name.partition("#")
     if path.endswith((".jsonl", ".json", ".csv", ".tsv", ".parquet")) or Path(path).is_dir():  # folders: 42.2
         return manifest_retrieval(path, column or "caption", strict)
-    raise common.UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
+    raise UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
 
 
 # ---- classification ---------------------------------------------------------
@@ -541,7 +543,7 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
         s = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
         return ClassificationSet(name, s["images"], s["labels"], s["classnames"], imagenet_templates(), s["protocol"],
                                  groups=s["groups"])
-    raise common.UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
+    raise UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
                      f"imagefolder:<path>")
 
 
@@ -571,12 +573,12 @@ def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
                 load_classification(t, data_root)
             elif t != "simat":
                 load_retrieval(t, data_root)
-        except common.UsageError as e:
-            raise common.UsageError(f"{flag}: {e}") from None
+        except UsageError as e:
+            raise UsageError(f"{flag}: {e}") from None
         except Exception as e:
             failed.append(f"evaluation task {t!r} cannot be loaded from {data_root}: {e}")
     if failed:
-        raise common.DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
+        raise DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
 
 
 # =============================================================================
@@ -592,7 +594,7 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, i):
         item = self.paths[i]
         if isinstance(item, Image.Image):
-            return self.transform(common.to_rgb(item))
+            return self.transform(loading.to_rgb(item))
         return loading.EVAL_IMAGES.get(item, self.transform)  # decoded and transformed once per process
 
 
@@ -667,13 +669,13 @@ def cached(cache_dir, key: dict | None, compute, name: str = ""):
     path = Path(cache_dir) / (name or hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
     if path.exists():
         try:
-            return common.load_weights_only(path)
-        except common.UnsafeFileError:
+            return loading.load_weights_only(path)
+        except UnsafeFileError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken cache file, whatever broke it, is rebuilt
             print(f"[eval] cache file {path} could not be read ({type(e).__name__}): rebuilt", file=sys.stderr)
     value = compute()
-    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
+    atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value
 
 
@@ -786,9 +788,9 @@ def published_numbers(paper: str, backbone: str) -> dict:
 
 def erclip_tables(rows1, rows2, window: bool = False) -> str:
     (c1, c2), cut = published.erclip_cols(window), "cut at the window" if window else "truncated at the context"
-    return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
+    return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + markdown_table(rows1, c1, "{:.2f}")
             + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
-            + common.markdown_table(rows2, c2, "{:.2f}"))
+            + markdown_table(rows2, c2, "{:.2f}"))
 
 
 def results_table(records, metrics=OWN_METRICS, published=None) -> str:
@@ -809,7 +811,7 @@ def results_table(records, metrics=OWN_METRICS, published=None) -> str:
         cols += [m, f"{m} (paper)"] if published and any(k[1] == m for k in published) else [m]
     if any(row["missing"] for row in rows.values()):
         cols.append("missing")
-    return common.markdown_table(list(rows.values()), cols)
+    return markdown_table(list(rows.values()), cols)
 
 
 ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap",
@@ -829,7 +831,7 @@ def analysis_table(records, published=None) -> str:
         if paper is not None:
             rows.setdefault(f"{r['task']} (paper)", {"task": f"{r['task']} (paper)"})[r["metric"]] = float(paper)
     cols += [m for m in ANALYSIS_METRICS if any(m in row for row in rows.values())]
-    return common.markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
+    return markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
 
 
 # =============================================================================
@@ -876,11 +878,11 @@ def continual_tables(summary, tasks) -> str:
             continue
         rows = [{"after": "pretrained" if i == 0 else f"task {i}", **dict(zip(tasks, map(float, row)))}
                 for i, row in enumerate(R)]
-        parts.append(f"R[i][j], {m}:\n\n" + common.markdown_table(rows, ["after", *tasks]))
+        parts.append(f"R[i][j], {m}:\n\n" + markdown_table(rows, ["after", *tasks]))
     mrows = [{"metric": m, **v} for m, v in summary["metrics"].items()]
-    parts.append(common.markdown_table(mrows, ["metric", "last", "avg", "bwt", "forgetting"]))
+    parts.append(markdown_table(mrows, ["metric", "last", "avg", "bwt", "forgetting"]))
     if summary["pd"]:
-        parts.append(common.markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
+        parts.append(markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
                                            ["zero-shot", "PD"]))
     return "\n\n".join(parts)
 
@@ -908,7 +910,7 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
     [i] after task i; tasks[j]: task j+1's test set (world: the lab's, for the tiny backbone's weights). Returns
     common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
-        raise common.UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
+        raise UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
                                 f"+ one per task), got {len(checkpoints)}")
     rows, records = [], []
     for i, ck in enumerate(checkpoints):
@@ -945,7 +947,7 @@ def validator(cfg, preprocess, tasks=()) -> Callable | None:
         return None
     chosen = [t.strip() for t in cfg.val_data.split(",") if t.strip()] or list(tasks)[:1]
     if not chosen:
-        raise common.UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
+        raise UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
     check_tasks(chosen, cfg.data_root, "--val-data")
     tags = task_tags(chosen)
 
@@ -972,19 +974,19 @@ def main(argv=None, world=None):
     a = command_line().parse_args(argv)
     flags.note_spellings(sys.argv[1:] if argv is None else argv, flags.CLIP_BENCHMARK, "CLIP_benchmark's")
     if a.out.endswith(".json"):
-        raise common.UsageError(f"--out / --output {a.out}: a folder here (results.json, and CLIP_benchmark's files "
+        raise UsageError(f"--out / --output {a.out}: a folder here (results.json, and CLIP_benchmark's files "
                                 f"with --format clip_benchmark), not a file name")
     flags.CSV_COLUMNS.update({k: getattr(a, k) for k in flags.CSV_COLUMNS})  # the manifests in --tasks
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
-        raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
+        raise UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
     if (a.resume or a.er_line) and not a.wise_ft:
-        raise common.UsageError(f"{'--resume' if a.resume else '--er-line'} belongs to a WiSE-FT curve: add --wise-ft")
+        raise UsageError(f"{'--resume' if a.resume else '--er-line'} belongs to a WiSE-FT curve: add --wise-ft")
     if models.wants_lab(a) and not models.tiny_known():  # eval.py never imports the lab (it sits above)
-        raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
+        raise UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
-    common.runfolder.EVALUATING = Path(a.out)  # what a stop keeps (plumbing/cli.py, issue 72.3)
+    runfolder.EVALUATING = Path(a.out)  # what a stop keeps (plumbing/cli.py, issue 72.3)
     if a.out:  # issue 69.2 (a finished run's results.json was replaced): checked, and claimed before any write
         outfolder.claim(Path(a.out), "eval", "--out", outfolder.EVAL_FILES)
     tasks = _expand(a.tasks)
@@ -1011,7 +1013,7 @@ def main(argv=None, world=None):
         model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device, world=world)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
             if a.context_length > models.text_tower(model).context_length:
-                raise common.UsageError(f"--context-length {a.context_length} is longer than the model's text "
+                raise UsageError(f"--context-length {a.context_length} is longer than the model's text "
                                         f"window ({models.text_tower(model).context_length})")
             tok = models.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
@@ -1037,7 +1039,7 @@ def main(argv=None, world=None):
     if a.out:  # its own earlier output, or nothing there it would replace; its receipt
         outfolder.claim(Path(a.out), "eval", "--out", (*outfolder.EVAL_FILES, *bench))
     for name, content in bench.items():
-        common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
+        atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:
         common.write_results(a.out, results)
         print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)
@@ -1045,4 +1047,4 @@ def main(argv=None, world=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

@@ -103,7 +103,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models, results, towers
+from plumbing import manifests, models, results, runfolder, towers
 from protocols import m2mix_analysis
 from papers import m2mix_data
 
@@ -299,11 +299,11 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
         cache_dir=cfg.cache_dir, world=world, **towers.tower_settings(cfg))
-    rank = common.dist_info()[0]
+    rank = manifests.dist_info()[0]
     manifest = m2mix_data.train_manifest(cfg, world)
     records = []
     if cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
-        records += results.staged(common.kept_result(
+        records += results.staged(runfolder.kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest,
                                   eval_tf if cfg.augment == "none" else train_tf)  # deviation 21
@@ -341,7 +341,7 @@ def main(argv=None):
     if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, claims
         from lab.demos import m2mix as demo, towers as unimodal
         return (demo if "--demo" in argv else unimodal).main(argv)
-    cfg = common.parse_config(M2MixConfig, argv)
+    cfg = flags.parse_config(M2MixConfig, argv)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
@@ -360,4 +360,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

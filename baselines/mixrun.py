@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 import common
+from plumbing.manifests import dist_info
+from plumbing.runfolder import kept_result
 from baselines import settings
 import eval as evaluation
 from plumbing import models, results, towers
@@ -72,7 +74,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
     (its row: make_net's label); writes results.json (method: 'imix' | 'unmix', read by m2mix.py --collect).
     The mix pairs rows of one process's batch, so one process and --accum-freq 1 (said before anything loads)."""
     device = common.init_distributed(cfg.device)
-    if cfg.accum_freq > 1 or common.dist_info()[1] > 1:
+    if cfg.accum_freq > 1 or dist_info()[1] > 1:
         raise UsageError(f"{method}: the image mix pairs the rows of one batch; --accum-freq {cfg.accum_freq} or "
                          f"several processes would mix inside parts of it: run one process, --accum-freq 1")
     if cfg.random_init or cfg.pretrained == "random":
@@ -83,7 +85,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
     manifest = m2mix_data.train_manifest(cfg, world)
     records = []
     if cfg.eval_base:  # kept in <out>/base.json: a resumed run reads it back
-        records += results.staged(common.kept_result(
+        records += results.staged(kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest, eval_tf if cfg.augment == "none" else train_tf)
     net = make_net(model, cfg)

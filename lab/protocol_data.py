@@ -212,5 +212,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import common
-    common.cli(main)
+    from plumbing.cli import cli
+    cli(main)

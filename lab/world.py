@@ -66,6 +66,8 @@ import torch
 from PIL import Image, ImageDraw
 
 import common
+from plumbing.base import atomic_write
+from plumbing.manifests import read_manifest
 import eval as evaluation
 from papers import cmcl
 
@@ -351,7 +353,7 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
                 os.replace(own, folder)
             else:
                 shutil.rmtree(own, ignore_errors=True)
-    common.atomic_write(manifest, "\n".join(lines) + "\n")
+    atomic_write(manifest, "\n".join(lines) + "\n")
     return manifest
 
 
@@ -369,8 +371,8 @@ def long_caption_manifest(path) -> Path:
     target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
     if not target.exists():
         rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
-                for r in common.read_manifest(path)]
-        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+                for r in read_manifest(path)]
+        atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
     return target
 
 
@@ -387,7 +389,7 @@ def scene_labels_manifest(path) -> Path:
     if split not in SPLITS:
         raise ValueError(f"{path}: not a synthetic split's manifest")
     domain, size, seed = SPLITS[split]
-    rows = common.read_manifest(path)
+    rows = read_manifest(path)
     scenes = world_split(domain, n or size, seed)
     if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
         raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
@@ -396,7 +398,7 @@ def scene_labels_manifest(path) -> Path:
         main = next(o for o in s["objects"] if o["size"] == "large")
         out.append({**{k: v for k, v in r.items() if k != "_line"}, "position": main["cell"],
                     "count": len(s["objects"]) - 1})
-    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
     return target
 
 

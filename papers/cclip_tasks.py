@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import common
+from plumbing.loading import load_weights_only
 from plumbing import models, results
 from protocols import mtil
 import eval as evaluation
@@ -45,7 +46,7 @@ def average_of_task_results(out, tasks, i: int) -> dict:
     the first (they are equal)."""
     total = None
     for k in range(i):
-        sd = common.load_weights_only(Path(out) / f"task{k + 1}-{tasks[k].name}" / OWN_RESULT)
+        sd = load_weights_only(Path(out) / f"task{k + 1}-{tasks[k].name}" / OWN_RESULT)
         if total is None:
             total = {n: v.double() if v.is_floating_point() else v for n, v in sd.items()}
             dtypes = {n: v.dtype for n, v in sd.items()}

@@ -28,6 +28,8 @@ import torch
 from plumbing import manifests, models, published, runfolder
 from plumbing.results import document, from_json, staged, to_json
 import common
+from plumbing.base import UsageError, atomic_write, markdown_table
+from plumbing.manifests import IMAGE_KEYS, read_manifest
 import eval as evaluation
 
 
@@ -50,7 +52,7 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     runfolder.remove_run_folder(folder)
     folder.mkdir(parents=True)
     record = {"run": name, **fn(folder)}
-    common.atomic_write(done, to_json(record))
+    atomic_write(done, to_json(record))
     return record
 
 
@@ -61,8 +63,8 @@ def prefix_manifest(src, n: int, dst) -> Path:
     paths made absolute so that the copy can live anywhere: a data-size sweep
     trains on prefixes of ONE fixed order."""
     src = Path(src)
-    rows = common.read_manifest(src)
-    key = next((k for k in common.IMAGE_KEYS if rows and k in rows[0]), None)
+    rows = read_manifest(src)
+    key = next((k for k in IMAGE_KEYS if rows and k in rows[0]), None)
     lines = []
     for r in rows[:n]:
         r = {k: v for k, v in r.items() if k != "_line"}
@@ -71,7 +73,7 @@ def prefix_manifest(src, n: int, dst) -> Path:
         lines.append(json.dumps(r))
     if len(rows) < n:
         print(f"[sweep] {src} has {len(rows)} rows, fewer than {n}: all of them are used", file=sys.stderr)
-    return common.atomic_write(dst, "\n".join(lines) + "\n")
+    return atomic_write(dst, "\n".join(lines) + "\n")
 
 
 class EpochSnapshots:
@@ -185,10 +187,10 @@ def run_sweep(method: Method, cfg, sizes=None):
     """--sweep NAME in the real setting: the paper's backbone, data and
     evaluation tasks; one results file, the paper's layout printed."""
     if manifests.dist_info()[1] > 1:
-        raise common.UsageError("--sweep runs its runs one after another in one process (the paper used one "
+        raise UsageError("--sweep runs its runs one after another in one process (the paper used one "
                                 "GPU); start it with python, not torchrun")
     if cfg.sweep == "epochs" and cfg.steps:  # every run would stop at the same step, before its epochs' ends
-        raise common.UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; "
+        raise UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; "
                                 f"--steps {cfg.steps} would cut every run short: drop --steps")
     t0, name = time.time(), cfg.sweep
     root = Path(cfg.out) / f"sweep-{name}"  # the preflight below locks --out for the sweep's whole length
@@ -256,21 +258,21 @@ def sweep_tables(name: str, base: list, runs: list[dict], vit: str, paper_tables
                                             is not None else None for c in ("Long avg", "COCO", "C10", "IN")}})
         change.append({"variant": "paper (Sec. 4.3)", **published.ERCLIP_EPOCH_CHANGE})
         return (f"Fig. 3 (Sec. 4.3): R@1 and zero-shot top-1 (%) after each epoch, ViT {vit}\n\n"
-                + common.markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
+                + markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
                 + f"\n\nChange from epoch 1 to epoch {len(runs[0]['measures'])} (points)\n\n"
-                + common.markdown_table(change, ["variant", "Long avg", "COCO", "C10", "IN"], "{:+.2f}"))
+                + markdown_table(change, ["variant", "Long avg", "COCO", "C10", "IN"], "{:+.2f}"))
     if name == "lambda-p":
         rows = [{"lambda_p": "CLIP", **_metrics(base)}] + [
             {"lambda_p": f"{r['overrides']['lambda_p']:g}", **_metrics(r["measures"][0]),
              "paper IN": PAPER_LAMBDA_IN.get(r["overrides"]["lambda_p"], "-")} for r in runs]
         return (f"Preservation weight (Sec. 4.4), M, ViT {vit}; paper: ImageNet rises monotonically 58.2 -> "
                 f"60.8, long and COCO R@1 rise by up to 1.3 and plateau for lambda_p >= 0.5, C10 within 0.4\n\n"
-                + common.markdown_table(rows, ["lambda_p", *cols, "paper IN"], "{:.2f}"))
+                + markdown_table(rows, ["lambda_p", *cols, "paper IN"], "{:.2f}"))
     rows = [{"pairs": "CLIP", **_metrics(base)}]
     for r in runs:
         paper = PAPER_DATA.get(r["prefix"], {})
         rows.append({"pairs": r["prefix"], "used": r["summary"]["train_pairs"], **_metrics(r["measures"][0]),
                      **{f"paper {k}": paper.get(k, "-") for k in ("long", "COCO", "IN")}})
     return (f"Data size (Sec. 4.4), M+P, ViT {vit}, prefixes of one pool order; R@1 'long' / 'COCO' = mean of "
-            f"I2T and T2I\n\n" + common.markdown_table(
+            f"I2T and T2I\n\n" + markdown_table(
                 rows, ["pairs", "used", *cols, "paper long", "paper COCO", "paper IN"], "{:.2f}"))

@@ -10,6 +10,7 @@ import torch
 import torchvision
 
 import common
+from plumbing.base import DataError, UsageError
 import lab  # noqa: F401  the tiny backbone
 from lab import protocol_data
 from protocols import mtil
@@ -147,11 +148,11 @@ def test_a_training_manifest_captions_each_image_with_its_first_template(root, t
 
 def test_missing_mtil_data_is_one_message_naming_every_dataset(tmp_path):
     (tmp_path / "dtd").mkdir()
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         common.parse_tasks("mtil-order1", tmp_path)
     msg = str(e.value)
     assert msg.count("\n  ") == 11 and "docs/data.md" in msg and "fgvc-aircraft-2013b/data/variants.txt" in msg
-    with pytest.raises(common.UsageError):
+    with pytest.raises(UsageError):
         common.parse_tasks("mtil-order1:12", tmp_path)
 
 
