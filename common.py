@@ -147,7 +147,7 @@ def encode_text(model, tokens, normalize: bool = True):
     """model.encode_text(tokens) with the padding columns beyond the batch's longest sequence dropped first.
     Under causal attention no position attends to a later one, so the pooled end-token feature is exact and the
     cost falls from O(context) to O(longest caption). No causal mask or non-argmax pooling: the untrimmed path."""
-    t = models.text_tower(model)
+    t = model.text if hasattr(model, "text") else model  # CustomTextCLIP's tower, or CLIP's own attributes
     causal = getattr(t, "attn_mask", None) is not None
     if hasattr(t, "config") and hasattr(t, "pooler"):  # a Hugging Face tower: padding is masked, so cut it off
         n = int((tokens != t.config.pad_token_id).sum(1).max().clamp(min=1))
@@ -183,7 +183,7 @@ def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, 
 
 
 def embed_dim(model):
-    t = models.text_tower(model)
+    t = model.text if hasattr(model, "text") else model  # CustomTextCLIP's tower, or CLIP's own attributes
     p = getattr(t, "text_projection", None)
     if isinstance(p, nn.Linear):
         return p.out_features
@@ -607,9 +607,9 @@ def gather(*features):
     """All ranks' features, concatenated in rank order, WITH gradient (open_clip's gather_features,
     gather_with_grad=True). Every rank computes the loss over the global batch; DDP averages gradients over ranks
     and the gather's backward sums them, so this equals one process on the global batch (tests/test_train.py)."""
-    rank, world, _ = dist_info()
-    if world == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:  # one process
         return features if len(features) > 1 else features[0]
+    rank, world = dist.get_rank(), dist.get_world_size()
     from open_clip.loss import gather_features
     out = []
     for i in range(0, len(features), 2):
@@ -703,7 +703,8 @@ def step_generator(seed: int, step: int, device="cpu"):
 
 def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
     """AdamW over param_groups, each parameter at plumbing.param_rates' lr (the method's lr_of, --lr-image /
-    --lr-text, the layer decays). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
+    --lr-text, the layer decays), betas (--beta1, --beta2) = (0.9, 0.98) and eps 1e-6 unless set (the shared
+    Config's defaults). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
     which takes the scaler's inf flag and skips an overflowed step on the device. fused=False: for-each (tests)."""
     groups = param_groups(net, cfg.lr, cfg.wd, param_rates.lr_of(cfg, net, lr_of), cfg.decay_all)
     for g in groups:
@@ -1057,9 +1058,10 @@ def optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch: i
     """AdamW (make_optimizer), LambdaLR: schedule's multipliers, else --warmup's (< 0: % of the run), then cosine."""
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
     if warmup >= total and not schedule:  # issue 72.5: scaled, not a run spent warming up (42.4 only warned)
-        dist_info()[0] or warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): scaled to "
-                                    f"{round(total / 10)} (10 % of the run, as --warmup -10) so that the lr reaches "
-                                    f"--lr; pass a --warmup below {total} to choose another")
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): scaled to "
+                  f"{round(total / 10)} (10 % of the run, as --warmup -10) so that the lr reaches --lr; pass a "
+                  f"--warmup below {total} to choose another", file=sys.stderr)
         warmup = round(total / 10)
     opt = make_optimizer(cfg, net, device, lr_of)
     multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)

@@ -3,6 +3,7 @@ eval.py; the plumbing in one package; imports that run one way, checked by rule 
 ones included), with one exception: a method's main() loading the lab for its demo. Parsed from the source
 (ast), so a circle or a stray import cannot come back unnoticed."""
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -41,7 +42,9 @@ LAYERS = (
 # one to three lines more (erclip +1, longclip +1, cclip +3, gmc +2; dns.py stays at its 650 target). The first
 # definition moves down in m2mix.py (112) and gmc.py (111): m2-Mix's analyses now live in protocols/ and its training
 # sets in papers/, one import line each where plumbing/ held both.
-METHOD_LINES = {"erclip": 443, "longclip": 424, "m2mix": 369, "cclip": 313, "dns": 650, "gmc": 382}
+# Issue 73.6: cclip.py +13, C-CLIP's Sec. 4.1 integration and merge schedule as its own functions (integrate,
+# a_mix_share), the LoRA module staying in common.py.
+METHOD_LINES = {"erclip": 443, "longclip": 424, "m2mix": 369, "cclip": 326, "dns": 650, "gmc": 382}
 FIRST_DEF = {"erclip": 110, "longclip": 110, "m2mix": 112, "cclip": 110, "dns": 110, "gmc": 111}
 LINE_WIDTH = {"erclip": 100, "longclip": 100, "m2mix": 100, "cclip": 100, "dns": 100, "gmc": 100}
 # issue 61: common +2 (MTIL hooks), eval -7 (CLIP_benchmark out). Issue 73.3: eval +3, the import lines of the names
@@ -362,3 +365,33 @@ def test_no_name_is_read_through_common_that_common_does_not_define():
                 wrong += [f"{path.relative_to(ROOT)}:{node.lineno}: from common import {a.name}"
                           for a in node.names if a.name not in defined]
     assert not wrong, "\n".join(wrong)
+
+
+# Issue 73.2: the update path of one default step (docs/reading.md's "the update" sections, today's by
+# test_the_reading_path_page_is_todays): at most these lines, in at most these files, none of them outside the method
+# file, common.py and the one module common.py names at its call (plumbing/param_rates.py).
+UPDATE_BOUNDS = {"erclip.py": (550, 3), "cclip.py": (650, 3), "dns.py": (650, 3)}
+
+
+def test_the_update_paths_are_within_their_bounds():
+    import re
+    heads = re.findall(r"^### (\S+), the update: \d+ functions, (\d+) lines in (\d+) files \((.*)\)$",
+                       (ROOT / "docs" / "reading.md").read_text(), re.M)
+    assert {h[0] for h in heads} == set(UPDATE_BOUNDS), heads
+    for method, lines, n, files in heads:
+        most_lines, most_files = UPDATE_BOUNDS[method]
+        assert int(lines) <= most_lines and int(n) <= most_files, (method, lines, files)
+        assert set(files.split(", ")) <= {method, "common.py", "plumbing/param_rates.py"}, (method, files)
+
+
+def test_adamw_settings_are_read_where_the_optimizer_is_made():
+    """Issue 73.2: common.make_optimizer's docstring gives AdamW's default betas and eps, which are the shared
+    Config's (plumbing/flags.py: the flags, torch-free); this holds the two together."""
+    import re
+    import common
+    from plumbing.flags import Config
+    doc = " ".join(common.make_optimizer.__doc__.split())
+    betas, eps = re.search(r"= \(([\d.]+), ([\d.]+)\) and eps ([\de.-]+) unless set", doc).groups()[:2], \
+        re.search(r"and eps ([\de.-]+) unless set", doc).group(1)
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    assert (float(betas[0]), float(betas[1]), float(eps)) == (defaults["beta1"], defaults["beta2"], defaults["eps"])
