@@ -80,7 +80,7 @@ import eval as evaluation
 from plumbing import loading, manifests, models, results, runfolder
 from plumbing.base import markdown_table
 from protocols import wise_ft
-from papers import cclip_tasks, zscl
+from papers import cclip_tasks, zscl_mtil
 
 
 # --- Losses ---
@@ -312,8 +312,8 @@ def main(argv=None):
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
     print(f"\n{cclip_tasks.matrix_heading(cfg.method, [t.test for t in tasks])}\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
-    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl.py)
-        return zscl.report(cfg.method, summary, tasks, cfg.backbone)
+    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl_mtil.py)
+        return zscl_mtil.report(cfg.method, summary, tasks, cfg.backbone)
     row = {"method": cfg.method,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
     table = markdown_table([row], list(row))  # method, then the headline's columns in order

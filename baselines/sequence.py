@@ -32,7 +32,7 @@ import eval as evaluation
 from baselines import settings
 from baselines.settings import SequenceConfig
 from papers import cclip_tasks
-from papers import zscl as zscl_report
+from papers import zscl_mtil as zscl_report
 from plumbing import loading, models, results
 
 STATE = "boundary-state.pt"  # a baseline's own state at a task boundary, beside run_continual's boundary.pt

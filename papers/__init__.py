@@ -10,6 +10,6 @@ method needs for its paper's data and experiments but a reader of its math does 
   m2mix_data      m2-Mix: the Flickr30k / COCO training manifests from Karpathy's split files, m2mix.py's choice
                   of training manifest and test protocols (commands.vlcl reads Karpathy's images too)
   mosei           m2-Mix Sec. 5.5 / GMC: the CMU-MOSEI reader (gmc.py --convert writes its .npz copy)
-  zscl            ZSCL's MTIL as the continual drivers report it (Transfer / Average / Last), dns.py's features of
+  zscl_mtil       ZSCL's MTIL as the continual drivers report it (Transfer / Average / Last), dns.py's features of
                   a classification test set
 """

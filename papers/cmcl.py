@@ -35,7 +35,7 @@ from plumbing.manifests import content_sha256
 from plumbing.results import of_sequence, sequence_table
 from eval import (cached, continual_tables, image_features, is_classification, load_classification,
                   manifest_retrieval, masked_continual_metrics)
-from papers import zscl
+from papers import zscl_mtil
 
 
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
@@ -331,7 +331,7 @@ def frozen_task_features(cfg, tasks, device, world=None) -> dict:
         if not is_classification(name):
             return of_manifest(name, column)
         key = base | {"classes": name, "root": str(Path(cfg.data_root).resolve())}
-        return cached(cache, key, lambda: zscl.class_features(model, preprocess, tok, name, cfg.data_root, device))
+        return cached(cache, key, lambda: zscl_mtil.class_features(model, preprocess, tok, name, cfg.data_root, device))
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_test(t.test)} for t in tasks],
              "task_clf": task_clf, "zeroshot": {}, "logit_scale": float(model.logit_scale.detach())}
     for name in filter(None, cfg.zero_shot.split(",")):
@@ -527,7 +527,7 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True, world=None) -> 
         matrices = continual_tables(summary, [t.name for t in tasks])
         print(f"\n## {cfg.mode}: R[i][j] on each task's test set\n\n{matrices}\n")
         if "mtil" in summary:  # ZSCL's Transfer / Average / Last in place of the retrieval row
-            zscl.report(f"dns {cfg.mode}", summary, tasks, cfg.backbone)
+            zscl_mtil.report(f"dns {cfg.mode}", summary, tasks, cfg.backbone)
         else:
             print(dns_results_table([(cfg.mode, results)]))
     return results
