@@ -70,9 +70,9 @@ from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pret
                       zero_shot_report)
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
-                       Domain, classification_tasks, finetune_classes, label_sets, long_caption_manifest,
-                       long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene, scene_label_sets,
-                       scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
+                       Domain, classification_tasks, conflict_manifest, conflict_names, finetune_classes, label_sets,
+                       long_caption_manifest, long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene,
+                       scene_label_sets, scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
                        world_fingerprint, synthetic_multimodal, task_manifests, world_split)
 
 models.register_tiny(TINY_CFG)  # the tiny backbone, known to open_clip (open_clip.add_model_config)
@@ -80,3 +80,14 @@ WORLD = models.LabWorld(  # the synthetic world, handed as `world=` to what the 
     tiny_weights=pretrain_tiny, synthetic_manifest=synthetic_manifest, task_manifests=task_manifests,
     long_task_manifests=long_task_manifests, label_sets=lambda: label_sets() | scene_label_sets())
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+
+
+def conflict_world(conflict: float) -> models.LabWorld:
+    """WORLD with its continual tasks (--tasks synthetic, synthetic-long) renamed at strength `conflict` (issue 71:
+    world.conflict_manifest; the strength: python -m lab.calibrate continual-world); 0: WORLD itself. No demo
+    uses it yet: a demo switches by handing this as `world=` where it hands WORLD."""
+    import dataclasses
+    import functools
+    return dataclasses.replace(WORLD, task_manifests=functools.partial(task_manifests, conflict=conflict),
+                               long_task_manifests=functools.partial(long_task_manifests, conflict=conflict)) \
+        if conflict else WORLD

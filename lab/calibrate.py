@@ -136,6 +136,28 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       val, pilot seed, the demo's settings); a choice at the grid's
       least-changing edge extends it once (a regulariser's weight x10 beyond
       its largest), a run made here.
+  continual-world (issue 71.1, declared and committed before it ran): the
+      strength of the continual world's conflict knob (lab/world.py:
+      conflict_names; each domain calls that share of its 3 colour and 3
+      shape words by other words of their family), chosen on FULL FT ALONE
+      (no other method is run or read): C-CLIP's demo settings (DEMO, the
+      cclip-long-2 setting: 30 steps, image 3e-4 / text 6e-4), method
+      "full", the domains' val splits on their long captions, renamed at the
+      strength (training and val splits of a domain alike), as cclip-gates
+      runs it (the background family on zs-val rides along, unread by the
+      rule). Grid, ascending: 1/6, 2/6, 3/6, 4/6, 5/6, 1, every strength the
+      knob has (1 to 6 of a domain's 6 words renamed; the first that passes
+      is then the weakest conflict that does, and 1 is the knob's end, so the
+      grid cannot extend; every strength runs, the rule reads them in
+      ascending order). At each strength and each of GATE_PILOTS (97, 98,
+      99): ratio = -BWT / mean per-task gain (R@1, mean of I2T and T2I; BWT
+      and the gains as continual_passes); mean and se of the ratio over the
+      pilots (lab.stats.paired_stats, the registry's gate). Rule: the first
+      strength at which mean - 2 se >= 0.5 (the forgetting gate's threshold,
+      lab/claims/cclip.json) AND every task learns >= 5 R@1 at every pilot;
+      none passes: the record says so and chooses none. A reference row at
+      strength 0 (today's world, not a candidate) reruns cclip-gates through
+      the knob's path; it must repeat that record's numbers.
   cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
@@ -167,7 +189,7 @@ from pathlib import Path
 NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip-lora-edge", "cclip", "cclip-long",
          "cclip-long-2", "dns", "dns-2", "dns-cmcl", "m2mix-mix", "m2mix-baselines", "towers-mix", "gmc-mix",
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
-         "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates")
+         "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -411,11 +433,12 @@ def calibrate_erclip_rt(data_root="data", out="runs/calibration/erclip-rt") -> d
             "fallback": None if stable else "none stable: 0.1 stays; its claims labelled chaotic, seeds 0-4 + 10-14"}
 
 
-def _val_tasks(data_root, long: bool) -> str:
-    """The continual domains with their 'val' splits in place of 'test'."""
+def _val_tasks(data_root, long: bool, conflict: float = 0.0) -> str:
+    """The continual domains with their 'val' splits in place of 'test'; conflict: the world's knob (issue 71)."""
     spec = []
     for d in lab.TASK_DOMAINS:
-        tr, va = lab.synthetic_manifest(f"task-{d}", data_root), lab.synthetic_manifest(f"task-{d}-val", data_root)
+        tr, va = (lab.conflict_manifest(lab.synthetic_manifest(s, data_root), conflict)
+                  for s in (f"task-{d}", f"task-{d}-val"))
         if long:
             tr, va = lab.long_caption_manifest(tr), lab.long_caption_manifest(va)
         spec.append(f"{d}={tr}:{va}")
@@ -459,10 +482,11 @@ def cclip_long_passes(R: list[list[float]], zs_loss: float) -> dict:
             "learns and forgets": check["passes"], "passes": check["passes"] and zs_loss >= ZS_LOSS}
 
 
-def _cclip_long_rows(data_root, out, grid, method: str, name: str, seed: int = PILOT_SEED) -> list[dict]:
+def _cclip_long_rows(data_root, out, grid, method: str, name: str, seed: int = PILOT_SEED,
+                     conflict: float = 0.0) -> list[dict]:
     """`method`'s task sequence on the domains' long captions (val) at each setting of `grid`, with the
-    background family on 'zs-val': a row each, checked by cclip_long_passes (cclip-long's, cclip-lora's and
-    cclip-gates')."""
+    background family on 'zs-val': a row each, checked by cclip_long_passes (cclip-long's, cclip-lora's,
+    cclip-gates' and, with the world's conflict knob, continual-world's)."""
     import cclip
     import eval as evaluation
     from lab import world
@@ -472,7 +496,8 @@ def _cclip_long_rows(data_root, out, grid, method: str, name: str, seed: int = P
     cfg = parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": seed})
     rows = []
     for setting in grid:
-        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True), zs, f"{out}/{method}-{len(rows)}", method)
+        summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True, conflict=conflict), zs,
+                           f"{out}/{method}-{len(rows)}", method)
         R = _r_at_1(summary["matrices"])
         rows.append({"setting": setting, "R@1": R, "zero-shot": [s[f"{zs}/top1"] for s in summary["scalars"]],
                      "check": cclip_long_passes(R, summary["pd"][f"{zs}/top1"])})
@@ -789,6 +814,47 @@ def calibrate_cclip_gates(data_root="data", out="runs/calibration/cclip-gates") 
     return {"pilot_seed": list(GATE_PILOTS), "pilots": pilots, "needs": "full FT's -BWT / its mean per-task gain"}
 
 
+CONFLICT_GRID = tuple(k / 6 for k in range(1, 7))  # continual-world: every strength of the knob, ascending
+FORGETTING_SHARE, LEARNS = 0.5, 5.0  # continual-world: lab/claims/cclip.json's gate threshold; the plasticity floor
+
+
+def _forgetting_pilots(data_root, out, conflict: float, name: str) -> dict:
+    """Full FT at C-CLIP's demo setting on the val tasks renamed at `conflict`, at each of GATE_PILOTS: the R@1
+    matrix, the per-task gains, BWT and -BWT / mean gain (cclip-gates' ratio), and their mean and se."""
+    setting = record("cclip-long-2")["chosen"]  # the demo's: 30 steps, image 3e-4 / text 6e-4
+    pilots = {}
+    for seed in GATE_PILOTS:
+        row = _cclip_long_rows(data_root, f"{out}/seed{seed}", [setting], "full", name, seed, conflict)[0]
+        gain = float(np.mean(row["check"]["learned per task"]))
+        pilots[seed] = {**row, "-BWT": -row["check"]["BWT"], "gain": gain,
+                        "ratio": -row["check"]["BWT"] / gain if gain > 0 else None}
+    ratios = [p["ratio"] for p in pilots.values()]
+    mean, _, se = lab.paired_stats(ratios) if None not in ratios else (None, None, None)
+    min_gain = min(g for p in pilots.values() for g in p["check"]["learned per task"])
+    learns = min_gain >= LEARNS
+    passes = learns and mean is not None and mean - 2 * se >= FORGETTING_SHARE
+    print(f"[calibrate {name}] strength {conflict:.3g}: ratios {ratios}, mean {mean}, se {se}, min gain "
+          f"{min_gain:.2f}, passes {passes}", file=sys.stderr)
+    return {"strength": conflict, "words renamed per domain": round(conflict * 6),
+            "names": {d: lab.conflict_names(d, conflict) for d in lab.TASK_DOMAINS}, "pilots": pilots,
+            "ratio mean": mean, "ratio se": se, "ratio mean - 2 se": None if mean is None else mean - 2 * se,
+            "min gain": min_gain, "learns": learns, "passes": passes}
+
+
+def calibrate_continual_world(data_root="data", out="runs/calibration/continual-world") -> dict:
+    """The continual world's conflict strength (module docstring, continual-world): full FT alone, val, each pilot,
+    each strength of CONFLICT_GRID; the first at which -BWT / gain - 2 se >= 0.5 and every task learns >= 5 R@1."""
+    reference = _forgetting_pilots(data_root, f"{out}/0", 0.0, "continual-world")  # today's world: cclip-gates'
+    grid = []
+    for k, strength in enumerate(CONFLICT_GRID, 1):
+        grid.append(_forgetting_pilots(data_root, f"{out}/{k}of6", strength, "continual-world"))  # all run
+    chosen = next((r["strength"] for r in grid if r["passes"]), None)
+    return {"pilot_seeds": list(GATE_PILOTS), "reference (strength 0, not a candidate)": reference, "grid": grid,
+            "chosen": chosen, "chosen words renamed per domain": None if chosen is None else round(chosen * 6),
+            "needs": "full FT's -BWT / its mean per-task gain: mean - 2 se >= 0.5, every task learns >= 5 R@1 at "
+                     "every pilot", "fallback": None if chosen is not None else "none passes: no strength chosen"}
+
+
 FLOOR_EDGE = 10.0  # cclip-floor: a regulariser chosen at its largest weight extends the grid once by this factor
 
 
@@ -897,7 +963,7 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 **{f"dns-{b}": (lambda b=b: calibrate_dns_baseline(b)) for b in ("zscl", "lwf", "ewc")},
                 **{f"dns-cmcl-{b}": (lambda b=b: calibrate_dns_cmcl_baseline(b)) for b in ("lwf", "ewc")},
                 "cclip-gates": calibrate_cclip_gates, "cclip-floor": calibrate_cclip_floor,
-                "longclip-gates": calibrate_longclip_gates}
+                "longclip-gates": calibrate_longclip_gates, "continual-world": calibrate_continual_world}
 
 
 def main(argv=None):

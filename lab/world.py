@@ -33,7 +33,10 @@ has a background (8) and a drawing style (filled / outlined).
   continual domains      four task domains (C-CLIP's / DNS's sequence), each
                          with its own backgrounds, concept subset and caption
                          phrase, so that one task can overwrite another, and
-                         an unseen domain ('unseen') no task trains on.
+                         an unseen domain ('unseen') no task trains on; a
+                         knob (conflict, issue 71) renames a share of each
+                         domain's colour and shape words, its own way, so
+                         that the domains' supervision conflicts.
 
 Everything is written to disk as PNG files plus a JSONL manifest and read
 back through common.ManifestDataset, the same path as real data.
@@ -110,6 +113,7 @@ class Domain:
     style: str = "filled"     # filled | outlined | mixed (pretraining: 1 in 5 outlined)
     captions: str = "coco"    # coco (short, no background) | alt (pretraining alt-text, names the background)
     phrase: str = ""          # opening words of the short captions (a continual domain's caption style)
+    names: tuple = ()         # (word, caption word) pairs: colours / shapes its captions call by another name
 
 
 PRETRAIN = Domain(style="mixed", captions="alt")          # the whole vocabulary
@@ -127,6 +131,46 @@ TASK_DOMAINS = {
                      style="outlined", phrase="a line drawing of"),
 }
 UNSEEN = Domain(("grainy",), phrase="a grainy snapshot of")  # no task trains on it
+
+
+# Conflicting supervision across the continual domains (issue 71, item 1). In today's world the domains share
+# concepts and name the pixels alike (photo and sketch both draw red squares and call them "red square"), so each
+# later task rehearses the earlier ones and full FT forgets a third of what it learned (docs/calibration-cclip-
+# gates.json), where the papers' full FT forgets most of it. The knob, `conflict` (a strength in [0, 1]): each
+# domain calls a share of its concept words (its 3 colours and 3 shapes) by another word of the same family, its
+# own renaming, drawn once per domain (conflict_names); a colour word then names other pixels in another domain or
+# in pretraining, so learning one domain's names overwrites another's. The renaming is one-to-one within a domain,
+# so a domain's captions say exactly as much as before. Strength 0 is today's world, byte for byte (the manifests
+# themselves: conflict_manifest returns them). Reaches the tasks through task_manifests / long_task_manifests /
+# scene_labelled_tasks(conflict=...); no demo uses it yet (its strength: python -m lab.calibrate continual-world).
+CONFLICT_FAMILIES = ("color", "shape")  # the caption words that are renamed; backgrounds: task captions never name them
+
+
+def conflict_names(domain: str, strength: float) -> dict[str, str]:
+    """A continual domain's renamed caption words at `strength`: word -> the word its captions use instead. The
+    domain's concept words (colours, then shapes) in an order of its own; the first round(strength x 6) of them are
+    renamed, each to a distinct word of its family that none of the domain's kept words holds, never to itself.
+    Deterministic per domain (its own seeded stream); a higher strength renames the same words and more (their
+    new names drawn again)."""
+    d = TASK_DOMAINS[domain]
+    if not 0.0 <= strength <= 1.0:
+        raise ValueError(f"conflict strength {strength} is not in [0, 1]")
+    rng = random.Random(f"clipft-lab-conflict-{domain}")
+    words = [(f, w) for f, ws in (("color", d.colors), ("shape", d.shapes)) for w in ws]
+    rng.shuffle(words)
+    moved = words[:math.floor(strength * len(words) + 0.5)]
+    names = {}
+    for family in CONFLICT_FAMILIES:
+        vocab = list(COLORS) if family == "color" else list(SHAPES)
+        ours = [w for f, w in moved if f == family]
+        kept = {w for f, w in words[len(moved):] if f == family}
+        free = [w for w in vocab if w not in kept]
+        while True:  # a draw of distinct new names, none a word's own (the stream is seeded: deterministic)
+            new = rng.sample(free, len(ours))
+            if all(a != b for a, b in zip(ours, new)):
+                break
+        names.update(zip(ours, new))
+    return names
 
 # name -> (domain, size, seed)
 SPLITS = {
@@ -170,6 +214,11 @@ def _name(o):
     return f"{o['color']} {o['shape']}"
 
 
+def _namer(names: dict):
+    """_name with a domain's caption words (Domain.names) in place of the world's colour and shape words."""
+    return (lambda o: f"{names.get(o['color'], o['color'])} {names.get(o['shape'], o['shape'])}") if names else _name
+
+
 def _a(words: str) -> str:
     return ("an " if words[0] in "aeiou" else "a ") + words
 
@@ -197,29 +246,30 @@ def scene(rng: random.Random, domain: Domain) -> dict:
     bg = rng.choice(domain.backgrounds)
     style = domain.style if domain.style != "mixed" else ("outlined" if rng.random() < 0.2 else "filled")
     others = [o for o in objs if o is not main]
+    name = _namer(dict(domain.names))  # the domain's caption words (conflict_names); none: the world's own
     if domain.captions == "alt":  # web alt-text: the main object (sometimes a second one) and the background
         second = rng.choice(others) if others and rng.random() < 0.4 else None
-        what = f"a {main['size']} {_name(main)}" + (f" and {_a(_name(second))}" if second else "")
+        what = f"a {main['size']} {name(main)}" + (f" and {_a(name(second))}" if second else "")
         caption = rng.choice((f"{what} on a {bg} background.",
                               f"{bg} background with {what}.",
                               f"{what} at the {POSITIONS[main['cell']]}, {bg} background.",
                               f"a picture of {what} on a {bg} background."))
         if others and rng.random() < ALT_DESCRIPTIVE:  # a descriptive alt-text, in the long captions' words
-            caption = (f"there is a {main['size']} {_name(main)} at the {POSITIONS[main['cell']]} and "
-                       f"{_a(_name(rng.choice(others)))}, {bg} background.")
+            caption = (f"there is a {main['size']} {name(main)} at the {POSITIONS[main['cell']]} and "
+                       f"{_a(name(rng.choice(others)))}, {bg} background.")
     else:  # COCO style: the main object, where it is, one neighbour; never the background
-        rest = f" next to {_a(_name(others[0]))}" if others else ""
+        rest = f" next to {_a(name(others[0]))}" if others else ""
         lead = f"{domain.phrase} " if domain.phrase else ""
-        caption = f"{lead}a {main['size']} {_name(main)} at the {POSITIONS[main['cell']]}{rest}."
+        caption = f"{lead}a {main['size']} {name(main)} at the {POSITIONS[main['cell']]}{rest}."
     # ShareGPT4V style: every object, the count, relations, sizes (5-10 sentences)
-    sentences = [f"There is a {o['size']} {_name(o)} at the {POSITIONS[o['cell']]}." for o in objs]
+    sentences = [f"There is a {o['size']} {name(o)} at the {POSITIONS[o['cell']]}." for o in objs]
     sentences.append(f"The picture shows {NUMBERS[n]} object{'s' if n > 1 else ''} in total.")
     pairs = [(a, b) for i, a in enumerate(objs) for b in objs[i + 1:]]
     for a, b in rng.sample(pairs, min(3, len(pairs))):
-        sentences.append(f"The {_name(a)} is {_relation(a, b)} the {_name(b)}.")
+        sentences.append(f"The {name(a)} is {_relation(a, b)} the {name(b)}.")
     n_large = sum(o["size"] == "large" for o in objs)
     sentences.append(f"{NUMBERS[n_large].capitalize()} of them {'is' if n_large == 1 else 'are'} large."
-                     if n > 1 else f"The {_name(main)} is large.")
+                     if n > 1 else f"The {name(main)} is large.")
     if style == "outlined":
         sentences.append("The shapes are drawn as outlines.")
     return dict(objects=objs, background=bg, style=style, caption=caption, long_caption=" ".join(sentences),
@@ -357,10 +407,39 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
     return manifest
 
 
-def task_manifests(data_root="data", n_train=None, n_test=None) -> list[tuple[str, Path, Path]]:
-    """The continual domains in order: (name, train manifest, test manifest)."""
-    return [(d, synthetic_manifest(f"task-{d}", data_root, n_train),
-             synthetic_manifest(f"task-{d}-test", data_root, n_test))
+def conflict_manifest(path, conflict: float = 0.0) -> Path:
+    """A copy of a continual domain's split manifest (`task-D`, `task-D-test`, `task-D-val`, `-n` and its
+    scene_labels_manifest copy too) whose 'caption' and 'long_caption' are its scenes' captions drawn again with the
+    domain's conflict_names at strength `conflict` (written once, next to the original, so image paths still hold);
+    conflict 0: `path` itself. Every split of one domain is renamed alike; the rows must be the world's scenes."""
+    path = Path(path)
+    if not conflict:
+        return path
+    target = path.with_name(f"{path.stem}-conflict{conflict:.3g}.jsonl")
+    if target.exists():
+        return target
+    stem = path.stem.removesuffix("-scene-labels")
+    split, _, n = stem.rpartition("-")
+    split, n = (split, int(n)) if n.isdigit() and split in SPLITS else (stem, None)
+    domain = split.removeprefix("task-").removesuffix("-test").removesuffix("-val")
+    if split not in SPLITS or domain not in TASK_DOMAINS:
+        raise ValueError(f"{path}: not a continual domain's split manifest")
+    dom, size, seed = SPLITS[split]
+    renamed = dataclasses.replace(dom, names=tuple(sorted(conflict_names(domain, conflict).items())))
+    rows, scenes = common.read_manifest(path), world_split(dom, n or size, seed)
+    if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
+        raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
+    out = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": s["caption"], "long_caption": s["long_caption"]}
+           for r, s in zip(rows, world_split(renamed, n or size, seed))]
+    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    return target
+
+
+def task_manifests(data_root="data", n_train=None, n_test=None, conflict: float = 0.0) -> list[tuple[str, Path, Path]]:
+    """The continual domains in order: (name, train manifest, test manifest); conflict: their captions renamed
+    (conflict_manifest; 0, the default: today's world)."""
+    return [(d, conflict_manifest(synthetic_manifest(f"task-{d}", data_root, n_train), conflict),
+             conflict_manifest(synthetic_manifest(f"task-{d}-test", data_root, n_test), conflict))
             for d in TASK_DOMAINS]
 
 
@@ -402,24 +481,26 @@ def scene_labels_manifest(path) -> Path:
     return target
 
 
-def scene_labelled_tasks(data_root="data", long: bool = False, test: str = "test") -> str:
+def scene_labelled_tasks(data_root="data", long: bool = False, test: str = "test", conflict: float = 0.0) -> str:
     """DNS's lab tasks: the continual domains as a --tasks spec whose `test` splits ('test' or 'val') carry the
-    scene_label_sets() columns; long: trained and tested on the long captions."""
+    scene_label_sets() columns; long: trained and tested on the long captions; conflict: their captions renamed
+    (conflict_manifest; 0, the default: today's world)."""
     spec = []
     for d in TASK_DOMAINS:
-        tr = synthetic_manifest(f"task-{d}", data_root)
-        te = scene_labels_manifest(synthetic_manifest(f"task-{d}-{test}", data_root))
+        tr = conflict_manifest(synthetic_manifest(f"task-{d}", data_root), conflict)
+        te = conflict_manifest(scene_labels_manifest(synthetic_manifest(f"task-{d}-{test}", data_root)), conflict)
         if long:
             tr, te = long_caption_manifest(tr), long_caption_manifest(te)
         spec.append(f"{d}={tr}:{te}")
     return ",".join(spec)
 
 
-def long_task_manifests(data_root="data") -> list[tuple[str, str, str]]:
+def long_task_manifests(data_root="data", conflict: float = 0.0) -> list[tuple[str, str, str]]:
     """The continual domains trained and tested on their long captions
-    (C-CLIP's --tasks synthetic-long): (name, train manifest, test manifest)."""
+    (C-CLIP's --tasks synthetic-long): (name, train manifest, test manifest);
+    conflict: their captions renamed (conflict_manifest; 0: today's world)."""
     return [(d, str(long_caption_manifest(tr)), str(long_caption_manifest(te)))
-            for d, tr, te in task_manifests(data_root)]
+            for d, tr, te in task_manifests(data_root, conflict=conflict)]
 
 
 # --- a multimodal feature world (DNS in CMCL's setting; features, not pixels) ---
