@@ -426,12 +426,12 @@ def conflict_manifest(path, conflict: float = 0.0) -> Path:
         raise ValueError(f"{path}: not a continual domain's split manifest")
     dom, size, seed = SPLITS[split]
     renamed = dataclasses.replace(dom, names=tuple(sorted(conflict_names(domain, conflict).items())))
-    rows, scenes = common.read_manifest(path), world_split(dom, n or size, seed)
+    rows, scenes = read_manifest(path), world_split(dom, n or size, seed)
     if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
         raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
     out = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": s["caption"], "long_caption": s["long_caption"]}
            for r, s in zip(rows, world_split(renamed, n or size, seed))]
-    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
     return target
 
 
