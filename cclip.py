@@ -5,8 +5,8 @@ paper/2025/file/72fb9ab442fc60b7ae5d53bf6b478273-Paper-Conference.pdf
 The paper numbers no equations: comments cite its sections (3.3 metrics, 4.1 LoRA, 4.2 CKC, 5).
 
 Implements (each equation written out once, in the docstring of the function named)
-  Sec. 4.1    LoRA integration (frozen backbone, fresh adapters, merged): common.LoRA, add_lora,
-              merge_lora (every method's --lora runs the same; cclip.py's --lora R is --lora-rank R)
+  Sec. 4.1    LoRA integration (fresh adapters per task, merged at alpha): integrate, a_mix_share;
+              the LoRA module: common.LoRA, add_lora, merge_lora (--lora R: rank R)
   Sec. 4.2    contrastive knowledge consolidation (CKC) toward the old model: projector, ckc_loss;
               L = L_CLIP + L_CKC, one task's step: CClip.losses
   Sec. 3      VLCL protocol (R[i][j], BWT, forgetting, unseen R@1, zero-shot PD): run (as dns.py)
@@ -77,8 +77,10 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models, results, wise_ft
-from papers import cclip_tasks, zscl
+from plumbing import loading, manifests, models, results, runfolder
+from plumbing.base import markdown_table
+from protocols import wise_ft
+from papers import cclip_tasks, zscl_mtil
 
 
 # --- Losses ---
@@ -160,6 +162,21 @@ class CClip(common.Method):
         return losses
 
 
+# --- Sec. 4.1: LoRA integration, the merge schedule (the LoRA module itself: common.LoRA) ---
+def integrate(model, alpha: float):
+    """Sec. 4.1, after each task: the task's fresh adapters folded into the backbone,
+      theta_t = theta_{t-1} + alpha * DeltaW,   DeltaW = B A * lora_alpha / r   (common.LoRA.delta)
+    alpha = --merge-alpha, 0.5 after every task; the research code's alpha 1, then a_mix's share
+    (a_mix_share; deviation 1). The result is a plain open_clip model: the next task's old model."""
+    return common.merge_lora(model, alpha)
+
+
+def a_mix_share(i: int) -> float:
+    """--merge-schedule research / a_mix (deviation 1): after task i + 1 (i > 0) the new model's
+    share of the interpolation with the previous task's model: 1/2 after task 2, 1/3 later."""
+    return 1 / (1 + min(i, 2))
+
+
 # --- Training: one task, evaluation after each task, the sequence ---
 class Interrupted(Exception):
     """Raised when --stop-at / --stop-after-tasks end a run early (tests of resume)."""
@@ -184,7 +201,7 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
-    rank = common.dist_info()[0]
+    rank = manifests.dist_info()[0]
     tasks = cclip_tasks.resolve_tasks(cfg, world)
     unseen, zero_shot = cclip_tasks.resolve_eval_sets(cfg)
     if cfg.tasks == "vlcl" and cfg.zero_shot == "auto":
@@ -232,16 +249,14 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
         if "stopped_at" in summary:
             raise Interrupted(f"stopped in task {i + 1} at step {summary['stopped_at']} "
                               f"(--stop-at)")
-        # Sec. 4.1: theta_t = theta_{t-1} + alpha DeltaW; research: alpha 1, then a_mix (dev. 1)
-        if use_lora:
-            common.merge_lora(model, 1.0 if research else cfg.merge_alpha)
+        if use_lora:  # Sec. 4.1; research: alpha 1, then a_mix (dev. 1)
+            integrate(model, 1.0 if research else cfg.merge_alpha)
         if cfg.merge_schedule == "research" and rank == 0:  # the task's own result (averaged later)
             models.save_model(model, Path(task_out) / cclip_tasks.OWN_RESULT, cfg.backbone,
                               twin=False)
-        # a_mix.py: new share 1/2 after task 2, 1/3 later ones (from task 5: the average instead)
-        if research and i > 0 and not averaged:
+        if research and i > 0 and not averaged:  # a_mix.py (from task 5: the average instead)
             model.load_state_dict(wise_ft.interpolate_weights(previous, model.state_dict(),
-                                                                 1 / (1 + min(i, 2))))
+                                                              a_mix_share(i)))
         model.requires_grad_(True)
         if rank == 0:
             models.save_model(model, Path(task_out) / "model.pt", cfg.backbone,
@@ -260,10 +275,10 @@ def run(cfg: CClipConfig, first_row: dict | None = None, world=None) -> dict:
 
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)
-        common.write_config(cfg, out)
+        runfolder.write_config(cfg, out)
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state,
-        lambda path: model.load_state_dict(common.load_weights_only(path, map_location=device)),
+        lambda path: model.load_state_dict(loading.load_weights_only(path, map_location=device)),
         resume=bool(cfg.resume), log=lambda m: print(f"[cclip] {m}", file=sys.stderr),
         first_row=first_row)
     if rank == 0:
@@ -281,7 +296,7 @@ def main(argv=None):
     if "--demo" in argv:  # the lab: world, tiny backbone, seeds, claims (lab/demos/cclip.py)
         from lab.demos import cclip as demo
         return demo.main(argv)
-    cfg = common.parse_config(CClipConfig, argv)
+    cfg = flags.parse_config(CClipConfig, argv)
     if cfg.lora:  # the shared --lora R is C-CLIP's own LoRA (Sec. 4.1) at rank R
         method = {"full": "lora", "ckc": "cclip"}.get(cfg.method, cfg.method)
         cfg = dataclasses.replace(cfg, lora_rank=cfg.lora, lora=0, method=method)
@@ -297,14 +312,15 @@ def main(argv=None):
     print(results.sequence_table(summary, tasks))  # the user's numbers first (issue 42.3)
     print(f"\n{cclip_tasks.matrix_heading(cfg.method, [t.test for t in tasks])}\n")
     print(evaluation.continual_tables(summary, [t.name for t in tasks]))
-    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl.py)
-        return zscl.report(cfg.method, summary, tasks, cfg.backbone)
+    if "mtil" in summary:  # ZSCL's Transfer / Average / Last (papers/zscl_mtil.py)
+        return zscl_mtil.report(cfg.method, summary, tasks, cfg.backbone)
     row = {"method": cfg.method,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
-    table = common.markdown_table([row], list(row))  # method, then the headline's columns in order
+    table = markdown_table([row], list(row))  # method, then the headline's columns in order
     print(f"\n## C-CLIP (Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

@@ -44,30 +44,22 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 from PIL import Image
 
-# The plumbing this module stands on (plumbing/, the layers below it). The method files and eval.py reach the
-# names they use through common (common.cli, common.RunError, ...): each is defined once, in the file named here.
-from plumbing import flags, manifests, models, mtil, param_rates, reporting, runfolder, shards, trainlog
+# The plumbing and protocols this module stands on (the layers below it). Nothing is imported here for another
+# module's use: a caller imports each name from the module that defines it (issue 73.3).
+from plumbing import flags, manifests, models, param_rates, reporting, runfolder, shards, trainlog
 from plumbing import lora as lora_files
-from plumbing.base import (DataError, RunError, UnsafeFileError, UsageError, atomic_write, check_finite,
-                           rendezvous_watch, warn_once, world_size)
-from plumbing.base import markdown_table  # noqa: F401  (the methods' and eval's tables: common.markdown_table)
-from plumbing.cli import StopSignals, cli
-from plumbing.shards import is_shards
-from plumbing.trainlog import TrainLog
-from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
-from plumbing.flags import COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config
-from plumbing.loading import (_atomic_save, file_sha256, load_weights_only, reusable_manifest, seeded, source_stamp,
-                              to_rgb)
+from plumbing.base import (DataError, RunError, UsageError, atomic_write, check_finite, rendezvous_watch, warn_once,
+                           world_size)
+from plumbing.cli import StopSignals
+from plumbing.flags import Config
+from plumbing.loading import seeded, to_rgb
 from plumbing.manifests import (CompactRows, Tally, bad_rows_message, columns, dist_info, image_check_cache,
                                 image_problems, iter_manifest)
-from plumbing.manifests import CAPTION_KEYS, IMAGE_KEYS, read_manifest  # noqa: F401  (the lab's and papers/')
-from plumbing.runfolder import (_rng_state, _set_rng_state, checkpoint_config, checkpoint_state, data_fingerprint,
-                                kept_result, latest_checkpoint, write_config)
-
-_REEXPORTED = (COUNTS, POSITIVE, UNIT, Config, arg, checked, parse_config, cli, kept_result, reusable_manifest,
-               source_stamp, to_rgb, UnsafeFileError, write_config, checkpoint_config, file_sha256,
-               load_weights_only)  # the methods'
-_REEXPORTED_LAB = (_atomic_save, checkpoint_state)  # the lab's tiny weights; tests/test_erclip.py
+from plumbing.results import from_json, to_json  # strict JSON: NaN as null, listed (issue 42.3)
+from plumbing.runfolder import _rng_state, _set_rng_state, data_fingerprint, latest_checkpoint
+from plumbing.shards import is_shards
+from plumbing.trainlog import TrainLog
+from protocols import mtil
 
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP's clamp: temperature never below 0.01
 
@@ -155,7 +147,7 @@ def encode_text(model, tokens, normalize: bool = True):
     """model.encode_text(tokens) with the padding columns beyond the batch's longest sequence dropped first.
     Under causal attention no position attends to a later one, so the pooled end-token feature is exact and the
     cost falls from O(context) to O(longest caption). No causal mask or non-argmax pooling: the untrimmed path."""
-    t = models.text_tower(model)
+    t = model.text if hasattr(model, "text") else model  # CustomTextCLIP's tower, or CLIP's own attributes
     causal = getattr(t, "attn_mask", None) is not None
     if hasattr(t, "config") and hasattr(t, "pooler"):  # a Hugging Face tower: padding is masked, so cut it off
         n = int((tokens != t.config.pad_token_id).sum(1).max().clamp(min=1))
@@ -191,7 +183,7 @@ def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256, 
 
 
 def embed_dim(model):
-    t = models.text_tower(model)
+    t = model.text if hasattr(model, "text") else model  # CustomTextCLIP's tower, or CLIP's own attributes
     p = getattr(t, "text_projection", None)
     if isinstance(p, nn.Linear):
         return p.out_features
@@ -615,9 +607,9 @@ def gather(*features):
     """All ranks' features, concatenated in rank order, WITH gradient (open_clip's gather_features,
     gather_with_grad=True). Every rank computes the loss over the global batch; DDP averages gradients over ranks
     and the gather's backward sums them, so this equals one process on the global batch (tests/test_train.py)."""
-    rank, world, _ = dist_info()
-    if world == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:  # one process
         return features if len(features) > 1 else features[0]
+    rank, world = dist.get_rank(), dist.get_world_size()
     from open_clip.loss import gather_features
     out = []
     for i in range(0, len(features), 2):
@@ -711,7 +703,8 @@ def step_generator(seed: int, step: int, device="cpu"):
 
 def make_optimizer(cfg: Config, net: nn.Module, device, lr_of=None, fused: bool | None = None):
     """AdamW over param_groups, each parameter at plumbing.param_rates' lr (the method's lr_of, --lr-image /
-    --lr-text, the layer decays). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
+    --lr-text, the layer decays), betas (--beta1, --beta2) = (0.9, 0.98) and eps 1e-6 unless set (the shared
+    Config's defaults). Fused by default on CUDA and CPU: one kernel for all parameters (5x faster on CPU),
     which takes the scaler's inf flag and skips an overflowed step on the device. fused=False: for-each (tests)."""
     groups = param_groups(net, cfg.lr, cfg.wd, param_rates.lr_of(cfg, net, lr_of), cfg.decay_all)
     for g in groups:
@@ -1065,9 +1058,10 @@ def optimizer_and_schedule(cfg, net, device, lr_of, schedule, steps_per_epoch: i
     """AdamW (make_optimizer), LambdaLR: schedule's multipliers, else --warmup's (< 0: % of the run), then cosine."""
     warmup = cfg.warmup if cfg.warmup >= 0 else round(-cfg.warmup / 100 * total)
     if warmup >= total and not schedule:  # issue 72.5: scaled, not a run spent warming up (42.4 only warned)
-        dist_info()[0] or warn_once(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): scaled to "
-                                    f"{round(total / 10)} (10 % of the run, as --warmup -10) so that the lr reaches "
-                                    f"--lr; pass a --warmup below {total} to choose another")
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(f"[train] --warmup {warmup} is not shorter than the run ({total} steps): scaled to "
+                  f"{round(total / 10)} (10 % of the run, as --warmup -10) so that the lr reaches --lr; pass a "
+                  f"--warmup below {total} to choose another", file=sys.stderr)
         warmup = round(total / 10)
     opt = make_optimizer(cfg, net, device, lr_of)
     multipliers = schedule(opt, steps_per_epoch, total) if schedule else warmup_cosine(warmup, total)
@@ -1136,7 +1130,7 @@ class Task:
 
 def parse_tasks(spec: str, data_root="data", world: models.LabWorld | None = None) -> list[Task]:
     """'name=train.jsonl[:test.jsonl],...' in order, 'synthetic' for the lab's four continual domains (lab/world.py
-    TASK_DOMAINS; world: the lab's, models.LabWorld), or 'mtil-order1' / 'mtil-order2' (ZSCL's, plumbing/mtil.py)."""
+    TASK_DOMAINS; world: the lab's, models.LabWorld), or 'mtil-order1' / 'mtil-order2' (ZSCL's, protocols/mtil.py)."""
     if mtil.order_of(spec):  # training manifests written once; each test set is eval.py's mtil:<Dataset>
         return [Task(*t) for t in mtil.sequence(spec, data_root)]
     if spec == "synthetic":

@@ -39,7 +39,7 @@ import dataclasses
 import sys
 import time
 
-from plumbing.flags import PRECISION, Config, answer_early, arg  # torch-free: --help at once
+from plumbing.flags import PRECISION, Config, answer_early, arg, parse_config  # torch-free
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from plumbing import models
+from plumbing import base, cli, models
 from papers import cmcl
 
 
@@ -630,13 +630,13 @@ def main(argv=None):
     if "--demo-cmcl" in argv or ("--demo" in argv and not features):
         from lab.demos import dns as demo  # the lab: world, tiny backbone, seeds (--seeds), claims
         return demo.main(argv)
-    cfg = common.parse_config(DNSConfig, argv)
+    cfg = parse_config(DNSConfig, argv)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world
     if cfg.export or cfg.lock_image or cfg.lock_text or cfg.lora or cfg.torchcompile:
-        raise common.UsageError("--export / --lock-* / --lora / --torchcompile: dns.py trains maps "
-                                "over frozen features (Thm. 4); it writes no CLIP model")
+        raise base.UsageError("--export / --lock-* / --lora / --torchcompile: dns.py trains maps "
+                              "over frozen features (Thm. 4); it writes no CLIP model")
     if cfg.features:
         common.preflight(cfg, continual=True)
         return run_cmcl(cfg)
@@ -647,4 +647,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli.cli(main)  # one message per expected failure, signals

@@ -101,7 +101,7 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import models
+from plumbing import manifests, models, runfolder
 from papers import erclip_data, erclip_sweeps
 from plumbing.results import document, own_table, staged
 
@@ -388,7 +388,7 @@ def main(argv=None):
     if "--demo" in argv:  # the lab: demo and sweeps (lab/demos/erclip.py, erclip_sweeps.py)
         from lab.demos import erclip as demo
         return demo.main(argv)
-    cfg = common.parse_config(ERCLIPConfig, argv)
+    cfg = flags.parse_config(ERCLIPConfig, argv)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
@@ -403,7 +403,7 @@ def main(argv=None):
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random, and the fusion's
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
                                  published.ERCLIP_SYNTHETIC_TASKS)
-    rank = common.dist_info()[0]
+    rank = manifests.dist_info()[0]
     manifest = train_manifest(cfg, world)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
     common.preflight(cfg, [manifest], need_long=True)  # rows, --out, device: before any model
@@ -412,7 +412,7 @@ def main(argv=None):
     device = common.init_distributed(cfg.device)
     base = []
     if tasks and cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it
-        base = common.kept_result(cfg, "base", lambda: evaluation.evaluate(
+        base = runfolder.kept_result(cfg, "base", lambda: evaluation.evaluate(
             model.to(device), preprocess, tokenizer, tasks, cfg.data_root, model_name=cfg.backbone,
             weights="before fine-tuning"))
     validate = evaluation.validator(cfg, preprocess, tasks)
@@ -439,4 +439,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

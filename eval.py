@@ -9,8 +9,8 @@ Papers whose protocols this file follows (full references, E1-E5 at length, the 
   m2-Mix    Oh et al., NeurIPS 2023, arXiv:2203.03897: Sec. 3 align / unif, Tab. 2 / Fig. 6 ECE, Tab. 5 SIMAT
             (Couairon et al., arXiv:2112.03162); "the m2-Mix code": github.com/changdaeoh/multimodal-mixup
   C-CLIP    Liu, Zhu, Wei, Tian, ICLR 2025, Sec. 3.3 (VLCL metrics, PD)
-  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (plumbing/mtil.py, docs/protocols.md)
-  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (plumbing/imagenet_shifts.py)
+  ZSCL      Zheng et al., ICCV 2023, arXiv:2303.06628: MTIL's 11 test sets (protocols/mtil.py, docs/protocols.md)
+  WiSE-FT   Wortsman et al., CVPR 2022, arXiv:2109.01903: ImageNet's 5 shifts, masks (protocols/imagenet_shifts.py)
   CMCL      Liu et al., "Continual Multimodal Contrastive Learning", NeurIPS 2025, arXiv:2503.14963 (Acc, BWT, R@10)
 
 Protocol choices and deviations ("ours" is the default)
@@ -90,7 +90,7 @@ TASK_GROUPS = {  # shorthands for --tasks
     "synthetic": "synthetic-short,synthetic-long,synthetic-unseen,synthetic-shape,synthetic-color,synthetic-background",
     "imagenet-shifts": "imagenet,imagenet-v2,imagenet-r,imagenet-a,imagenet-sketch,objectnet",  # WiSE-FT's
     "mtil": "mtil:Aircraft,mtil:Caltech101,mtil:CIFAR100,mtil:DTD,mtil:EuroSAT,mtil:Flowers,mtil:Food,mtil:MNIST,"
-            "mtil:OxfordPet,mtil:StanfordCars,mtil:SUN397",  # ZSCL's 11 test sets, Order I (plumbing/mtil.py)
+            "mtil:OxfordPet,mtil:StanfordCars,mtil:SUN397",  # ZSCL's 11 test sets, Order I (protocols/mtil.py)
 }
 CLASSIFICATION_TASKS = ["cifar10", "cifar100", "imagenet", "cifar10-longclip", "cifar100-longclip",
                         *TASK_GROUPS["imagenet-shifts"].split(",")[1:], *TASK_GROUPS["mtil"].split(",")]
@@ -133,7 +133,7 @@ def command_line() -> argparse.ArgumentParser:
     p.add_argument("--alphas", default="0,0.25,0.5,0.75,1", type=flags.numbers, help="WiSE-FT mixing coefficients")
     p.add_argument("--resume", action="store_true", help="--wise-ft: keep the alphas --out holds (same settings)")
     p.add_argument("--er-line", type=flags.pair, help="SLOPE,INTERCEPT: a published logit-space line for effective "
-                   "robustness (default ours: slope 1 through alpha 0; plumbing/wise_ft.py)")
+                   "robustness (default ours: slope 1 through alpha 0; protocols/wise_ft.py)")
     p.add_argument("--continual", default="", help="pretrained,ckpt_after_task1,...: continual matrix over --tasks")
     p.add_argument("--zero-shot", default="", help="with --continual: tasks whose drop is reported as PD")
     p.add_argument("--synthetic-n", type=flags.checked(int, "> 0"), default=None,
@@ -158,7 +158,10 @@ import torch
 from PIL import Image
 
 import common
-from plumbing import clip_benchmark, imagenet_shifts, loading, m2mix_analysis, models, mtil, safepickle, wise_ft
+from plumbing.base import DataError, UnsafeFileError, UsageError, atomic_write, markdown_table
+from plumbing.cli import cli
+from plumbing import loading, manifests, models, runfolder, safepickle
+from protocols import clip_benchmark, imagenet_shifts, m2mix_analysis, mtil, wise_ft
 
 
 # =============================================================================
@@ -187,7 +190,7 @@ class ClassificationSet:
     groups: list | None = None  # ObjectNet: per class, the classifier's (ImageNet's) classes; logits = their max
 
 
-class MissingData(common.DataError):
+class MissingData(DataError):
     """A benchmark (or a file of it) is not where the data-root layout says."""
 
 
@@ -204,7 +207,7 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
     and lists the undecodable ones; refuses an evaluation with no image at all (or any dropped image when strict)."""
     t2i = torch.as_tensor(t2i, dtype=torch.long)
     found = [Path(p).is_file() for p in paths]
-    checked = iter(common.image_problems([p for p, f in zip(paths, found) if f]))
+    checked = iter(manifests.image_problems([p for p, f in zip(paths, found) if f]))
     problem = [next(checked) if f else "not found" for f in found]
     unreadable = [p for p in problem if p not in (None, "not found")]
     present = torch.tensor([p is None for p in problem], dtype=torch.bool)
@@ -215,7 +218,7 @@ def _finish(name, paths, texts, t2i, protocol, task=None, root=None, strict=Fals
         msg = "" if first is None else (
             f"{name}: {missing - len(unreadable)} of {len(paths)} images not found (first: {first}).{where}")
         if unreadable:
-            msg += "\n" * bool(msg) + common.bad_rows_message(name, unreadable, what="undecodable image(s)")
+            msg += "\n" * bool(msg) + manifests.bad_rows_message(name, unreadable, what="undecodable image(s)")
         if missing == len(paths) or strict:
             raise MissingData(msg + ("" if missing == len(paths) else " (--strict)"))
         base.warn_once(f"[eval] WARNING {msg} Evaluating the {len(paths) - missing} present; "
@@ -382,7 +385,7 @@ def register_synthetic(retrieval: dict, classification: dict):
 
 def _check_lab_loaded(name: str):  # after the lab's registered sets were looked up
     if name.startswith("synthetic-") and not SYNTHETIC_RETRIEVAL:  # loaded: an unknown name, said as such below
-        raise common.UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: run "
+        raise UsageError(f"{name!r} is a set of the lab's synthetic world, which is not loaded: run "
                                 f"the command as python -m lab eval ARGS (or import lab first)")
 
 
@@ -402,7 +405,7 @@ def manifest_retrieval(path, column="caption", strict=False) -> RetrievalSet:
     """A user manifest (JSONL/CSV, image paths relative to it): a text per row from `column`; rows may share images."""
     ds = common.ManifestDataset(path, check_images=False, skip_bad=True)  # _finish decodes the images
     if ds.skipped:  # ManifestDataset drops rows whose image is absent; count them as missing
-        msg = common.bad_rows_message(path, ds.skipped)
+        msg = manifests.bad_rows_message(path, ds.skipped)
         if strict:
             raise MissingData(msg)  # else ManifestDataset's warning has named them, once per process
     index, t2i, texts = {}, [], []  # index: image path -> image index, in order of first appearance
@@ -426,7 +429,7 @@ def load_retrieval(name: str, root="data", strict: bool = False, synthetic_n=Non
     path, _, column = name.partition("#")
     if path.endswith((".jsonl", ".json", ".csv", ".tsv", ".parquet")) or Path(path).is_dir():  # folders: 42.2
         return manifest_retrieval(path, column or "caption", strict)
-    raise common.UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
+    raise UsageError(f"unknown retrieval task {name!r}; known: {', '.join(RETRIEVAL_TASKS)}, or a manifest path")
 
 
 # ---- classification ---------------------------------------------------------
@@ -531,16 +534,16 @@ def load_classification(name: str, root="data", download: bool = False, syntheti
         return _imagenet(root)
     if name.startswith("imagefolder:"):
         return _any_image_folder(name.partition(":")[2])
-    if name.startswith(mtil.PREFIX):  # ZSCL's MTIL test sets (plumbing/mtil.py)
+    if name.startswith(mtil.PREFIX):  # ZSCL's MTIL test sets (protocols/mtil.py)
         t = mtil.read(root, name.removeprefix(mtil.PREFIX), "test")
         return ClassificationSet(name, t.images, torch.tensor(t.labels), t.classnames, t.templates,
                                  f"MTIL {t.dataset} test ({len(t.labels)}), ZSCL's split, names, templates")
-    if name in imagenet_shifts.SHIFTS:  # WiSE-FT's protocol (plumbing/imagenet_shifts.py)
+    if name in imagenet_shifts.SHIFTS:  # WiSE-FT's protocol (protocols/imagenet_shifts.py)
         from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
         s = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
         return ClassificationSet(name, s["images"], s["labels"], s["classnames"], imagenet_templates(), s["protocol"],
                                  groups=s["groups"])
-    raise common.UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
+    raise UsageError(f"unknown classification task {name!r}; known: {', '.join(CLASSIFICATION_TASKS)}, "
                      f"imagefolder:<path>")
 
 
@@ -570,12 +573,12 @@ def check_tasks(tasks, data_root, flag: str = "--eval-tasks"):
                 load_classification(t, data_root)
             elif t != "simat":
                 load_retrieval(t, data_root)
-        except common.UsageError as e:
-            raise common.UsageError(f"{flag}: {e}") from None
+        except UsageError as e:
+            raise UsageError(f"{flag}: {e}") from None
         except Exception as e:
             failed.append(f"evaluation task {t!r} cannot be loaded from {data_root}: {e}")
     if failed:
-        raise common.DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
+        raise DataError("\n".join(failed) + f" (pass {flag} to choose others, or none)")
 
 
 # =============================================================================
@@ -591,7 +594,7 @@ class _Images(torch.utils.data.Dataset):
     def __getitem__(self, i):
         item = self.paths[i]
         if isinstance(item, Image.Image):
-            return self.transform(common.to_rgb(item))
+            return self.transform(loading.to_rgb(item))
         return loading.EVAL_IMAGES.get(item, self.transform)  # decoded and transformed once per process
 
 
@@ -666,18 +669,18 @@ def cached(cache_dir, key: dict | None, compute, name: str = ""):
     path = Path(cache_dir) / (name or hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".pt")
     if path.exists():
         try:
-            return common.load_weights_only(path)
-        except common.UnsafeFileError:
+            return loading.load_weights_only(path)
+        except UnsafeFileError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken cache file, whatever broke it, is rebuilt
             print(f"[eval] cache file {path} could not be read ({type(e).__name__}): rebuilt", file=sys.stderr)
     value = compute()
-    common.atomic_write(path, lambda tmp: torch.save(value, tmp))
+    atomic_write(path, lambda tmp: torch.save(value, tmp))
     return value
 
 
 # =============================================================================
-# 3. SIMAT (m2-Mix Tab. 5; its score, geometry and ECE: plumbing/m2mix_analysis.py)
+# 3. SIMAT (m2-Mix Tab. 5; its score, geometry and ECE: protocols/m2mix_analysis.py)
 # =============================================================================
 def simat(model, preprocess, tokenizer, root="data", split="test", lambdas=m2mix_analysis.SIMAT_LAMBDAS,
           batch_size=256, device=None) -> dict:
@@ -785,9 +788,9 @@ def published_numbers(paper: str, backbone: str) -> dict:
 
 def erclip_tables(rows1, rows2, window: bool = False) -> str:
     (c1, c2), cut = published.erclip_cols(window), "cut at the window" if window else "truncated at the context"
-    return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + common.markdown_table(rows1, c1, "{:.2f}")
+    return (f"Table 1: long-caption retrieval, R@1 (%), captions {cut}\n\n" + markdown_table(rows1, c1, "{:.2f}")
             + "\n\nTable 2: long avg R@1, COCO 5k R@1, zero-shot top-1 (%)\n\n"
-            + common.markdown_table(rows2, c2, "{:.2f}"))
+            + markdown_table(rows2, c2, "{:.2f}"))
 
 
 def results_table(records, metrics=OWN_METRICS, published=None) -> str:
@@ -808,7 +811,7 @@ def results_table(records, metrics=OWN_METRICS, published=None) -> str:
         cols += [m, f"{m} (paper)"] if published and any(k[1] == m for k in published) else [m]
     if any(row["missing"] for row in rows.values()):
         cols.append("missing")
-    return common.markdown_table(list(rows.values()), cols)
+    return markdown_table(list(rows.values()), cols)
 
 
 ANALYSIS_METRICS = ("align", "unif", "align_code", "unif_code", "wi_align", "wi_unif_img", "wi_unif_txt", "gap",
@@ -828,7 +831,7 @@ def analysis_table(records, published=None) -> str:
         if paper is not None:
             rows.setdefault(f"{r['task']} (paper)", {"task": f"{r['task']} (paper)"})[r["metric"]] = float(paper)
     cols += [m for m in ANALYSIS_METRICS if any(m in row for row in rows.values())]
-    return common.markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
+    return markdown_table(list(rows.values()), cols, floatfmt="{:.3g}") if rows else ""
 
 
 # =============================================================================
@@ -875,11 +878,11 @@ def continual_tables(summary, tasks) -> str:
             continue
         rows = [{"after": "pretrained" if i == 0 else f"task {i}", **dict(zip(tasks, map(float, row)))}
                 for i, row in enumerate(R)]
-        parts.append(f"R[i][j], {m}:\n\n" + common.markdown_table(rows, ["after", *tasks]))
+        parts.append(f"R[i][j], {m}:\n\n" + markdown_table(rows, ["after", *tasks]))
     mrows = [{"metric": m, **v} for m, v in summary["metrics"].items()]
-    parts.append(common.markdown_table(mrows, ["metric", "last", "avg", "bwt", "forgetting"]))
+    parts.append(markdown_table(mrows, ["metric", "last", "avg", "bwt", "forgetting"]))
     if summary["pd"]:
-        parts.append(common.markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
+        parts.append(markdown_table([{"zero-shot": k, "PD": float(v)} for k, v in summary["pd"].items()],
                                            ["zero-shot", "PD"]))
     return "\n\n".join(parts)
 
@@ -907,7 +910,7 @@ def evaluate_checkpoints(backbone, checkpoints, tasks, zero_shot=(), data_root="
     [i] after task i; tasks[j]: task j+1's test set (world: the lab's, for the tiny backbone's weights). Returns
     common.summarize_continual's dict (+ 'records')."""
     if len(checkpoints) != len(tasks) + 1:
-        raise common.UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
+        raise UsageError(f"--continual: need {len(tasks) + 1} checkpoints for {len(tasks)} task(s) (pretrained "
                                 f"+ one per task), got {len(checkpoints)}")
     rows, records = [], []
     for i, ck in enumerate(checkpoints):
@@ -932,7 +935,7 @@ def mean_per_class_recall(img, classifier, labels) -> float:
 
 
 def clip_benchmark_files(records, model: str, pretrained: str) -> dict:
-    """CLIP_benchmark's result files {file name: content} of the records (plumbing/clip_benchmark.py)."""
+    """CLIP_benchmark's result files {file name: content} of the records (protocols/clip_benchmark.py)."""
     return clip_benchmark.clip_benchmark_files(records, model, pretrained, is_classification)
 
 
@@ -944,7 +947,7 @@ def validator(cfg, preprocess, tasks=()) -> Callable | None:
         return None
     chosen = [t.strip() for t in cfg.val_data.split(",") if t.strip()] or list(tasks)[:1]
     if not chosen:
-        raise common.UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
+        raise UsageError("--val-every needs a validation set: pass --val-data (eval.py tasks or manifests)")
     check_tasks(chosen, cfg.data_root, "--val-data")
     tags = task_tags(chosen)
 
@@ -971,19 +974,19 @@ def main(argv=None, world=None):
     a = command_line().parse_args(argv)
     flags.note_spellings(sys.argv[1:] if argv is None else argv, flags.CLIP_BENCHMARK, "CLIP_benchmark's")
     if a.out.endswith(".json"):
-        raise common.UsageError(f"--out / --output {a.out}: a folder here (results.json, and CLIP_benchmark's files "
+        raise UsageError(f"--out / --output {a.out}: a folder here (results.json, and CLIP_benchmark's files "
                                 f"with --format clip_benchmark), not a file name")
     flags.CSV_COLUMNS.update({k: getattr(a, k) for k in flags.CSV_COLUMNS})  # the manifests in --tasks
     if a.format == "clip_benchmark" and (a.wise_ft or a.continual):
-        raise common.UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
+        raise UsageError("--format clip_benchmark writes one evaluation's results; not with --wise-ft or "
                                 "--continual")
     if (a.resume or a.er_line) and not a.wise_ft:
-        raise common.UsageError(f"{'--resume' if a.resume else '--er-line'} belongs to a WiSE-FT curve: add --wise-ft")
+        raise UsageError(f"{'--resume' if a.resume else '--er-line'} belongs to a WiSE-FT curve: add --wise-ft")
     if models.wants_lab(a) and not models.tiny_known():  # eval.py never imports the lab (it sits above)
-        raise common.UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
+        raise UsageError("--backbone tiny and the synthetic-* sets are the lab's: run this command as "
                                 "python -m lab eval ARGS (the lab registers them when it is imported)")
     common.check_device(a)
-    common.runfolder.EVALUATING = Path(a.out)  # what a stop keeps (plumbing/cli.py, issue 72.3)
+    runfolder.EVALUATING = Path(a.out)  # what a stop keeps (plumbing/cli.py, issue 72.3)
     if a.out:  # issue 69.2 (a finished run's results.json was replaced): checked, and claimed before any write
         outfolder.claim(Path(a.out), "eval", "--out", outfolder.EVAL_FILES)
     tasks = _expand(a.tasks)
@@ -1010,11 +1013,11 @@ def main(argv=None, world=None):
         model, _, preprocess, tok = models.load_model(a.backbone, a.pretrained, device=device, world=world)
         if a.context_length:  # another window than the model's (longclip.py evaluates both)
             if a.context_length > models.text_tower(model).context_length:
-                raise common.UsageError(f"--context-length {a.context_length} is longer than the model's text "
+                raise UsageError(f"--context-length {a.context_length} is longer than the model's text "
                                         f"window ({models.text_tower(model).context_length})")
             tok = models.get_tokenizer(a.backbone, a.context_length)
             results["context_length"] = a.context_length
-        if a.wise_ft:  # each alpha kept as it finishes, effective robustness, the figure: plumbing/wise_ft.py
+        if a.wise_ft:  # each alpha kept as it finishes, effective robustness, the figure: protocols/wise_ft.py
             curve = wise_ft.run(a, model, curve_settings, lambda m: evaluate(
                 m, preprocess, tok, tasks, a.data_root, device=device, model_name=a.backbone,
                 weights=f"wise-ft:{a.wise_ft}", **kw), wise_ft.command_run(sys.argv[1:] if argv is None else argv))
@@ -1036,7 +1039,7 @@ def main(argv=None, world=None):
     if a.out:  # its own earlier output, or nothing there it would replace; its receipt
         outfolder.claim(Path(a.out), "eval", "--out", (*outfolder.EVAL_FILES, *bench))
     for name, content in bench.items():
-        common.atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
+        atomic_write(Path(a.out) / name, json.dumps(content, indent=1))
     if a.out:
         common.write_results(a.out, results)
         print(f"[eval] wrote {Path(a.out) / 'results.json'} ({results['seconds']:.0f}s)", file=sys.stderr)
@@ -1044,4 +1047,4 @@ def main(argv=None, world=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

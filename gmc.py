@@ -101,9 +101,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from papers import mosei
-from plumbing import m2mix_analysis
+from plumbing import base, manifests
 from plumbing.results import document, staged
+from papers import mosei
+from protocols import m2mix_analysis
 
 
 # --- Losses ---
@@ -328,12 +329,12 @@ def run(cfg: GMCConfig, splits: dict) -> dict:
     summary = common.train(cfg, GMCNet(model, cfg), mosei.Split(splits["train"]),
                            common.Collate(None), export=False, schedule=constant,
                            keep_last=cfg.keep_last_batch)  # G9
-    if "stopped_at" in summary or common.dist_info()[0] != 0:
+    if "stopped_at" in summary or manifests.dist_info()[0] != 0:
         return {"summary": summary}
     test = evaluate(model, splits["test"])  # Table 4's cells of this seed, as records (one schema)
     cells = [{"task": f"{cfg.data}:test", "metric": k, "value": v} for k, v in test.items()]
     records = staged(cells, "tuned", seed=cfg.seed)
-    common.atomic_write(Path(cfg.out) / "model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
+    base.atomic_write(Path(cfg.out) / "model.pt", lambda tmp: torch.save(model.state_dict(), tmp))
     common.write_results(cfg.out, document("gmc", records, summary=summary), cfg)
     return {"config": dataclasses.asdict(cfg), "summary": summary, "test": test, "records": records}
 
@@ -343,9 +344,9 @@ def main(argv=None):
     if "--demo" in argv:
         from lab.demos import gmc as demo
         return demo.main(argv)
-    cfg = common.parse_config(GMCConfig, argv)
+    cfg = flags.parse_config(GMCConfig, argv)
     if cfg.lora or cfg.loss != "clip":
-        raise common.UsageError("--lora / --loss siglip: GMC trains its encoders from scratch "
+        raise base.UsageError("--lora / --loss siglip: GMC trains its encoders from scratch "
                                 "(no weights to adapt) with NT-Xent, not a CLIP pair loss")
     if cfg.convert:
         print(f"wrote {mosei.convert(cfg.data)}")
@@ -353,10 +354,10 @@ def main(argv=None):
     try:
         seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()] if cfg.seeds else [cfg.seed]
     except ValueError:
-        raise common.UsageError(f"--seeds {cfg.seeds!r}: comma-separated integers, e.g. "
+        raise base.UsageError(f"--seeds {cfg.seeds!r}: comma-separated integers, e.g. "
                                 f"0,1,2,3,4") from None
     if cfg.layers < 0 or cfg.tau <= 0 or len(set(seeds)) != len(seeds):
-        raise common.UsageError(f"--layers {cfg.layers} (>= 0), --tau {cfg.tau:g} (> 0) and "
+        raise base.UsageError(f"--layers {cfg.layers} (>= 0), --tau {cfg.tau:g} (> 0) and "
                                 f"--seeds {seeds} (each once): one of them is off")
     splits, fixed = mosei.load_splits(cfg.data, cfg.nonfinite)  # flags first, then the data
     if fixed:
@@ -377,4 +378,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

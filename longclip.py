@@ -143,7 +143,7 @@ import torch.nn as nn
 
 import common
 import eval as evaluation
-from plumbing import models
+from plumbing import manifests, models, runfolder
 from papers.longclip_data import first_sentence, read_erclip_results, train_manifest
 from plumbing.results import document, own_table, staged
 
@@ -357,7 +357,7 @@ def main(argv=None):
     if "--demo" in argv:  # the lab: same-budget Long-CLIP against ERCLIP M+P (lab/demos/)
         from lab.demos import longclip as demo
         return demo.main(argv)
-    cfg = common.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
+    cfg = flags.parse_config(LongCLIPConfig, argv, **RECIPES[_recipe(argv)])
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
@@ -367,7 +367,7 @@ def main(argv=None):
     torch.manual_seed(cfg.seed)  # the initial weights when --pretrained random
     tasks = evaluation.task_list(cfg.eval_tasks, cfg.train_data, published.ERCLIP_EVAL_TASKS,
                                  published.ERCLIP_SYNTHETIC_TASKS)
-    rank = common.dist_info()[0]
+    rank = manifests.dist_info()[0]
     erclip_run = read_erclip_results(cfg.erclip_results) if cfg.erclip_results else None
     manifest = train_manifest(cfg, world)  # fails at once when the training data is missing
     evaluation.check_tasks(tasks, cfg.data_root)
@@ -378,7 +378,7 @@ def main(argv=None):
     device = common.init_distributed(cfg.device)
     base = []
     if tasks and cfg.eval_base and rank == 0:  # before stretching, through its own window (kept)
-        base = common.kept_result(cfg, "base", lambda: [
+        base = runfolder.kept_result(cfg, "base", lambda: [
             dict(r, window=None if r["task"] == "simat" or evaluation.is_classification(r["task"])
                  else base_window)
             for r in evaluation.evaluate(model.to(device), preprocess, tokenizer, tasks,
@@ -420,4 +420,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

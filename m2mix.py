@@ -103,7 +103,9 @@ import torch.nn.functional as F
 
 import common
 import eval as evaluation
-from plumbing import m2mix_analysis, models, results, towers, train_manifests
+from plumbing import manifests, models, results, runfolder, towers
+from protocols import m2mix_analysis
+from papers import m2mix_data
 
 
 # --- Losses ---
@@ -278,7 +280,7 @@ def evaluate_model(model, preprocess, tokenizer, cfg: M2MixConfig, label: str) -
     image's first caption) and ECE (both directions, the model's temperature, the ECE-vs-tau
     curve)."""
     records = []
-    for name, task in train_manifests.eval_tasks(cfg).items():
+    for name, task in m2mix_data.eval_tasks(cfg).items():
         for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root,
                                      model_name=label, analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
@@ -297,11 +299,11 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device,
         cache_dir=cfg.cache_dir, world=world, **towers.tower_settings(cfg))
-    rank = common.dist_info()[0]
-    manifest = train_manifests.train_manifest(cfg, world)
+    rank = manifests.dist_info()[0]
+    manifest = m2mix_data.train_manifest(cfg, world)
     records = []
     if cfg.eval_base and rank == 0:  # kept in <out>/base.json: a resumed run reads it back
-        records += results.staged(common.kept_result(
+        records += results.staged(runfolder.kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest,
                                   eval_tf if cfg.augment == "none" else train_tf)  # deviation 21
@@ -311,7 +313,7 @@ def finetune(cfg: M2MixConfig, show: bool = True, world=None) -> dict:
     lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else None) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), hooks=hooks, lr_of=lr_of,
                            validate=evaluation.validator(
-                               cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))
+                               cfg, eval_tf, list(m2mix_data.eval_tasks(cfg).values())))
     if "stopped_at" in summary or rank != 0:
         return {"summary": summary}
     tuned = evaluate_model(model, eval_tf, tokenizer, cfg, method_name(cfg))
@@ -339,7 +341,7 @@ def main(argv=None):
     if "--demo" in argv or "--demo-unimodal" in argv:  # the lab: world, tiny backbones, claims
         from lab.demos import m2mix as demo, towers as unimodal
         return (demo if "--demo" in argv else unimodal).main(argv)
-    cfg = common.parse_config(M2MixConfig, argv)
+    cfg = flags.parse_config(M2MixConfig, argv)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
@@ -352,10 +354,11 @@ def main(argv=None):
                               "Flickr30K and Karpathy's split file, Sec. 5.1")
     # before training: the tasks; then rows, --out, device before any model is loaded
     flag = "--eval-tasks" if cfg.eval_tasks else "--train-data (evaluated as the default task)"
-    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root, flag)
-    common.preflight(cfg, [train_manifests.train_manifest(cfg, world)])
+    evaluation.check_tasks(list(m2mix_data.eval_tasks(cfg).values()), cfg.data_root, flag)
+    common.preflight(cfg, [m2mix_data.train_manifest(cfg, world)])
     return finetune(cfg, world=world)
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    from plumbing.cli import cli  # one message per expected failure, signals
+    cli(main)

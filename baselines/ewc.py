@@ -77,6 +77,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import UsageError
+from plumbing.cli import cli
 from baselines import sequence
 
 
@@ -213,7 +215,7 @@ def task_fisher(model, params: list, dataset, collate, cfg, seed: int) -> list:
                                          generator=torch.Generator().manual_seed(seed))
     device = next(model.parameters()).device
     if len(dataset) < batch_size:
-        raise common.UsageError(f"EWC: the task's training set ({len(dataset)}) is smaller than one Fisher batch "
+        raise UsageError(f"EWC: the task's training set ({len(dataset)}) is smaller than one Fisher batch "
                                 f"({batch_size}); lower --fisher-batch-size")
 
     def gradients():
@@ -240,4 +242,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

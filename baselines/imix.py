@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from baselines.settings import MixBaselineConfig
 from plumbing import flags
-from plumbing.flags import arg
+from plumbing.flags import arg, parse_config
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import UsageError
+from plumbing.cli import cli
 from baselines import mixrun
 from plumbing import models
 
@@ -99,7 +101,7 @@ class IMix(mixrun.MixBaseline):
     def __init__(self, model, cfg: IMixConfig):
         super().__init__(model, cfg)
         if cfg.alpha <= 0:
-            raise common.UsageError(f"--alpha must be > 0 (Beta(alpha, alpha)), got {cfg.alpha}")
+            raise UsageError(f"--alpha must be > 0 (Beta(alpha, alpha)), got {cfg.alpha}")
         if cfg.tau:  # deviation 4: a fixed temperature; the learnable one is unused
             model.logit_scale.requires_grad_(False)
 
@@ -118,11 +120,11 @@ class IMix(mixrun.MixBaseline):
 # --- Main ---
 def main(argv=None, world=None):
     """`python -m baselines.imix [flags]` (m2mix.py's); world: the lab's, for --backbone tiny."""
-    cfg = common.parse_config(IMixConfig, sys.argv[1:] if argv is None else list(argv))
+    cfg = parse_config(IMixConfig, sys.argv[1:] if argv is None else list(argv))
     if world is None and models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
     return mixrun.run(cfg, IMix, "imix", world=world)
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.cli import cli
 from baselines import sequence
 
 
@@ -136,4 +137,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

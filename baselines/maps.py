@@ -42,7 +42,7 @@ import functools
 from pathlib import Path
 
 from plumbing import flags
-from plumbing.flags import arg
+from plumbing.flags import arg, parse_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,8 @@ if __name__ == "__main__":  # --help and flag errors before torch loads (issue 6
 import torch
 
 import common
+from plumbing.base import UsageError
+from plumbing.cli import cli
 import dns
 from baselines.ewc import anchor, consolidate_named, empirical_fisher, ewc_penalty
 from baselines.lwf import lwf_loss
@@ -210,18 +212,18 @@ def run(cfg: MapsConfig, show: bool = True, world=None) -> dict:
 def run_steps(cfg: MapsConfig, show: bool = True) -> dict:
     """One row in CMCL's setting: its step sequence from cached features (--features; papers.cmcl.run_steps)."""
     if cfg.mode == "zscl":
-        raise common.UsageError("ZSCL needs a reference set of images and texts; CMCL's steps pair other "
+        raise UsageError("ZSCL needs a reference set of images and texts; CMCL's steps pair other "
                                 "modalities (audio, depth, ...): not applicable there (docs/baselines.md)")
     return cmcl.run_steps(cfg, functools.partial(MapsLearner, cfg, None), dns.score_drift, show)
 
 
 def main(argv=None):
-    cfg = common.parse_config(MapsConfig, argv)
+    cfg = parse_config(MapsConfig, argv)
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
         from lab import WORLD as world
     if cfg.export or cfg.lock_image or cfg.lock_text or cfg.lora or cfg.torchcompile or cfg.demo or cfg.demo_cmcl:
-        raise common.UsageError("--export / --lock-* / --lora / --torchcompile / --demo: baselines.maps trains maps "
+        raise UsageError("--export / --lock-* / --lora / --torchcompile / --demo: baselines.maps trains maps "
                                 "over frozen features; its rows are in dns.py's demo")
     if cfg.features:
         if cfg.mode != "zscl":  # ZSCL: run_steps' one message, before any check of the data
@@ -233,4 +235,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

@@ -14,9 +14,13 @@ from __future__ import annotations
 import torch
 
 import common
+from plumbing.manifests import dist_info
+from plumbing.runfolder import kept_result
 from baselines import settings
 import eval as evaluation
-from plumbing import m2mix_analysis, models, results, towers, train_manifests
+from plumbing import models, results, towers
+from protocols import m2mix_analysis
+from papers import m2mix_data
 from plumbing.base import UsageError
 
 
@@ -55,7 +59,7 @@ class MixBaseline(common.Method):
 def evaluate_model(model, preprocess, tokenizer, cfg, label: str) -> list[dict]:
     """m2mix.py's evaluation (eval.evaluate on the run's protocols with the geometry and ECE analyses; SIMAT)."""
     records = []
-    for name, task in train_manifests.eval_tasks(cfg).items():
+    for name, task in m2mix_data.eval_tasks(cfg).items():
         for r in evaluation.evaluate(model, preprocess, tokenizer, [task], cfg.data_root, model_name=label,
                                      analyses=("geometry", "ece")):
             records.append(dict(r, task=name))
@@ -70,7 +74,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
     (its row: make_net's label); writes results.json (method: 'imix' | 'unmix', read by m2mix.py --collect).
     The mix pairs rows of one process's batch, so one process and --accum-freq 1 (said before anything loads)."""
     device = common.init_distributed(cfg.device)
-    if cfg.accum_freq > 1 or common.dist_info()[1] > 1:
+    if cfg.accum_freq > 1 or dist_info()[1] > 1:
         raise UsageError(f"{method}: the image mix pairs the rows of one batch; --accum-freq {cfg.accum_freq} or "
                          f"several processes would mix inside parts of it: run one process, --accum-freq 1")
     if cfg.random_init or cfg.pretrained == "random":
@@ -78,10 +82,10 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
     model, train_tf, eval_tf, tokenizer = models.load_model(
         cfg.backbone, "random" if cfg.random_init else cfg.pretrained, device=device, cache_dir=cfg.cache_dir,
         world=world, **towers.tower_settings(cfg))
-    manifest = train_manifests.train_manifest(cfg, world)
+    manifest = m2mix_data.train_manifest(cfg, world)
     records = []
     if cfg.eval_base:  # kept in <out>/base.json: a resumed run reads it back
-        records += results.staged(common.kept_result(
+        records += results.staged(kept_result(
             cfg, "base", lambda: evaluate_model(model, eval_tf, tokenizer, cfg, "ZS")), "base")
     dataset = common.training_set(cfg, manifest, eval_tf if cfg.augment == "none" else train_tf)
     net = make_net(model, cfg)
@@ -89,7 +93,7 @@ def finetune(cfg, make_net, method: str, show: bool = True, world=None) -> dict:
     lr_of = (lambda n: cfg.head_lr if n.startswith(heads) else None) if cfg.head_lr else None
     summary = common.train(cfg, net, dataset, common.Collate(tokenizer), lr_of=lr_of,
                            validate=evaluation.validator(
-                               cfg, eval_tf, list(train_manifests.eval_tasks(cfg).values())))
+                               cfg, eval_tf, list(m2mix_data.eval_tasks(cfg).values())))
     if "stopped_at" in summary:
         return {"summary": summary}
     records += results.staged(evaluate_model(model, eval_tf, tokenizer, cfg, net.label), "tuned")
@@ -113,6 +117,6 @@ def run(cfg, make_net, method: str, world=None):
     if cfg.accum_freq > 1:  # before anything loads (finetune says it again for a caller that skips run)
         raise UsageError(f"{method}: the image mix pairs the rows of one batch: --accum-freq 1")
     flag = "--eval-tasks" if cfg.eval_tasks else "--train-data (evaluated as the default task)"
-    evaluation.check_tasks(list(train_manifests.eval_tasks(cfg).values()), cfg.data_root, flag)
-    common.preflight(cfg, [train_manifests.train_manifest(cfg, world)])
+    evaluation.check_tasks(list(m2mix_data.eval_tasks(cfg).values()), cfg.data_root, flag)
+    common.preflight(cfg, [m2mix_data.train_manifest(cfg, world)])
     return finetune(cfg, make_net, method, world=world)

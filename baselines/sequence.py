@@ -23,11 +23,16 @@ from pathlib import Path
 import torch
 
 import common
+from plumbing.base import markdown_table
+from plumbing.flags import parse_config
+from plumbing.loading import load_weights_only
+from plumbing.manifests import dist_info
+from plumbing.runfolder import write_config
 import eval as evaluation
 from baselines import settings
 from baselines.settings import SequenceConfig
 from papers import cclip_tasks
-from papers import zscl as zscl_report
+from papers import zscl_mtil as zscl_report
 from plumbing import loading, models, results
 
 STATE = "boundary-state.pt"  # a baseline's own state at a task boundary, beside run_continual's boundary.pt
@@ -80,7 +85,7 @@ def run(cfg: SequenceConfig, baseline: Baseline, world=None, first_row: dict | N
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = common.init_distributed(cfg.device)
-    rank = common.dist_info()[0]
+    rank = dist_info()[0]
     tasks = cclip_tasks.resolve_tasks(cfg, world)
     unseen, zero_shot = cclip_tasks.resolve_eval_sets(cfg)
     torch.manual_seed(cfg.seed)  # random-init backbones are reproducible too (resume tests)
@@ -125,13 +130,13 @@ def run(cfg: SequenceConfig, baseline: Baseline, world=None, first_row: dict | N
             models.save_model(model, path, cfg.backbone, source=f"{baseline.name} task boundary", twin=False)
 
     def load_state(path):
-        model.load_state_dict(common.load_weights_only(path, map_location=device))
+        model.load_state_dict(load_weights_only(path, map_location=device))
         if (Path(path).parent / STATE).exists():
-            baseline.load_state(common.load_weights_only(Path(path).parent / STATE, map_location=device))
+            baseline.load_state(load_weights_only(Path(path).parent / STATE, map_location=device))
 
     if rank == 0 and not (out / "config.json").exists():  # main's preflight wrote it (+ resume)
         out.mkdir(parents=True, exist_ok=True)
-        common.write_config(cfg, out)
+        write_config(cfg, out)
     summary = common.run_continual(
         out, tasks, learn_task, evaluate, save_state, load_state, resume=bool(cfg.resume),
         log=lambda m: print(f"[{baseline.name}] {m}", file=sys.stderr), first_row=first_row)
@@ -147,7 +152,7 @@ def main(config_class, make_baseline, argv=None, demo=None):
     """A baseline's command: parse (config_class), check the data before a model, run the sequence, print the
     user's numbers, the R[i][j] tables and the C-CLIP-shaped headline row. make_baseline(cfg) -> Baseline."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = common.parse_config(config_class, argv)
+    cfg = parse_config(config_class, argv)
     settings.refuse_unbuilt(cfg, f"python -m {config_class.__module__}")
     world = None
     if models.wants_lab(cfg):  # --backbone tiny / --tasks synthetic: the lab's world, handed on
@@ -166,7 +171,7 @@ def main(config_class, make_baseline, argv=None, demo=None):
         return zscl_report.report(baseline.name, summary, tasks, cfg.backbone)
     row = {"method": baseline.name,
            **evaluation.continual_headline(summary, *cclip_tasks.resolve_eval_sets(cfg))}
-    table = common.markdown_table([row], list(row))
+    table = markdown_table([row], list(row))
     print(f"\n## {baseline.name} (C-CLIP Sec. 5.2.1 shape)\n\n{table}")
     return {"rows": [row], "table": table, "summary": summary}
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from baselines.settings import MixBaselineConfig
 from plumbing import flags
-from plumbing.flags import arg
+from plumbing.flags import arg, parse_config
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import UsageError
+from plumbing.cli import cli
 from baselines import mixrun
 from plumbing import models
 
@@ -126,7 +128,7 @@ class UnMix(mixrun.MixBaseline):
     def __init__(self, model, cfg: UnMixConfig):
         super().__init__(model, cfg)
         if cfg.beta <= 0 or not 0 <= cfg.unmix_prob <= 1:
-            raise common.UsageError(f"--beta must be > 0 and --unmix-prob in [0, 1], got "
+            raise UsageError(f"--beta must be > 0 and --unmix-prob in [0, 1], got "
                                     f"{cfg.beta}, {cfg.unmix_prob}")
         if cfg.tau:  # deviation 5: a fixed temperature; the learnable one is unused
             model.logit_scale.requires_grad_(False)
@@ -153,11 +155,11 @@ class UnMix(mixrun.MixBaseline):
 # --- Main ---
 def main(argv=None, world=None):
     """`python -m baselines.unmix [flags]` (m2mix.py's); world: the lab's, for --backbone tiny."""
-    cfg = common.parse_config(UnMixConfig, sys.argv[1:] if argv is None else list(argv))
+    cfg = parse_config(UnMixConfig, sys.argv[1:] if argv is None else list(argv))
     if world is None and models.wants_lab(cfg):  # --backbone tiny / --train-data synthetic: the lab's world
         from lab import WORLD as world
     return mixrun.run(cfg, UnMix, "unmix", world=world)
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

@@ -79,6 +79,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.cli import cli
 from baselines import sequence
 from baselines.lwf import lwf_loss
 from plumbing.base import DataError, UsageError
@@ -253,4 +254,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

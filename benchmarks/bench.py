@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from plumbing import base, manifests
 import common  # noqa: E402
+from plumbing.base import markdown_table
+from plumbing.flags import Config
 import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 import open_clip  # noqa: E402
 
@@ -241,7 +243,7 @@ def make_step(net, batch, precision):
     """One optimizer step of `net` on `batch`, as a function: the optimizer training builds
     (common.make_optimizer: its parameter groups, fused AdamW on CPU and CUDA; the for-each AdamW here before
     cost 14 % of a step that training does not pay)."""
-    opt = common.make_optimizer(common.Config(lr=1e-6), net, DEVICE)
+    opt = common.make_optimizer(Config(lr=1e-6), net, DEVICE)
     scaler = torch.amp.GradScaler(DEVICE.type, enabled=precision == "fp16")
     net.train()
     ctx = SimpleNamespace(step=0, epoch=0, total_steps=10, device=DEVICE, precision=precision,
@@ -619,7 +621,7 @@ def bench_loop(quick, backbone, tmp):
     data = _TensorPairs(b * (steps + 1), size, tok)
 
     # ours: per-step time from metrics.jsonl (log_every=1), first step dropped as warm-up
-    cfg = common.Config(steps=steps + 1, batch_size=b, lr=1e-6, workers=0, precision=precision,
+    cfg = Config(steps=steps + 1, batch_size=b, lr=1e-6, workers=0, precision=precision,
                         out=str(tmp / "ours"), save_every=0, log_every=1, device=str(DEVICE))
     common.train(cfg, lab.ClipFineTune(model), data, common.Collate(tok), export=False)
     ours = [json.loads(line)["sec_per_step"] for line in (tmp / "ours" / "metrics.jsonl").read_text().splitlines()][1:]
@@ -751,7 +753,7 @@ def bench_rowcheck(quick, tmp: Path):
         manifests._DECODED.clear()
         base.CACHE_DIR = cache
         t0 = time.perf_counter()
-        common.training_set(common.Config(), manifest)
+        common.training_set(Config(), manifest)
         return time.perf_counter() - t0
     saved = base.CACHE_DIR
     try:
@@ -982,7 +984,7 @@ def main(argv=None):
     print()
     print(f"device: {RECORDS[0]['device'] if RECORDS else DEVICE}, torch {torch.__version__}, "
           f"{'quick' if a.quick else 'full'} mode, {time.time() - t0:.0f}s")
-    print(common.markdown_table(rows, ["measurement", "ours", "baseline", "ratio", "goal", "met", "ratio to floor",
+    print(markdown_table(rows, ["measurement", "ours", "baseline", "ratio", "goal", "met", "ratio to floor",
                                        "floor goal", "floor met"]))
     out = a.out or default_out(a.quick, a.only)
     write_records(out)

@@ -64,6 +64,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
+from plumbing.base import markdown_table
+from plumbing.flags import Config
+from plumbing.loading import load_weights_only
 from plumbing import models  # noqa: E402
 import lab  # noqa: E402,F401  the tiny backbone (--backbone tiny, the CPU tests) registers itself
 
@@ -196,7 +199,7 @@ class Stepper:
         self.case, self.device, self.seed, self.accum = case, torch.device(device), seed, accum
         self.precision = common.resolve_precision(precision, self.device)
         self.grad_clip = grad_clip
-        self.opt = common.make_optimizer(common.Config(lr=lr), case.net, self.device, fused=fused)
+        self.opt = common.make_optimizer(Config(lr=lr), case.net, self.device, fused=fused)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=init_scale, enabled=self.precision == "fp16")
         self.step_index = 0
@@ -329,10 +332,10 @@ class RandomPairs(torch.utils.data.Dataset):
         return self.data[i]
 
 
-def train_config(out, device, precision, **kw) -> common.Config:
+def train_config(out, device, precision, **kw) -> Config:
     base = dict(steps=4, batch_size=8, lr=1e-5, warmup=1, workers=0, precision=precision, out=str(out),
                 save_every=0, log_every=1, device=str(device), seed=0, grad_clip=1.0)
-    return common.Config(**(base | kw))
+    return Config(**(base | kw))
 
 
 class OverflowAt(lab.ClipFineTune):
@@ -371,7 +374,7 @@ def resume_check(backbone: str, device, precision: str, tmp, batch_size: int = 8
         return net, summary
 
     def checkpoint(out):
-        return common.load_weights_only(out / "checkpoints" / "last.pt")
+        return load_weights_only(out / "checkpoints" / "last.pt")
 
     def metrics(out):
         return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
@@ -441,7 +444,7 @@ def ddp_check(backbone: str, device_type: str, precision: str, batch_size: int =
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_ddp_worker, args=(2, port, tmp, backbone, device_type, precision, batch_size), nprocs=2, join=True)
-        res = [common.load_weights_only(Path(tmp) / f"rank{r}.pt") for r in range(2)]
+        res = [load_weights_only(Path(tmp) / f"rank{r}.pt") for r in range(2)]
     diff = float((res[0]["weights"] - res[1]["weights"]).abs().max())
     losses = [v for r in res for v in r["summary"]["final_losses"].values()]
     problems = [] if diff == 0 else [f"ranks' weights differ by {diff:.3g}"]
@@ -616,11 +619,11 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"info": info, "results": results}, indent=1, default=str))
     print(f"\n{info['device']}, torch {info['torch']}, {a.backbone} (random weights), batch {a.batch_size}, "
           f"{info['seconds']:.0f}s; {out}")
-    print(common.markdown_table(summary_rows(results),
+    print(markdown_table(summary_rows(results),
                                 ["check", "ok", "s/step", "peak MiB", "fp32 peak MiB", "detail"]))
     if any(r.get("rows") for r in results):
         print("\nThroughput (pairs/s over the median step; MFU = achieved / the chip's dense peak):\n")
-        print(common.markdown_table(throughput_rows(results), ["method", "variant", "batch", "precision", "pairs/s",
+        print(markdown_table(throughput_rows(results), ["method", "variant", "batch", "precision", "pairs/s",
                                                                "GFLOP/pair", "TFLOP/s", "MFU"]))
     bench = next((r for r in results if r["check"].startswith("bench.py") and r.get("table")), None)
     if bench:

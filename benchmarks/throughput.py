@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
+from plumbing.base import markdown_table
 
 # Dense (no sparsity) bf16 / fp16 tensor-core peak in TFLOP/s, from NVIDIA's datasheets, which print the sparse
 # figure (2x) beside it: H100 SXM5 and H200 SXM 1,979 sparse; H100 PCIe 1,513; H100 NVL 1,671; A100 624.
@@ -391,7 +392,7 @@ def main(argv=None):
     a.out = a.out or "benchmarks/results-projection.json"
     rows = project(Path(a.project), a.backbone)
     Path(a.out).write_text(json.dumps({"source": a.project, "backbone": a.backbone, "rows": rows}, indent=1))
-    print(common.markdown_table(rows, ["method", "ops", "gflop_per_pair", "gpu_seconds", "mfu_measured",
+    print(markdown_table(rows, ["method", "ops", "gflop_per_pair", "gpu_seconds", "mfu_measured",
                                        "mfu_projected_at_gpu_batch", "seconds_per_op", "host_seconds_projected",
                                        "host_bound_below_batch"]))
 

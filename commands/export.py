@@ -61,7 +61,8 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-import common  # noqa: E402
+from plumbing.base import RunError, UsageError
+from plumbing.cli import cli
 from plumbing import folders, models  # noqa: E402
 
 BOS, EOS = 49406, 49407  # OpenAI's BPE: <start_of_text>, <end_of_text> (open_clip pools at the EOT token)
@@ -152,7 +153,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
     try:
         from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     except ImportError:
-        raise common.UsageError("--format transformers needs the transformers package: pip install transformers") \
+        raise UsageError("--format transformers needs the transformers package: pip install transformers") \
             from None
     folder = Path(folder)
     config, sd = transformers_state(model)
@@ -160,7 +161,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise common.RunError(f"export to transformers: this model is not of the OpenAI CLIP layout (missing "
+        raise RunError(f"export to transformers: this model is not of the OpenAI CLIP layout (missing "
                               f"{missing[:3]}, unexpected {unexpected[:3]})")
     size = config["vision_config"]["image_size"]
     image = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
@@ -172,7 +173,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
         gap = max((model.encode_image(image) - hf_features(hf.get_image_features(pixel_values=image))).abs().max(),
                   (model.encode_text(tokens) - hf_features(hf.get_text_features(input_ids=tokens))).abs().max()).item()
     if not gap <= 1e-4:
-        raise common.RunError(f"export to transformers: the converted model's features differ from ours by {gap:.2g}"
+        raise RunError(f"export to transformers: the converted model's features differ from ours by {gap:.2g}"
                               f" (> 1e-4): this architecture is not the OpenAI layout the converter handles")
     pp = getattr(model.visual, "preprocess_cfg", {})
 
@@ -190,7 +191,7 @@ def to_transformers(model, folder, check_tokens=None) -> Path:
 def main(argv=None, world=None):
     a = command_line().parse_args(argv)
     if models.wants_lab(a) and not models.tiny_known():  # the lab sits above: python -m lab export loads it
-        raise common.UsageError("--backbone tiny is the lab's: run this command as python -m lab export ARGS")
+        raise UsageError("--backbone tiny is the lab's: run this command as python -m lab export ARGS")
     models.check_export(a.out, "--out")  # before the model is read
     try:
         model = models.load_model(a.backbone, a.pretrained, world=world)[0]
@@ -200,7 +201,7 @@ def main(argv=None, world=None):
             to_transformers(model, a.out)
     except KeyboardInterrupt as e:  # before the writing began (folders.atomic_folder names what it wrote)
         signum = getattr(e, "signum", signal.SIGINT)
-        raise common.RunError(f"interrupted (signal {signum}) while reading {a.pretrained} and preparing the "
+        raise RunError(f"interrupted (signal {signum}) while reading {a.pretrained} and preparing the "
                               f"export, before anything was written to {a.out}: nothing there changed; run the "
                               f"command again to export", 128 + signum) from None
     print(f"[export] {a.pretrained} -> {a.out} ({a.format})", file=sys.stderr)
@@ -208,4 +209,4 @@ def main(argv=None, world=None):
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

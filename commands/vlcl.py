@@ -78,7 +78,7 @@ class HF:
 
 @dataclass(frozen=True)
 class Karpathy:
-    """Karpathy's split file data/<name>/dataset_<name>.json (plumbing.train_manifests' layout)."""
+    """Karpathy's split file data/<name>/dataset_<name>.json (papers/m2mix_data.py's layout)."""
     name: str
     train: tuple
     test: str = "test"
@@ -142,8 +142,10 @@ def command_line(argv=None) -> argparse.Namespace:
 if __name__ == "__main__":
     command_line(sys.argv[1:])  # --help and flag errors before torch loads
 
-import common  # noqa: E402
-from plumbing import train_manifests  # noqa: E402
+from plumbing.base import DataError, UsageError, atomic_write
+from plumbing.cli import cli
+from plumbing.loading import file_sha256
+from papers import m2mix_data  # noqa: E402
 
 
 def fetch_hint(repo: str) -> str:
@@ -155,7 +157,7 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise common.UsageError("vlcl.py reads Hugging Face datasets: pip install datasets") from None
+        raise UsageError("vlcl.py reads Hugging Face datasets: pip install datasets") from None
     return datasets
 
 
@@ -280,7 +282,7 @@ def hf_task(task: str, src: HF, out: Path, cfg, source: str, splits: dict) -> tu
                 data, ext = _image_bytes(row[src.image])
                 image = folder / f"{i:07d}.{ext}"  # the name is the source row
                 if not image.is_file() or image.read_bytes() != data:  # new, changed, or cut by a kill
-                    common.atomic_write(image, data)
+                    atomic_write(image, data)
                 rel = str(image.relative_to(out))
                 getattr(w, part).extend(_rows(rel, caps, part, cfg.train_captions, i))
     return w, {"dataset": src.repo, "fingerprints": fingerprints, "split": rule, "columns": [src.image, src.caption]}
@@ -332,7 +334,7 @@ def check_source(task: str, src, cfg) -> dict:
 def karpathy_task(task: str, src: Karpathy, out: Path, cfg) -> tuple[Written, dict]:
     ann = Path(cfg.data_root) / src.name / f"dataset_{src.name}.json"
     w = Written()
-    for im in train_manifests.karpathy_images(src.name, cfg.data_root):
+    for im in m2mix_data.karpathy_images(src.name, cfg.data_root):
         part = "train" if im["split"] in src.train else "test" if im["split"] == src.test else None
         if part is None:
             continue
@@ -341,7 +343,7 @@ def karpathy_task(task: str, src: Karpathy, out: Path, cfg) -> tuple[Written, di
             w.dropped += 1
             continue
         getattr(w, part).extend(_rows(os.path.relpath(im["path"], out), caps, part, cfg.train_captions, im["imgid"]))
-    return w, {"file": str(ann), "sha256": common.file_sha256(ann),
+    return w, {"file": str(ann), "sha256": file_sha256(ann),
                "split": f"{'+'.join(src.train)} / {src.test} (Karpathy)"}
 
 
@@ -360,7 +362,7 @@ def coco2017_task(out: Path, cfg) -> tuple[Written, dict]:
                 continue
             rel = os.path.relpath(root / split / im["file_name"], out)
             getattr(w, part).extend(_rows(rel, c, part, cfg.train_captions, im["id"]))
-        record[f"{split}_sha256"] = common.file_sha256(ann)
+        record[f"{split}_sha256"] = file_sha256(ann)
     return w, record
 
 
@@ -379,7 +381,7 @@ def prepare(cfg) -> dict:
             src = sources[task]
             missing.append(f"  {task}: {e}" + (f"; fetch: {fetch_hint(src.repo)}" if isinstance(src, HF) else ""))
     if missing:
-        raise common.DataError(f"{len(missing)} of {len(names)} C-CLIP source(s) missing or unreadable (--source "
+        raise DataError(f"{len(missing)} of {len(names)} C-CLIP source(s) missing or unreadable (--source "
                                f"{cfg.source}; nothing was written; "
                                f"offline: the Hugging Face cache {cfg.hf_cache or '(HF_HOME)'} and --task-path):\n"
                                + "\n".join(missing))
@@ -405,9 +407,9 @@ def prepare(cfg) -> dict:
             if not rows:  # never a previous build's manifest beside this record
                 (out / f"{part}.jsonl").unlink(missing_ok=True)
                 continue
-            path = common.atomic_write(out / f"{part}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            path = atomic_write(out / f"{part}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
             images = len({r["image"] for r in rows})
-            entry[part] = {"rows": len(rows), "images": images, "sha256": common.file_sha256(path)}
+            entry[part] = {"rows": len(rows), "images": images, "sha256": file_sha256(path)}
         was = old.get("tasks", {}).get(task)
         if was and old.get("settings") == settings and was["source"] != source:
             print(f"[vlcl] {task}: its source changed since {record_file} was written; rebuilt", file=sys.stderr)
@@ -415,7 +417,7 @@ def prepare(cfg) -> dict:
         counts = ", ".join(f"{p} {entry[p]['rows']} rows / {entry[p]['images']} images" for p in ("train", "test")
                            if p in entry)
         print(f"[vlcl] {task}: {counts}", file=sys.stderr)
-    common.atomic_write(record_file, json.dumps(rec, indent=1))
+    atomic_write(record_file, json.dumps(rec, indent=1))
     return rec
 
 
@@ -431,10 +433,10 @@ def main(argv=None):
     a = command_line(argv)
     empty = unusable(prepare(a))
     if empty:
-        raise common.DataError(f"the benchmark in {Path(a.data_root) / 'vlcl'} is not usable: {len(empty)} "
+        raise DataError(f"the benchmark in {Path(a.data_root) / 'vlcl'} is not usable: {len(empty)} "
                                f"task(s) came out empty (prepare.json records them):\n" + "\n".join(empty))
     print(f"python cclip.py --tasks vlcl --data-root {a.data_root}")
 
 
 if __name__ == "__main__":
-    common.cli(main)
+    cli(main)

@@ -205,8 +205,9 @@ if __name__ == "__main__":  # python -m lab.calibrate: lab/__init__.py has answe
 
 import numpy as np
 
-from papers.erclip_sweeps import drop_weights
-import common
+from plumbing.runfolder import drop_weights
+from plumbing.base import atomic_write
+from plumbing.flags import parse_config
 from plumbing import models
 from plumbing.results import to_json
 import lab
@@ -304,7 +305,7 @@ def _pick(rows: list[dict], fallback: str = ""):
 def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
     import erclip
     from lab.demos import erclip as demo
-    cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     rows = []
@@ -339,7 +340,7 @@ def calibrate_erclip_gates(data_root="data", out="runs/calibration/erclip-gates"
     of GATE_PILOTS (issue 70.4: the gate's value and its se; lab/claims/erclip.json's rule reads them)."""
     import erclip
     from lab.demos import erclip as demo
-    cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     pilots = {}
@@ -365,7 +366,7 @@ def calibrate_longclip(data_root="data", out="runs/calibration/longclip") -> dic
     import longclip
     from lab.demos import longclip as demo
     from papers import longclip_data
-    cfg = common.parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
+    cfg = parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
                                                               "data_root": data_root, "seed": PILOT_SEED})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     window = longclip.original_context(cfg.backbone)
@@ -406,7 +407,7 @@ def calibrate_erclip_rt(data_root="data", out="runs/calibration/erclip-rt") -> d
     """RT+P's own lr with stability as a criterion (FUSION_LRS_STABLE's rule)."""
     import erclip
     from lab.demos import erclip as demo
-    cfg = common.parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
     lab.synthetic_manifest("train", data_root)
     ways = {"as is": (cfg.pretrained, 1), "ulp": (str(lab.tiny.perturbed_weights(1)), 1),
             "2 threads": (cfg.pretrained, 2)}
@@ -462,7 +463,7 @@ def _full_ft(cfg, setting: dict, tasks: str, zero_shot: str, out: str, method: s
 def calibrate_cclip(data_root="data", out="runs/calibration/cclip") -> dict:
     import cclip
     from lab.demos import cclip as demo
-    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in CCLIP_GRID + CCLIP_GRID_2:
         summary = _full_ft(cfg, setting, _val_tasks(data_root, long=False), "", f"{out}/full-{len(rows)}")
@@ -492,7 +493,7 @@ def _cclip_long_rows(data_root, out, grid, method: str, name: str, seed: int = P
     from lab.demos import cclip as demo
     zs = "synthetic-background-val"  # calibration only: the background family on 'zs-val'
     evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
-    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": seed})
+    cfg = parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": seed})
     rows = []
     for setting in grid:
         summary = _full_ft(cfg, setting, _val_tasks(data_root, long=True, conflict=conflict), zs,
@@ -539,7 +540,7 @@ def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
     import dns
     from lab.demos import dns as demo
     from papers import cmcl
-    cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID:
         vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=_val_tasks(data_root, long=False),
@@ -573,7 +574,7 @@ def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
     import dns
     from lab.demos import dns as demo
     from papers import cmcl
-    cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID_2:
         tasks = lab.scene_labelled_tasks(data_root, long=setting["long"], test="val")
@@ -590,7 +591,7 @@ def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
 def calibrate_dns_cmcl(out="runs/calibration/dns-cmcl") -> dict:
     import dns
     from lab.demos import dns as demo
-    cfg = common.parse_config(dns.DNSConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
+    cfg = parse_config(dns.DNSConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_CMCL_GRID:
         world = {**demo.CMCL_DEMO, "conflict": setting["conflict"]}
@@ -663,7 +664,7 @@ def calibrate_m2mix_mix(data_root="data", out="runs/calibration/m2mix-mix") -> d
     """m2-Mix's demo: the variants' mix weights (above) on the demo's task, val split, pilot seed."""
     import m2mix
     from lab.demos import m2mix as demo
-    cfg = common.parse_config(m2mix.M2MixConfig, [], **{**demo.DEMO, "data_root": data_root})
+    cfg = parse_config(m2mix.M2MixConfig, [], **{**demo.DEMO, "data_root": data_root})
     manifest = demo.demo_manifest(data_root, Path(out) / "data")
     load = lambda: models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)  # noqa: E731
     return _m2mix_rows(demo, cfg, manifest, load, demo.demo_measure, out, "m2mix-mix")
@@ -679,7 +680,7 @@ def calibrate_m2mix_baselines(data_root="data", out="runs/calibration/m2mix-base
     """m2-Mix's demo: i-Mix's alpha and Un-Mix's mix weight (above), val split, pilot seed, FT's settings."""
     import m2mix
     from lab.demos import m2mix as demo
-    cfg = common.parse_config(m2mix.M2MixConfig, [], **{**demo.DEMO, "data_root": data_root})
+    cfg = parse_config(m2mix.M2MixConfig, [], **{**demo.DEMO, "data_root": data_root})
     manifest = demo.demo_manifest(data_root, Path(out) / "data")
     load = lambda: models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)  # noqa: E731
     chosen, grids = {}, {}
@@ -699,7 +700,7 @@ def calibrate_towers_mix(data_root="data", out="runs/calibration/towers-mix") ->
     """m2-Mix's Sec. 5.4 demo (towers pre-trained apart): the same rule, its own FT settings."""
     import m2mix
     from lab.demos import m2mix as demo, towers
-    cfg = common.parse_config(m2mix.M2MixConfig, [], **{**towers.DEMO, "data_root": data_root})
+    cfg = parse_config(m2mix.M2MixConfig, [], **{**towers.DEMO, "data_root": data_root})
     lab.towers.check_shipped()
     manifest = lab.synthetic_manifest("train", data_root)
     return _m2mix_rows(demo, cfg, manifest, lambda: towers.load(cfg, PILOT_SEED), towers.measure, out, "towers-mix")
@@ -714,7 +715,7 @@ def calibrate_gmc_mix(data_root="data", out="runs/calibration/gmc-mix") -> dict:
     from papers import mosei
     splits, _ = mosei.load_splits(sentiment_world(f"{data_root}/synthetic"))
     on_val = {**splits, "test": splits["valid"]}  # gmc.run evaluates 'test': here the valid split
-    cfg = common.parse_config(gmc.GMCConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(gmc.GMCConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
 
     def run(method, **knob):
         vcfg = dataclasses.replace(cfg, method=method, out=f"{out}/{method}-{knob.get('m2_weight', 0):g}", **knob)
@@ -740,7 +741,7 @@ def calibrate_gmc_gate(data_root="data", out="runs/calibration/gmc-gate") -> dic
     from papers import mosei
     splits, _ = mosei.load_splits(sentiment_world(f"{data_root}/synthetic"))
     on_val = {**splits, "test": splits["valid"]}  # gmc.run evaluates 'test': here the valid split
-    cfg = common.parse_config(gmc.GMCConfig, [], **{**demo.DEMO, "data_root": data_root})
+    cfg = parse_config(gmc.GMCConfig, [], **{**demo.DEMO, "data_root": data_root})
     pilots = {}
     for seed in GATE_PILOTS:
         vcfg = dataclasses.replace(cfg, method="gmc", seed=seed, out=f"{out}/gmc-seed{seed}")
@@ -786,7 +787,7 @@ def _cclip_baseline_row(name: str, data_root: str, out: str):
     from lab.demos import cclip as demo
     zs = "synthetic-background-val"  # as _cclip_long_rows: the background family on 'zs-val'
     evaluation.register_synthetic({}, {zs: lambda root, n=None: world.classification_set(zs, root, n, "zs-val")})
-    cfg = common.parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
+    cfg = parse_config(cclip.CClipConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
 
     def score(w):
         run_out = f"{out}/{w:g}"
@@ -889,7 +890,7 @@ def calibrate_longclip_gates(data_root="data", out="runs/calibration/longclip-ga
     import longclip
     from lab.demos import longclip as demo
     from papers import longclip_data
-    cfg = common.parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
+    cfg = parse_config(longclip.LongCLIPConfig, [], **{**longclip.RECIPES["erclip-budget"], **demo.DEMO,
                                                               "data_root": data_root, "lr": demo.LONGCLIP_LR})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     window = longclip.original_context(cfg.backbone)
@@ -912,7 +913,7 @@ def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
     from lab.demos import dns as demo
     from papers import cmcl
     out = out or f"runs/calibration/dns-{name}"
-    cfg = cmcl.resolve(common.parse_config(maps.MapsConfig, [], **{**demo.DEMO, "data_root": data_root,
+    cfg = cmcl.resolve(parse_config(maps.MapsConfig, [], **{**demo.DEMO, "data_root": data_root,
                                                                    "seed": PILOT_SEED}))
 
     def score(w):
@@ -933,7 +934,7 @@ def calibrate_dns_cmcl_baseline(name: str, out=None) -> dict:
     from baselines import maps
     from lab.demos import dns as demo
     out = out or f"runs/calibration/dns-cmcl-{name}"
-    cfg = common.parse_config(maps.MapsConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
+    cfg = parse_config(maps.MapsConfig, [], **{**demo.DEMO, "seed": PILOT_SEED})
     features = lab.synthetic_multimodal(f"{out}/world", "cmcl", cfg.perceptor, seed=PILOT_SEED, **demo.CMCL_DEMO)
 
     def score(w):
@@ -970,7 +971,7 @@ def main(argv=None):
     t0 = time.time()
     record = {"demo": name, "pilot_seed": PILOT_SEED, "rule": __doc__, **CALIBRATIONS[name](),
               "seconds": time.time() - t0, "machine": lab.machine_info()}
-    path = common.atomic_write(DOCS / f"calibration-{name}.json", to_json(record))  # strict JSON
+    path = atomic_write(DOCS / f"calibration-{name}.json", to_json(record))  # strict JSON
     print(json.dumps({k: record[k] for k in record if k in ("chosen", "fusion_lr")}), path)
     return record
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-import common
+from plumbing.base import atomic_write
 
 # =============================================================================
 # 6. Figures (matplotlib, Agg: no display needed)
@@ -19,7 +19,7 @@ def pyplot():
 
 
 def save_figure(fig, path) -> Path:
-    common.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
     pyplot().close(fig)
     return Path(path)
 

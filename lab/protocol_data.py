@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from plumbing import imagenet_shifts
+from protocols import imagenet_shifts
 
 
 def _image(rng, label: int, size: int = 32) -> Image.Image:
@@ -212,5 +212,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import common
-    common.cli(main)
+    from plumbing.cli import cli
+    cli(main)

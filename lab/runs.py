@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 import torch
 
 from plumbing import runfolder
-from papers.erclip_sweeps import drop_weights, remove_run_folder
-import common
+from plumbing.runfolder import drop_weights, remove_run_folder
+from plumbing.base import UsageError
 from lab.stats import JOB_THREADS, take_flag
 
 # =============================================================================
@@ -79,7 +79,7 @@ def take_processes_flag(argv: Sequence[str]) -> tuple[list[str], int]:
     if value is None:
         return rest, PROCESSES
     if not value.isdigit() or int(value) < 1:
-        raise common.UsageError(f"--processes {value!r}: give a whole number >= 1 (1: one run at a time)")
+        raise UsageError(f"--processes {value!r}: give a whole number >= 1 (1: one run at a time)")
     return rest, int(value)
 
 # =============================================================================

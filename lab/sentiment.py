@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-import common
+from plumbing.base import atomic_write
 
 DIMS = {"text": 16, "audio": 8, "vision": 6}  # GMC's real ones: 300, 74, 35 over 50 steps
 SIGNAL = {"text": 1.0, "audio": 0.45, "vision": 0.4}  # how clearly each modality shows the shared sentiment
@@ -49,5 +49,5 @@ def sentiment_world(out, steps: int = 8, sizes: dict | None = None, seed: int = 
             d[m] = x.astype(np.float32)
         data[split] = d
     path.parent.mkdir(parents=True, exist_ok=True)
-    common.atomic_write(path, lambda tmp: pickle.dump(data, open(tmp, "wb"), protocol=4))
+    atomic_write(path, lambda tmp: pickle.dump(data, open(tmp, "wb"), protocol=4))
     return path

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from plumbing.results import from_json
 
-import common
+from plumbing.base import UsageError, markdown_table
 from lab.stats import verdict
 
 
@@ -28,11 +28,11 @@ def check(base: dict, other: dict) -> list[dict]:
     seeds, by_text = list(base["seeds"]), {c["claim"]: c for c in other["claims"]}
     missing = [s for s in other["seeds"] if s not in seeds]
     if missing:
-        raise common.UsageError(f"the rerun's seeds {missing} are not among the demo's {seeds}")
+        raise UsageError(f"the rerun's seeds {missing} are not among the demo's {seeds}")
     rows = []
     for c in base["claims"]:
         if c["claim"] not in by_text:
-            raise common.UsageError(f"the rerun has no claim {c['claim']!r} (another demo or version?)")
+            raise UsageError(f"the rerun has no claim {c['claim']!r} (another demo or version?)")
         diffs = list(c["per_seed"])
         changes = []
         for seed, value in zip(other["seeds"], by_text[c["claim"]]["per_seed"]):
@@ -64,9 +64,9 @@ def main(argv=None) -> int:
     base, other = docs
     try:
         rows = check(base, other)
-    except (common.UsageError, KeyError, TypeError, ValueError) as e:
+    except (UsageError, KeyError, TypeError, ValueError) as e:
         sys.exit(f"error: {argv[1]} beside {argv[0]}: {e}")
-    print(common.markdown_table([{**r, "largest change": f"{r['largest change']:.2g}",
+    print(markdown_table([{**r, "largest change": f"{r['largest change']:.2g}",
                                   "holds": "holds" if r["holds"] else "CHANGES"} for r in rows],
                                 ["claim", "verdict", "perturbed", "largest change", "holds"]))
     def how(r):  # lab.run_jobs' demos: threads per job; the others: the process's

@@ -51,6 +51,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import common
+from plumbing.base import UsageError, markdown_table
 from plumbing.runfolder import machine_info
 
 # =============================================================================
@@ -95,7 +96,7 @@ def take_seeds_flag(argv: Sequence[str]) -> list[str]:
         except ValueError:
             picked = []
         if len(picked) < 2 or len(set(picked)) != len(picked):
-            raise common.UsageError(f"--seeds {value!r}: give two or more different integers, e.g. --seeds 10,11,12 "
+            raise UsageError(f"--seeds {value!r}: give two or more different integers, e.g. --seeds 10,11,12 "
                                     f"(a verdict needs a standard error)")
         _current[:] = picked
     else:
@@ -216,7 +217,7 @@ def claims_table(claims: Sequence[dict]) -> str:
                                    if c.get("gate") else "",
              "beside": c.get("beside", ""), "diagnosis": c.get("diagnosis", "")} for c in claims]
     columns = ["claim", "paper", "ours (mean ± std)", "per seed", "verdict"]  # + what issue 58's claims carry
-    return common.markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "beside", "diagnosis")
+    return markdown_table(rows, columns + [k for k in ("margin", "regime (val check)", "beside", "diagnosis")
                                                   if any(r[k] for r in rows)])
 
 
@@ -229,7 +230,7 @@ def mean_std_table(per_seed: dict, columns: Sequence[str], first: str = "model")
             vals = np.array([r[c] for r in runs], dtype=float)
             row[c] = f"{vals.mean():.1f} ± {vals.std(ddof=1):.1f}" if len(vals) > 1 else f"{vals[0]:.1f}"
         rows.append(row)
-    return common.markdown_table(rows, [first, *columns])
+    return markdown_table(rows, [first, *columns])
 
 
 def report_demo(out, head: str, base: dict, runs: dict, claims: list, columns: Sequence[str], t0: float,

@@ -21,8 +21,10 @@ import open_clip
 import torch
 
 from plumbing import base, models
-from plumbing.loading import weights_loaded_next
+from plumbing.loading import weights_loaded_next, _atomic_save
 import common
+from plumbing.base import RunError, UsageError, atomic_write
+from plumbing.flags import Config
 import eval as evaluation
 from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, render, synthetic_manifest,
                        world_fingerprint, world_split, world_texts)
@@ -113,11 +115,11 @@ def write_shipped(model, path: Path, recipe: dict, seconds: float) -> Path:
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     ids = torch.tensor(world_token_ids())
     emb = sd.pop("token_embedding.weight")
-    common._atomic_save({"state": sd, "token_ids": ids, "token_rows": emb[ids].clone()}, path)
+    _atomic_save({"state": sd, "token_ids": ids, "token_rows": emb[ids].clone()}, path)
     card = {"key": path.stem.removeprefix("tiny-"), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             "config": TINY_CFG, "recipe": recipe, "world": world_fingerprint(), "command": WRITE_COMMAND,
             "pretrain_seconds": round(seconds), "torch": torch.__version__, "open_clip": open_clip.__version__}
-    common.atomic_write(Path(f"{path}.json"), json.dumps(card, indent=1))
+    atomic_write(Path(f"{path}.json"), json.dumps(card, indent=1))
     return path
 
 
@@ -127,11 +129,11 @@ def load_shipped(path: Path) -> dict:
         card = json.loads(Path(f"{path}.json").read_text())
         card["sha256"], card["recipe"]["seed"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.RunError(f"{path}.json, the card of the shipped tiny weights, is missing or broken "
+        raise RunError(f"{path}.json, the card of the shipped tiny weights, is missing or broken "
                               f"({type(e).__name__}: {e}); restore it (git checkout lab/weights) or rewrite the "
                               f"weights with {WRITE_COMMAND}") from None
     if hashlib.sha256(Path(path).read_bytes()).hexdigest() != card["sha256"]:
-        raise common.UsageError(f"{path}: its sha256 is not the one its card records; rewrite it with "
+        raise UsageError(f"{path}: its sha256 is not the one its card records; rewrite it with "
                                 f"{WRITE_COMMAND}")
     blob = torch.load(path, map_location="cpu", weights_only=True)
     emb = _token_init(card["recipe"]["seed"], (TINY_CFG["text_cfg"]["vocab_size"], TINY_CFG["text_cfg"]["width"]))
@@ -159,8 +161,8 @@ def perturbed_weights(seed: int, path: Path | None = None) -> Path:
         if v.is_floating_point():
             towards = torch.where(torch.rand(v.shape, generator=g) < 0.5, -torch.inf, torch.inf).to(v.dtype)
             sd[k] = torch.where(v == 0, v, torch.nextafter(v, towards))
-    common._atomic_save(sd, out)
-    common.atomic_write(Path(f"{out}.json"), Path(f"{path}.json").read_text())
+    _atomic_save(sd, out)
+    atomic_write(Path(f"{out}.json"), Path(f"{path}.json").read_text())
     return out
 
 
@@ -242,7 +244,7 @@ def _pretrain_tiny(p: dict, out: Path):
         model.token_embedding.weight.copy_(_token_init(p["seed"], model.token_embedding.weight.shape))
     tok = open_clip.get_tokenizer(models.TINY_NAME)
     scenes = _PretrainScenes(world_split(PRETRAIN, p["n"], seed=100), seed=100)
-    cfg = common.Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
+    cfg = Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
                         grad_clip=1.0, precision="fp32", workers=0, out=str(out), save_every=0, log_every=50,
                         device="cpu", seed=p["seed"])
     ck = out / "checkpoints" / "last.pt"
@@ -253,10 +255,10 @@ def _pretrain_tiny(p: dict, out: Path):
         cfg = dataclasses.replace(cfg, overwrite=True)
     try:
         common.train(cfg, ClipFineTune(model), scenes, common.Collate(tok), export=False)
-    except common.RunError as e:
+    except RunError as e:
         if e.code <= 128:
             raise
-        raise common.RunError(f"the tiny backbone's pretraining was stopped by signal {e.code - 128}; its "
+        raise RunError(f"the tiny backbone's pretraining was stopped by signal {e.code - 128}; its "
                               f"checkpoint is kept in {out}, and the next command that needs the tiny weights "
                               f"continues it", code=e.code) from None
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint (92 MB) is not the weights; the caller saves those

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from timm.models import register_model
 from timm.models.resnet import BasicBlock, ResNet
 
-import common
+from plumbing.base import RunError, atomic_write
 from plumbing import towers
 from lab.world import (BACKGROUNDS, COLORS, IMAGE_SIZE, PRETRAIN, SHAPES, render, world_fingerprint, world_split,
                        world_texts)
@@ -67,7 +67,7 @@ def write_vocabulary(folder: Path) -> Path:
     split = BasicTokenizer(do_lower_case=True)
     words = sorted({w for t in world_texts() for w in split.tokenize(t)})
     folder.mkdir(parents=True, exist_ok=True)
-    return common.atomic_write(folder / "vocab.txt", "\n".join(SPECIALS + words) + "\n")
+    return atomic_write(folder / "vocab.txt", "\n".join(SPECIALS + words) + "\n")
 
 
 def main_labels(s: dict) -> list[int]:
@@ -158,7 +158,7 @@ def write_weights() -> Path:
     card = {"key": recipe_key(), "recipe": p, "text_config": TEXT_CFG, "channels": CHANNELS,
             "world": world_fingerprint(), "command": WRITE_COMMAND, "pretrain_seconds": round(time.time() - t0),
             "torch": torch.__version__, "timm": timm.__version__}
-    common.atomic_write(tmp / "card.json", json.dumps(card, indent=1))
+    atomic_write(tmp / "card.json", json.dumps(card, indent=1))
     for old in out.parent.glob("towers-*"):
         if old != tmp:
             shutil.rmtree(old)
@@ -170,7 +170,7 @@ def write_weights() -> Path:
 def check_shipped():
     """One message when the shipped towers are not those of the current recipe and world."""
     if not (shipped_dir() / "card.json").is_file():
-        raise common.RunError(f"the lab's pretrained towers for recipe {recipe_key()} are not in lab/weights/ "
+        raise RunError(f"the lab's pretrained towers for recipe {recipe_key()} are not in lab/weights/ "
                               f"(the world or the recipe changed): write them with {WRITE_COMMAND}")
 
 

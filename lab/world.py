@@ -69,6 +69,8 @@ import torch
 from PIL import Image, ImageDraw
 
 import common
+from plumbing.base import atomic_write
+from plumbing.manifests import read_manifest
 import eval as evaluation
 from papers import cmcl
 
@@ -401,7 +403,7 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
                 os.replace(own, folder)
             else:
                 shutil.rmtree(own, ignore_errors=True)
-    common.atomic_write(manifest, "\n".join(lines) + "\n")
+    atomic_write(manifest, "\n".join(lines) + "\n")
     return manifest
 
 
@@ -424,12 +426,12 @@ def conflict_manifest(path, conflict: float = 0.0) -> Path:
         raise ValueError(f"{path}: not a continual domain's split manifest")
     dom, size, seed = SPLITS[split]
     renamed = dataclasses.replace(dom, names=tuple(sorted(conflict_names(domain, conflict).items())))
-    rows, scenes = common.read_manifest(path), world_split(dom, n or size, seed)
+    rows, scenes = read_manifest(path), world_split(dom, n or size, seed)
     if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
         raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
     out = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": s["caption"], "long_caption": s["long_caption"]}
            for r, s in zip(rows, world_split(renamed, n or size, seed))]
-    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
     return target
 
 
@@ -448,8 +450,8 @@ def long_caption_manifest(path) -> Path:
     target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
     if not target.exists():
         rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
-                for r in common.read_manifest(path)]
-        common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+                for r in read_manifest(path)]
+        atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
     return target
 
 
@@ -466,7 +468,7 @@ def scene_labels_manifest(path) -> Path:
     if split not in SPLITS:
         raise ValueError(f"{path}: not a synthetic split's manifest")
     domain, size, seed = SPLITS[split]
-    rows = common.read_manifest(path)
+    rows = read_manifest(path)
     scenes = world_split(domain, n or size, seed)
     if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
         raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
@@ -475,7 +477,7 @@ def scene_labels_manifest(path) -> Path:
         main = next(o for o in s["objects"] if o["size"] == "large")
         out.append({**{k: v for k, v in r.items() if k != "_line"}, "position": main["cell"],
                     "count": len(s["objects"]) - 1})
-    common.atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
     return target
 
 

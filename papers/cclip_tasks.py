@@ -10,7 +10,9 @@ import math
 from pathlib import Path
 
 import common
-from plumbing import models, mtil, results
+from plumbing.loading import load_weights_only
+from plumbing import models, results
+from protocols import mtil
 import eval as evaluation
 
 PAPER_TASKS = ("flickr30k", "coco", "pets", "lexica", "simpsons", "wikiart", "kream", "sketch")  # Sec. 3.2 order
@@ -44,7 +46,7 @@ def average_of_task_results(out, tasks, i: int) -> dict:
     the first (they are equal)."""
     total = None
     for k in range(i):
-        sd = common.load_weights_only(Path(out) / f"task{k + 1}-{tasks[k].name}" / OWN_RESULT)
+        sd = load_weights_only(Path(out) / f"task{k + 1}-{tasks[k].name}" / OWN_RESULT)
         if total is None:
             total = {n: v.double() if v.is_floating_point() else v for n, v in sd.items()}
             dtypes = {n: v.dtype for n, v in sd.items()}
@@ -95,7 +97,7 @@ def resolve_eval_sets(cfg):
 
 def continual_row(records, names, extra) -> dict:
     """cclip.py's row of the matrices (Sec. 3.3) from evaluate()'s records: R@1 per task both ways and 'R@1' their
-    mean; on MTIL's test sets (classification, plumbing/mtil.py) top-1, ZSCL's metric. extra: the zero-shot sets."""
+    mean; on MTIL's test sets (classification, protocols/mtil.py) top-1, ZSCL's metric. extra: the zero-shot sets."""
     if mtil.is_mtil(names):
         return evaluation.continual_row(records, names, ("top1",), zero_shot=extra)
     row = evaluation.continual_row(records, names, results.RECALLS, zero_shot=extra)

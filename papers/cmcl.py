@@ -28,12 +28,14 @@ import numpy as np
 import torch
 
 import common
+from plumbing.base import DataError, atomic_write, markdown_table
+from plumbing.loading import load_weights_only
 from plumbing import models
 from plumbing.manifests import content_sha256
 from plumbing.results import of_sequence, sequence_table
 from eval import (cached, continual_tables, image_features, is_classification, load_classification,
                   manifest_retrieval, masked_continual_metrics)
-from papers import zscl
+from papers import zscl_mtil
 
 
 # --- DNS on CLIP: a manifest's frozen features --------------------------------
@@ -86,18 +88,18 @@ def _read_array(folder: Path, stem: str) -> torch.Tensor:
         if path.exists():
             x = np.load(path, allow_pickle=False)
         elif (path := folder / f"{stem}.pt").exists():
-            x = common.load_weights_only(path)
+            x = load_weights_only(path)
         else:
-            raise common.DataError(f"missing {folder / stem}.npy (or .pt)")
+            raise DataError(f"missing {folder / stem}.npy (or .pt)")
         x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
-    except common.DataError:
+    except DataError:
         raise
     except (ValueError, TypeError, OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise common.DataError(f"{path}: not a readable feature array ({why}); write it with numpy.save or "
+        raise DataError(f"{path}: not a readable feature array ({why}); write it with numpy.save or "
                                f"torch.save of one (N, d) float tensor") from None
     if not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)) or x.ndim != 2:
-        raise common.DataError(f"{path}: a {x.dtype} array of shape {tuple(x.shape)}; expected (N, d) floats")
+        raise DataError(f"{path}: a {x.dtype} array of shape {tuple(x.shape)}; expected (N, d) floats")
     return x.float()
 
 
@@ -110,19 +112,19 @@ def _h5_rows(path: Path, keys=None) -> tuple[list[str], torch.Tensor]:
         with h5py.File(path, "r") as f:
             keys = sorted(f.keys()) if keys is None else keys  # the code sorts the keys as strings
             if not keys:
-                raise common.DataError(f"{path}: holds no arrays")
+                raise DataError(f"{path}: holds no arrays")
             rows = []
             for k in keys:
                 d = f[k]
                 if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiu":
                     what = "a group" if not isinstance(d, h5py.Dataset) else f"{d.dtype} data"
-                    raise common.DataError(f"{path}: key {k!r} holds {what}, not a numeric array")
+                    raise DataError(f"{path}: key {k!r} holds {what}, not a numeric array")
                 rows.append(torch.as_tensor(d[()]).float())
     except OSError as e:
-        raise common.DataError(f"{path}: not a readable HDF5 file ({e})") from None
+        raise DataError(f"{path}: not a readable HDF5 file ({e})") from None
     shapes = sorted({tuple(r.shape) for r in rows})
     if len(shapes) > 1:
-        raise common.DataError(f"{path}: arrays of different shapes {shapes[:4]} (e.g. key "
+        raise DataError(f"{path}: arrays of different shapes {shapes[:4]} (e.g. key "
                                f"{keys[[tuple(r.shape) for r in rows].index(shapes[-1])]!r})")
     return keys, torch.stack(rows)
 
@@ -149,7 +151,7 @@ def dataset_layout(root, dataset: str, perceptor: str) -> str:
         return "cmcl"
     if (root / dataset / "meta.json").exists():
         return "ours"
-    raise common.DataError(f"no features for dataset {dataset!r} under {root}: expected "
+    raise DataError(f"no features for dataset {dataset!r} under {root}: expected "
                            f"{dataset}_train_{perceptor}.h5 (the code's layout) or {dataset}/meta.json (ours); "
                            f"see papers/cmcl.py, 'CMCL's cached multimodal features'")
 
@@ -159,7 +161,7 @@ def dataset_info(root, dataset: str, perceptor: str) -> dict:
     layout = dataset_layout(root, dataset, perceptor)
     if layout == "cmcl":
         if dataset not in CMCL_DATASETS:
-            raise common.DataError(f"{dataset}: the code's h5 layout holds no modality names; known datasets: "
+            raise DataError(f"{dataset}: the code's h5 layout holds no modality names; known datasets: "
                                    f"{sorted(CMCL_DATASETS)} (use our layout, with meta.json, for others)")
         mods, metrics = CMCL_DATASETS[dataset]
         return {"modalities": mods, "metrics": metrics, "layout": layout}
@@ -179,7 +181,7 @@ def _label_indices(given, classes: list, folder: Path) -> torch.Tensor:
         elif isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(classes):
             out.append(label)
         else:
-            raise common.DataError(f"{folder / 'samples.json'}: label {n} is {label!r}, neither a class name of "
+            raise DataError(f"{folder / 'samples.json'}: label {n} is {label!r}, neither a class name of "
                                    f"meta.json's \"classes\" ({len(classes)}: {classes[:5]}...) nor an index in "
                                    f"0..{len(classes) - 1}")
     return torch.tensor(out, dtype=torch.long)
@@ -193,7 +195,7 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
     if info["layout"] == "cmcl":
         path = root / f"{dataset}_{split}_{perceptor}.h5"
         if not path.exists():
-            raise common.DataError(f"missing {path} (the code's extractor writes it: features_storage/extract.py)")
+            raise DataError(f"missing {path} (the code's extractor writes it: features_storage/extract.py)")
         ids, x = _h5_rows(path)  # the code sorts the keys as strings (feature_dataset.py)
         class_path, label_path = root / f"{dataset}_class_{perceptor}.h5", root / f"{dataset}_{split}_labels.json"
         if "acc" in info["metrics"] and class_path.exists():
@@ -203,19 +205,19 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
                      for i in ids}
             missing = [i for i in ids if by_id[i] not in classes]
             if missing:
-                raise common.DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
+                raise DataError(f"{dataset} {split}: no class for {len(missing)} sample(s), e.g. "
                                        f"{missing[0]!r}; give {label_path.name} ({{sample id: class name}})")
             labels = torch.tensor([classes.index(by_id[i]) for i in ids])
     else:
         folder = root / dataset / split
         if not folder.is_dir():
-            raise common.DataError(f"missing {folder}")
+            raise DataError(f"missing {folder}")
         meta = json.loads((folder / "samples.json").read_text())
         ids = [str(i) for i in meta["ids"]]
         arrays = {m: _read_array(folder, m) for m in info["modalities"]}
         if len({tuple(a.shape) for a in arrays.values()}) > 1 or next(iter(arrays.values())).shape[0] != len(ids):
             shapes = ", ".join(f"{m} {tuple(a.shape)}" for m, a in arrays.items())
-            raise common.DataError(f"{folder}: the modalities' arrays must all be ({len(ids)} samples, d), as "
+            raise DataError(f"{folder}: the modalities' arrays must all be ({len(ids)} samples, d), as "
                                    f"samples.json lists them: {shapes}")
         x = torch.stack(list(arrays.values()), 1)  # (N, M, d)
         if "acc" in info["metrics"] and meta.get("labels") is not None:
@@ -223,14 +225,14 @@ def read_features(root, dataset: str, split: str, perceptor: str = "imagebind") 
             class_x, labels = _read_array(root / dataset, "classes"), _label_indices(meta["labels"], classes, folder)
     where = path if info["layout"] == "cmcl" else root / dataset / split
     if x.ndim != 3 or x.shape[0] != len(ids) or x.shape[1] != len(info["modalities"]):
-        raise common.DataError(f"{where}: features of shape {tuple(x.shape)}, expected "
+        raise DataError(f"{where}: features of shape {tuple(x.shape)}, expected "
                                f"({len(ids)}, {len(info['modalities'])}, d)")
     if class_x is not None and class_x.shape[-1] != x.shape[-1]:
-        raise common.DataError(f"{dataset}: class features of width {class_x.shape[-1]}, sample features of width "
+        raise DataError(f"{dataset}: class features of width {class_x.shape[-1]}, sample features of width "
                                f"{x.shape[-1]} ({where}); both must come from the same encoder")
     bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
     if bad:
-        raise common.DataError(f"{where}: {bad} of {len(ids)} samples hold NaN or inf features (the file, not "
+        raise DataError(f"{where}: {bad} of {len(ids)} samples hold NaN or inf features (the file, not "
                                f"the training); re-extract them or drop those samples")
     return {"ids": ids, "x": x, "labels": labels, "classes": classes, "class_x": class_x, **info}
 
@@ -273,13 +275,13 @@ def parse_steps(spec: str, modalities_of) -> list[Step]:
         try:
             pair = tuple(int(i) for i in idx.split(",")) if idx else (0, 1)
         except ValueError:
-            raise common.DataError(f"step {part!r}: expected dataset[:i,j] with integer modality indices") from None
+            raise DataError(f"step {part!r}: expected dataset[:i,j] with integer modality indices") from None
         if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= i < len(mods) for i in pair):
-            raise common.DataError(f"step {part!r}: {name} has modalities {list(mods)}; give two distinct "
+            raise DataError(f"step {part!r}: {name} has modalities {list(mods)}; give two distinct "
                                    f"indices in 0..{len(mods) - 1}")
         steps.append(Step(name, pair, (mods[pair[0]], mods[pair[1]])))
     if not steps:
-        raise common.DataError(f"--tasks {spec!r}: no steps")
+        raise DataError(f"--tasks {spec!r}: no steps")
     return steps
 
 
@@ -289,13 +291,13 @@ def read_cmcl_steps(root, spec: str, perceptor: str):
     (read_features), all of one width D. Returns (steps, {(dataset, split): features}, D)."""
     root = Path(root)
     if not root.is_dir():
-        raise common.DataError(f"--features {root}: no such folder")
+        raise DataError(f"--features {root}: no such folder")
     steps = parse_steps(spec, lambda d: dataset_info(root, d, perceptor)["modalities"])
     data = {(d, s): read_features(root, d, s, perceptor)
             for d in dict.fromkeys(st.dataset for st in steps) for s in ("train", "test")}
     dims = {v["x"].shape[2] for v in data.values()}
     if len(dims) != 1:
-        raise common.DataError(f"features of different widths {sorted(dims)} under {root}")
+        raise DataError(f"features of different widths {sorted(dims)} under {root}")
     return steps, data, dims.pop()
 
 
@@ -325,11 +327,11 @@ def frozen_task_features(cfg, tasks, device, world=None) -> dict:
         classnames, templates, column = models.lab_world(world, "--task-classes").label_sets()[cfg.task_classes]
         task_clf = cached(cache, base | {"classes": classnames, "templates": templates},
                           lambda: common.zero_shot_classifier(model, tok, classnames, templates, device=device).cpu())
-    def of_test(name):  # MTIL's test sets (plumbing/mtil.py) are classification sets: their class prompts as txt
+    def of_test(name):  # MTIL's test sets (protocols/mtil.py) are classification sets: their class prompts as txt
         if not is_classification(name):
             return of_manifest(name, column)
         key = base | {"classes": name, "root": str(Path(cfg.data_root).resolve())}
-        return cached(cache, key, lambda: zscl.class_features(model, preprocess, tok, name, cfg.data_root, device))
+        return cached(cache, key, lambda: zscl_mtil.class_features(model, preprocess, tok, name, cfg.data_root, device))
     feats = {"tasks": [{"train": of_manifest(t.train, ""), "test": of_test(t.test)} for t in tasks],
              "task_clf": task_clf, "zeroshot": {}, "logit_scale": float(model.logit_scale.detach())}
     for name in filter(None, cfg.zero_shot.split(",")):
@@ -421,7 +423,7 @@ def dns_results_table(named_results) -> str:
     cols = list(dict.fromkeys(c for r in rows for c in r))
     first = ["method", "Acc", "Acc avg", "BWT_A", "R@10", "BWT_R@10"]
     cols = [c for c in first if c in cols] + [c for c in cols if c not in first]
-    return common.markdown_table(rows, cols, floatfmt="{:.2f}")
+    return markdown_table(rows, cols, floatfmt="{:.2f}")
 
 
 def cmcl_row(results: dict) -> dict:
@@ -436,7 +438,7 @@ def cmcl_row(results: dict) -> dict:
 def cmcl_table(named_results) -> str:
     """dns.py's table in CMCL's setting: [(name, results)] -> markdown."""
     rows = [{"method": n} | cmcl_row(r) for n, r in named_results]
-    return common.markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
+    return markdown_table(rows, ["method", "Acc", "BWT_A", "R@10", "BWT_R@10", "drift %"], floatfmt="{:.2f}")
 
 
 # --- dns.py's drivers: its learner (dns.DNSLearner) over CLIP's tasks or CMCL's steps ---------------
@@ -485,8 +487,8 @@ def continual(cfg, learner, tasks, learn_task, evaluate) -> dict:
         return say_leak(say_frozen(learn_task(i, task, *a), dim, name), name, cfg.mode)
     return common.run_continual(
         Path(cfg.out), tasks, learn, evaluate,
-        lambda path: common.atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
-        lambda path: learner.load_state_dict(common.load_weights_only(path)), resume=bool(cfg.resume))
+        lambda path: atomic_write(path, lambda tmp: torch.save(learner.state_dict(), tmp)),
+        lambda path: learner.load_state_dict(load_weights_only(path)), resume=bool(cfg.resume))
 
 
 def run_clip(cfg, learner_class, score_drift, show: bool = True, world=None) -> dict:
@@ -525,7 +527,7 @@ def run_clip(cfg, learner_class, score_drift, show: bool = True, world=None) -> 
         matrices = continual_tables(summary, [t.name for t in tasks])
         print(f"\n## {cfg.mode}: R[i][j] on each task's test set\n\n{matrices}\n")
         if "mtil" in summary:  # ZSCL's Transfer / Average / Last in place of the retrieval row
-            zscl.report(f"dns {cfg.mode}", summary, tasks, cfg.backbone)
+            zscl_mtil.report(f"dns {cfg.mode}", summary, tasks, cfg.backbone)
         else:
             print(dns_results_table([(cfg.mode, results)]))
     return results
@@ -547,7 +549,7 @@ def run_steps(cfg, learner_class, score_drift, show: bool = True) -> dict:
     learner = learner_class(dim, math.log(1 / 0.07), cfg.label_smoothing, cfg.loss, cfg.bias, modalities)
     tasks = [common.Task(st.name, str(root / st.dataset), str(root / st.dataset)) for st in steps]
     if len({t.name for t in tasks}) != len(tasks):
-        raise common.DataError("every step must pair a different dataset / modality pair")
+        raise DataError("every step must pair a different dataset / modality pair")
 
     def learn_task(k, task, task_out, resume):
         st, x = steps[k], data[(steps[k].dataset, "train")]["x"]

@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import json
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,20 +28,14 @@ import torch
 from plumbing import manifests, models, published, runfolder
 from plumbing.results import document, from_json, staged, to_json
 import common
+from plumbing.base import UsageError, atomic_write, markdown_table
+from plumbing.manifests import IMAGE_KEYS, read_manifest
 import eval as evaluation
 
 
 # =============================================================================
 # Sweeps: one folder per run, resume by skipping finished runs, prefixes, snapshots
 # =============================================================================
-def remove_run_folder(folder) -> None:
-    """Deletes a run folder unless another live process holds its lock (a run it is training)."""
-    folder = Path(folder)
-    holder = runfolder.live_holder(folder)
-    if holder:
-        raise common.RunError(f"{folder} is being written by another live process (PID {holder.get('pid')} on "
-                              f"{holder.get('host')}): not deleting it; wait for that run or choose another --out")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
@@ -56,24 +49,13 @@ def sweep_run(out, name: str, fn: Callable[[Path], dict]) -> dict:
     if done.exists():
         print(f"[sweep] {name}: finished earlier, skipped ({done})", file=sys.stderr)
         return from_json(done.read_text(), restore=True)
-    remove_run_folder(folder)
+    runfolder.remove_run_folder(folder)
     folder.mkdir(parents=True)
     record = {"run": name, **fn(folder)}
-    common.atomic_write(done, to_json(record))
+    atomic_write(done, to_json(record))
     return record
 
 
-def drop_weights(folder) -> None:
-    """Deletes every weight file a finished lab run left under folder (the
-    training checkpoints, model.pt and the task boundaries, with their .json
-    cards); metrics, configs and results stay. The lab keeps numbers, not
-    models: a demo's 60 tiny runs would otherwise fill gigabytes."""
-    folder = Path(folder)
-    for ck in list(folder.rglob("checkpoints")):
-        shutil.rmtree(ck, ignore_errors=True)
-    for pattern in ("*.pt", "*.pt.json", "*.safetensors", "*.safetensors.json"):
-        for p in list(folder.rglob(pattern)):
-            p.unlink(missing_ok=True)
 
 
 def prefix_manifest(src, n: int, dst) -> Path:
@@ -81,8 +63,8 @@ def prefix_manifest(src, n: int, dst) -> Path:
     paths made absolute so that the copy can live anywhere: a data-size sweep
     trains on prefixes of ONE fixed order."""
     src = Path(src)
-    rows = common.read_manifest(src)
-    key = next((k for k in common.IMAGE_KEYS if rows and k in rows[0]), None)
+    rows = read_manifest(src)
+    key = next((k for k in IMAGE_KEYS if rows and k in rows[0]), None)
     lines = []
     for r in rows[:n]:
         r = {k: v for k, v in r.items() if k != "_line"}
@@ -91,7 +73,7 @@ def prefix_manifest(src, n: int, dst) -> Path:
         lines.append(json.dumps(r))
     if len(rows) < n:
         print(f"[sweep] {src} has {len(rows)} rows, fewer than {n}: all of them are used", file=sys.stderr)
-    return common.atomic_write(dst, "\n".join(lines) + "\n")
+    return atomic_write(dst, "\n".join(lines) + "\n")
 
 
 class EpochSnapshots:
@@ -193,7 +175,7 @@ def sweep_one(method: Method, cfg, root, run: str, overrides: dict, seed: int, p
                 model.load_state_dict(torch.load(snap, map_location="cpu") if isinstance(snap, Path) else snap)
                 measures.append(measure(model, preprocess, tokenizer, snap if isinstance(snap, Path) else None))
         if not keep_weights:  # the lab: the numbers are what is kept
-            drop_weights(folder)
+            runfolder.drop_weights(folder)
         print(f"[erclip sweep] {run} seed {seed}: trained in {summary['train_seconds']:.0f}s", file=sys.stderr)
         return {"name": run, "overrides": over, "prefix": overrides.get("train_pairs"), "seed": seed,
                 "summary": summary, "measures": measures}
@@ -205,10 +187,10 @@ def run_sweep(method: Method, cfg, sizes=None):
     """--sweep NAME in the real setting: the paper's backbone, data and
     evaluation tasks; one results file, the paper's layout printed."""
     if manifests.dist_info()[1] > 1:
-        raise common.UsageError("--sweep runs its runs one after another in one process (the paper used one "
+        raise UsageError("--sweep runs its runs one after another in one process (the paper used one "
                                 "GPU); start it with python, not torchrun")
     if cfg.sweep == "epochs" and cfg.steps:  # every run would stop at the same step, before its epochs' ends
-        raise common.UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; "
+        raise UsageError(f"--sweep epochs sets each run's --epochs and measures every epoch's end; "
                                 f"--steps {cfg.steps} would cut every run short: drop --steps")
     t0, name = time.time(), cfg.sweep
     root = Path(cfg.out) / f"sweep-{name}"  # the preflight below locks --out for the sweep's whole length
@@ -276,21 +258,21 @@ def sweep_tables(name: str, base: list, runs: list[dict], vit: str, paper_tables
                                             is not None else None for c in ("Long avg", "COCO", "C10", "IN")}})
         change.append({"variant": "paper (Sec. 4.3)", **published.ERCLIP_EPOCH_CHANGE})
         return (f"Fig. 3 (Sec. 4.3): R@1 and zero-shot top-1 (%) after each epoch, ViT {vit}\n\n"
-                + common.markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
+                + markdown_table(rows, ["variant", "epoch", *cols], "{:.2f}")
                 + f"\n\nChange from epoch 1 to epoch {len(runs[0]['measures'])} (points)\n\n"
-                + common.markdown_table(change, ["variant", "Long avg", "COCO", "C10", "IN"], "{:+.2f}"))
+                + markdown_table(change, ["variant", "Long avg", "COCO", "C10", "IN"], "{:+.2f}"))
     if name == "lambda-p":
         rows = [{"lambda_p": "CLIP", **_metrics(base)}] + [
             {"lambda_p": f"{r['overrides']['lambda_p']:g}", **_metrics(r["measures"][0]),
              "paper IN": PAPER_LAMBDA_IN.get(r["overrides"]["lambda_p"], "-")} for r in runs]
         return (f"Preservation weight (Sec. 4.4), M, ViT {vit}; paper: ImageNet rises monotonically 58.2 -> "
                 f"60.8, long and COCO R@1 rise by up to 1.3 and plateau for lambda_p >= 0.5, C10 within 0.4\n\n"
-                + common.markdown_table(rows, ["lambda_p", *cols, "paper IN"], "{:.2f}"))
+                + markdown_table(rows, ["lambda_p", *cols, "paper IN"], "{:.2f}"))
     rows = [{"pairs": "CLIP", **_metrics(base)}]
     for r in runs:
         paper = PAPER_DATA.get(r["prefix"], {})
         rows.append({"pairs": r["prefix"], "used": r["summary"]["train_pairs"], **_metrics(r["measures"][0]),
                      **{f"paper {k}": paper.get(k, "-") for k in ("long", "COCO", "IN")}})
     return (f"Data size (Sec. 4.4), M+P, ViT {vit}, prefixes of one pool order; R@1 'long' / 'COCO' = mean of "
-            f"I2T and T2I\n\n" + common.markdown_table(
+            f"I2T and T2I\n\n" + markdown_table(
                 rows, ["pairs", "used", *cols, "paper long", "paper COCO", "paper IN"], "{:.2f}"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import common
+from plumbing.base import DataError, atomic_write
+from plumbing.loading import reusable_manifest, source_stamp
 from plumbing import models
 from papers import erclip_data
 from plumbing.results import pick, read
@@ -26,10 +27,10 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
     out_dir = Path(out_dir)
     path = out_dir / f"longclip-train-sharegpt4v-{holdout}.jsonl"
     sources = {"sharegpt4v": sharegpt4v}
-    if common.reusable_manifest(path, sources):  # written once, rebuilt when the json changed
+    if reusable_manifest(path, sources):  # written once, rebuilt when the json changed
         return path
     if not Path(sharegpt4v).is_file():
-        raise common.DataError(f"ShareGPT4V json not found: {sharegpt4v} (see the data layout in README.md)")
+        raise DataError(f"ShareGPT4V json not found: {sharegpt4v} (see the data layout in README.md)")
     records = json.loads(Path(sharegpt4v).read_text())
     held_out = {r.get("image") for r in records[:holdout]}
     rows = []
@@ -40,11 +41,11 @@ def sharegpt4v_manifest(sharegpt4v, out_dir, holdout: int = 1000) -> Path:
             rows.append({"image": str(Path("..") / r["image"]), "caption": first_sentence(text) or text,
                          "long_caption": text})
     if not rows:
-        raise common.DataError(f"{sharegpt4v}: no training record after the first {holdout}")
-    common.atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))  # makes out_dir
-    common.atomic_write(out_dir / (path.name + ".json"), json.dumps(
+        raise DataError(f"{sharegpt4v}: no training record after the first {holdout}")
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))  # makes out_dir
+    atomic_write(out_dir / (path.name + ".json"), json.dumps(
         {"sharegpt4v": str(sharegpt4v), "pairs": len(rows), "dropped": len(records) - holdout - len(rows),
-         "holdout_records": holdout, "sources": common.source_stamp(sources)}))
+         "holdout_records": holdout, "sources": source_stamp(sources)}))
     return path
 
 
@@ -71,4 +72,4 @@ def read_erclip_results(path) -> tuple[str, list, float]:
         res = read(p, "--erclip-results")
         return res["variant"], pick(res["records"], stage="tuned"), float(res["config"]["lambda_p"])
     except (KeyError, TypeError) as e:
-        raise common.DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")
+        raise DataError(f"--erclip-results {p}: not an erclip.py results.json ({type(e).__name__}: {e})")

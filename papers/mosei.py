@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import common
+from plumbing.base import DataError, UsageError, atomic_write, markdown_table
 from plumbing import published, safepickle
 
 MODALITIES = ("text", "audio", "vision")  # GMC's order (0, 1, 2)
@@ -42,7 +42,7 @@ def _budget(path: Path, need: int, ratio: int, what: str) -> None:
     hint = ("; an .npz saved compressed: np.savez it uncompressed, as --convert writes"
             if ratio == NPZ_RATIO else "")
     if need > ratio * size + SLACK or (ram is not None and need > ram):
-        raise common.DataError(
+        raise DataError(
             f"{path}: {what} would take {need / 2**30:.2f} GiB of memory from a file of "
             f"{size / 2**20:.1f} MiB (at most {ratio}x its size + {SLACK >> 20} MiB"
             f"{f', and the machine has {ram / 2**30:.0f} GiB' if ram else ''}): refused before "
@@ -68,17 +68,17 @@ def _kind(x) -> str:
 def _plain(tree, path: Path) -> dict:
     """{split: {key: ndarray}} from what the pickle held, or one message naming what is not."""
     if not isinstance(tree, dict):
-        raise common.DataError(f"{path}: the file holds {_kind(tree)}, not a dict of "
+        raise DataError(f"{path}: the file holds {_kind(tree)}, not a dict of "
                                f"splits; {LAYOUT}")
     out = {}
     for split, d in tree.items():
         if not isinstance(split, str) or not isinstance(d, dict):
-            raise common.DataError(f"{path}: split {split!r} is {_kind(d)}, not a dict "
+            raise DataError(f"{path}: split {split!r} is {_kind(d)}, not a dict "
                                    f"of arrays; {LAYOUT}")
         out[split] = {}
         for key, a in d.items():
             if not isinstance(key, str) or not isinstance(a, np.ndarray):
-                raise common.DataError(f"{path}: {split}/{key!r} is {_kind(a)}, not a "
+                raise DataError(f"{path}: {split}/{key!r} is {_kind(a)}, not a "
                                        f"numpy array; {LAYOUT}")
             out[split][key] = a.view(np.ndarray)
     return out
@@ -93,19 +93,19 @@ def _read_npz(path: Path) -> dict:
             infos, total = z.infolist(), 0
             for info in infos:
                 if not info.filename.endswith(".npy"):
-                    raise common.DataError(f"{path}: entry {info.filename!r} is not a .npy array")
+                    raise DataError(f"{path}: entry {info.filename!r} is not a .npy array")
                 with z.open(info) as f:
                     version = fmt.read_magic(f)
                     shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
                                        else fmt.read_array_header_2_0(f))
                     head = f.tell()
                 if dtype.hasobject:
-                    raise common.DataError(f"{path}: entry {info.filename!r} holds pickled "
+                    raise DataError(f"{path}: entry {info.filename!r} holds pickled "
                                            f"objects ({dtype}): refused (np.load(allow_pickle="
                                            f"False) reads plain arrays only)")
                 need = math.prod(shape) * dtype.itemsize
                 if info.file_size != head + need:
-                    raise common.DataError(f"{path}: entry {info.filename!r} declares {shape} "
+                    raise DataError(f"{path}: entry {info.filename!r} declares {shape} "
                                            f"{dtype} ({need} bytes) but holds "
                                            f"{info.file_size - head} bytes: truncated or crafted")
                 total += need
@@ -117,9 +117,9 @@ def _read_npz(path: Path) -> dict:
                     out.setdefault(split, {})[key] = fmt.read_array(f, allow_pickle=False)
             return out
     except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as e:
-        if isinstance(e, common.DataError):
+        if isinstance(e, DataError):
             raise
-        raise common.DataError(f"{path}: not a readable .npz: truncated or corrupted "
+        raise DataError(f"{path}: not a readable .npz: truncated or corrupted "
                                f"({type(e).__name__}: {e})") from None
 
 
@@ -127,7 +127,7 @@ def read_arrays(path) -> dict:
     """{split: {key: ndarray}} from the pickle (restricted) or its .npz ('split/key' entries)."""
     path = Path(path)
     if not path.is_file():
-        raise common.UsageError(f"--data {path}: no such file. The aligned CMU-MOSEI pickle is "
+        raise UsageError(f"--data {path}: no such file. The aligned CMU-MOSEI pickle is "
                                 f"MulT's processed mosei_senti_data.pkl "
                                 f"(github.com/yaohungt/Multimodal-Transformer; GMC's code calls "
                                 f"it mosei_data.pkl): docs/gmc.md, 'The data as distributed'")
@@ -144,7 +144,7 @@ def _items(a: np.ndarray, where: str, path: Path, spent: int = 0) -> np.ndarray:
     kinds = {"number" if x is None or isinstance(x, (int, float, np.number, np.bool_))
              else _kind(x) for x in items}
     if len(kinds) > 1 or not kinds <= {"number", "str", "bytes"}:
-        raise common.DataError(f"{path}: {where} is an object array of {', '.join(sorted(kinds))}; "
+        raise DataError(f"{path}: {where} is an object array of {', '.join(sorted(kinds))}; "
                                f"want numbers (or strings for keys GMC does not read)")
     if kinds in ({"str"}, {"bytes"}):
         longest, width = max(len(x) for x in items), 4 if "str" in kinds else 1  # UCS-4 | bytes
@@ -155,7 +155,7 @@ def _items(a: np.ndarray, where: str, path: Path, spent: int = 0) -> np.ndarray:
     try:
         return np.array([np.nan if x is None else x for x in items], np.float64).reshape(a.shape)
     except OverflowError:
-        raise common.DataError(f"{path}: {where} holds an integer beyond float64's range") from None
+        raise DataError(f"{path}: {where} holds an integer beyond float64's range") from None
 
 
 def convert(path) -> Path:
@@ -169,7 +169,7 @@ def convert(path) -> Path:
             flat[f"{s}/{k}"] = _items(v, f"{s}/{k}", path, spent) if v.dtype.hasobject else v
             spent += flat[f"{s}/{k}"].nbytes
     out = path.with_suffix(".npz")
-    common.atomic_write(out, lambda tmp: np.savez(open(tmp, "wb"), **flat))
+    atomic_write(out, lambda tmp: np.savez(open(tmp, "wb"), **flat))
     return out
 
 
@@ -181,21 +181,21 @@ def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
     arrays, out, fixed = read_arrays(path), {}, {}
     for split in ("train", "valid", "test"):
         if split not in arrays:
-            raise common.DataError(f"{path}: no '{split}' split (found {sorted(arrays)[:5]}); "
+            raise DataError(f"{path}: no '{split}' split (found {sorted(arrays)[:5]}); "
                                    f"{LAYOUT}")
         d, n = arrays[split], None
         for key in (*MODALITIES, "labels"):
             a = d.get(key)
             if not isinstance(a, np.ndarray) or (a.ndim != 3 if key != "labels"
                                                  else a.ndim == 0 or a.size != len(a)):
-                raise common.DataError(f"{path}: {split}/{key} is {getattr(a, 'shape', a)!r}; "
+                raise DataError(f"{path}: {split}/{key} is {getattr(a, 'shape', a)!r}; "
                                        f"want (N, steps, dim) for features, N values for labels")
             if n is not None and len(a) != n:
-                raise common.DataError(f"{path}: {split}/{key} has {len(a)} rows, {split}/text {n}")
+                raise DataError(f"{path}: {split}/{key} has {len(a)} rows, {split}/text {n}")
             n = len(a)
         steps = {d[k].shape[1] for k in MODALITIES}
         if len(steps) > 1:
-            raise common.DataError(f"{path}: {split}'s modalities have {sorted(steps)} steps; GMC "
+            raise DataError(f"{path}: {split}'s modalities have {sorted(steps)} steps; GMC "
                                    f"reads aligned ones")
         out[split] = {}
         for key in (*MODALITIES, "labels"):
@@ -203,20 +203,20 @@ def load_splits(path, nonfinite: str = "zero") -> tuple[dict, dict]:
             if a.dtype.hasobject:
                 a = _items(a, f"{split}/{key}", path)
             if a.dtype.kind not in "biuf":
-                raise common.DataError(f"{path}: {split}/{key} holds {a.dtype} values; want "
+                raise DataError(f"{path}: {split}/{key} holds {a.dtype} values; want "
                                        f"numbers")
             a = a.astype(np.float32)
             bad = ~np.isfinite(a)
             if bad.any():
                 if key == "labels":
                     rows = np.flatnonzero(bad.reshape(len(a), -1).any(1)).tolist()
-                    raise common.DataError(f"{path}: {split}/labels has {len(rows)} non-finite "
+                    raise DataError(f"{path}: {split}/labels has {len(rows)} non-finite "
                                            f"values (NaN, inf or None) in rows {rows[:5]}"
                                            f"{'...' if len(rows) > 5 else ''}: a sentiment label "
                                            f"is not set to 0 (neutral) as features are; fix or "
                                            f"drop those rows")
                 if nonfinite == "refuse":
-                    raise common.DataError(f"{path}: {split}/{key} has {int(bad.sum())} non-finite "
+                    raise DataError(f"{path}: {split}/{key} has {int(bad.sum())} non-finite "
                                            f"values ({int(np.isneginf(a).sum())} -inf); "
                                            f"--nonfinite zero sets them to 0")
                 fixed[f"{split}/{key}"] = int(bad.sum())
@@ -254,4 +254,4 @@ def table4(rows: dict, subsets) -> str:
             v = np.array([r[c] for r in runs])
             cells[c] = f"{v.mean():.2f}" + (f" ± {v.std(ddof=1):.2f}" if len(v) > 1 else "")
         lines.append({"method": f"{name} (ours, {len(runs)} seed{'s' * (len(runs) > 1)})", **cells})
-    return common.markdown_table(lines, ["method", *cols])
+    return markdown_table(lines, ["method", *cols])

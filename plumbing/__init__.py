@@ -1,5 +1,6 @@
-"""The machinery below common.py that no method reader needs to open. It never imports common, eval, a method
-file, papers/, commands/ or the lab (tests/test_layout.py checks every import, function-local ones included).
+"""The machinery below common.py that every run needs and no method reader needs to open. It never imports
+common, eval, a method file, protocols/, papers/, commands/ or the lab (tests/test_layout.py checks every import,
+function-local ones included).
 
   base, flags, published, results, outfolder, folders   standard library only: errors, the settings parser, the
                                                         papers' numbers, the results schema, the --out checks,
@@ -13,14 +14,8 @@ file, papers/, commands/ or the lab (tests/test_layout.py checks every import, f
   param_rates                                           AdamW's per-parameter rates: --lr-image / --lr-text,
                                                         open_clip's layer-wise lr decay
   models, towers                                        backbone names, load_model, save_model, the export
-                                                        formats; uni-modal towers
-  train_manifests, wise_ft, m2mix_analysis              what eval.py and the methods read: Karpathy / COCO
-                                                        training manifests, WiSE-FT's interpolation and its
-                                                        effective-robustness figure, m2-Mix's analyses of
-                                                        features (geometry, ECE, SIMAT's score)
-  mtil, imagenet_shifts                                 the peers' protocols (docs/protocols.md): ZSCL's MTIL
-                                                        datasets, splits, orders and Transfer / Average / Last;
-                                                        WiSE-FT's five ImageNet shifts; their facts in
-                                                        mtil.json / imagenet_shifts.json
-  clip_benchmark                                        CLIP_benchmark's result files of eval.py's records
+                                                        formats; uni-modal towers (m2-Mix Sec. 5.4's backbones,
+                                                        here because load_model and save_model build and record
+                                                        them for every entry, eval.py's included)
+  lora                                                  peft's adapter folder (lora_adapter/) of a --lora run
 """

@@ -15,7 +15,7 @@ keep besides a manifest file.
 Rows come back with absolute image paths (so `manifest.parent / image` is the image) and `_line`, the row's
 number (1-based) in that order. An ImageFolder (class subfolders, no sidecars) is a classification set:
 evaluation reads it as `imagefolder:DIR`; m2mix.py and the baselines' runs train on its class prompts
-(plumbing/class_folders.py); anywhere else it is refused with those pointers."""
+(protocols/class_folders.py); anywhere else it is refused with those pointers."""
 from __future__ import annotations
 
 import hashlib

@@ -495,3 +495,26 @@ def tensorboard_writer(out: Path):
     needs_tensorboard()
     from torch.utils.tensorboard import SummaryWriter
     return SummaryWriter(str(out / "tensorboard"))
+
+
+def remove_run_folder(folder) -> None:
+    """Deletes a run folder unless another live process holds its lock (a run it is training)."""
+    folder = Path(folder)
+    holder = live_holder(folder)
+    if holder:
+        raise RunError(f"{folder} is being written by another live process (PID {holder.get('pid')} on "
+                       f"{holder.get('host')}): not deleting it; wait for that run or choose another --out")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_weights(folder) -> None:
+    """Deletes every weight file a finished lab run left under folder (the
+    training checkpoints, model.pt and the task boundaries, with their .json
+    cards); metrics, configs and results stay. The lab keeps numbers, not
+    models: a demo's 60 tiny runs would otherwise fill gigabytes."""
+    folder = Path(folder)
+    for ck in list(folder.rglob("checkpoints")):
+        shutil.rmtree(ck, ignore_errors=True)
+    for pattern in ("*.pt", "*.pt.json", "*.safetensors", "*.safetensors.json"):
+        for p in list(folder.rglob(pattern)):
+            p.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ counted with its parent; lambdas, comprehensions and generator expressions are n
     python tests/reading_path.py --write docs/reading.md                # the page, written (its three methods)
     python tests/reading_path.py --check docs/reading.md                # exit 1 when the page is not today's
     python tests/reading_path.py --workers 0 erclip.py                  # the data pipeline included
+    python tests/reading_path.py --update erclip.py                     # the update path (issue 73.2)
 
 docs/reading.md is this program's output (issue 73.5): tests/test_layout.py runs --check, so the page's line
 numbers cannot drift from the code.
@@ -40,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 SEQUENCES = ("cclip", "dns")  # --tasks: the second task's train call is traced
 
 
-def argv_of(method: str, work: Path, extra=()) -> list[str]:
+def argv_of(method: str, work: Path, extra=(), run: str = "run") -> list[str]:
     """One default step: the method's defaults, on the tiny backbone and the lab's synthetic world, one step, a
     batch the tiny sets hold, on the CPU."""
     argv = ["--backbone", "tiny", "--steps", "1", "--batch-size", "8", "--device", "cpu",
-            "--data-root", str(work / "data"), "--out", str(work / f"run-{method}"), *extra]
+            "--data-root", str(work / "data"), "--out", str(work / f"{run}-{method}"), *extra]
     if method == "erclip":
         return [*argv, "--train-pairs", "16"]
     if method in SEQUENCES:
@@ -66,10 +67,17 @@ def loop_lines(func) -> range:
     return range(start + loop.lineno - 1, start + loop.end_lineno)
 
 
-def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
+# Issue 73.2: the functions that set a default step's numbers, called by common.train: the precision, the model's
+# set-up (what trains: --lock-*, --lora), AdamW's groups, rates and settings with the schedule, and the step itself
+# (the features, the losses, backward, clipping, the optimizer and scheduler steps, the logit-scale clamp).
+UPDATE_ROOTS = ("resolve_precision", "prepare_model", "optimizer_and_schedule", "train_step")
+
+
+def reading_path(method_file: str, extra=(), update: bool = False) -> list[tuple[str, str, int, int]]:
     """[(file, function, first line, last line)] of common.train and the functions that ran inside its training
     loop in the method's traced common.train call, in the order of first call, nested functions folded into their
-    parents."""
+    parents. update=True: instead, the functions under UPDATE_ROOTS (the roots included) that train calls, set-up
+    and loop alike: the update path."""
     import importlib
     import inspect
     import torch
@@ -78,11 +86,19 @@ def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
     name = Path(method_file).stem
     method = importlib.import_module(name)
     files = {str(ROOT / f"{name}.py"), str(ROOT / "common.py")}
-    plumbing = str(ROOT / "plumbing") + os.sep
+    folders = tuple(str(ROOT / f) + os.sep for f in ("plumbing", "protocols", "papers"))
     real_train = common.train
     loop = loop_lines(real_train)
-    seen: dict = {real_train.__code__: None}  # code object -> None, in the order of first call
+    seen: dict = {} if update else {real_train.__code__: None}  # code object -> None, in the order of first call
+    roots = {getattr(common, r).__code__ for r in UPDATE_ROOTS}
     calls = []
+
+    def under_root(frame) -> bool:  # called, at any depth, from one of UPDATE_ROOTS called by train
+        while frame is not None and frame.f_code is not real_train.__code__:
+            if frame.f_code in roots:
+                return True
+            frame = frame.f_back
+        return False
 
     def in_loop(frame) -> bool:  # called, at any depth, from train while train runs a line of its loop
         while frame is not None and frame.f_code is not real_train.__code__:
@@ -92,7 +108,7 @@ def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
     def tracer(frame, event, arg):
         code = frame.f_code
         if event == "call" and code not in seen and (code.co_filename in files or code.co_filename.startswith(
-                plumbing)) and in_loop(frame.f_back):
+                folders)) and (under_root(frame) if update else in_loop(frame.f_back)):
             seen[code] = None
         return None  # no line events: calls only
 
@@ -110,12 +126,12 @@ def reading_path(method_file: str, extra=()) -> list[tuple[str, str, int, int]]:
     common.train = traced_train
     try:
         with contextlib.redirect_stdout(sys.stderr):  # the method's own output: stdout is the listing's
-            method.main(argv_of(name, WORK, extra))
+            method.main(argv_of(name, WORK, extra, "update" if update else "run"))
     except Traced:
         pass
     finally:
         common.train = real_train
-    if len(seen) == 1:
+    if len(seen) <= 1:
         raise SystemExit(f"{method_file}: the traced common.train call never ran")
     spans = []
     for code in seen:
@@ -145,19 +161,31 @@ sequence (cclip.py, dns.py) the second task's, where the continual part runs (C-
 projection). With the default `--workers 2` the dataset and the collate function run in the DataLoader's worker
 processes and are not listed; dns.py's default is `--workers 0` (its features live in memory), so its batch path
 is; `python tests/reading_path.py --workers 0 erclip.py cclip.py` lists them for the others.
+
+Under each, "the update" (`python tests/reading_path.py --update erclip.py`): the functions that set the step's
+numbers, wherever train calls them, set-up included: common.resolve_precision, common.prepare_model (what trains),
+common.optimizer_and_schedule (AdamW's groups, per-parameter rates and layer decay in plumbing/param_rates.py, the
+one module common.make_optimizer names at its call; AdamW's betas and eps, the schedule) and common.train_step (the
+features, the losses, backward, clipping, the optimizer and scheduler steps, the logit-scale clamp), with what they
+call in the method file, common.py, plumbing/, protocols/ or papers/. The shared defaults they read (--lr, --wd,
+--beta1 / --beta2 / --eps, --warmup, --precision) are plumbing/flags.py's Config, each method's own in its Config.
 """
 
 
-def listing(method_file: str, extra=()) -> str:
-    path = reading_path(method_file, extra)
+def listing(method_file: str, extra=(), update: bool = False) -> str:
+    path = reading_path(method_file, extra, update)
     total = sum(end - start + 1 for _, _, start, end in path)
+    files = sorted({Path(file).relative_to(ROOT).as_posix() for file, *_ in path})
     rows = [f"- {Path(file).relative_to(ROOT).as_posix()}:{func} ({start}-{end}, {end - start + 1} lines)"
             for file, func, start, end in path]
+    if update:
+        return (f"### {Path(method_file).name}, the update: {len(path)} functions, {total} lines in {len(files)} "
+                f"files ({', '.join(files)})\n\n" + "\n".join(rows) + "\n")
     return f"## {Path(method_file).name}: {len(path)} functions, {total} lines\n\n" + "\n".join(rows) + "\n"
 
 
 def page() -> str:
-    return PAGE_HEAD + "".join(f"\n{listing(m)}" for m in PAGE_METHODS)
+    return PAGE_HEAD + "".join(f"\n{listing(m)}\n{listing(m, update=True)}" for m in PAGE_METHODS)
 
 
 def main(argv):
@@ -171,11 +199,12 @@ def main(argv):
                   file=sys.stderr)
             return 1
         return 0
-    extra = []
+    extra, update = [], argv[:1] == ["--update"]
+    argv = argv[1:] if update else argv
     if argv[:1] == ["--workers"]:
         extra, argv = argv[:2], argv[2:]
     for method_file in argv or ["erclip.py"]:
-        print(listing(method_file, extra), flush=True)
+        print(listing(method_file, extra, update), flush=True)
     return 0
 
 

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 import cclip
 import common
+from plumbing.base import UsageError
+from plumbing.flags import Config, parse_config
 from plumbing import models
 import dns
 import erclip
@@ -248,11 +250,11 @@ def test_an_accumulated_step_casts_each_weight_once():
 
 
 def test_accum_freq_is_checked_and_scales_the_per_gpu_batch():
-    cfg = common.parse_config(common.Config, ["--batch-size-per-gpu", "16", "--accum-freq", "4"])
+    cfg = parse_config(Config, ["--batch-size-per-gpu", "16", "--accum-freq", "4"])
     assert cfg.batch_size == 64  # open_clip: global = per-GPU micro-batch x processes x accum_freq
     with pytest.raises(SystemExit):
-        common.parse_config(common.Config, ["--accum-freq", "0"])
-    with pytest.raises(common.UsageError, match="does not divide"):
+        parse_config(Config, ["--accum-freq", "0"])
+    with pytest.raises(UsageError, match="does not divide"):
         common.split_batch({"image": torch.zeros(6, 1)}, 4)
 
 
@@ -265,7 +267,7 @@ def test_training_with_accumulation_follows_the_one_batch_run(tmp_path):
         torch.manual_seed(0)
         model, train_tf, _, tok = models.load_model("tiny", "random")
         start = start or {n: v.clone() for n, v in model.state_dict().items()}
-        cfg = common.Config(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
+        cfg = Config(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                             log_every=1, device="cpu", seed=0, out=str(tmp_path / f"k{k}"), accum_freq=k)
         common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                      export=False)
@@ -282,7 +284,7 @@ def _ddp_worker(rank, world, port, tmp, data):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
+    cfg = Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp / "ddp"), accum_freq=2)
     common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)
@@ -298,7 +300,7 @@ def test_two_processes_accumulating_train_like_one_process(tmp_path):
     torch.manual_seed(0)
     model, train_tf, _, tok = models.load_model("tiny", "random")
     start = {n: v.clone() for n, v in model.state_dict().items()}
-    cfg = common.Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
+    cfg = Config(steps=3, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", save_every=0,
                         log_every=1, device="cpu", seed=0, out=str(tmp_path / "one"))
     common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import UsageError
+from plumbing.flags import parse_config
 import lab
 from baselines import ewc, lwf, sequence, zscl
 
@@ -374,8 +376,8 @@ def test_zscl_ends_each_task_on_the_weight_ensemble(tmp_path):
 
 
 def test_zscl_without_a_reference_set_says_what_to_pass(tmp_path):
-    cfg = common.parse_config(zscl.ZSCLConfig, ["--tasks", "x=a.jsonl"])
-    with pytest.raises(common.UsageError, match="--ref-images"):
+    cfg = parse_config(zscl.ZSCLConfig, ["--tasks", "x=a.jsonl"])
+    with pytest.raises(UsageError, match="--ref-images"):
         zscl.reference_paths(cfg, None)
 
 
@@ -387,7 +389,7 @@ def _tiny_nets(tmp_path):
     torch.manual_seed(0)
     model, _, eval_tf, tokenizer = models.load_model("tiny", "random", device="cpu", world=lab.WORLD)
     ref = lab.synthetic_manifest("train", tmp_path, n=12)
-    cfg = common.parse_config(zscl.ZSCLConfig, ["--ref-images", str(ref), "--batch-size", "4",
+    cfg = parse_config(zscl.ZSCLConfig, ["--ref-images", str(ref), "--batch-size", "4",
                                                 "--ref-texts-per-step", "6"])
     teacher = sequence.frozen_copy(model)
     with torch.no_grad():  # an old model apart from the current one (at equal weights LwF's gradient is 0)
@@ -437,7 +439,7 @@ def test_the_c_clip_demo_runs_the_baselines_at_their_calibrated_knob():
 def test_the_baselines_refuse_siglip_and_lora_with_one_message():
     """Issue 59's flags are built for the method files; a baseline says so rather than ignoring them."""
     from baselines import imix, lwf
-    with pytest.raises(common.UsageError, match="not built for the baselines"):
+    with pytest.raises(UsageError, match="not built for the baselines"):
         lwf.main(["--loss", "siglip", "--backbone", "tiny", "--tasks", "synthetic"])
-    with pytest.raises(common.UsageError, match="not built for the baselines"):
+    with pytest.raises(UsageError, match="not built for the baselines"):
         imix.main(["--lora", "2", "--backbone", "tiny"])

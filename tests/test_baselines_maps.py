@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import common
+from plumbing.base import UsageError
 import lab
 from baselines import maps
 
@@ -130,6 +130,6 @@ def test_cmcl_setting_runs_ewc_and_refuses_zscl(tmp_path, capsys):
             "--tasks", "ucf101~esc50"]
     res = maps.main(["--mode", "ewc", "--out", str(tmp_path / "ewc")] + args)
     assert res["method"] == "ewc" and len(res["continual"]["matrices"]["R@1"]) == 3
-    with pytest.raises(common.UsageError, match="not applicable"):
+    with pytest.raises(UsageError, match="not applicable"):
         maps.main(["--mode", "zscl", "--out", str(tmp_path / "zscl")] + args)
 

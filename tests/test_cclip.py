@@ -21,9 +21,11 @@ import cclip  # noqa: E402
 from plumbing import models
 from papers import cclip_tasks  # noqa: E402
 import common  # noqa: E402
+from plumbing.flags import parse_config
+from plumbing.manifests import read_manifest
 import lab  # noqa: E402
 from lab.demos import cclip as cclip_demo  # noqa: E402
-from plumbing import wise_ft  # noqa: E402
+from protocols import wise_ft  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -214,8 +216,8 @@ def test_ckc_directions_flag_reaches_the_step(tiny):
     summed = net(batch)["loss_ckc"]
     net.ckc_directions = "mean"
     torch.testing.assert_close(net(batch)["loss_ckc"], 0.5 * summed)
-    assert common.parse_config(cclip.CClipConfig, []).ckc_directions == "sum"
-    assert common.parse_config(cclip.CClipConfig, ["--ckc-directions", "mean"]).ckc_directions == "mean"
+    assert parse_config(cclip.CClipConfig, []).ckc_directions == "sum"
+    assert parse_config(cclip.CClipConfig, ["--ckc-directions", "mean"]).ckc_directions == "mean"
 
 
 def test_lora_methods_freeze_logit_scale(tiny):
@@ -279,7 +281,7 @@ def test_ckc_pulls_the_new_embeddings_toward_the_old_ones(tiny):
 
 
 def test_lr_of_splits_the_encoders_and_the_paper_preset():
-    cfg = common.parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
+    cfg = parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
     assert cclip_tasks.task_lrs(cfg, "COCO") == (5e-7, 4e-5)  # Sec. 5.2.3 preset
     assert cclip_tasks.task_lrs(cfg, "mine") == (2e-6, 3e-5)
     lr_of = cclip.make_lr_of(cfg, *cclip_tasks.task_lrs(cfg, "flickr30k"))
@@ -397,24 +399,24 @@ def test_real_runs_evaluate_no_synthetic_set_by_default(tmp_path):
     a = tmp_path / "a.jsonl"
     a.write_text("")
     assert any(z.startswith("synthetic-") for z in cclip.evaluation.CLASSIFICATION_TASKS)
-    vlcl = common.parse_config(cclip.CClipConfig, ["--tasks", "vlcl", "--data-root", str(tmp_path)])
+    vlcl = parse_config(cclip.CClipConfig, ["--tasks", "vlcl", "--data-root", str(tmp_path)])
     assert cclip_tasks.resolve_eval_sets(vlcl) == (str(tmp_path / "vlcl" / "havg" / "test.jsonl"),
                                                    ["imagenet", "cifar100"])
-    mine = common.parse_config(cclip.CClipConfig, ["--tasks", f"a={a}"])
+    mine = parse_config(cclip.CClipConfig, ["--tasks", f"a={a}"])
     assert cclip_tasks.resolve_eval_sets(mine) == (None, [])
-    unseen, zero_shot = cclip_tasks.resolve_eval_sets(common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
+    unseen, zero_shot = cclip_tasks.resolve_eval_sets(parse_config(cclip.CClipConfig, ["--tasks", "synthetic"]))
     assert unseen == "synthetic-unseen" and zero_shot and all(z.startswith("synthetic-") for z in zero_shot)
 
 
 def test_synthetic_long_tasks_come_from_the_lab(tmp_path, shrink_world):
     """--tasks synthetic-long: the lab's four domains, captions replaced by their long captions."""
     shrink_world(lambda k: 8 if k.startswith("task-") else None)
-    cfg = common.parse_config(cclip.CClipConfig, ["--tasks", "synthetic-long", "--data-root", str(tmp_path)])
+    cfg = parse_config(cclip.CClipConfig, ["--tasks", "synthetic-long", "--data-root", str(tmp_path)])
     short = common.parse_tasks("synthetic", str(tmp_path), lab.WORLD)
     tasks = cclip_tasks.resolve_tasks(cfg, lab.WORLD)
     assert [t.name for t in tasks] == [t.name for t in short]
     for t, s in zip(tasks, short):
-        long_rows, rows = common.read_manifest(t.train), common.read_manifest(s.train)
+        long_rows, rows = read_manifest(t.train), read_manifest(s.train)
         assert [r["caption"] for r in long_rows] == [r["long_caption"] for r in rows]
         assert Path(t.test).name == Path(s.test).stem + "-long-as-caption.jsonl"
 
@@ -448,7 +450,7 @@ def test_research_merge_schedule_is_a_mix_of_the_full_merge(tmp_path):
 
 
 def test_interpolate_weights_new_by_its_share(tiny):
-    """The research schedule's mixing is plumbing.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 =
+    """The research schedule's mixing is protocols.wise_ft.interpolate_weights (WiSE-FT's), new share 1/3 =
     2:1 old:new."""
     model = copy.deepcopy(tiny[0])
     old = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
@@ -469,7 +471,7 @@ def test_research_schedule_is_pl_bolts_per_epoch_closed_form(monkeypatch, tmp_pa
     cclip.main(_argv(tmp_path / "data", tmp_path / "a", "--schedule", "research"))
     cclip.main(_argv(tmp_path / "data", tmp_path / "b"))
     assert callable(seen[0]) and seen[1] is None
-    cfg = common.parse_config(cclip.CClipConfig, ["--schedule", "research", "--projector-lr", "image"])
+    cfg = parse_config(cclip.CClipConfig, ["--schedule", "research", "--projector-lr", "image"])
     assert cclip.make_lr_of(cfg, 2e-6, 3e-5)("projector.0.weight") == 2e-6
     assert cclip.make_lr_of(dataclasses.replace(cfg, projector_lr="lr"), 2e-6, 3e-5)("projector.0.weight") == cfg.lr
 
@@ -521,8 +523,8 @@ def test_research_train_transform_leaves_the_fractional_tasks_unaugmented():
     from commands import vlcl
     fractional = {name for name, hf in vlcl.RESEARCH.items() if getattr(hf, "fraction", 0)}
     assert fractional == set(cclip_tasks.FRACTIONAL_TASKS)
-    research = common.parse_config(cclip.CClipConfig, ["--train-transform", "research"])
-    ours = common.parse_config(cclip.CClipConfig, [])
+    research = parse_config(cclip.CClipConfig, ["--train-transform", "research"])
+    ours = parse_config(cclip.CClipConfig, [])
     for name in cclip_tasks.PAPER_TASKS:
         assert cclip_tasks.train_transform(ours, name, "train", "eval") == "train"
         assert cclip_tasks.train_transform(research, name, "train", "eval") == (

@@ -8,12 +8,14 @@ import pytest
 import torch
 from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
-import common
+from plumbing.base import DataError
+from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 import m2mix
 from lab import protocol_data
-from plumbing import class_folders, models, outfolder
+from plumbing import models, outfolder
+from protocols import class_folders
 
 TRAIN = ["--backbone", "tiny", "--method", "ft", "--steps", "4", "--batch-size", "4", "--warmup", "0", "--lr",
          "1e-3", "--workers", "0", "--device", "cpu"]
@@ -72,7 +74,7 @@ def test_a_class_folder_fine_tune_then_the_wise_ft_curve_over_the_shifts(root, t
 
 def test_a_missing_class_folder_is_blamed_on_train_data_before_torch(tmp_path):
     """It answered "manifest not found" (wrong blame): now the folder, the layout and where the docs walk it."""
-    cfg = common.parse_config(m2mix.M2MixConfig, ["--train-data", f"imagefolder:{tmp_path / 'nope'}", "--out",
+    cfg = parse_config(m2mix.M2MixConfig, ["--train-data", f"imagefolder:{tmp_path / 'nope'}", "--out",
                                                   str(tmp_path / "o")])
     problem = outfolder.early_problem(cfg)
     assert "manifest" not in str(problem)
@@ -80,5 +82,5 @@ def test_a_missing_class_folder_is_blamed_on_train_data_before_torch(tmp_path):
                             f"class folders are DIR/<class>/<image> (docs/protocols.md, 'Fine-tuning on class "
                             f"folders')")
     (tmp_path / "empty" / "a").mkdir(parents=True)
-    with pytest.raises(common.DataError, match=r"--train-data imagefolder:.*: no images in class folders under"):
+    with pytest.raises(DataError, match=r"--train-data imagefolder:.*: no images in class folders under"):
         class_folders.training_manifest(f"imagefolder:{tmp_path / 'empty'}", cache=tmp_path)

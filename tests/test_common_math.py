@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import RunError
+from plumbing.flags import Config, parse_config
 import lab
 
 
@@ -162,15 +164,15 @@ def test_decay_all_puts_every_parameter_in_one_decayed_group(tiny_random):
     groups = common.param_groups(net, lr=1e-3, wd=0.1, decay_all=True)
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
     assert set(groups[0]["names"]) == {n for n, p in net.named_parameters() if p.requires_grad}
-    opt = common.make_optimizer(common.Config(lr=1e-3, wd=0.1, decay_all=True), net, "cpu")
+    opt = common.make_optimizer(Config(lr=1e-3, wd=0.1, decay_all=True), net, "cpu")
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1]
-    assert 0.0 in [g["weight_decay"] for g in common.make_optimizer(common.Config(lr=1e-3), net, "cpu").param_groups]
+    assert 0.0 in [g["weight_decay"] for g in common.make_optimizer(Config(lr=1e-3), net, "cpu").param_groups]
 
 
 def test_results_files_record_the_switches_that_were_on(tmp_path):
     """Issue 25: every method's results.json holds its settings and, as 'switches', the ones off their defaults,
     so a number can be traced to its protocol (--decay-all, --recall-protocol cmcl, ...)."""
-    common.write_results(tmp_path, {"x": 1}, common.Config(lr=1e-3, decay_all=True))
+    common.write_results(tmp_path, {"x": 1}, Config(lr=1e-3, decay_all=True))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["switches"] == {"lr": 1e-3, "decay_all": True} and saved["config"]["wd"] == 0.1 and saved["x"] == 1
 
@@ -182,16 +184,16 @@ def test_a_non_finite_embedding_is_an_error_never_a_hit():
     img, txt = F.normalize(torch.randn(3, 4), dim=-1), F.normalize(torch.randn(3, 4), dim=-1)
     assert common.retrieval_metrics(img, txt, torch.arange(3))["i2t_R@1"] <= 100
     img[1, 0] = float("nan")
-    with pytest.raises(common.RunError, match=r"coco: 1 of 3 image rows are not finite"):
+    with pytest.raises(RunError, match=r"coco: 1 of 3 image rows are not finite"):
         common.retrieval_metrics(img, txt, torch.arange(3), name="coco")
     txt[2] = float("inf")
-    with pytest.raises(common.RunError, match=r"1 of 3 image rows, 1 of 3 text rows"):
+    with pytest.raises(RunError, match=r"1 of 3 image rows, 1 of 3 text rows"):
         common.retrieval_metrics(img, txt, torch.arange(3))
-    with pytest.raises(common.RunError, match=r"cifar10: 1 of 3 image rows"):
+    with pytest.raises(RunError, match=r"cifar10: 1 of 3 image rows"):
         common.zero_shot_accuracy(img, torch.eye(4), torch.tensor([0, 1, 2]), name="cifar10")
     clf = torch.eye(4)
     clf[:, 3] = float("nan")
-    with pytest.raises(common.RunError, match=r"1 of 4 classifier rows"):
+    with pytest.raises(RunError, match=r"1 of 4 classifier rows"):
         common.zero_shot_accuracy(F.normalize(torch.randn(3, 4), dim=-1), clf, torch.tensor([0, 1, 2]))
 
 
@@ -203,13 +205,13 @@ def test_out_of_range_settings_stop_at_parse_time(flag, value, rule, capsys):
     """Issue 26.14: these were accepted and ran (weight decay -1, gradient ascent on the fusion, lambda_p -5 as M)."""
     import erclip
     with pytest.raises(SystemExit) as e:
-        common.parse_config(erclip.ERCLIPConfig, [flag, value])
+        parse_config(erclip.ERCLIPConfig, [flag, value])
     assert e.value.code == 2 and f"must be {rule}, got {value}" in capsys.readouterr().err
-    assert common.parse_config(erclip.ERCLIPConfig, [flag, "0"])  # the edge is allowed
+    assert parse_config(erclip.ERCLIPConfig, [flag, "0"])  # the edge is allowed
 
 
 def test_a_flag_prefix_is_not_a_flag(capsys):
     """Issue 26 (minor): argparse's prefix matching made `--step 3` mean `--steps 3` silently."""
     with pytest.raises(SystemExit):
-        common.parse_config(common.Config, ["--step", "3"])
+        parse_config(Config, ["--step", "3"])
     assert "unrecognized arguments: --step" in capsys.readouterr().err

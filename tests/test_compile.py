@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import common
+from plumbing.flags import Config
 import erclip
 import lab
 from plumbing import models
@@ -43,7 +44,7 @@ def test_a_compiled_step_equals_the_eager_one(tiny_random, graph_only):
         net = lab.ClipFineTune(copy.deepcopy(model))
         if mode == "compiled":
             assert models.compile_towers(net.model) == ["visual", "transformer"]
-        opt = common.make_optimizer(common.Config(lr=1e-3), net, "cpu")
+        opt = common.make_optimizer(Config(lr=1e-3), net, "cpu")
         ctx = SimpleNamespace(device=torch.device("cpu"), precision="fp32")
         _, loss, _ = common.train_step(net, batch, ctx, opt, torch.amp.GradScaler("cpu", enabled=False))
         got[mode] = (loss.item(), {n: p.grad.clone() for n, p in net.named_parameters()})

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import common
+from plumbing.base import DataError
 
 
 class Counter:
@@ -78,7 +79,7 @@ def test_parse_tasks(tmp_path):
     assert [(t.name, t.train, t.test) for t in tasks] == [("x", str(a), str(b)), ("y", str(b), str(b))]
     with pytest.raises(ValueError, match="name=train_manifest"):
         common.parse_tasks(str(a))
-    with pytest.raises(common.DataError, match="manifest not found"):
+    with pytest.raises(DataError, match="manifest not found"):
         common.parse_tasks(f"x={tmp_path / 'nope.jsonl'}")
     with pytest.raises(ValueError, match="unique"):
         common.parse_tasks(f"x={a},x={b}")

@@ -9,6 +9,10 @@ from PIL import Image
 from plumbing import loading, manifests
 from papers import erclip_data
 import common
+from plumbing.base import DataError
+from plumbing.cli import cli
+from plumbing.loading import to_rgb
+from plumbing.manifests import read_manifest
 import lab
 
 
@@ -41,11 +45,11 @@ def _good_image(tmp_path):
 
 def test_missing_column_lists_available(tmp_path):
     p = _one_row_manifest(tmp_path, image=_good_image(tmp_path), text_long="x")
-    with pytest.raises(common.DataError,
+    with pytest.raises(DataError,
                        match=r"missing column\(s\) \['caption'\]; available: \['image', 'text_long'\]"):
         common.ManifestDataset(p)
     p = _one_row_manifest(tmp_path, image="ok.png", caption="a")
-    with pytest.raises(common.DataError, match="long_caption"):
+    with pytest.raises(DataError, match="long_caption"):
         common.ManifestDataset(p, need_long=True)
 
 
@@ -59,7 +63,7 @@ def test_bad_rows_name_file_and_line(tmp_path, problem):
                  "empty": {"image": good, "caption": "  "}}[problem])
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(common.DataError, match=rf"m.jsonl:3: .*"
+    with pytest.raises(DataError, match=rf"m.jsonl:3: .*"
                        rf"{ {'missing': 'not found', 'corrupt': 'undecodable', 'empty': 'empty caption'}[problem] }"):
         common.ManifestDataset(p)
     ds = common.ManifestDataset(p, skip_bad=True)
@@ -74,7 +78,7 @@ def test_every_caption_of_a_list_is_checked_not_only_the_first(tmp_path):
             {"image": good, "captions": ["a", "b", " "]}, {"image": good, "captions": []}]
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         common.ManifestDataset(p)
     assert "m.jsonl:2: captions[1] is not text (int 7)" in str(e.value)
     assert "m.jsonl:3: empty captions[2]" in str(e.value) and "m.jsonl:4: captions is not text" in str(e.value)
@@ -85,13 +89,13 @@ def test_every_caption_of_a_list_is_checked_not_only_the_first(tmp_path):
 def test_undecodable_bytes_and_bad_json(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_bytes(b'{"image": "a.png", "caption": "ok"}\n{"image": "b.png", "caption": "\xff\xfe"}\n')
-    with pytest.raises(common.DataError, match="m.jsonl:2: not valid UTF-8"):
-        common.read_manifest(p)
+    with pytest.raises(DataError, match="m.jsonl:2: not valid UTF-8"):
+        read_manifest(p)
     p.write_text('{"image": "a.png", "caption": "ok"}\n{"image": \n')
-    with pytest.raises(common.DataError, match="m.jsonl:2: bad JSON"):
-        common.read_manifest(p)
-    with pytest.raises(common.DataError, match="manifest not found"):
-        common.read_manifest(tmp_path / "absent.jsonl")
+    with pytest.raises(DataError, match="m.jsonl:2: bad JSON"):
+        read_manifest(p)
+    with pytest.raises(DataError, match="manifest not found"):
+        read_manifest(tmp_path / "absent.jsonl")
 
 
 def test_collate_tokenises_and_stacks(tiny_random):
@@ -145,7 +149,7 @@ def test_images_are_fully_decoded_in_the_row_check(tmp_path):
             {"image": good, "caption": "fine"}, {"image": bad[1], "caption": "b"}]
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         common.ManifestDataset(p)
     msg = str(e.value)
     assert "2 bad row(s)" in msg and "--skip-bad" in msg
@@ -155,7 +159,7 @@ def test_images_are_fully_decoded_in_the_row_check(tmp_path):
     assert len(ds) == 2 and [s.split(": ")[0] for s in ds.skipped] == [f"{p}:2", f"{p}:4"]
     # without the row check, the first load names manifest line and file, also from a DataLoader worker
     unchecked = common.ManifestDataset(p, check_images=False)
-    with pytest.raises(common.DataError, match=r"m.jsonl:4: undecodable image .*broken.png"):
+    with pytest.raises(DataError, match=r"m.jsonl:4: undecodable image .*broken.png"):
         unchecked[3]
     loader = torch.utils.data.DataLoader(unchecked, batch_size=None, num_workers=1, collate_fn=lambda x: x)
     with pytest.raises(Exception, match=r"m.jsonl:2: undecodable image .*trunc.jpg"):
@@ -179,7 +183,7 @@ def test_an_unchanged_image_is_decoded_once_per_process(tmp_path, monkeypatch):
     assert decoded == [str(tmp_path / good)]
     data = (tmp_path / good).read_bytes()
     (tmp_path / good).write_bytes(data[:len(data) // 2])
-    with pytest.raises(common.DataError, match="undecodable image"):
+    with pytest.raises(DataError, match="undecodable image"):
         common.ManifestDataset(p)
     assert len(decoded) == 2
 
@@ -189,7 +193,7 @@ def test_many_bad_rows_named_up_to_a_limit_then_counted(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps({"image": "nope.png", "caption": "a"}) + "\n" for _ in range(n))
                  + json.dumps({"image": _good_image(tmp_path), "caption": "ok"}) + "\n")
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         common.ManifestDataset(p)
     msg = str(e.value)
     assert f"{n} bad row(s)" in msg and f"m.jsonl:{manifests.MAX_LISTED}:" in msg and "and 5 more" in msg
@@ -201,7 +205,7 @@ def test_jsonl_lines_end_at_newline_only(tmp_path):
             {"image": "ok.png", "caption": "next\x85line \u2029 too"}]
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    got = common.read_manifest(p)
+    got = read_manifest(p)
     assert [r["caption"] for r in got] == [r["caption"] for r in rows] and [r["_line"] for r in got] == [1, 2]
 
 
@@ -209,12 +213,12 @@ def test_json_array_manifest_accepted_or_named(tmp_path):
     good = _good_image(tmp_path)
     p = tmp_path / "m.json"
     p.write_text('[\n  {"image": "%s", "caption": "a"},\n\n  {"image": "%s",\n   "caption": ""}\n]\n' % (good, good))
-    assert [r["_line"] for r in common.read_manifest(p)] == [2, 4]
-    with pytest.raises(common.DataError, match=r"m.json:4: empty caption"):
+    assert [r["_line"] for r in read_manifest(p)] == [2, 4]
+    with pytest.raises(DataError, match=r"m.json:4: empty caption"):
         common.ManifestDataset(p)
     p.write_text('[\n  {"image": "%s", "caption": "a"},\n  {"image": }\n]\n' % good)
-    with pytest.raises(common.DataError, match=r"m.json:3: bad JSON"):
-        common.read_manifest(p)
+    with pytest.raises(DataError, match=r"m.json:3: bad JSON"):
+        read_manifest(p)
 
 
 def test_non_utf8_rows_are_skippable(tmp_path):
@@ -223,7 +227,7 @@ def test_non_utf8_rows_are_skippable(tmp_path):
                              ("m.csv", 3, b"image,caption\n%s,ok\n%s,caf\xe9\n")):
         p = tmp_path / name
         p.write_bytes(data % (good.encode(), good.encode()))
-        with pytest.raises(common.DataError, match=rf"(?s)--skip-bad.*{name}:{line}: not valid UTF-8"):
+        with pytest.raises(DataError, match=rf"(?s)--skip-bad.*{name}:{line}: not valid UTF-8"):
             common.ManifestDataset(p)
         ds = common.ManifestDataset(p, skip_bad=True)
         assert len(ds) == 1 and ds.skipped == [f"{p}:{line}: not valid UTF-8"]
@@ -233,9 +237,9 @@ def test_csv_line_numbers_after_multiline_caption(tmp_path):
     good = _good_image(tmp_path)
     p = tmp_path / "m.csv"
     p.write_text(f'image,caption\n{good},"a caption\nover three\nlines"\n{good},\n{good},fine\n')
-    rows = common.read_manifest(p)
+    rows = read_manifest(p)
     assert [r["_line"] for r in rows] == [2, 5, 6] and rows[0]["caption"] == "a caption\nover three\nlines"
-    with pytest.raises(common.DataError, match=r"m.csv:5: empty caption"):
+    with pytest.raises(DataError, match=r"m.csv:5: empty caption"):
         common.ManifestDataset(p)
 
 
@@ -283,7 +287,7 @@ def test_a_16_bit_png_is_scaled_not_clipped_to_white(tmp_path):
     Image.fromarray(ramp).save(tmp_path / "deep.png")
     with Image.open(tmp_path / "deep.png") as im:
         assert im.mode.startswith("I")  # what PIL makes of a 16-bit grey PNG
-        rgb = np.asarray(common.to_rgb(im))
+        rgb = np.asarray(to_rgb(im))
     assert rgb.shape == (64, 64, 3) and (rgb == 255).mean() < 0.01 and len(np.unique(rgb)) > 200
     assert abs(int(rgb[32, 0, 0]) - round(int(ramp[32, 0]) / 257)) <= 1
     (tmp_path / "m.jsonl").write_text('{"image": "deep.png", "caption": "a ramp"}\n')
@@ -298,9 +302,9 @@ def test_control_characters_in_a_message_are_escaped(tmp_path, capsys):
     evil = tmp_path / "x\r\x1b[32mall rows OK, training started\x1b[0m\x00.jsonl"
 
     def main(argv):
-        raise common.DataError(f"manifest not found: {evil}\nsecond line")
+        raise DataError(f"manifest not found: {evil}\nsecond line")
     with pytest.raises(SystemExit):
-        common.cli(main, [])
+        cli(main, [])
     err = capsys.readouterr().err
     assert "\r" not in err and "\x1b" not in err and "\x00" not in err
     assert "x\\r\\x1b[32mall rows OK" in err and "\\x00.jsonl" in err and err.startswith("error: manifest not found")
@@ -326,7 +330,7 @@ def test_open_clips_csv_flags_and_a_folder_named_with_the_accepted_layouts(tmp_p
     tab = flags.parse_config(m2mix.M2MixConfig, ["--csv-separator", "\\t", "--check-images", "none"])
     assert common.training_set(tab, tmp_path / "tabbed.tsv")[0]["caption"] == "a caption"  # open_clip's defaults
     wrong = flags.parse_config(m2mix.M2MixConfig, ["--csv-img-key", "nope", "--check-images", "none"])
-    with pytest.raises(common.DataError, match=r"missing column\(s\) \[.nope.\]"):
+    with pytest.raises(DataError, match=r"missing column\(s\) \[.nope.\]"):
         common.training_set(wrong, tmp_path / "pairs.csv")
-    with pytest.raises(common.DataError, match=r"no layout read here; training and evaluation data are a manifest"):
+    with pytest.raises(DataError, match=r"no layout read here; training and evaluation data are a manifest"):
         common.training_set(cfg, tmp_path)

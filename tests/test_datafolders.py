@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 import common
+from plumbing.base import DataError, UsageError
 import eval as evaluation
 from plumbing import datafolders, flags
 
@@ -65,21 +66,21 @@ def test_images_with_txt_and_json_sidecars(tmp_path):
     assert [ds[i]["caption"] for i in range(3)] == ["caption 0", "caption 1", "caption 2"]
     assert ds[1]["long_caption"] == "a long caption 1" and ds[2]["id"] == 2
     (folder / "000001.json").write_text("[1]")
-    with pytest.raises(common.DataError, match=r"000001.json: a sidecar must be a JSON object"):
+    with pytest.raises(DataError, match=r"000001.json: a sidecar must be a JSON object"):
         common.ManifestDataset(tmp_path / "shards")
 
 
 def test_other_folders_are_one_message_naming_what_is_read(tmp_path, cache):
     datasets.DatasetDict({"train": _hf(), "test": _hf(2)}).save_to_disk(str(tmp_path / "dict"))
-    with pytest.raises(common.DataError, match=r"DatasetDict \(splits train, test\): name one split, e\.g\. \S+"):
+    with pytest.raises(DataError, match=r"DatasetDict \(splits train, test\): name one split, e\.g\. \S+"):
         common.ManifestDataset(tmp_path / "dict")
     assert len(common.ManifestDataset(tmp_path / "dict" / "train")) == 4
     (tmp_path / "pets" / "cat").mkdir(parents=True)
     _images(1)[0].save(tmp_path / "pets" / "cat" / "a.png")
-    with pytest.raises(common.DataError, match=r"an ImageFolder .*evaluate it as imagefolder:.*pets"):
+    with pytest.raises(DataError, match=r"an ImageFolder .*evaluate it as imagefolder:.*pets"):
         common.ManifestDataset(tmp_path / "pets")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(common.DataError, match=r"no layout read here; .*Hugging Face datasets folder.*sidecars"):
+    with pytest.raises(DataError, match=r"no layout read here; .*Hugging Face datasets folder.*sidecars"):
         common.ManifestDataset(tmp_path / "empty")
 
 
@@ -99,7 +100,7 @@ def test_eval_reads_open_clips_csv_flags_and_clip_benchmarks_spellings(tmp_path,
     a = evaluation.command_line().parse_args(["--model", "ViT-B/16", "--dataset", "x", "--output", "o",
                                               "--dataset_root", "r", "--batch_size", "8", "--num_workers", "1"])
     assert (a.backbone, a.tasks, a.out, a.data_root, a.batch_size, a.workers) == ("ViT-B/16", "x", "o", "r", 8, 1)
-    with pytest.raises(common.UsageError, match=r"--out / --output r.json: a folder here"):
+    with pytest.raises(UsageError, match=r"--out / --output r.json: a folder here"):
         evaluation.main(["--output", "r.json", "--tasks", str(tmp_path / "pairs.csv")])
     assert "note: --output is CLIP_benchmark's spelling of --out here" in capsys.readouterr().err
     flags.CSV_COLUMNS.update(csv_img_key="path", csv_caption_key="words", csv_separator=";")
@@ -144,14 +145,14 @@ def test_own_data_text_goes_through_the_row_check(tmp_path, cache):
         im.save(folder / f"{i:06d}.jpg")
         (folder / f"{i:06d}.txt").write_text(f"caption {i}\n")
     (folder / "000001.txt").write_bytes("une légende\n".encode("latin-1"))
-    with pytest.raises(common.DataError, match=r"pairs:2: .*000001.txt: not valid UTF-8 \(byte 5\)"):
+    with pytest.raises(DataError, match=r"pairs:2: .*000001.txt: not valid UTF-8 \(byte 5\)"):
         common.ManifestDataset(folder)
     ds = common.ManifestDataset(folder, skip_bad=True)
     assert len(ds) == 2 and len(ds.skipped) == 1 and [ds[i]["caption"] for i in range(2)] == ["caption 0",
                                                                                                 "caption 2"]
     (folder / "000001.txt").write_text("caption 1\n")
     (folder / "000002.json").write_bytes(b'{"long_caption": "\xe9t\xe9"}')
-    with pytest.raises(common.DataError, match=r"000002.json: not valid UTF-8"):
+    with pytest.raises(DataError, match=r"000002.json: not valid UTF-8"):
         common.ManifestDataset(folder)
 
 
@@ -172,14 +173,14 @@ def test_malformed_hugging_face_metadata_is_one_message_naming_the_file(tmp_path
     JSONDecodeError; now one message naming the file."""
     datasets.DatasetDict({"train": _hf(2)}).save_to_disk(str(tmp_path / "dict"))
     (tmp_path / "dict" / "dataset_dict.json").write_text("[]")
-    with pytest.raises(common.DataError, match=r"dataset_dict.json: not Hugging Face's metadata: a JSON object "
+    with pytest.raises(DataError, match=r"dataset_dict.json: not Hugging Face's metadata: a JSON object "
                                                r"expected, found list"):
         common.ManifestDataset(tmp_path / "dict")
     _hf(2).save_to_disk(str(tmp_path / "hf"))
     for text, said in (("[]", "found list"), ("{not json", "not JSON"),
                        ('{"_data_files": [1]}', "_data_files: a list")):
         (tmp_path / "hf" / "state.json").write_text(text)
-        with pytest.raises(common.DataError, match=f"state.json: not Hugging Face's metadata.*{said}"):
+        with pytest.raises(DataError, match=f"state.json: not Hugging Face's metadata.*{said}"):
             common.ManifestDataset(tmp_path / "hf")
 
 
@@ -200,7 +201,7 @@ def test_an_image_path_outside_the_dataset_folder_is_never_read(tmp_path, cache)
     (tmp_path / "pq").mkdir()
     pq.write_table(pa.table({"image": images, "text": ["ok", "absolute", "relative"]}),
                    str(tmp_path / "pq" / "train.parquet"))
-    with pytest.raises(common.DataError, match=r"pq:2: its image path .*secret.txt is outside the dataset folder"):
+    with pytest.raises(DataError, match=r"pq:2: its image path .*secret.txt is outside the dataset folder"):
         common.ManifestDataset(tmp_path / "pq")
     ds = common.ManifestDataset(tmp_path / "pq", skip_bad=True)
     assert len(ds) == 1 and len(ds.skipped) == 2 and ds[0]["caption"] == "ok"

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+from plumbing.flags import parse_config
+from plumbing.manifests import read_manifest
 import lab
 import dns
 import eval as evaluation
@@ -151,7 +153,7 @@ def test_code_loss_and_biases_in_the_step():
 
 
 def test_defaults_follow_the_paper():
-    cfg = common.parse_config(dns.DNSConfig, [])
+    cfg = parse_config(dns.DNSConfig, [])
     assert cfg.mode == "gradient" and cfg.loss == "clip" and not cfg.bias  # deviations 2, 14, 4
     assert cfg.output_cov == "current" and cfg.lambda_min == 0.01 and cfg.lambda_min_out < 0  # 13, 15, 6
 
@@ -354,7 +356,7 @@ def test_cached_features_equal_fresh_encoding(tmp_path, tiny_random):
     first = evaluation.cached(tmp_path / "cache", key,
                               lambda: cmcl.manifest_features(model, preprocess, tok, manifest, "shape"))
     again = evaluation.cached(tmp_path / "cache", key, lambda: pytest.fail("recomputed instead of read from the cache"))
-    rows = common.read_manifest(manifest)
+    rows = read_manifest(manifest)
     with torch.no_grad():
         for i, r in enumerate(rows):  # one by one, straight through open_clip
             with Image.open(manifest.parent / r["image"]) as im:
@@ -484,15 +486,15 @@ def test_defaults_evaluate_synthetic_sets_only_in_the_lab(tmp_path):
     """--task-classes / --zeroshot auto: the lab's sets only with --tasks synthetic;
     none on a user's own tasks, with a real backbone (which then names no lab
     at all) or the tiny one (issue 42.5); explicit values are kept."""
-    real = common.parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
+    real = parse_config(dns.DNSConfig, ["--backbone", "ViT-B/16", "--tasks", "a=a.jsonl:b.jsonl"])
     assert (real.task_classes, real.zero_shot) == ("auto", "auto")
     assert not models.wants_lab(real)
     got = cmcl.resolve(real)
     assert (got.task_classes, got.zero_shot) == ("", "")
     for argv in (["--tasks", "synthetic"], ["--backbone", "ViT-B/16", "--tasks", "synthetic"]):
-        got = cmcl.resolve(common.parse_config(dns.DNSConfig, argv))
+        got = cmcl.resolve(parse_config(dns.DNSConfig, argv))
         assert (got.task_classes, got.zero_shot) == ("shape", "synthetic-shape,synthetic-color")
-    own = cmcl.resolve(common.parse_config(dns.DNSConfig, ["--backbone", "tiny", "--tasks", "a=a.jsonl:b.jsonl"]))
+    own = cmcl.resolve(parse_config(dns.DNSConfig, ["--backbone", "tiny", "--tasks", "a=a.jsonl:b.jsonl"]))
     assert (own.task_classes, own.zero_shot) == ("", "")
     mine = cmcl.resolve(dataclasses.replace(real, task_classes="color", zero_shot="cifar10"))
     assert (mine.task_classes, mine.zero_shot) == ("color", "cifar10")

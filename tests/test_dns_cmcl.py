@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import DataError, RunError
 import dns
 import eval as evaluation
 import lab
@@ -37,7 +38,7 @@ def test_cmcl_steps_follow_the_codes_training_py():
         ("vision", "tactile"), ("text", "tactile"), ("vision", "text"), ("vision", "thermal")]
     assert len({s.name for s in steps}) == 11
     for bad in ("nyudv2:0,5", "nyudv2:1,1", "esc50:a,b", ""):
-        with pytest.raises(common.DataError):
+        with pytest.raises(DataError):
             cmcl.parse_steps(bad, lambda d: cmcl.CMCL_DATASETS[d][0])
 
 
@@ -126,9 +127,9 @@ def test_the_labels_json_from_cmcl_labels_matches_the_h5_keys(tmp_path):
 
 
 def test_missing_or_unknown_features_say_what_is_wrong(tmp_path):
-    with pytest.raises(common.DataError, match="meta.json"):
+    with pytest.raises(DataError, match="meta.json"):
         cmcl.read_features(tmp_path, "esc50", "train")
-    with pytest.raises(common.DataError, match="no such folder"):
+    with pytest.raises(DataError, match="no such folder"):
         dns.main(["--features", str(tmp_path / "nowhere"), "--tasks", "cmcl", "--out", str(tmp_path / "o")])
 
 
@@ -411,5 +412,5 @@ def test_inf_in_test_features_is_an_error_not_a_score():
     test = {"x": torch.stack([a, a.clone()], 1), "labels": None}
     test["x"][3, 1, 0] = float("inf")
     step = cmcl.Step("clotho", (0, 1), ("text", "audio"))
-    with pytest.raises(common.RunError, match=r"clotho\(T-A\): 1 of 20 audio rows"):
+    with pytest.raises(RunError, match=r"clotho\(T-A\): 1 of 20 audio rows"):
         cmcl.evaluate_step(SimpleNamespace(map=lambda m, x: x), step, test, ks=(1,))

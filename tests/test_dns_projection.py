@@ -177,11 +177,11 @@ def test_null_space_projection_forms_agree():
 
 
 def test_projection_form_flag():
-    import common
-    assert common.parse_config(dns.DNSConfig, []).projection_form == "auto"
-    assert common.parse_config(dns.DNSConfig, ["--projection-form", "dense"]).projection_form == "dense"
+    from plumbing.flags import parse_config
+    assert parse_config(dns.DNSConfig, []).projection_form == "auto"
+    assert parse_config(dns.DNSConfig, ["--projection-form", "dense"]).projection_form == "dense"
     with pytest.raises(SystemExit):
-        common.parse_config(dns.DNSConfig, ["--projection-form", "activations"])
+        parse_config(dns.DNSConfig, ["--projection-form", "activations"])
 
 
 def test_learner_takes_the_activation_form_and_learns_what_the_dense_hook_learns(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+from plumbing.base import DataError
+from plumbing.runfolder import checkpoint_state
 import lab
 from lab import calibrate, registry
 from lab.demos import erclip as erclip_demo
@@ -221,7 +223,7 @@ def test_teacher_is_frozen_unchanged_and_not_checkpointed(tiny_random):
     assert not torch.equal(model.visual.conv1.weight, student_before)
     losses = net(batch)  # the student moved, so the preservation loss now pulls it back
     assert losses["loss_pres"].item() > 0
-    assert not any(k.startswith("teacher.") for k in common.checkpoint_state(net))
+    assert not any(k.startswith("teacher.") for k in checkpoint_state(net))
     assert erclip.ERCLIP(model, cfg_of(lambda_p=0.0)).teacher is None  # variant M needs no teacher
 
 
@@ -301,14 +303,14 @@ def test_build_train_manifest_on_a_fixture(tmp_path):
     assert [json.loads(line)["coco_id"] for line in everything.read_text().splitlines()] == [9, 25, 30]
     ann.unlink()  # cached: a second call does not read the sources again
     assert erclip.build_train_manifest(ann, sg, root / "erclip", n_pairs=2, holdout=1) == path
-    with pytest.raises(common.DataError, match="captions_train2017.json"):
+    with pytest.raises(DataError, match="captions_train2017.json"):
         erclip.build_train_manifest(ann, sg, root / "erclip", n_pairs=3, holdout=1)
 
 
 def test_main_fails_clearly_without_real_data(tmp_path):
-    with pytest.raises(common.DataError, match="captions_train2017.json not found"):
+    with pytest.raises(DataError, match="captions_train2017.json not found"):
         erclip.main(["--train-data", "coco-sharegpt4v", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
-    with pytest.raises(common.DataError, match="urban1k"):
+    with pytest.raises(DataError, match="urban1k"):
         evaluation.check_tasks(["urban1k"], tmp_path)
 
 

@@ -13,6 +13,10 @@ from plumbing import models, published, runfolder
 from papers import erclip_sweeps as sweeps  # the real sweeps (lab.demos.erclip_sweeps: the lab's)
 import socket
 import common
+from plumbing.base import RunError
+from plumbing.cli import cli
+from plumbing.flags import parse_config
+from plumbing.manifests import read_manifest
 import erclip
 import lab
 from lab.demos import erclip as erclip_demo
@@ -40,14 +44,14 @@ def test_sweep_run_skips_finished_runs_and_restarts_unfinished_ones(tmp_path):
 
 def test_prefix_manifest_is_a_prefix_of_one_order_with_absolute_images(tmp_path):
     src = lab.synthetic_manifest("train", tmp_path / "data", n=12)
-    rows = common.read_manifest(src)
+    rows = read_manifest(src)
     five = sweeps.prefix_manifest(src, 5, tmp_path / "elsewhere" / "p5.jsonl")
     ten = sweeps.prefix_manifest(src, 10, tmp_path / "elsewhere" / "p10.jsonl")
-    got5, got10 = common.read_manifest(five), common.read_manifest(ten)
+    got5, got10 = read_manifest(five), read_manifest(ten)
     assert [r["caption"] for r in got5] == [r["caption"] for r in got10[:5]] == [r["caption"] for r in rows[:5]]
     ds = common.ManifestDataset(ten, need_long=True)  # images resolve from the new folder
     assert len(ds) == 10 and ds.image_file(ds.rows[3]).resolve() == (src.parent / rows[3]["image"]).resolve()
-    assert len(common.read_manifest(sweeps.prefix_manifest(src, 50, tmp_path / "all.jsonl"))) == 12
+    assert len(read_manifest(sweeps.prefix_manifest(src, 50, tmp_path / "all.jsonl"))) == 12
 
 
 def _train(tmp_path, name, hooks=None, **kw):
@@ -180,27 +184,27 @@ def test_real_sweep_runs_the_preflight_before_any_model_is_loaded(tmp_path, monk
     small = argv[argv.index("--train-data") + 1]
     few = tmp_path / "few.jsonl"  # 4 usable rows, fewer than one batch of 8
     few.write_text("".join(json.dumps(dict(r, image=str((Path(small).parent / r["image"]).resolve()))) + "\n"
-                           for r in common.read_manifest(small)[:4]))
+                           for r in read_manifest(small)[:4]))
     bad = argv[:argv.index("--train-data") + 1] + [str(few)] + argv[argv.index("--train-data") + 2:]
     with pytest.raises(SystemExit) as e:
-        common.cli(erclip.main, bad)
+        cli(erclip.main, bad)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "4 usable rows, fewer than one batch" in err and "Traceback" not in err
     out = tmp_path / "runs"  # another live process holds --out
     out.mkdir()
     (out / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
-    with pytest.raises(common.RunError, match="is writing to"):
+    with pytest.raises(RunError, match="is writing to"):
         erclip.main(argv)
     (out / runfolder.LOCK).unlink()
-    with pytest.raises(common.RunError, match="start without --resume"):  # nothing to resume in --out
+    with pytest.raises(RunError, match="start without --resume"):  # nothing to resume in --out
         erclip.main(argv + ["--resume", "latest"])
     assert not (out / "sweep-ablations").exists()
 
 def test_real_data_size_sweep_trains_on_prefixes(tmp_path, capsys):
-    cfg = common.parse_config(erclip.ERCLIPConfig, _real_argv(tmp_path, "data-size", "--steps", "1"))
+    cfg = parse_config(erclip.ERCLIPConfig, _real_argv(tmp_path, "data-size", "--steps", "1"))
     result = sweeps.run_sweep(erclip.sweep_method(lab.WORLD), cfg, sizes=(8, 12, 1000))
     assert [r["summary"]["train_pairs"] for r in result["runs"]] == [8, 12, 16]
-    firsts = [common.read_manifest(tmp_path / "runs" / "sweep-data-size" / r["run"] / "pairs.jsonl")[0]["caption"]
+    firsts = [read_manifest(tmp_path / "runs" / "sweep-data-size" / r["run"] / "pairs.jsonl")[0]["caption"]
               for r in result["runs"]]
     assert len(set(firsts)) == 1  # one order, three prefixes
     out = capsys.readouterr().out

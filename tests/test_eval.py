@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 import common
+from plumbing.base import DataError
 import lab
 import eval as ev
-from plumbing import m2mix_analysis, models, published, wise_ft
+from plumbing import models, published
+from protocols import m2mix_analysis, wise_ft
 
 
 # ---------------------------------------------------------------- fixtures
@@ -603,7 +605,7 @@ def test_undecodable_images_are_dropped_counted_and_listed(tmp_path, capsys):
     (tmp_path / "absent.png").write_bytes((tmp_path / "0.png").read_bytes())
     with pytest.raises(ev.MissingData, match=r"(?s)1 undecodable image\(s\).*t.jpg.*--strict"):
         ev.manifest_retrieval(man, strict=True)
-    with pytest.raises(common.DataError, match=r"undecodable image .*t.jpg"):
+    with pytest.raises(DataError, match=r"undecodable image .*t.jpg"):
         ev.image_features(models.load_model("tiny", "random")[0], lambda im: torch.zeros(3, 32, 32),
                           [tmp_path / "t.jpg"])
 
@@ -662,5 +664,5 @@ def test_evaluation_images_are_prepared_once_per_process_and_again_when_the_file
     small.get(path, other)
     assert small.used <= small.budget and len(small.items) == 1
     (tmp_path / "bad.png").write_bytes(b"not an image")
-    with pytest.raises(common.DataError, match="undecodable image .*bad.png"):
+    with pytest.raises(DataError, match="undecodable image .*bad.png"):
         memo.get(tmp_path / "bad.png", tf)

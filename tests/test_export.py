@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import common
+from plumbing.flags import Config
 import erclip
 from plumbing import base, cli, folders, models
 from commands import export
@@ -312,7 +313,7 @@ def test_the_export_folder_is_checked_before_anything_runs(tmp_path):
     models.check_export(tmp_path / "run" / "exported", out=tmp_path / "run")  # inside --out: fine
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     for export_to, out in (("notes", "run"), ("run", "run"), ("runs", "runs/x")):  # --out the export or in it
-        cfg = common.Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / out),
+        cfg = Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / out),
                             device="cpu", export=str(tmp_path / export_to))
         with pytest.raises(base.UsageError, match=f"--export .*{export_to}"):
             common.preflight(cfg, [data])
@@ -419,7 +420,7 @@ def test_an_interrupt_during_a_runs_export_stops_the_run_and_names_what_is_saved
     saying that training finished and its model is saved, with the commands that finish the run or export it."""
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
+    cfg = Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
                         device="cpu", export=str(tmp_path / "hub"))
 
     real_fsync = folders._fsync

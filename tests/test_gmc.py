@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import DataError, UsageError
+from plumbing.flags import parse_config
 import gmc
 from lab.sentiment import sentiment_world
 from plumbing import published
@@ -98,7 +100,7 @@ def test_the_restricted_unpickler_refuses_a_pickle_that_would_run_code(tmp_path)
     marker = tmp_path / "ran.txt"
     path = tmp_path / "evil.pkl"
     path.write_bytes(pickle.dumps({"train": {"text": _Payload(marker)}}))
-    with pytest.raises(common.DataError, match="builtins.exec, which is not a numpy array: refused"):
+    with pytest.raises(DataError, match="builtins.exec, which is not a numpy array: refused"):
         mosei.load_splits(path)
     assert not marker.exists()
 
@@ -108,7 +110,7 @@ def test_the_fixture_loads_its_inf_is_counted_and_npz_reads_the_same(tmp_path):
     splits, fixed = mosei.load_splits(path)
     assert splits["train"]["text"].shape == (64, 8, 16) and splits["test"]["label"].shape == (48,)
     assert fixed["train/audio"] > 0 and all(torch.isfinite(v).all() for s in splits.values() for v in s.values())
-    with pytest.raises(common.DataError, match="non-finite values"):
+    with pytest.raises(DataError, match="non-finite values"):
         mosei.load_splits(path, "refuse")
     npz = mosei.convert(path)
     again, _ = mosei.load_splits(npz)
@@ -120,12 +122,12 @@ def test_a_file_in_another_layout_stops_with_one_message_naming_it(tmp_path):
     arrays = {s: {"text": np.zeros((4, 5, 3)), "audio": np.zeros((4, 5, 2)), "vision": np.zeros((4, 6, 2)),
                   "labels": np.zeros((4, 1, 1))} for s in ("train", "valid", "test")}
     path.write_bytes(pickle.dumps(arrays))
-    with pytest.raises(common.DataError, match="train's modalities have \\[5, 6\\] steps"):
+    with pytest.raises(DataError, match="train's modalities have \\[5, 6\\] steps"):
         mosei.load_splits(path)
     path.write_bytes(pickle.dumps({"train": {}}))
-    with pytest.raises(common.DataError, match="train/text"):
+    with pytest.raises(DataError, match="train/text"):
         mosei.load_splits(path)
-    with pytest.raises(common.UsageError, match="no such file"):
+    with pytest.raises(UsageError, match="no such file"):
         gmc.main(["--data", str(tmp_path / "missing.pkl")])
 
 
@@ -264,7 +266,7 @@ def test_the_optimizer_flags_reach_adam():
     --beta2 / --eps give the shared config's (0.98, 1e-6) or any other, and the optimizer gets them."""
     net = gmc.GMCNet(gmc.GMC([5, 4, 3], 6, layers=1), gmc.GMCConfig())
     for argv, betas, eps in (([], (0.9, 0.999), 1e-8), (["--beta2", "0.98", "--eps", "1e-6"], (0.9, 0.98), 1e-6)):
-        opt = common.make_optimizer(common.parse_config(gmc.GMCConfig, argv), net, "cpu")
+        opt = common.make_optimizer(parse_config(gmc.GMCConfig, argv), net, "cpu")
         assert all(g["betas"] == betas and g["eps"] == eps and g["weight_decay"] == 0 for g in opt.param_groups)
 
 
@@ -289,7 +291,7 @@ def test_keep_last_batch_ends_each_epoch_with_the_partial_batch_and_resumes_exac
     gmc.main(base + ["--keep-last-batch", "--out", str(tmp_path / "b"), "--resume", "latest"])
     a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in ("a", "b"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-    with pytest.raises(common.UsageError, match="--keep-last-batch: one process, without --accum-freq"):
+    with pytest.raises(UsageError, match="--keep-last-batch: one process, without --accum-freq"):
         gmc.main(base + ["--keep-last-batch", "--accum-freq", "2", "--out", str(tmp_path / "c")])
 
 
@@ -300,12 +302,12 @@ def test_the_unofficial_codes_settings_line_parses_to_its_reporting_scripts():
     doc = gmc.__doc__.splitlines()
     at = next(i for i, line in enumerate(doc) if "--keep-last-batch" in line and "python gmc.py" in line)
     words = (doc[at] + " " + doc[at + 1]).split("(")[0].split()
-    cfg = common.parse_config(gmc.GMCConfig, [w.replace("...", "x.pkl") for w in words[2:]])
+    cfg = parse_config(gmc.GMCConfig, [w.replace("...", "x.pkl") for w in words[2:]])
     assert (cfg.clf, cfg.weights, cfg.mix_pairs, cfg.keep_last_batch) == ("l1", "code", "random", True)
     assert (cfg.batch_size, cfg.tau, cfg.m2_weight, cfg.beta, cfg.epochs) == (128, 0.25, 0.2, 2.0, 40)
 
 
 def test_flags_are_checked_before_the_data_is_read(tmp_path):
     """A wrong --seeds is one message before the MOSEI file (GBs) is opened: here the file does not even exist."""
-    with pytest.raises(common.UsageError, match="--seeds 'a,b'"):
+    with pytest.raises(UsageError, match="--seeds 'a,b'"):
         gmc.main(["--data", str(tmp_path / "missing.pkl"), "--seeds", "a,b"])

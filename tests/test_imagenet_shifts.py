@@ -10,12 +10,13 @@ import pytest
 import torch
 from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
-import common
+from plumbing.base import DataError
 import eval as evaluation
 import lab  # noqa: F401  the tiny backbone, registered
 from lab import __main__ as lab_main
 from lab import protocol_data
-from plumbing import imagenet_shifts, models, wise_ft
+from plumbing import models
+from protocols import imagenet_shifts, wise_ft
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_masks_and_objectnets_projection_match_wise_ft():
 def test_missing_shifts_are_one_message_naming_each(tmp_path):
     """eval.py's pre-check names every set of --tasks imagenet-shifts that cannot be loaded, in one message."""
     (tmp_path / "imagenet-r").mkdir()
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         evaluation.check_tasks(evaluation._expand("imagenet-shifts"), tmp_path, "--tasks")
     msg = str(e.value)
     assert msg.count("cannot be loaded") == 6 and msg.count("docs/data.md") == 6

@@ -12,6 +12,9 @@ import pytest
 import torch
 
 import common
+from plumbing.base import UsageError
+from plumbing.cli import cli
+from plumbing.flags import Config
 import eval as evaluation
 from plumbing import models
 from commands import export
@@ -104,7 +107,7 @@ def test_the_transformers_export_gives_our_features_and_tokens(trained, tmp_path
 def test_a_training_run_exports_when_asked(tmp_path):
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
+    cfg = Config(steps=2, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
                         device="cpu", export=str(tmp_path / "hub"))
     summary = common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok))
     assert summary["export"] == str(tmp_path / "hub") and (tmp_path / "hub" / "open_clip_model.safetensors").is_file()
@@ -185,8 +188,8 @@ def test_locked_towers_do_not_move_and_leave_adamw(tmp_path, flag, frozen, train
 def test_locking_a_dns_run_is_one_message():
     class Maps(torch.nn.Module):  # DNS's net: maps over frozen features, no CLIP tower
         model = torch.nn.Linear(2, 2)
-    with pytest.raises(common.UsageError, match="nothing to lock"):
-        common.lock_towers(common.Config(lock_text=True), Maps().model)
+    with pytest.raises(UsageError, match="nothing to lock"):
+        common.lock_towers(Config(lock_text=True), Maps().model)
 
 
 # ----------------------------------------------------------------------------- logging and validation
@@ -230,7 +233,7 @@ def test_report_to_tensorboard_without_the_package_is_one_message(tmp_path, monk
     import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
-    with pytest.raises(common.UsageError, match="pip install tensorboard"):
+    with pytest.raises(UsageError, match="pip install tensorboard"):
         _erclip(tmp_path, "tb", "--report-to", "tensorboard")
 
 
@@ -248,8 +251,8 @@ def test_val_every_in_m2mix_and_longclip_and_refused_for_a_task_sequence(tmp_pat
     lc = longclip.main(common_argv + ["--train-pairs", "16", "--pca-dim", "4", "--eval-tasks", "none",
                                       "--out", str(tmp_path / "lc")])
     assert [r["step"] for r in lc["summary"]["validation"]] == [1, 2]  # through the stretched window
-    with pytest.raises(common.UsageError, match="a task sequence has no validation set"):
-        common.preflight(common.Config(val_every=1, out=str(tmp_path / "seq")), continual=True)
+    with pytest.raises(UsageError, match="a task sequence has no validation set"):
+        common.preflight(Config(val_every=1, out=str(tmp_path / "seq")), continual=True)
 
 
 def test_cclip_exports_its_merged_model_and_dns_refuses_export(tmp_path, capsys):
@@ -261,7 +264,7 @@ def test_cclip_exports_its_merged_model_and_dns_refuses_export(tmp_path, capsys)
     ours = torch.load(tmp_path / "cc" / "model.pt", weights_only=True)
     assert all(torch.equal(v, ours[k]) for k, v in theirs.state_dict().items() if k in ours)
     with pytest.raises(SystemExit) as e:
-        common.cli(dns.main, ["--export", str(tmp_path / "x"), "--out", str(tmp_path / "d")])
+        cli(dns.main, ["--export", str(tmp_path / "x"), "--out", str(tmp_path / "d")])
     assert e.value.code == 2 and "writes no CLIP model" in capsys.readouterr().err
 
 

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 import cclip
-import common
+from plumbing.manifests import read_manifest
 import dns
 import erclip
 import eval as evaluation
@@ -42,7 +42,7 @@ def scenes(tmp_path_factory):
     rows = {}
     for split, n in (("train", 24), ("test", 16), ("task-photo", 16), ("task-night", 16), ("task-sketch", 16)):
         man = lab.synthetic_manifest(split, root, n=n)
-        rows[split] = [dict(r, image=str(man.parent / r["image"])) for r in common.read_manifest(man)]
+        rows[split] = [dict(r, image=str(man.parent / r["image"])) for r in read_manifest(man)]
     return rows
 
 

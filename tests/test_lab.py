@@ -10,6 +10,9 @@ import torch
 
 from plumbing import base, models
 import common
+import open_clip
+from plumbing.base import RunError, UsageError
+from plumbing.manifests import read_manifest
 import lab
 
 
@@ -44,7 +47,7 @@ def test_broad_pretraining_narrow_finetuning():
 
 
 def test_captions_fit_or_overflow_the_context_like_clip():
-    tok = common.open_clip.get_tokenizer(models.resolve_backbone("tiny"))
+    tok = open_clip.get_tokenizer(models.resolve_backbone("tiny"))
     ctx = lab.TINY_CFG["text_cfg"]["context_length"]
     for domain in (lab.PRETRAIN, lab.FINETUNE, *lab.TASK_DOMAINS.values(), lab.UNSEEN):
         scenes = lab.world_split(domain, 300, 0)
@@ -90,7 +93,7 @@ def test_shipped_weights_are_the_current_recipes():
 
 def test_world_token_ids_cover_texts_nobody_sampled():
     from lab import tiny
-    ids, tok = set(tiny.world_token_ids()), common.open_clip.SimpleTokenizer()
+    ids, tok = set(tiny.world_token_ids()), open_clip.SimpleTokenizer()
     for domain in (lab.PRETRAIN, lab.FINETUNE, *lab.TASK_DOMAINS.values(), lab.UNSEEN):
         for s in lab.world_split(domain, 200, 999):
             assert set(tok.encode(s["caption"] + " " + s["long_caption"])) <= ids
@@ -116,7 +119,7 @@ def test_a_shortened_recipe_end_to_end(tmp_path, monkeypatch):
     assert torch.equal(emb[unused], tiny._token_init(recipe["seed"], emb.shape)[unused])  # never trained
     assert not torch.equal(emb[rows], tiny._token_init(recipe["seed"], emb.shape)[rows])  # trained
     path.write_bytes(path.read_bytes()[:-1] + b"x")
-    with pytest.raises(common.UsageError, match="sha256"):
+    with pytest.raises(UsageError, match="sha256"):
         tiny.load_shipped(path)
     monkeypatch.setattr(tiny, "TINY_PRETRAIN", recipe)
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", tmp_path / "empty")
@@ -154,7 +157,7 @@ def test_scene_labels_are_the_captions_facts_and_a_stale_copy_is_refused(tmp_pat
     long captions say; a manifest whose rows are not the world's scenes is refused; dns.py's hook sees the sets."""
     from lab import world
     path = lab.synthetic_manifest("task-photo-test", tmp_path, n=12)
-    rows = common.read_manifest(lab.scene_labels_manifest(path))
+    rows = read_manifest(lab.scene_labels_manifest(path))
     assert len(rows) == 12 and {r["count"] for r in rows} <= {1, 2, 3}  # the domains draw 2-4 objects
     for r in rows:
         assert f"at the {world.POSITIONS[r['position']]}" in r["caption"]
@@ -191,7 +194,7 @@ def test_the_stability_check_rejudges_with_the_rerun_seeds(tmp_path, capsys):
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
     assert stability.main([str(tmp_path / "base.json"), str(tmp_path / "flip.json")]) == 1
     assert "CHANGES" in capsys.readouterr().out
-    with pytest.raises(common.UsageError, match="seeds \\[7\\] are not among"):
+    with pytest.raises(UsageError, match="seeds \\[7\\] are not among"):
         stability.check(base, {**same, "seeds": [7]})
     gate = {"needs": "a regime", "measured": "no", "met": False}  # issue 58: a val check no seed changes
     gated = {"seeds": seeds, "claims": [lab.claim("gated", "+", [1.0, 1.1, 0.9], "+", gate=gate)]}
@@ -292,7 +295,7 @@ def test_parallel_runs_give_the_numbers_of_one_at_a_time(tmp_path, shrink_world)
     there = lab.run_jobs(demo.measure_pretrained, jobs, 2, done=lambda i, r: order.append(i))
     assert here == there and sorted(order) == [0, 1] and here[0]["short"] > 0
     assert lab.take_processes_flag(["--processes", "3", "--steps", "1"]) == (["--steps", "1"], 3)
-    with pytest.raises(common.UsageError, match="whole number"):
+    with pytest.raises(UsageError, match="whole number"):
         lab.take_processes_flag(["--processes", "0"])
 
 
@@ -319,7 +322,7 @@ def test_seeds_flag_reruns_the_claims_on_other_seeds():
         assert lab.seeds() == (10, 11, 12)
         assert lab.take_seeds_flag(["--seeds=7,8"]) == [] and lab.seeds() == (7, 8)
         for bad in ("10", "1,1", "a,b", ""):
-            with pytest.raises(common.UsageError, match="two or more different integers"):
+            with pytest.raises(UsageError, match="two or more different integers"):
                 lab.take_seeds_flag(["--seeds", bad])
         assert lab.take_seeds_flag(["--lr", "1"]) == ["--lr", "1"] and lab.seeds() == lab.SEEDS
     finally:
@@ -368,7 +371,7 @@ def test_a_diverged_model_is_refused_not_scored_100(tmp_path):
         broken.visual.proj[0, 0] = float("nan")
     for task in ("synthetic-short", "synthetic-shape"):
         assert evaluation.evaluate(model, pre, tok, [task], tmp_path, synthetic_n=16)  # the healthy one scores
-        with pytest.raises(common.RunError, match=f"{task}: 16 of 16 image rows are not finite"):
+        with pytest.raises(RunError, match=f"{task}: 16 of 16 image rows are not finite"):
             evaluation.evaluate(broken, pre, tok, [task], tmp_path, synthetic_n=16)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import common
+from plumbing.manifests import read_manifest
 import lab
 from lab import world
 
@@ -69,7 +69,7 @@ def test_conflict_renames_only_a_domains_declared_words(tmp_path, strength):
             path = world.synthetic_manifest(split, tmp_path, 30)
             copy = world.conflict_manifest(path, strength)
             assert copy != path and world.conflict_manifest(path, strength) == copy
-            rows, renamed = common.read_manifest(path), common.read_manifest(copy)
+            rows, renamed = read_manifest(path), read_manifest(copy)
             assert len(rows) == len(renamed) == 30
             for r, c in zip(rows, renamed):
                 assert {k: v for k, v in r.items() if "caption" not in k} == \
@@ -99,11 +99,11 @@ def test_conflict_is_nested_and_reaches_the_tasks(tmp_path):
     assert [d for d, _, _ in long] == list(world.TASK_DOMAINS)
     for (d, tr, te), (_, tr0, te0) in zip(long, world.long_task_manifests(tmp_path)):
         assert "conflict0.5" in tr and "conflict0.5" in te
-        r, r0 = common.read_manifest(te)[0], common.read_manifest(te0)[0]
+        r, r0 = read_manifest(te)[0], read_manifest(te0)[0]
         assert r["caption"] == r["long_caption"] and r["image"] == r0["image"]
     spec = lab.scene_labelled_tasks(tmp_path, test="val", conflict=0.5)
     te = spec.split(",")[0].split(":")[-1]
-    assert "scene-labels-conflict0.5" in te and {"position", "count"} <= set(common.read_manifest(te)[0])
+    assert "scene-labels-conflict0.5" in te and {"position", "count"} <= set(read_manifest(te)[0])
 
 
 def test_conflict_world_hands_the_renamed_tasks_on(tmp_path):

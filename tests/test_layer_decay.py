@@ -11,6 +11,8 @@ import torch.nn as nn
 
 import cclip
 import common
+from plumbing.base import RunError, UsageError
+from plumbing.flags import parse_config
 import dns
 import erclip
 import gmc
@@ -74,8 +76,8 @@ def test_flags_off_leave_every_methods_groups_as_they_were(tiny_random):
     model = tiny_random[0]
     for cls in (erclip.ERCLIPConfig, longclip.LongCLIPConfig, m2mix.M2MixConfig, cclip.CClipConfig,
                 dns.DNSConfig, gmc.GMCConfig, flags.Config):
-        assert param_rates.lr_of(common.parse_config(cls, []), lab.ClipFineTune(model)) is None, cls
-    cfg = common.parse_config(erclip.ERCLIPConfig, ["--fusion", "rt", "--fusion-lr", "7e-4"])
+        assert param_rates.lr_of(parse_config(cls, []), lab.ClipFineTune(model)) is None, cls
+    cfg = parse_config(erclip.ERCLIPConfig, ["--fusion", "rt", "--fusion-lr", "7e-4"])
     net = erclip.ERCLIP(model, cfg)
     before = rates_of(common.param_groups(  # the form erclip.py passed before issue 59
         net, cfg.lr, cfg.wd, lambda n: cfg.fusion_lr if n.startswith("fusion.") else cfg.lr))
@@ -88,7 +90,7 @@ def test_cclip_keeps_its_rates_and_the_decay_scales_them(tiny_random):
     """C-CLIP's make_lr_of names every parameter's rate (its --lr-image / --lr-text, the paper's presets), so the
     shared tower rates never apply to it: its numbers stay; a layer decay multiplies them."""
     model = tiny_random[0]
-    cfg = common.parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
+    cfg = parse_config(cclip.CClipConfig, ["--lr", "1e-5", "--lr-image", "2e-6", "--lr-text", "3e-5"])
     net = cclip.CClip(model, None, None, 0.0, 0.0, "sum")
     own = cclip.make_lr_of(cfg, *cclip_tasks.task_lrs(cfg, "flickr30k"))  # the preset: not the flags' values
     got = rates_of(common.param_groups(net, cfg.lr, cfg.wd, param_rates.lr_of(cfg, net, own)))
@@ -135,7 +137,7 @@ def test_a_model_without_the_tower_or_its_layout_is_one_message(tiny_random):
             super().__init__()
             self.model = nn.Linear(2, 2)
     for flag, field in (("--lr-image", dict(lr_image=1e-4)), ("--text-layer-decay", dict(text_layer_decay=0.5))):
-        with pytest.raises(common.UsageError, match=f"{flag}: this run's model \\(Linear\\) has no"):
+        with pytest.raises(UsageError, match=f"{flag}: this run's model \\(Linear\\) has no"):
             param_rates.lr_of(flags.Config(**field), Maps())
 
     class ResNetCLIP(nn.Module):  # a tower of another layout (open_clip's ModifiedResNet, timm, Hugging Face)
@@ -145,7 +147,7 @@ def test_a_model_without_the_tower_or_its_layout_is_one_message(tiny_random):
             self.model.visual = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3))
     rate = param_rates.lr_of(flags.Config(lr_image=1e-4), ResNetCLIP())  # a rate needs no layers
     assert rate("model.visual.0.weight") == 1e-4
-    with pytest.raises(common.UsageError, match="--image-layer-decay: the image tower \\(Sequential\\) is not a "
+    with pytest.raises(UsageError, match="--image-layer-decay: the image tower \\(Sequential\\) is not a "
                                                 "transformer of open_clip's layout"):
         param_rates.lr_of(flags.Config(image_layer_decay=0.5), ResNetCLIP())
     groups = param_rates.layer_groups(tiny_random[0], "image")  # open_clip's names and order
@@ -159,8 +161,8 @@ def test_resume_refuses_a_changed_decay_and_override_says_what_it_cannot_change(
             "--steps", "3", "--workers", "0", "--device", "cpu", "--eval-tasks", "none", "--pretrained", "random",
             "--out", str(tmp_path / "r")]
     erclip.main([*argv, "--stop-at", "1"])
-    with pytest.raises(common.RunError, match=r"changed settings: --image-layer-decay 1.0 \(run\) -> 0.5 \(now\)"):
+    with pytest.raises(RunError, match=r"changed settings: --image-layer-decay 1.0 \(run\) -> 0.5 \(now\)"):
         erclip.main([*argv, "--resume", "latest", "--image-layer-decay", "0.5"])
-    with pytest.raises(common.RunError, match="not how the parameters split into groups"):  # was a traceback
+    with pytest.raises(RunError, match="not how the parameters split into groups"):  # was a traceback
         erclip.main([*argv, "--resume", "latest", "--override-resume", "--image-layer-decay", "0.5"])
     assert erclip.main([*argv, "--resume", "latest"])["summary"]["steps"] == 3

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 from plumbing import models
 from papers import longclip_data
 import common
+from plumbing.base import DataError, UsageError
+from plumbing.flags import parse_config
+from plumbing.loading import source_stamp
 import lab
 import eval as evaluation
 import longclip
@@ -324,7 +327,7 @@ def test_sharegpt4v_manifest_is_rebuilt_when_its_json_changes(tmp_path, capsys):
     sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/1.jpg", "First. One.")]))
     path = longclip_data.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1)
     assert json.loads((tmp_path / "longclip" / (path.name + ".json")).read_text())["sources"] == \
-        common.source_stamp({"sharegpt4v": sg})
+        source_stamp({"sharegpt4v": sg})
     assert longclip_data.sharegpt4v_manifest(sg, tmp_path / "longclip", holdout=1) == path
     assert "rebuilding" not in capsys.readouterr().err  # the same json: reused
     sg.write_text(json.dumps([rec("coco/train2017/0.jpg", "Held out."), rec("coco/train2017/2.jpg", "Changed. Two."),
@@ -334,16 +337,16 @@ def test_sharegpt4v_manifest_is_rebuilt_when_its_json_changes(tmp_path, capsys):
     assert [json.loads(line)["caption"] for line in path.read_text().splitlines()] == ["Changed", "Three."]
 
 def test_recipes_and_clear_failures(tmp_path):
-    cfg = common.parse_config(longclip.LongCLIPConfig, ["--recipe", "erclip-budget"],
+    cfg = parse_config(longclip.LongCLIPConfig, ["--recipe", "erclip-budget"],
                               **longclip.RECIPES["erclip-budget"])
     assert (cfg.lr, cfg.wd, cfg.warmup, cfg.batch_size, cfg.epochs, cfg.beta2, cfg.eps) == \
         (5e-6, 0.05, 200, 64, 1, 0.98, 1e-6)
     assert cfg.train_data == "coco-sharegpt4v" and cfg.short_caption == "caption" and cfg.log_scale < 0
-    paper = common.parse_config(longclip.LongCLIPConfig, [])
+    paper = parse_config(longclip.LongCLIPConfig, [])
     assert (paper.lr, paper.wd, paper.warmup, paper.batch_size, paper.label_smoothing) == (1e-6, 0.01, 200, 2048, 0.1)
     assert paper.log_scale == pytest.approx(4.6052, abs=1e-4) and paper.train_data == "auto"
     assert longclip._recipe(["--lr", "1", "--recipe=erclip-budget"]) == "erclip-budget"
-    demo = common.parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
+    demo = parse_config(longclip.LongCLIPConfig, ["--demo"], **{**longclip.RECIPES["erclip-budget"],
                                                                        **longclip_demo.DEMO})
     assert (demo.recipe, demo.train_data, demo.lr, demo.wd, demo.warmup, demo.steps, demo.batch_size) == \
         ("erclip-budget", "synthetic", 1.5e-4, 0.05, 4, 40, 32)
@@ -351,11 +354,11 @@ def test_recipes_and_clear_failures(tmp_path):
     assert all(getattr(demo, k) == v for k, v in erclip_demo.DEMO.items() if k in ("lr", "wd", "warmup", "steps"))
     assert (demo.label_smoothing, demo.precision, demo.workers, demo.pca_dim, demo.log_scale) == \
         (0.1, "fp32", 0, 8, -1.0) and demo.short_caption == "caption"
-    with pytest.raises(common.DataError, match="ShareGPT4V json not found"):
+    with pytest.raises(DataError, match="ShareGPT4V json not found"):
         longclip.main(["--train-data", "sharegpt4v", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
-    with pytest.raises(common.DataError, match="captions_train2017.json not found"):
+    with pytest.raises(DataError, match="captions_train2017.json not found"):
         longclip.main(["--recipe", "erclip-budget", "--data-root", str(tmp_path), "--out", str(tmp_path / "o")])
-    with pytest.raises(common.DataError, match="erclip-results"):
+    with pytest.raises(DataError, match="erclip-results"):
         longclip.main(["--erclip-results", str(tmp_path / "none.json"), "--train-data", "synthetic"])
 
 
@@ -421,7 +424,7 @@ def test_main_end_to_end_on_the_synthetic_world(tmp_path, model_files_as_readme_
         want = next(r["value"] for r in result["tuned"] if r["task"] == small and r["metric"] == "t2i_R@1"
                     and r["window"] == window)
         assert next(r["value"] for r in cli if r["metric"] == "t2i_R@1") == pytest.approx(want)
-    with pytest.raises(common.UsageError, match="--context-length 200 is longer than the model's text window"):
+    with pytest.raises(UsageError, match="--context-length 200 is longer than the model's text window"):
         evaluation.main(["--backbone", "tiny", "--pretrained", str(out / "model.pt"), "--tasks", small,
                          "--context-length", "200", "--out", ""])
 

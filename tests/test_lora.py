@@ -12,6 +12,7 @@ import torch
 
 import cclip
 import common
+from plumbing.base import UsageError
 import dns
 import erclip
 import lab
@@ -225,7 +226,7 @@ def test_cclip_takes_the_shared_flag_as_its_own_lora(tmp_path):
 
 
 def test_dns_refuses_lora_with_one_message():
-    with pytest.raises(common.UsageError, match="dns.py trains maps over frozen features"):
+    with pytest.raises(UsageError, match="dns.py trains maps over frozen features"):
         dns.main(["--lora", "2", "--tasks", "synthetic", "--backbone", "tiny"])
 
 

@@ -15,9 +15,14 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import DataError, UsageError
+from plumbing.flags import parse_config
+from plumbing.manifests import read_manifest
 import lab
 import m2mix
-from plumbing import m2mix_analysis, models, published, train_manifests
+from plumbing import models, published
+from protocols import m2mix_analysis
+from papers import m2mix_data
 
 torch.set_num_threads(1)
 
@@ -164,7 +169,7 @@ def test_m3s_m2_weight_is_2_5x_the_codes_per_direction():
     """Issue 57.2, deviation 9: changdaeoh/multimodal-mixup's scripts/m3mix.sh (5009bcb) fixes the m2 weight at
     0.01 on the SUM of the two directions (loss.py clip_loss2); ours is 0.05 on their mean (Eq. 5). On the same
     inputs our weighted L_m2 is 2.5x the code's, so not inside its m3 sweep as deviation 9 used to say."""
-    cfg = common.parse_config(m2mix.M2MixConfig, [])
+    cfg = parse_config(m2mix.M2MixConfig, [])
     assert (cfg.method, cfg.m2_weight, cfg.m2_directions, cfg.mix_decay) == ("m3", 0.05, "mean", False)
     img, txt = unit(8, 5, seed=60), unit(8, 5, seed=61)
     ours = cfg.m2_weight * m2mix.m2mix_loss(img, txt, 10.0, 0.3, directions=cfg.m2_directions)
@@ -311,7 +316,7 @@ def test_code_settings_reproduce_the_released_objective(tiny_random):
     code = ["--method", "m3", "--m2-tau", "0.07", "--base-tau", "0.01", "--mix-decay", "--m2-directions", "sum",
             "--vl-target", "code", "--uni-combine", "sum", "--m2-weight", str(w_m2), "--uni-weight", str(w_uni),
             "--vl-weight", str(w_vl)]
-    cfg = common.parse_config(m2mix.M2MixConfig, code)
+    cfg = parse_config(m2mix.M2MixConfig, code)
     B = 6
     img, txt = unit(B, 5, seed=70), unit(B, 5, seed=71)
     ctx = _ctx(step=3, epoch=epoch)
@@ -338,7 +343,7 @@ def test_code_settings_reproduce_the_released_objective(tiny_random):
     expected = base + (w_uni * vmix + w_uni * lmix + w_vl * vlmix + w_m2 * m2) / (epoch + 1)
     assert got == pytest.approx(expected, rel=1e-5)
     # the 1/2 of L_uni = 1/2 (C_V + C_L) is what --uni-combine sum removes
-    half = sum(m2mix.M2Mix(model, common.parse_config(m2mix.M2MixConfig, code[:-8] + code[-6:])).loss_terms(
+    half = sum(m2mix.M2Mix(model, parse_config(m2mix.M2MixConfig, code[:-8] + code[-6:])).loss_terms(
         img, txt, _ctx(step=3, epoch=epoch)).values()).item()  # a fresh ctx: the same draws again
     assert half == pytest.approx(expected - 0.5 * w_uni * (vmix + lmix) / (epoch + 1), rel=1e-5)
 
@@ -387,7 +392,7 @@ def test_fp16_weights_round_lam_and_the_weights_convert_weights_casts(tiny_rando
         assert n not in on_grid and torch.equal(dict(model.named_parameters())[n], before[n]), n
     seen = {}
     monkeypatch.setattr(common, "train", lambda *a, **k: seen.update(k) or {"stopped_at": 0})
-    monkeypatch.setattr(train_manifests, "train_manifest",
+    monkeypatch.setattr(m2mix_data, "train_manifest",
                         lambda cfg, world=None: lab.synthetic_manifest("train", cfg.data_root, 8))
     cfg = m2mix.M2MixConfig(backbone="tiny", pretrained="random", fp16_weights=True, eval_base=False, device="cpu",
                             data_root=str(tmp_path), out=str(tmp_path / "run"))
@@ -401,14 +406,14 @@ def test_karpathy_manifest_first_and_all(tmp_path):
     images = [{"filename": f"{i}.jpg", "split": sp, "sentences": [{"raw": f"cap {i}.{k} "} for k in range(5)]}
               for i, sp in enumerate(("train", "train", "test", "val"))]
     (tmp_path / "flickr30k" / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
-    first = train_manifests.karpathy_train_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
+    first = m2mix_data.karpathy_train_manifest("flickr30k", tmp_path, "train", "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["cap 0.0", "cap 1.0"]
     assert rows[0]["image"] == str((tmp_path / "flickr30k" / "images" / "0.jpg").resolve())
-    every = train_manifests.karpathy_train_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
+    every = m2mix_data.karpathy_train_manifest("flickr30k", tmp_path, "test", "all", tmp_path / "m")
     assert len(every.read_text().splitlines()) == 5
-    with pytest.raises(common.DataError):
-        train_manifests.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
+    with pytest.raises(DataError):
+        m2mix_data.karpathy_train_manifest("coco", tmp_path, "train", "first", tmp_path / "m")
 
 
 def test_coco_karpathy_evaluates_the_test_split_with_one_caption_too(tmp_path):
@@ -419,9 +424,9 @@ def test_coco_karpathy_evaluates_the_test_split_with_one_caption_too(tmp_path):
                "sentences": [{"raw": f"cap {i}.{k}"} for k in range(5)]} for i, sp in enumerate(("test", "restval"))]
     (tmp_path / "coco" / "dataset_coco.json").write_text(json.dumps({"images": images}))
     cfg = m2mix.M2MixConfig(train_data="coco", coco_split="karpathy", data_root=str(tmp_path), out=str(tmp_path / "r"))
-    tasks = train_manifests.eval_tasks(cfg)
+    tasks = m2mix_data.eval_tasks(cfg)
     assert tasks["coco-karpathy"] == "coco-karpathy"
-    rows = common.read_manifest(tasks["coco-karpathy-1cap"])
+    rows = read_manifest(tasks["coco-karpathy-1cap"])
     assert [r["caption"] for r in rows] == ["cap 0.0"] and rows[0]["image"].endswith("val2014/0.jpg")
 
 
@@ -431,17 +436,17 @@ def test_coco2017_manifest_and_test_sets_never_overlap_training(tmp_path):
            "annotations": [{"image_id": 9, "caption": "b  one"}, {"image_id": 7, "caption": "a one"},
                            {"image_id": 9, "caption": "b two"}]}
     (tmp_path / "coco" / "annotations" / "captions_train2017.json").write_text(json.dumps(ann))
-    first = train_manifests.coco2017_train_manifest(tmp_path, "first", tmp_path / "m")
+    first = m2mix_data.coco2017_train_manifest(tmp_path, "first", tmp_path / "m")
     rows = [json.loads(x) for x in first.read_text().splitlines()]
     assert [r["caption"] for r in rows] == ["b one", "a one"]  # first annotation of each image, file order
     assert rows[1]["image"].endswith("coco/train2017/a.jpg")
-    assert len(train_manifests.coco2017_train_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
+    assert len(m2mix_data.coco2017_train_manifest(tmp_path, "all", tmp_path / "m").read_text().splitlines()) == 3
     # COCO 2017 train is tested on val2017; Flickr30k Karpathy train on Karpathy test (both protocols)
-    assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
-    assert set(train_manifests.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
+    assert set(m2mix_data.eval_tasks(m2mix.M2MixConfig(train_data="coco")).values()) == {"coco", "coco-1cap"}
+    assert set(m2mix_data.eval_tasks(m2mix.M2MixConfig(train_data="flickr30k")).values()) == {"flickr30k",
                                                                                        "flickr30k-1cap"}
     own = m2mix.M2MixConfig(train_data="x.jsonl", eval_tasks="synthetic-long,coco")
-    assert list(train_manifests.eval_tasks(own)) == ["synthetic-long", "coco"]
+    assert list(m2mix_data.eval_tasks(own)) == ["synthetic-long", "coco"]
 
 
 def test_table1_puts_paper_values_beside_the_matching_protocol():
@@ -523,10 +528,10 @@ def test_synthetic_train_data_is_the_labs_manifest_handed_over_as_an_argument(tm
     shrink_world({"train": 4}.get)
     cfg = m2mix.M2MixConfig(train_data="synthetic", data_root=str(tmp_path), out=str(tmp_path / "o"))
     assert lab.WORLD.synthetic_manifest is lab.synthetic_manifest
-    assert (train_manifests.train_manifest(cfg, lab.WORLD) == lab.synthetic_manifest("train", tmp_path)
+    assert (m2mix_data.train_manifest(cfg, lab.WORLD) == lab.synthetic_manifest("train", tmp_path)
             == tmp_path / "synthetic" / f"world-{lab.world_fingerprint()}" / "train.jsonl")
-    with pytest.raises(common.UsageError, match="--train-data synthetic is the lab's: .*world=lab.WORLD"):
-        train_manifests.train_manifest(cfg)
+    with pytest.raises(UsageError, match="--train-data synthetic is the lab's: .*world=lab.WORLD"):
+        m2mix_data.train_manifest(cfg)
 
 
 @pytest.mark.slow

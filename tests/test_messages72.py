@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import common
+from plumbing.base import DataError, RunError
+from plumbing.flags import parse_config
 import erclip
 import lab
 import m2mix
@@ -47,7 +49,7 @@ def test_m2mix_blames_train_data_for_a_folder_of_no_layout(tmp_path):
     """It said "evaluation task '<DIR>' cannot be loaded" though no evaluation task was passed."""
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.png").write_bytes(b"")
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         m2mix.main(["--backbone", "tiny", "--train-data", str(tmp_path / "flat"), "--out", str(tmp_path / "o")])
     msg = str(e.value)
     assert msg.startswith(f"--train-data {tmp_path / 'flat'}: a folder of no layout read here")
@@ -78,7 +80,7 @@ def test_a_hugging_face_folder_without_datasets_answers_before_torch(tmp_path, m
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "datasets" else real(n, *a))
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "state.json").write_text("{}")
-    cfg = common.parse_config(m2mix.M2MixConfig, ["--train-data", str(tmp_path / "hf"), "--out", str(tmp_path)])
+    cfg = parse_config(m2mix.M2MixConfig, ["--train-data", str(tmp_path / "hf"), "--out", str(tmp_path)])
     assert str(outfolder.early_problem(cfg)) == (f"--train-data {tmp_path / 'hf'}: a Hugging Face datasets folder "
                                                  f"or parquet file needs the datasets package: pip install datasets")
 
@@ -149,19 +151,19 @@ def test_grad_checkpointing_checkpoints_both_towers_and_trains_the_same(tmp_path
 # ----------------------------------------------------------------------------- 72.5 ERCLIP's refusals
 def test_erclip_refusing_a_folder_without_long_captions_says_how_a_sidecar_supplies_one(tmp_path):
     folder = _sidecar_folder(tmp_path)
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         _erclip(tmp_path, "o", data=str(folder))
     msg = str(e.value)
     assert "missing column(s) ['long_caption']" in msg
     assert 'NAME.json beside NAME.jpg: {"caption": "...", "long_caption": "..."}' in msg and "NAME.txt" in msg
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         _erclip(tmp_path, "o2", data=f"imagefolder:{folder}")
     assert "class folders train on class-prompt captions with m2mix.py" in str(e.value)
     assert "long_caption" in str(e.value)
 
 
 def test_erclip_without_its_data_names_the_files_the_images_and_the_gpu_check(tmp_path):
-    with pytest.raises(common.RunError) as e:
+    with pytest.raises(RunError) as e:
         erclip.main(["--backbone", "ViT-B/16", "--epochs", "1", "--data-root", str(tmp_path), "--out",
                      str(tmp_path / "o")])
     msg = str(e.value)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+from plumbing.base import UsageError
+from plumbing.flags import parse_config
 import lab
 import m2mix
 from baselines import imix, mixrun, unmix
@@ -288,14 +290,14 @@ def test_tiny_run_end_to_end_resumes_exactly_and_collects(tmp_path, mod, row, te
 
 
 def test_accumulation_is_refused_before_anything_loads(tmp_path):
-    with pytest.raises(common.UsageError, match="pairs the rows of one batch"):
+    with pytest.raises(UsageError, match="pairs the rows of one batch"):
         imix.main(_args(tmp_path, tmp_path / "o", tmp_path / "none.jsonl", "--accum-freq", "2"), world=lab.WORLD)
 
 
 def test_the_tiny_backbone_without_the_labs_world_is_one_message(tmp_path):
     """mixrun.run without the lab's world (a caller's; main() takes it from the lab since issue 69.7)."""
-    cfg = common.parse_config(unmix.UnMixConfig, _args(tmp_path, tmp_path / "o", tmp_path / "none.jsonl"))
-    with pytest.raises(common.UsageError, match="is the lab's"):
+    cfg = parse_config(unmix.UnMixConfig, _args(tmp_path, tmp_path / "o", tmp_path / "none.jsonl"))
+    with pytest.raises(UsageError, match="is the lab's"):
         mixrun.run(cfg, unmix.UnMix, "unmix")
 
 

@@ -1,9 +1,10 @@
 """load_model: names, weights, the QuickGELU guard, failing fast without weights, the tiny backbone."""
 import time
 
+import open_clip
 import pytest
 
-import common
+from plumbing.base import UsageError
 from plumbing import models
 
 
@@ -37,13 +38,13 @@ def test_quick_gelu_guard(monkeypatch, tmp_path):
         models.load_model("ViT-B/32", "openai", quick_gelu=False)
     # a raw local file under an OpenAI spelling gets QuickGELU; the sidecar decides for our own files
     seen = {}
-    real = common.open_clip.create_model_and_transforms
+    real = open_clip.create_model_and_transforms
 
     def spy(name, pretrained=None, force_quick_gelu=False, **kw):
         seen["qg"] = force_quick_gelu
         raise RuntimeError("stop before building a large model")
 
-    monkeypatch.setattr(common.open_clip, "create_model_and_transforms", spy)
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", spy)
     f = tmp_path / "ViT-B-32.pt"
     torch.save({"logit_scale": torch.zeros(())}, f)  # a state_dict (an empty file is refused before open_clip)
     with pytest.raises(RuntimeError, match="stop"):
@@ -53,7 +54,7 @@ def test_quick_gelu_guard(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="stop"):
         models.load_model("ViT-B/32", str(f))
     assert seen["qg"] is False
-    monkeypatch.setattr(common.open_clip, "create_model_and_transforms", real)
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", real)
 
 
 def test_sidecar_of_another_model_is_refused(tmp_path):
@@ -202,9 +203,9 @@ def test_a_cut_model_file_is_one_message_naming_it(tiny_random, tmp_path):
     for path in (f.with_suffix(".safetensors"), f):
         whole = path.read_bytes()
         path.write_bytes(whole[: len(whole) // 2])
-        with pytest.raises(common.UsageError, match=rf"{path}: not a readable model file \(.+\); copy it again"):
+        with pytest.raises(UsageError, match=rf"{path}: not a readable model file \(.+\); copy it again"):
             models.load_model("tiny", str(path))
-    with pytest.raises(common.UsageError, match=r"model.pt: not a readable model file \(cut short: a zip archive"):
+    with pytest.raises(UsageError, match=r"model.pt: not a readable model file \(cut short: a zip archive"):
         models.load_model("tiny", str(f))
 
 
@@ -215,7 +216,7 @@ def test_weights_of_another_shape_are_one_message_naming_the_tensor(tiny_random,
     width = tiny_random[0].text_projection.shape[0]
     safe = f.with_suffix(".safetensors")
     models.safetensors_save(_state(tiny_random, text_projection=torch.zeros(width, 7)), safe)
-    with pytest.raises(common.UsageError, match=rf"model.safetensors does not fit the {models.TINY_NAME} "
+    with pytest.raises(UsageError, match=rf"model.safetensors does not fit the {models.TINY_NAME} "
                                                 rf"architecture: text_projection is \[{width}, 7\] in the file, "
                                                 rf"\[{width}, {width}\] in {models.TINY_NAME}; pass the backbone"):
         models.load_model("tiny", str(safe))
@@ -232,7 +233,7 @@ def test_a_bare_file_builds_its_own_window_and_another_width_is_refused(tiny_ran
     assert torch.equal(model.positional_embedding, pe) and tok("a red circle").shape == (1, rows + 16)
     assert f"the weights' text window is {rows + 16} positions" in capsys.readouterr().err
     torch.save(_state(tiny_random, positional_embedding=torch.zeros(rows, width + 8)), tmp_path / "wide.pt")
-    with pytest.raises(common.UsageError, match=rf"wide.pt: its text positional embedding is {width + 8} wide"):
+    with pytest.raises(UsageError, match=rf"wide.pt: its text positional embedding is {width + 8} wide"):
         models.load_model("tiny", str(tmp_path / "wide.pt"))
 
 
@@ -243,7 +244,7 @@ def test_a_sidecar_that_is_not_an_object_is_one_message_naming_it(tiny_random, t
     TypeError."""
     f = _saved(tiny_random, tmp_path)
     (tmp_path / "model.pt.json").write_text(text)
-    with pytest.raises(common.UsageError, match=rf"{f}.json, the sidecar of {f} .*, {what}, not an object"):
+    with pytest.raises(UsageError, match=rf"{f}.json, the sidecar of {f} .*, {what}, not an object"):
         models.load_model("tiny", str(f))
 
 
@@ -255,7 +256,7 @@ def test_a_sidecar_field_of_the_wrong_type_is_one_message_naming_it(tiny_random,
     f = _saved(tiny_random, tmp_path)
     meta = json.loads((tmp_path / "model.pt.json").read_text())
     (tmp_path / "model.pt.json").write_text(json.dumps({**meta, key: value}))
-    with pytest.raises(common.UsageError, match=rf"sidecar of {f}: {key} is {json.dumps(value)}, not "):
+    with pytest.raises(UsageError, match=rf"sidecar of {f}: {key} is {json.dumps(value)}, not "):
         models.load_model("tiny", str(f))
 
 
@@ -268,7 +269,7 @@ def test_a_sidecar_window_other_than_the_weights_is_refused_not_interpolated(tin
     for path in (f, f.with_suffix(".safetensors")):
         side = path.with_name(path.name + ".json")
         side.write_text(json.dumps({**json.loads(side.read_text()), "context_length": rows + 53}))
-        with pytest.raises(common.UsageError, match=rf"{path}: its sidecar {path}.json says context_length "
+        with pytest.raises(UsageError, match=rf"{path}: its sidecar {path}.json says context_length "
                                                     rf"{rows + 53}, but the weights' positional embedding has {rows} "
                                                     rf"positions; refusing to interpolate"):
             models.load_model("tiny", str(path))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import common
+from plumbing.base import DataError
 from plumbing import cli
 from papers import mosei
 
@@ -87,7 +87,7 @@ def test_every_pickle_protocol_of_plain_arrays_reads_empty_ones_too(tmp_path, pr
      "an array whose data is list"),
 ])
 def test_anything_but_numpys_own_calls_stays_refused_with_a_true_message(tmp_path, payload, why):
-    with pytest.raises(common.DataError, match=why + ".*refused"):
+    with pytest.raises(DataError, match=why + ".*refused"):
         mosei.read_arrays(write(tmp_path / "evil.pkl", {"train": {"text": payload}}))
 
 
@@ -110,7 +110,7 @@ def test_convert_of_one_string_referenced_4096_times_is_refused_before_allocatin
     path = write(tmp_path / "m.pkl", layout(id=ids), protocol=4)
     assert path.stat().st_size < 2 << 20
     start = time.perf_counter()
-    with address_space(1024), pytest.raises(common.DataError, match="train/id as a numpy string array would take "
+    with address_space(1024), pytest.raises(DataError, match="train/id as a numpy string array would take "
                                                                     "16.00 GiB.*refused before allocating"):
         mosei.convert(path)
     assert time.perf_counter() - start < 30 and not path.with_suffix(".npz").exists()
@@ -124,7 +124,7 @@ def test_a_pickle_whose_arrays_share_one_buffer_is_refused_by_its_declared_total
              for i in range(4096)}
     path = write(tmp_path / "m.pkl", {"train": views}, protocol=5)
     assert path.stat().st_size < 2 << 20
-    with pytest.raises(common.DataError, match=r"the pickle's arrays would take [\d.]+ GiB.*refused before allocating"):
+    with pytest.raises(DataError, match=r"the pickle's arrays would take [\d.]+ GiB.*refused before allocating"):
         mosei.read_arrays(path)
 
 
@@ -145,7 +145,7 @@ def test_a_deflated_npz_bomb_is_refused_before_its_arrays_are_read(tmp_path):
     (2.9 GB of RSS for the probe's 2 GiB one); now its header's size against the file's is refused first."""
     path = _bomb(tmp_path / "bomb.npz", 512)
     assert path.stat().st_size < 1 << 20
-    with address_space(256), pytest.raises(common.DataError, match="the .npz's arrays would take 0.50 GiB"
+    with address_space(256), pytest.raises(DataError, match="the .npz's arrays would take 0.50 GiB"
                                                                    ".*refused before allocating"):
         mosei.load_splits(path)
 
@@ -156,7 +156,7 @@ def test_an_npz_entry_declaring_more_than_it_holds_is_refused(tmp_path):
     with zipfile.ZipFile(path, "w") as z, z.open("train/text.npy", "w") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (10**9,)})
         f.write(bytes(16))
-    with address_space(256), pytest.raises(common.DataError, match=r"train/text.npy' declares \(1000000000,\) "
+    with address_space(256), pytest.raises(DataError, match=r"train/text.npy' declares \(1000000000,\) "
                                                                    r"float64 \(8000000000 bytes\) but holds 16"):
         mosei.load_splits(path)
 
@@ -169,14 +169,14 @@ def test_an_npz_entry_declaring_more_than_it_holds_is_refused(tmp_path):
 ])
 def test_object_arrays_of_strings_dicts_or_huge_ints_are_one_message(tmp_path, values, why):
     path = write(tmp_path / "m.pkl", layout(text=np.stack([values] * 4)))
-    with pytest.raises(common.DataError, match=why):
+    with pytest.raises(DataError, match=why):
         mosei.load_splits(path)
 
 
 def test_convert_refuses_an_object_array_it_cannot_write_as_strings_or_numbers(tmp_path):
     """astype(str) wrote a dict's repr into the .npz as if it were data."""
     path = write(tmp_path / "m.pkl", layout(id=np.array([{"a": 1}] * 4, dtype=object)))
-    with pytest.raises(common.DataError, match="train/id is an object array of dict"):
+    with pytest.raises(DataError, match="train/id is an object array of dict"):
         mosei.convert(path)
     assert not path.with_suffix(".npz").exists()
 
@@ -190,14 +190,14 @@ def test_convert_refuses_an_object_array_it_cannot_write_as_strings_or_numbers(t
 def test_a_top_level_or_split_of_another_type_is_named_as_such(tmp_path, top, why):
     """An int top level was a TypeError traceback; a list or a `train` that is not a dict said "no 'train' split
     (found [..., 'train', ...])"."""
-    with pytest.raises(common.DataError, match=re.escape(why)):
+    with pytest.raises(DataError, match=re.escape(why)):
         mosei.load_splits(write(tmp_path / "m.pkl", top))
 
 
 def test_an_npz_with_a_pickled_entry_is_refused_with_one_message(tmp_path):
     path = tmp_path / "m.npz"
     np.savez(path, **{"train/text": np.array([{}], dtype=object)})  # savez pickles object arrays
-    with pytest.raises(common.DataError, match="train/text.npy' holds pickled objects"):
+    with pytest.raises(DataError, match="train/text.npy' holds pickled objects"):
         mosei.load_splits(path)
 
 
@@ -209,7 +209,7 @@ def test_a_truncated_npz_is_named_as_a_truncated_npz_not_a_checkpoint(tmp_path):
     assert mosei.load_splits(full)[0]["test"]["text"].shape == (4, 5, 3)
     cut = tmp_path / "cut.npz"
     cut.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
-    with pytest.raises(common.DataError, match="cut.npz: not a readable .npz: truncated or corrupted") as e:
+    with pytest.raises(DataError, match="cut.npz: not a readable .npz: truncated or corrupted") as e:
         mosei.load_splits(cut)
     assert "checkpoint" not in cli.expected_error(e.value)[0]
 
@@ -220,7 +220,7 @@ def test_non_finite_labels_are_refused_not_set_to_neutral(tmp_path, labels):
     """NaN / None labels were set to 0 (neutral sentiment) under G6's rule for features; features keep that rule."""
     audio = np.full((4, 5, 2), -np.inf)
     path = write(tmp_path / "m.pkl", layout(labels=labels.reshape(4, 1, 1), audio=audio))
-    with pytest.raises(common.DataError, match=r"train/labels has \d non-finite values \(NaN, inf or None\) in "
+    with pytest.raises(DataError, match=r"train/labels has \d non-finite values \(NaN, inf or None\) in "
                                                r"rows \[1(, 3)?\]"):
         mosei.load_splits(path)
     ok = write(tmp_path / "ok.pkl", layout(audio=audio))

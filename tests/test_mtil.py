@@ -1,4 +1,4 @@
-"""MTIL (issue 61): every reader of plumbing/mtil.py against torchvision's own dataset class on a fixture in the real
+"""MTIL (issue 61): every reader of protocols/mtil.py against torchvision's own dataset class on a fixture in the real
 layout (lab/protocol_data.py), ZSCL's splits and Transfer / Average / Last against an independent re-implementation
 of its results.ipynb, the training manifests, one message for missing data, and `--tasks mtil-order1` end to end in
 dns.py and (its first tasks) cclip.py on the fixture."""
@@ -10,9 +10,10 @@ import torch
 import torchvision
 
 import common
+from plumbing.base import DataError, UsageError
 import lab  # noqa: F401  the tiny backbone
 from lab import protocol_data
-from plumbing import mtil
+from protocols import mtil
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_the_file_readers_list_what_torchvision_lists(root, split, monkeypatch):
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_the_randomly_split_sets_match_torchvision_and_random_split(root, split):
     """Caltech101, EuroSAT: torchvision's whole dataset, then random_split(0.8, seed 42); SUN397 the same files and
-    labels (its order is the file system's in torchvision, sorted here: plumbing/mtil.py deviation 1)."""
+    labels (its order is the file system's in torchvision, sorted here: protocols/mtil.py deviation 1)."""
     cal = torchvision.datasets.Caltech101(root)
     paths = [str(root / "caltech101" / "101_ObjectCategories" / cal.categories[y] / f"image_{i:04d}.jpg")
              for i, y in zip(cal.index, cal.y)]
@@ -147,11 +148,11 @@ def test_a_training_manifest_captions_each_image_with_its_first_template(root, t
 
 def test_missing_mtil_data_is_one_message_naming_every_dataset(tmp_path):
     (tmp_path / "dtd").mkdir()
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         common.parse_tasks("mtil-order1", tmp_path)
     msg = str(e.value)
     assert msg.count("\n  ") == 11 and "docs/data.md" in msg and "fgvc-aircraft-2013b/data/variants.txt" in msg
-    with pytest.raises(common.UsageError):
+    with pytest.raises(UsageError):
         common.parse_tasks("mtil-order1:12", tmp_path)
 
 

@@ -19,8 +19,12 @@ import torch
 from plumbing import models, runfolder, trainlog
 from papers import erclip_sweeps
 import socket
-from plumbing import base
+from plumbing import base, cli
 import common
+import open_clip
+from plumbing.base import DataError, RunError, UnsafeFileError, UsageError
+from plumbing.flags import Config
+from plumbing.manifests import read_manifest
 import lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +42,7 @@ def _lean(tmp_path):
 def _cli(capsys, main, argv):
     """common.cli as a script's __main__ runs it: (exit code, stderr)."""
     with pytest.raises(SystemExit) as e:
-        common.cli(main, argv)
+        cli.cli(main, argv)
     return e.value.code, capsys.readouterr().err
 
 
@@ -49,7 +53,7 @@ def tiny():
 
 
 def _cfg(out, **kw):
-    return common.Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32",
+    return Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32",
                                    out=str(out), save_every=0, log_every=1, device="cpu", seed=0), **kw})
 
 
@@ -72,10 +76,10 @@ def test_resume_compares_with_the_checkpoint_not_the_editable_config_json(stoppe
     data, out = stopped
     saved = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**saved, "lr": 1e-2}))  # edited to match the new flag
-    with pytest.raises(common.RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
+    with pytest.raises(RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
         _train(tiny, data, out, lr=1e-2, resume="latest")
     (out / "config.json").unlink()  # deleted: the checkpoint still knows
-    with pytest.raises(common.RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
+    with pytest.raises(RunError, match=r"--lr 0.001 \(run\) -> 0.01 \(now\)"):
         _train(tiny, data, out, lr=1e-2, resume="latest")
     assert _train(tiny, data, out, resume="latest")["steps"] == 4  # unchanged settings continue
 
@@ -86,7 +90,7 @@ def test_a_changed_manifest_is_refused_on_resume_and_recorded_when_overridden(st
     rows = [json.loads(line) for line in Path(grown).read_text().splitlines()]
     Path(data).write_text("".join(json.dumps({**r, "image": str(Path(grown).parent / r["image"])}) + "\n"
                                   for r in rows))  # 16 rows grew to 32 between stop and resume
-    with pytest.raises(common.RunError, match="training data changed.*16 rows.*32 rows.*--override-resume"):
+    with pytest.raises(RunError, match="training data changed.*16 rows.*32 rows.*--override-resume"):
         _train(tiny, data, out, resume="latest")
     summary = _train(tiny, data, out, resume="latest", override_resume=True)
     assert summary["data_changed_on_resume"]["was"]["rows"] == 16
@@ -103,9 +107,9 @@ def test_a_sweep_never_deletes_a_run_folder_a_live_process_is_training_in(tmp_pa
     run = tmp_path / "sweep-epochs" / "M-seed0"
     _held_by_another_live_process(run)
     (run / "checkpoints").mkdir()
-    with pytest.raises(common.RunError, match="another live process .* not deleting it"):
+    with pytest.raises(RunError, match="another live process .* not deleting it"):
         erclip_sweeps.sweep_run(tmp_path / "sweep-epochs", "M-seed0", lambda folder: {})
-    with pytest.raises(common.RunError, match="not deleting it"):
+    with pytest.raises(RunError, match="not deleting it"):
         with lab.scratch_run(run):
             pass
     assert (run / "checkpoints").is_dir()  # the live run's files are untouched
@@ -137,7 +141,7 @@ def test_a_broken_tiny_weights_cache_is_rebuilt_with_one_line(tmp_path, monkeypa
     assert lab.pretrain_tiny() == path and json.loads(Path(f"{path}.json").read_text())["model"]
     (tmp_path / "configs").mkdir(exist_ok=True)
     (tmp_path / "configs" / f"{models.TINY_NAME}.json").write_text("{")  # open_clip's config cut short
-    monkeypatch.setattr(common.open_clip, "list_models", lambda: [])
+    monkeypatch.setattr(open_clip, "list_models", lambda: [])
     models.register_tiny(lab.TINY_CFG)  # written again, no traceback
     assert json.loads((tmp_path / "configs" / f"{models.TINY_NAME}.json").read_text()) == lab.TINY_CFG
 
@@ -162,7 +166,7 @@ def test_an_interrupted_pretraining_continues_by_itself_and_leaves_nothing(tmp_p
         return real_step(net, batch, ctx, *a, **k)
     monkeypatch.setattr(common, "train_step", interrupted_at_step_3)
     work = tiny._work_dir("test")
-    with pytest.raises(common.RunError, match="pretraining was stopped by signal 2; its checkpoint is kept"):
+    with pytest.raises(RunError, match="pretraining was stopped by signal 2; its checkpoint is kept"):
         tiny._pretrain_tiny(recipe, work)
     assert torch.load(work / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
     monkeypatch.setattr(common, "train_step", real_step)
@@ -215,7 +219,7 @@ def test_a_broken_config_json_of_a_task_sequence_is_one_message(tmp_path):
     out.mkdir()
     (out / "config.json").write_text('{"lr": ')
     (out / "continual.json").write_text("{}")
-    with pytest.raises(common.RunError, match="config.json is not readable JSON"):
+    with pytest.raises(RunError, match="config.json is not readable JSON"):
         runfolder.start_run(_cfg(out, resume="latest"), out, continual=True)
 
 
@@ -223,7 +227,7 @@ def test_another_models_checkpoint_under_override_resume_is_one_message(stopped,
     data, out = stopped
     model = models.load_model("tiny", "random")[0]
     model.text_projection = torch.nn.Parameter(torch.zeros(model.text_projection.shape[0], 3))  # another width
-    with pytest.raises(common.RunError, match="holds another model's weights .*never the model"):
+    with pytest.raises(RunError, match="holds another model's weights .*never the model"):
         common.train(_cfg(out, resume="latest", override_resume=True), lab.ClipFineTune(model),
                      common.ManifestDataset(data, tiny[1]), common.Collate(tiny[3]), export=False)
 
@@ -313,7 +317,7 @@ def test_bad_feature_arrays_are_one_message_naming_the_file(tmp_path, case, says
     if case == "pt-pickled":
         (folder / "vision.npy").unlink()
         torch.save({"x": argparse_namespace()}, folder / "vision.pt")
-    with pytest.raises((common.DataError, common.UnsafeFileError), match=says) as e:
+    with pytest.raises((DataError, UnsafeFileError), match=says) as e:
         cmcl.read_features(tmp_path, "toy", "test")
     assert "weights_only=False" not in str(e.value)
 
@@ -334,7 +338,7 @@ def test_cmcl_labels_may_be_class_names_and_a_bad_one_is_named(tmp_path):
     for labels, says in ((["dog", "emu", "cat", "dog"], "label 1 is 'emu'"), ([1, 3, 0, 1], "label 1 is 3"),
                          ([1, None, 0, 1], "label 1 is None")):
         (folder / "samples.json").write_text(json.dumps({"ids": list(range(4)), "labels": labels}))
-        with pytest.raises(common.DataError, match=f"samples.json: {says}, neither a class name"):
+        with pytest.raises(DataError, match=f"samples.json: {says}, neither a class name"):
             cmcl.read_features(tmp_path, "toy", "test")
 
 
@@ -358,16 +362,16 @@ def test_bad_h5_feature_files_are_one_message_naming_the_file(tmp_path, case, sa
             elif case == "widths":
                 f.create_dataset("a", data=np.ones((2, 4)))
                 f.create_dataset("b", data=np.ones((2, 5)))
-    with pytest.raises(common.DataError, match=f"{path}: .*{says}"):
+    with pytest.raises(DataError, match=f"{path}: .*{says}"):
         cmcl._h5_rows(path)
 
 
 def test_resume_advice_is_true(tmp_path, stopped, tiny):
     data, out = stopped
-    with pytest.raises(common.RunError, match=f"--resume {out}: a folder, not a checkpoint; pass --resume latest "
+    with pytest.raises(RunError, match=f"--resume {out}: a folder, not a checkpoint; pass --resume latest "
                                               f"--out {out}"):
         _train(tiny, data, tmp_path / "other", resume=str(out))
-    with pytest.raises(common.RunError, match="nofile.pt: no such file") as e:
+    with pytest.raises(RunError, match="nofile.pt: no such file") as e:
         _train(tiny, data, tmp_path / "other2", resume=str(tmp_path / "nofile.pt"))
     assert "other2/checkpoints" not in str(e.value)  # a folder the user never gave
 
@@ -395,23 +399,23 @@ def test_a_nan_before_any_checkpoint_names_no_checkpoint_folder(tmp_path, tiny):
                                            (None, "no caption")])
 def test_a_caption_that_is_not_text_is_said_so(tmp_path, caption, says):
     good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
-    rows = common.read_manifest(good)
+    rows = read_manifest(good)
     bad = Path(good).parent / "bad.jsonl"
     bad.write_text("".join(json.dumps({"image": r["image"], "caption": caption if i == 1 else r["caption"]}) + "\n"
                            for i, r in enumerate(rows)))
-    with pytest.raises(common.DataError, match=re.escape(f"bad.jsonl:2: {says}")):
+    with pytest.raises(DataError, match=re.escape(f"bad.jsonl:2: {says}")):
         common.ManifestDataset(bad)
 
 
 def test_a_folder_or_a_pipe_where_an_image_belongs_is_not_called_missing(tmp_path):
     good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
-    rows = common.read_manifest(good)
+    rows = read_manifest(good)
     (Path(good).parent / "dir.png").mkdir()
     os.mkfifo(Path(good).parent / "fifo.png")
     bad = Path(good).parent / "bad.jsonl"
     bad.write_text("".join(json.dumps({**r, "image": ["dir.png", "fifo.png"][i] if i < 2 else r["image"]}) + "\n"
                            for i, r in enumerate(rows)))
-    with pytest.raises(common.DataError, match=r"(?s)bad.jsonl:1: not a regular file.*bad.jsonl:2: not a regular"):
+    with pytest.raises(DataError, match=r"(?s)bad.jsonl:1: not a regular file.*bad.jsonl:2: not a regular"):
         common.ManifestDataset(bad)
 
 
@@ -523,7 +527,8 @@ def test_an_image_over_pils_bomb_limit_is_our_one_line_not_pils_warning(tmp_path
 
 def test_eval_py_command_line_names_match_its_loaders():
     import eval as evaluation
-    from plumbing import m2mix_analysis, published
+    from plumbing import published
+    from protocols import m2mix_analysis
     assert evaluation.RETRIEVAL_NAMES == tuple(evaluation.REAL_RETRIEVAL_TASKS)
     assert evaluation.PAPERS == tuple(published.PUBLISHED)
     assert evaluation.SIMAT_PROTOCOL_NAMES == tuple(m2mix_analysis.SIMAT_PROTOCOLS)
@@ -531,17 +536,17 @@ def test_eval_py_command_line_names_match_its_loaders():
 
 
 def test_simat_refuses_non_finite_embeddings():
-    from plumbing import m2mix_analysis
+    from protocols import m2mix_analysis
     img = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
     img[2, 0] = float("nan")
     words = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
-    with pytest.raises(common.RunError, match="simat: 1 of 6 images rows are not finite"):
+    with pytest.raises(RunError, match="simat: 1 of 6 images rows are not finite"):
         m2mix_analysis.simat_score(img, torch.tensor([0, 1]), words, words, [0, 1], torch.ones(6, 2), [1.0, 1.0])
 
 
 def test_warnings_and_progress_lines_escape_control_characters(tmp_path, capsys):
     good = lab.synthetic_manifest("train", tmp_path / "data", n=4)
-    rows = common.read_manifest(good)
+    rows = read_manifest(good)
     bad = Path(good).parent / "bad.jsonl"
     bad.write_text("".join(json.dumps({**r, "image": "gone\x1b[32m.png" if i == 0 else r["image"]}) + "\n"
                            for i, r in enumerate(rows)))
@@ -563,7 +568,7 @@ def test_a_tensorboard_that_does_not_import_is_one_message_before_the_model(tmp_
     monkeypatch.setattr(models, "load_model", lambda *a, **k: built.append(a) or pytest.fail("model loaded"))
     root = tmp_path / "data"
     lab.synthetic_manifest("train", root, n=16)
-    with pytest.raises(common.UsageError, match=r"torch.utils.tensorboard does not import \(ModuleNotFoundError"):
+    with pytest.raises(UsageError, match=r"torch.utils.tensorboard does not import \(ModuleNotFoundError"):
         erclip.main(["--data-root", str(root), "--train-data", "synthetic", "--train-pairs", "16", "--batch-size",
                      "8", "--steps", "2", "--workers", "0", "--device", "cpu", "--eval-tasks", "none",
                      "--pretrained", "random", "--report-to", "tensorboard", "--out", str(tmp_path / "tb")])
@@ -593,11 +598,11 @@ def test_m2mix_random_initial_weights_are_seeded(tmp_path, monkeypatch):
     """`m2mix.py --pretrained random` was not seeded (same --seed, step-1 loss 2.9284 vs 2.9660); now its random
     initial weights are a function of --seed, as erclip's, longclip's and cclip's."""
     import m2mix
-    from plumbing import train_manifests
+    from papers import m2mix_data
     weights = []
     monkeypatch.setattr(common, "train", lambda cfg, net, *a, **k: weights.append(
         {n: p.detach().clone() for n, p in net.named_parameters()}) or {"stopped_at": 0})
-    monkeypatch.setattr(train_manifests, "train_manifest",
+    monkeypatch.setattr(m2mix_data, "train_manifest",
                         lambda cfg, world=None: lab.synthetic_manifest("train", cfg.data_root, 8))
     for seed, out in ((3, "a"), (3, "b"), (4, "c")):
         torch.manual_seed(100 + len(weights))  # whatever the global RNG holds before
@@ -610,7 +615,7 @@ def test_m2mix_random_initial_weights_are_seeded(tmp_path, monkeypatch):
 def test_batch_size_1_is_warned(tmp_path, capsys):
     """`--batch-size 1` trained at loss 0.0000 without a word; now one warning before training."""
     data = lab.synthetic_manifest("train", tmp_path / "data", n=4)
-    cfg = common.Config(batch_size=1, workers=0, precision="fp32", out=str(tmp_path / "run"), device="cpu")
+    cfg = Config(batch_size=1, workers=0, precision="fp32", out=str(tmp_path / "run"), device="cpu")
     common.preflight(cfg, [data])
     assert "--batch-size 1: a contrastive loss over one pair is 0" in capsys.readouterr().err
 
@@ -639,9 +644,9 @@ def test_a_run_killed_before_its_first_checkpoint_gets_one_path_that_works(tmp_p
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
-    cfg = common.Config(steps=1, batch_size=8, workers=0, precision="fp32", out=str(out), device="cpu")
+    cfg = Config(steps=1, batch_size=8, workers=0, precision="fp32", out=str(out), device="cpu")
     for resume in ("", "latest"):
-        with pytest.raises(common.RunError) as e:
+        with pytest.raises(RunError) as e:
             common.preflight(dataclasses.replace(cfg, resume=resume), [data])
         assert "stopped before its first" in str(e.value) and "--overwrite" in str(e.value)
         assert "continue it with --resume latest" not in str(e.value) and "without --resume" not in str(e.value)
@@ -649,7 +654,7 @@ def test_a_run_killed_before_its_first_checkpoint_gets_one_path_that_works(tmp_p
     (out / "checkpoints").mkdir(exist_ok=True)
     (out / "checkpoints" / "last.pt").write_bytes(b"x")
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
-    with pytest.raises(common.RunError, match="continue it with --resume latest"):
+    with pytest.raises(RunError, match="continue it with --resume latest"):
         common.preflight(cfg, [data])
 
 
@@ -659,8 +664,8 @@ def test_special_files_are_refused_as_manifests(tmp_path):
     fifo = tmp_path / "rows.fifo"
     os.mkfifo(fifo)
     for path in (Path("/dev/zero"), fifo):
-        with pytest.raises(common.DataError, match="not a regular file .*write it to a file first"):
-            common.read_manifest(path)
+        with pytest.raises(DataError, match="not a regular file .*write it to a file first"):
+            read_manifest(path)
 
 
 def test_a_signal_after_the_loop_says_whether_training_is_repeated(tmp_path, monkeypatch):

@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 
 import common
+from plumbing.base import DataError, RunError, UnsafeFileError, UsageError
+from plumbing.cli import cli
+from plumbing.flags import Config
 import eval as ev
-from plumbing import mtil, safepickle
+from plumbing import safepickle
+from protocols import mtil
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +60,7 @@ def test_a_cifar_pickle_that_runs_code_is_refused_naming_the_file(tmp_path, read
     marker = tmp_path / "ran.txt"
     task = reader if reader.startswith("cifar") else "cifar100"
     bad, _ = _write_cifar(tmp_path / "data", task, payload=_Payload(marker), where=where)
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         if reader.startswith("mtil:"):
             mtil.read(tmp_path / "data", "CIFAR100", "test")
         else:
@@ -80,13 +84,13 @@ def test_a_cifar_file_of_another_shape_is_one_message_naming_it(tmp_path):
     folder = tmp_path / CIFAR["cifar10"][0]
     _write_cifar(tmp_path, "cifar10")
     (folder / "test_batch").write_bytes(pickle.dumps({"data": np.zeros((4, 10), np.uint8), "labels": [0] * 4}))
-    with pytest.raises(common.DataError, match=r"test_batch: no 'data' array of \(N, 3072\)"):
+    with pytest.raises(DataError, match=r"test_batch: no 'data' array of \(N, 3072\)"):
         ev.load_classification("cifar10", tmp_path)
     (folder / "test_batch").write_bytes(pickle.dumps({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 9, 10, 1]}))
-    with pytest.raises(common.DataError, match=r"test_batch: 'labels' is not 4 class indices below 10"):
+    with pytest.raises(DataError, match=r"test_batch: 'labels' is not 4 class indices below 10"):
         ev.load_classification("cifar10", tmp_path)
     (folder / "batches.meta").write_bytes(b"\x80\x04\x95")  # cut short
-    with pytest.raises(common.DataError, match=r"batches.meta: not a readable pickle"):
+    with pytest.raises(DataError, match=r"batches.meta: not a readable pickle"):
         ev.load_classification("cifar10", tmp_path)
 
 
@@ -107,14 +111,14 @@ def test_the_restricted_reader_refuses_one_buffer_declared_many_times(tmp_path):
     path = tmp_path / "test"
     path.write_bytes(pickle.dumps({"data": views}, protocol=5))
     assert path.stat().st_size < 2 << 20
-    with pytest.raises(common.DataError, match=r"test: its arrays declare 0.07 GiB from a file of 1.0 MiB"):
+    with pytest.raises(DataError, match=r"test: its arrays declare 0.07 GiB from a file of 1.0 MiB"):
         safepickle.load(path)
 
 
 def _cli(capsys, main, argv):
     """common.cli as a script's __main__ runs it: (exit code, stderr)."""
     with pytest.raises(SystemExit) as e:
-        common.cli(main, argv)
+        cli(main, argv)
     return e.value.code, capsys.readouterr().err
 
 
@@ -138,7 +142,7 @@ def test_simats_oscar_matrix_is_read_weights_only(tmp_path):
     (db / "transfos.csv").write_text("region_id,value,target,target_ids,norm2,is_test\n11,dog,cat,0,4,True\n")
     marker = tmp_path / "ran.txt"
     torch.save({"m": torch.eye(1), "x": _Payload(marker)}, db / "oscar_similarity_matrix.pt")
-    with pytest.raises(common.UnsafeFileError, match=r"oscar_similarity_matrix.pt: refused to load"):
+    with pytest.raises(UnsafeFileError, match=r"oscar_similarity_matrix.pt: refused to load"):
         ev.simat(None, None, None, tmp_path)
     assert not marker.exists()
 
@@ -194,7 +198,7 @@ def test_overwrite_leaves_what_a_run_does_not_write_and_clears_the_runs_own_lora
     _erclip(tmp_path, out, "--lora", "2")  # nothing a run writes was there: it runs beside them
     assert (out / "lora_adapter" / "adapter_config.json").exists()
     assert {k: v for k, v in _snapshot(out).items() if k in before} == before
-    with pytest.raises(common.RunError, match="holds a run already"):
+    with pytest.raises(RunError, match="holds a run already"):
         _erclip(tmp_path, out)
     _erclip(tmp_path, out, "--overwrite")  # its own run: cleared, the stale adapter with it
     assert not (out / "lora_adapter").exists() and (out / "model.pt").exists()
@@ -228,7 +232,7 @@ def test_eval_never_replaces_a_runs_results_but_its_own(tmp_path, capsys):
     assert _snapshot(run) == before
     someones = tmp_path / "theirs"
     theirs = _someones(someones)
-    with pytest.raises(common.UsageError, match="no command of this repository wrote them"):
+    with pytest.raises(UsageError, match="no command of this repository wrote them"):
         _eval(tmp_path, someones)
     assert _snapshot(someones) == theirs
     _eval(tmp_path, tmp_path / "e")
@@ -247,7 +251,7 @@ def test_the_lora_adapter_is_written_whole_with_the_exports_permissions_and_neve
     def killed(*a, **k):  # SIGTERM after the safetensors, before adapter_config.json
         raise base.Interrupted(15)
     monkeypatch.setattr(lora, "json", SimpleNamespace(dumps=killed))
-    with pytest.raises(common.RunError) as e:
+    with pytest.raises(RunError) as e:
         _erclip(tmp_path, out, "--lora", "2")
     assert e.value.code == 143 and not (out / "lora_adapter").exists() and not list(out.glob(".lora_adapter*"))
     assert f"while writing the LoRA adapter {out / 'lora_adapter'}" in str(e.value)
@@ -262,7 +266,7 @@ def test_the_lora_adapter_is_written_whole_with_the_exports_permissions_and_neve
     assert files == {"adapter_model.safetensors": 0o644, "adapter_config.json": 0o644, lora.EXTRAS: 0o644,
                      "README.md": 0o644, lora.RECEIPT: 0o644}  # safetensors' own save_file makes 0600
     (out / "lora_adapter" / "notes.txt").write_text("someone's")  # a file the adapter's write did not put there
-    with pytest.raises(common.UsageError, match="the LoRA adapter folder .*lora_adapter: it holds what an export"):
+    with pytest.raises(UsageError, match="the LoRA adapter folder .*lora_adapter: it holds what an export"):
         lora.export_peft(*_adapted(), out / "lora_adapter")
     assert (out / "lora_adapter" / "notes.txt").read_text() == "someone's"
 
@@ -341,9 +345,9 @@ def test_lora_settings_that_cannot_work_stop_at_parse_time(argv, said, capsys):
     """Found after the model loaded (22 s, a ValueError) or, for proj / "", in peft's export after training."""
     from plumbing import flags
     with pytest.raises(SystemExit) as e:
-        flags.parse_config(common.Config, ["--lora", "2", *argv])
+        flags.parse_config(Config, ["--lora", "2", *argv])
     assert e.value.code == 2 and said in capsys.readouterr().err
-    flags.parse_config(common.Config, argv)  # without --lora they mean nothing and stay accepted
+    flags.parse_config(Config, argv)  # without --lora they mean nothing and stay accepted
 
 
 def test_lora_targets_that_match_no_weight_are_one_message(tmp_path, capsys):

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import common
+from plumbing.base import DataError, RunError
 import eval as ev
 from lab import protocol_data
-from plumbing import mtil
-from plumbing.flags import DEFAULT_LORA_TARGETS
+from protocols import mtil
+from plumbing.flags import DEFAULT_LORA_TARGETS, Config, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -78,7 +79,7 @@ def test_a_spoiled_mtil_file_is_one_message_naming_the_file_and_line(case, mtil_
         assert f"{root / rel} line " in msg
     (line,) = mtil.missing(root, [dataset])
     assert line.startswith(f"{dataset}: ") and want in line
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         ev.load_classification(f"mtil:{dataset}", root)
     assert f"{root / rel}" in str(e.value) and want in str(e.value)
 
@@ -125,13 +126,13 @@ def test_a_class_named_set_with_a_folder_too_many_names_it(mtil_root, tmp_path):
     extra = classes / "AAA_notes"
     extra.mkdir()
     shutil.copy(next((classes / "Class0").iterdir()), extra / "x.jpg")
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         mtil.read(root, "EuroSAT", "test")
     msg = str(e.value)
     assert f"{classes} holds 11 class folders, ZSCL's EuroSAT has 10 classes" in msg and "AAA_notes" in msg
     shutil.rmtree(extra)
     shutil.rmtree(classes / "Class9")
-    with pytest.raises(common.DataError, match="holds 9 class folders"):
+    with pytest.raises(DataError, match="holds 9 class folders"):
         mtil.read(root, "EuroSAT", "test")
 
 
@@ -150,7 +151,7 @@ def test_an_image_that_leads_out_of_its_dataset_folder_is_refused(mtil_root, tmp
         first.symlink_to(outside)
     else:
         _append(listed, "class_0/../../../../../secret.jpg\n")
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         mtil.read(root, "DTD", "test")
     assert f"leads to {outside}, outside the dataset's folder" in str(e.value)
     moved = tmp_path / "elsewhere"
@@ -194,7 +195,7 @@ def test_the_early_parsers_are_the_real_ones():
                        timeout=120, cwd=REPO, env=RUN_ENV)
     real = io.StringIO()
     with contextlib.redirect_stdout(real), pytest.raises(SystemExit):
-        common.parse_config(maps.MapsConfig, ["--help"])
+        parse_config(maps.MapsConfig, ["--help"])
     options = [re.sub(r"\s+", " ", text[text.index("options:"):]) for text in (r.stdout, real.getvalue())]
     assert options[0] == options[1] and "--ewc-lambda EWC_LAMBDA" in options[0] and "--lambda-min" in options[0]
     assert calibrate.NAMES == tuple(calibrate.CALIBRATIONS)
@@ -219,7 +220,7 @@ def _train(tiny_random, data, out, **kw):
     from plumbing import models
     model = models.load_model("tiny", "random")[0]
     models.pair_bias(model, kw.get("loss", "clip"))  # --loss siglip's logit_bias, as the methods' main() add it
-    cfg = common.Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
+    cfg = Config(**{**dict(steps=4, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
                                   save_every=0, log_every=1, device="cpu", seed=0), **kw})
     return common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, tiny_random[1]),
                         common.Collate(tiny_random[3]), export=False)
@@ -239,7 +240,7 @@ def test_override_resume_after_a_changed_model_setting_names_it(tiny_random, tmp
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     out = tmp_path / "run"
     _train(tiny_random, data, out, stop_at=2, **first)
-    with pytest.raises(common.RunError) as e:
+    with pytest.raises(RunError) as e:
         _train(tiny_random, data, out, resume="latest", override_resume=True, **then)
     msg = str(e.value)
     assert "holds another model's weights" in msg and says in msg and "--backbone" not in msg, msg
@@ -264,15 +265,15 @@ def test_siglip_with_label_smoothing_is_refused_when_asked_and_noted_when_a_defa
     from plumbing import base
     base.warn_once.cache_clear()
     with pytest.raises(SystemExit) as e:
-        common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing=0.2"])
+        parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing=0.2"])
     assert e.value.code == 2 and "--label-smoothing 0.2 with --loss siglip" in capsys.readouterr().err
-    assert common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing", "0"]).loss == "siglip"
+    assert parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--label-smoothing", "0"]).loss == "siglip"
     assert capsys.readouterr().err == ""
-    common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])
-    common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])  # answer_early and main() both parse
+    parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])
+    parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"])  # answer_early and main() both parse
     err = capsys.readouterr().err
     assert err.count("default --label-smoothing 0.1 (of CLIP's loss) is not applied") == 1
-    common.parse_config(erclip.ERCLIPConfig, [])
+    parse_config(erclip.ERCLIPConfig, [])
     assert "label smoothing" not in capsys.readouterr().err
 
 
@@ -283,7 +284,8 @@ def test_an_imagenet_shift_with_absent_class_folders_says_which_and_how_many(tmp
     count, and the protocol string that goes into results.json says it; the whole layout says nothing."""
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
-    from plumbing import base, imagenet_shifts
+    from plumbing import base
+    from protocols import imagenet_shifts
     root = protocol_data.write_imagenet_shifts(tmp_path / "data")
     base.warn_once.cache_clear()
     whole = imagenet_shifts.read(name, root, IMAGENET_CLASSNAMES)
@@ -376,13 +378,13 @@ def test_an_imagenet_shift_image_linked_out_of_its_folder_is_refused(tmp_path):
     """Issue 69.7, as MTIL's: ImageNet-Sketch's image that is a link out of sketch/ is one message naming it."""
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
-    from plumbing import imagenet_shifts
+    from protocols import imagenet_shifts
     root = protocol_data.write_imagenet_shifts(tmp_path / "data")
     first = sorted((root / "sketch").rglob("*.JPEG"))[0]
     outside = tmp_path / "secret.JPEG"
     shutil.move(first, outside)
     first.symlink_to(outside)
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         imagenet_shifts.read("imagenet-sketch", root, IMAGENET_CLASSNAMES)
     said = f"imagenet-sketch: {first} leads to {outside}, outside the dataset's folder {root / 'sketch'}"
     assert said in str(e.value)

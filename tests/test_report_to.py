@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import common
+from plumbing.base import UsageError
 from plumbing import base, flags, models, reporting
 from test_interop import _erclip as interop_erclip  # the tiny ERCLIP run both files use
 
@@ -159,11 +159,11 @@ def test_a_missing_package_is_one_message_before_the_model_loads(tmp_path, monke
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the flags' packages were checked")
     monkeypatch.setattr(models, "load_model", no_model)
-    with pytest.raises(common.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         _erclip(tmp_path, "r", "--report-to", "tensorboard,wandb,trackio")
     assert str(e.value) == ("--report-to tensorboard,wandb,trackio needs the wandb and trackio packages: pip install "
                             "wandb trackio (or drop wandb and trackio from --report-to)")
-    with pytest.raises(common.UsageError, match=r"needs the trackio package: pip install trackio \("):
+    with pytest.raises(UsageError, match=r"needs the trackio package: pip install trackio \("):
         _erclip(tmp_path, "r", "--report-to", "trackio")
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 

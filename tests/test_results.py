@@ -7,6 +7,7 @@ import math
 import pytest
 
 import common
+from plumbing.flags import Config
 import eval as evaluation
 from plumbing import results
 
@@ -24,11 +25,11 @@ def test_results_json_is_strict_json_with_null_and_a_reason(tmp_path):
         {"task": "a", "metric": "acc", "value": float("nan")},
         {"task": "a", "metric": "i2t_R@1", "value": 12.5}], "task 1", {"acc": "no classes"}),
         summary={"bwt": float("-inf"), "rows": [[1.0, float("nan")]]})
-    common.write_results(tmp_path, doc, common.Config())
+    common.write_results(tmp_path, doc, Config())
     saved = strict((tmp_path / "results.json").read_text())
     assert saved["records"][0]["value"] is None and saved["records"][0]["reason"] == "no classes"
     assert saved["records"][1] == {"task": "a", "metric": "i2t_R@1", "value": 12.5, "stage": "task 1"}
-    assert saved["summary"] == {"bwt": None, "rows": [[1.0, None]]} and saved["config"]["lr"] == common.Config().lr
+    assert saved["summary"] == {"bwt": None, "rows": [[1.0, None]]} and saved["config"]["lr"] == Config().lr
     assert {tuple(p["at"]): p["was"] for p in saved["non_finite"]} == {
         ("records", 0, "value"): "nan", ("summary", "bwt"): "-inf", ("summary", "rows", 0, 1): "nan"}
     back = results.from_json((tmp_path / "results.json").read_text(), restore=True)
@@ -111,7 +112,7 @@ def test_an_erclip_results_file_from_before_the_schema_is_still_read(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({"variant": "M+P", "base": [], "tuned": [rec],
                                                    "config": {"lambda_p": 1.0}}))
     common.write_results(tmp_path / "new", results.document("erclip", results.staged([rec], "tuned"),
-                                                            variant="M+P"), common.Config())
+                                                            variant="M+P"), Config())
     assert read_erclip_results(tmp_path / "old.json") == ("M+P", [dict(rec, stage="tuned")], 1.0)
     (tmp_path / "new" / "results.json").write_text((tmp_path / "new" / "results.json").read_text().replace(
         '"config": {', '"config": {"lambda_p": 1.0, '))

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import common
+from plumbing.base import UnsafeFileError
+from plumbing.flags import Config
 from plumbing import models
 import lab
 from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
@@ -20,7 +22,7 @@ def _cfg(tmp_path, **kw):
     base = dict(epochs=1, steps=6, batch_size=8, lr=1e-3, wd=0.1, warmup=2, workers=0, precision="fp32",
                 out=str(tmp_path / "run"), save_every=0, log_every=1, device="cpu", seed=0)
     base.update(kw)
-    return common.Config(**base)
+    return Config(**base)
 
 
 def _tiny(seed=0):
@@ -141,7 +143,7 @@ def test_checkpoint_loads_weights_only_and_tampered_one_is_refused(tmp_path):
     assert state["step"] == 2 and set(state["rng"]) >= {"torch", "numpy", "python"}
     marker = tmp_path / "payload-ran"
     torch.save({**state, "method": _Payload(marker)}, ck)
-    with pytest.raises(common.UnsafeFileError, match=r"last.pt: refused to load"):
+    with pytest.raises(UnsafeFileError, match=r"last.pt: refused to load"):
         common.train(_cfg(tmp_path, steps=4, resume="latest"), lab.ClipFineTune(_tiny()[0]), data,
                      common.Collate(tok))
     assert not marker.exists()
@@ -204,7 +206,7 @@ def test_no_host_read_per_step(tmp_path, monkeypatch):
 
 def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
     import eval as ev
-    from plumbing import wise_ft
+    from protocols import wise_ft
     value = {"img": torch.randn(3, 4), "labels": None, "t2i": torch.arange(3)}
     key = {"backbone": "tiny", "manifest": "m.jsonl"}
     assert ev.cached(tmp_path, key, lambda: value) is value
@@ -213,9 +215,9 @@ def test_caches_load_weights_only_and_tampered_ones_are_refused(tmp_path):
     marker = tmp_path / "payload-ran"
     for file in tmp_path.glob("*.pt"):
         torch.save({"img": _Payload(marker)}, file)
-    with pytest.raises(common.UnsafeFileError, match="refused to load"):
+    with pytest.raises(UnsafeFileError, match="refused to load"):
         ev.cached(tmp_path, key, lambda: value)
     torch.save(_Payload(marker), tmp_path / "weights.pt")  # eval's --weights path (WiSE-FT, evaluation)
-    with pytest.raises(common.UnsafeFileError, match="weights.pt: refused"):
+    with pytest.raises(UnsafeFileError, match="weights.pt: refused"):
         wise_ft.load_state_dict(tmp_path / "weights.pt")
     assert not marker.exists()

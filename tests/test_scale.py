@@ -15,6 +15,9 @@ import torch
 from plumbing import base
 from plumbing import manifests
 import common
+from plumbing.base import DataError
+from plumbing.flags import Config
+from plumbing.manifests import CompactRows, image_check_cache, read_manifest
 from plumbing import models
 import lab
 from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
@@ -39,7 +42,7 @@ def test_slurm_variables_become_torchs_and_torchrun_wins():
 
 
 def _cfg(out, steps=4):
-    return common.Config(steps=steps, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
+    return Config(steps=steps, batch_size=8, lr=1e-3, warmup=1, workers=0, precision="fp32", out=str(out),
                          save_every=0, log_every=1, device="cpu", seed=0)
 
 
@@ -125,7 +128,7 @@ def test_two_nodes_of_one_process_each_train_like_one_process(tmp_path, one_proc
 def _broken_manifest(root, n=16, broken=(3, 11)):
     """A synthetic manifest of n rows whose images `broken` are cut short (they open, and fail to decode)."""
     path = Path(lab.synthetic_manifest("train", root, n=n))
-    rows = common.read_manifest(path)
+    rows = read_manifest(path)
     for i in broken:
         image = path.parent / rows[i]["image"]
         image.write_bytes(image.read_bytes()[:60])
@@ -140,7 +143,7 @@ def _check_worker(rank, world, port, tmp, manifest):
     common.init_distributed("cpu")
     decoded, real = [], manifests.image_problem
     manifests.image_problem = lambda p: decoded.append(str(p)) or real(p)
-    ds = common.training_set(common.Config(skip_bad=True), manifest)
+    ds = common.training_set(Config(skip_bad=True), manifest)
     (Path(tmp) / f"rank{rank}.txt").write_text("\n".join(decoded) + "\n--\n" + "\n".join(ds.skipped))
     torch.distributed.destroy_process_group()
 
@@ -158,15 +161,15 @@ def test_two_processes_split_the_row_check_and_both_see_every_result(tmp_path):
 def test_the_row_check_is_remembered_on_disk_and_redone_for_changed_files(tmp_path, monkeypatch):
     monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
     path = _broken_manifest(tmp_path / "data")
-    cfg = common.Config(skip_bad=True)
+    cfg = Config(skip_bad=True)
     decoded, real = [], manifests.image_problem
     monkeypatch.setattr(manifests, "image_problem", lambda p: decoded.append(str(p)) or real(p))
     first = common.training_set(cfg, path).skipped
-    assert len(decoded) == 16 and common.image_check_cache(path).is_file()
+    assert len(decoded) == 16 and image_check_cache(path).is_file()
     monkeypatch.setattr(manifests, "_DECODED", {})  # a new process: only the disk remembers
     decoded.clear()
     assert common.training_set(cfg, path).skipped == first and decoded == []
-    image = path.parent / common.read_manifest(path)[5]["image"]
+    image = path.parent / read_manifest(path)[5]["image"]
     image.write_bytes(image.read_bytes()[:60])  # changed since: checked again, alone
     monkeypatch.setattr(manifests, "_DECODED", {})
     decoded.clear()
@@ -179,10 +182,10 @@ def test_a_broken_image_check_memo_is_checked_again_not_a_traceback(tmp_path, mo
     monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(manifests, "_DECODED", {})
     path = _broken_manifest(tmp_path / "data")
-    common.image_check_cache(path).parent.mkdir(parents=True)
-    common.image_check_cache(path).write_text(memo)
-    assert len(common.training_set(common.Config(skip_bad=True), path).skipped) == 2
-    assert json.loads(common.image_check_cache(path).read_text())  # rewritten whole
+    image_check_cache(path).parent.mkdir(parents=True)
+    image_check_cache(path).write_text(memo)
+    assert len(common.training_set(Config(skip_bad=True), path).skipped) == 2
+    assert json.loads(image_check_cache(path).read_text())  # rewritten whole
 
 
 def test_an_image_rewritten_in_place_with_size_and_mtime_kept_is_decoded_again(tmp_path, monkeypatch):
@@ -191,9 +194,9 @@ def test_an_image_rewritten_in_place_with_size_and_mtime_kept_is_decoded_again(t
     monkeypatch.setattr(base, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(manifests, "_DECODED", {})
     path = _broken_manifest(tmp_path / "data")
-    cfg = common.Config(skip_bad=True)
+    cfg = Config(skip_bad=True)
     assert len(common.training_set(cfg, path).skipped) == 2
-    image = path.parent / common.read_manifest(path)[5]["image"]
+    image = path.parent / read_manifest(path)[5]["image"]
     st, data = image.stat(), image.read_bytes()
     time.sleep(0.01)
     image.write_bytes(data[:60] + bytes(len(data) - 60))  # same size, broken
@@ -210,10 +213,10 @@ def test_check_images_sample_decodes_a_sample_and_none_decodes_nothing(tmp_path,
     path = Path(lab.synthetic_manifest("train", tmp_path / "data", n=16))
     decoded, real = [], manifests.image_problem
     monkeypatch.setattr(manifests, "image_problem", lambda p: decoded.append(str(p)) or real(p))
-    common.training_set(common.Config(check_images="sample"), path)
+    common.training_set(Config(check_images="sample"), path)
     assert len(decoded) == 5
     decoded.clear()
-    common.training_set(common.Config(check_images="none"), path)
+    common.training_set(Config(check_images="none"), path)
     assert decoded == []
 
 
@@ -222,22 +225,22 @@ def test_an_image_failing_in_training_is_replaced_and_counted(tmp_path, workers)
     path = _broken_manifest(tmp_path / "data", broken=(3,))
     torch.manual_seed(0)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=4, batch_size=8, workers=workers, precision="fp32", out=str(tmp_path / "r"),
+    cfg = Config(steps=4, batch_size=8, workers=workers, precision="fp32", out=str(tmp_path / "r"),
                         log_every=1, device="cpu", check_images="none")
     summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, path, train_tf),
                            common.Collate(tok), export=False)
-    bad = str(path.parent / common.read_manifest(path)[3]["image"])
+    bad = str(path.parent / read_manifest(path)[3]["image"])
     assert summary["steps"] == 4 and summary["undecodable_images"]["count"] == 2  # 2 epochs of 16 rows
     assert all(bad in f for f in summary["undecodable_images"]["first"])
-    with pytest.raises(common.DataError, match="1 bad row"):  # --check-images full: refused before step 1
-        common.training_set(common.Config(), path)
+    with pytest.raises(DataError, match="1 bad row"):  # --check-images full: refused before step 1
+        common.training_set(Config(), path)
 
 
 # ----------------------------------------------------------------------------- 3. compact manifests
 def test_compact_rows_give_back_each_row_as_it_was():
     rows = [{"image": "a.png", "caption": "x é", "_line": 2, "extra": None},
             {"image": "b.png", "caption": ["one", "two"], "_line": 3, "score": 0.5}]
-    packed = common.CompactRows(rows)
+    packed = CompactRows(rows)
     assert [packed[i] for i in range(2)] == rows and list(packed) == rows and packed[-1] == rows[1]
     assert packed[0:2] == rows and len(packed) == 2 and "score" not in packed[0]  # absent stays absent
     with pytest.raises(IndexError):
@@ -246,12 +249,12 @@ def test_compact_rows_give_back_each_row_as_it_was():
 
 def test_a_manifest_dataset_keeps_its_rows_packed(tmp_path):
     ds = common.ManifestDataset(lab.synthetic_manifest("train", tmp_path / "data", n=8), need_long=True)
-    assert isinstance(ds.rows, common.CompactRows) and len(ds.rows) == 8
+    assert isinstance(ds.rows, CompactRows) and len(ds.rows) == 8
     assert ds[3]["caption"] == ds.rows[3]["caption"] and ds[3]["long_caption"] == ds.rows[3]["long_caption"]
 
 
 def test_compact_rows_filled_a_row_at_a_time_and_thinned_after():
-    packed = common.CompactRows()
+    packed = CompactRows()
     for r in ({"caption": "a"}, {"caption": "", "late": [1, "x"]}, {"caption": "c", "late": {"k": None}}):
         packed.append(r)  # "late": a column first seen at the second row
     packed.keep([True, False, True])
@@ -265,7 +268,7 @@ def test_a_large_manifest_is_streamed_not_held_as_dicts(tmp_path):
     now ~2-2.6x). A few rows' images, repeated, as in a manifest that reuses them."""
     import tracemalloc
     src = lab.synthetic_manifest("train", tmp_path / "data", n=4)
-    rows = common.read_manifest(src)
+    rows = read_manifest(src)
     big, n = src.parent / "big.jsonl", 20_000  # beside it: image paths are relative to the manifest
     with open(big, "w") as f:
         for i in range(n):
@@ -312,7 +315,7 @@ def test_the_undecodable_images_kept_for_the_summary_are_bounded_and_the_count_e
     path = _broken_manifest(tmp_path / "data", broken=(3, 5, 9))
     torch.manual_seed(0)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "r"),
+    cfg = Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "r"),
                         log_every=1, device="cpu", check_images="none")
     summary = common.train(cfg, lab.ClipFineTune(model), common.training_set(cfg, path, train_tf),
                            common.Collate(tok), export=False)

@@ -12,6 +12,9 @@ from PIL import Image
 
 from commands import write_shards
 import common
+from plumbing.base import DataError, RunError, UsageError
+from plumbing.flags import Config
+from plumbing.manifests import read_manifest
 from plumbing import models
 import lab
 from plumbing import shards
@@ -27,7 +30,7 @@ def sharded(tmp_path_factory):
 
 
 def _cfg(out, **kw):
-    return common.Config(**{"steps": 6, "batch_size": 4, "lr": 1e-3, "warmup": 1, "workers": 0, "precision": "fp32",
+    return Config(**{"steps": 6, "batch_size": 4, "lr": 1e-3, "warmup": 1, "workers": 0, "precision": "fp32",
                             "out": str(out), "save_every": 0, "log_every": 1, "device": "cpu", "seed": 0, **kw})
 
 
@@ -45,7 +48,7 @@ def test_the_converter_writes_every_row_with_its_captions_and_sizes(sharded):
     paths = shards.expand(pattern)
     assert json.loads((paths[0].parent / "sizes.json").read_text()) == {p.name: n for p, n in
                                                                       zip(paths, [5, 5, 5, 5, 4])}
-    rows = common.read_manifest(manifest)
+    rows = read_manifest(manifest)
     got = [s for p in paths for s in shards.samples_of(p)]
     assert [json.loads(s["json"])["long_caption"] for s in got] == [r["long_caption"] for r in rows]
     assert [s["txt"].decode() for s in got] == [r["caption"] for r in rows]
@@ -69,7 +72,7 @@ def test_each_process_reads_its_own_shards_and_together_all(sharded):
             st.set_epoch(epoch)
             parts.append(st.my_shards(0, 1))
         assert not set(parts[0]) & set(parts[1]) and sorted(parts[0] + parts[1]) == list(range(5))
-    with pytest.raises(common.UsageError, match="5 shard"):
+    with pytest.raises(UsageError, match="5 shard"):
         shards.ShardSet(sharded[1], readers=6)  # 3 processes x 2 workers
 
 
@@ -119,12 +122,12 @@ def test_a_resume_on_other_shards_is_refused(sharded, tmp_path):
     pattern = sharded[1]
     _train(_cfg(tmp_path / "run", stop_at=2), pattern)
     fewer = pattern.replace("00004", "00003")
-    with pytest.raises(common.RunError, match="training data changed"):
+    with pytest.raises(RunError, match="training data changed"):
         _train(_cfg(tmp_path / "run", resume="latest"), fewer)
 
 
 def test_missing_shards_are_one_message(tmp_path):
-    with pytest.raises(common.DataError, match="2 of 2 shard"):
+    with pytest.raises(DataError, match="2 of 2 shard"):
         shards.expand(str(tmp_path / "{0..1}.tar"))
 
 
@@ -195,7 +198,7 @@ def test_shards_where_no_sample_decodes_stop_with_one_message(tmp_path, workers)
     for i in range(2):
         _tar(tmp_path / f"{i}.tar", [m for k in range(3) for m in ((f"{i}{k:05d}.jpg", b"not an image"),
                                                                      (f"{i}{k:05d}.txt", b"a caption"))])
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         _first_batch(str(tmp_path / "{0..1}.tar"), workers)
     msg = str(e.value)
     assert "no usable sample" in msg and "Traceback" not in msg, msg
@@ -207,7 +210,7 @@ def test_a_sizes_json_that_claims_samples_of_an_empty_shard_is_named(tmp_path):
     """Issue 41.1: sizes.json says 4, the tar holds none: the stream read the shard again and again for ever."""
     _tar(tmp_path / "0.tar", [])
     (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 4}))
-    with pytest.raises(common.DataError, match=r"sizes.json says 0.tar holds 4 samples, its tar members hold 0"):
+    with pytest.raises(DataError, match=r"sizes.json says 0.tar holds 4 samples, its tar members hold 0"):
         _first_batch(str(tmp_path / "0.tar"))
 
 
@@ -242,10 +245,10 @@ def test_a_sizes_json_that_disagrees_with_the_members_is_named(tmp_path):
     batch after a resume, so the run stops with one message naming the file (the members do not win silently)."""
     _tar(tmp_path / "0.tar", _samples(["a", "b", "c"]))
     (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 5}))
-    with pytest.raises(common.DataError, match=r"sizes.json says 0.tar holds 5 samples, its tar members hold 3"):
+    with pytest.raises(DataError, match=r"sizes.json says 0.tar holds 5 samples, its tar members hold 3"):
         _first_batch(str(tmp_path / "0.tar"), batch=4)  # 4 > 3: read to its end before the batch is full
     (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 2}))
-    with pytest.raises(common.DataError, match=r"says 0.tar holds 2 samples, its tar members hold 3"):
+    with pytest.raises(DataError, match=r"says 0.tar holds 2 samples, its tar members hold 3"):
         _first_batch(str(tmp_path / "0.tar"), start=1)  # a resume after a batch of 2: skips the shard whole
 
 
@@ -273,7 +276,7 @@ def test_a_truncated_shard_is_named_truncated(tmp_path, where):
         shard.write_bytes(zipped[:len(zipped) // 2])
         if where == "gzipped, sizes.json":
             (tmp_path / "sizes.json").write_text(json.dumps({"0.tar": 3}))
-    with pytest.raises(common.DataError, match=r"0.tar: truncated"):
+    with pytest.raises(DataError, match=r"0.tar: truncated"):
         _first_batch(str(shard), batch=3)
 
 
@@ -296,7 +299,7 @@ def test_a_bad_shard_or_sizes_json_is_one_message_naming_the_file(tmp_path, case
         named = tmp_path / "sizes.json"
         named.write_text({"{not json": "{not json", '"eight"': '"eight"', "a list": "[2]",
                           "a count of eight": '{"0.tar": "eight"}'}[case])
-    with pytest.raises(common.DataError) as e:
+    with pytest.raises(DataError) as e:
         _first_batch(str(shard))
     assert str(e.value).count(str(named)) >= 1 and "Traceback" not in str(e.value), str(e.value)
 
@@ -342,7 +345,7 @@ def test_a_resume_after_a_shard_was_edited_in_place_is_refused(sharded, tmp_path
     data[m.offset_data:m.offset_data + 1] = b"X" if data[m.offset_data:m.offset_data + 1] != b"X" else b"Y"
     first.write_bytes(bytes(data))
     assert first.stat().st_size == size and list(shards.samples_of(first)) != samples
-    with pytest.raises(common.RunError, match="were modified since"):
+    with pytest.raises(RunError, match="were modified since"):
         _train(_cfg(tmp_path / "run", resume="latest"), pattern)
     _, summary = _train(_cfg(tmp_path / "run", resume="latest", override_resume=True), pattern)
     assert summary["steps"] == 6

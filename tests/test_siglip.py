@@ -16,6 +16,8 @@ from open_clip.loss import SigLipLoss
 
 import cclip
 import common
+from plumbing.base import RunError, UsageError
+from plumbing.flags import parse_config
 import dns
 import erclip
 import gmc
@@ -121,7 +123,7 @@ def test_each_method_takes_its_clip_terms_as_siglips(tiny_random):
     def fresh(cfg):
         return copy.deepcopy(model0)
 
-    cfg = common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--lambda-p", "0"])
+    cfg = parse_config(erclip.ERCLIPConfig, ["--loss", "siglip", "--lambda-p", "0"])
     net = erclip.ERCLIP(fresh(cfg), cfg)
     assert net.model.logit_bias.item() == -10.0 and abs(net.model.logit_scale.exp().item() - 10.0) < 1e-5
     bias, scale = net.model.logit_bias, net.model.logit_scale.exp()
@@ -135,9 +137,9 @@ def test_each_method_takes_its_clip_terms_as_siglips(tiny_random):
     assert torch.allclose(terms["loss_short"], common.siglip_loss(long, long, scale, bias))
 
     for method_cfg, make in (
-            (common.parse_config(m2mix.M2MixConfig, ["--loss", "siglip", "--method", "ft", "--backbone", "tiny"]),
+            (parse_config(m2mix.M2MixConfig, ["--loss", "siglip", "--method", "ft", "--backbone", "tiny"]),
              lambda m, c: m2mix.M2Mix(m, c)),
-            (common.parse_config(cclip.CClipConfig, ["--loss", "siglip", "--backbone", "tiny"]),
+            (parse_config(cclip.CClipConfig, ["--loss", "siglip", "--backbone", "tiny"]),
              lambda m, c: cclip.CClip(m, loss="siglip"))):
         model = fresh(method_cfg)
         models.pair_bias(model, "siglip")
@@ -168,13 +170,13 @@ def test_siglip_init_open_clip_starts_where_open_clips_fine_tuning_does(tiny_ran
     for net_class, cfg_class, extra in ((erclip.ERCLIP, erclip.ERCLIPConfig, ["--lambda-p", "0"]),
                                         (longclip.LongCLIP, longclip.LongCLIPConfig, ["--no-stretch"]),
                                         (m2mix.M2Mix, m2mix.M2MixConfig, ["--backbone", "tiny"])):
-        net = net_class(copy.deepcopy(model0), common.parse_config(cfg_class, siglip + extra))
+        net = net_class(copy.deepcopy(model0), parse_config(cfg_class, siglip + extra))
         assert net.model.logit_bias.item() == theirs.logit_bias.item()
         assert net.model.logit_scale.item() == theirs.logit_scale.item()
     model = copy.deepcopy(model0)
-    models.pair_bias(model, "siglip", common.parse_config(cclip.CClipConfig, siglip).siglip_init)  # cclip.main's
+    models.pair_bias(model, "siglip", parse_config(cclip.CClipConfig, siglip).siglip_init)  # cclip.main's
     assert model.logit_bias.item() == 0.0 and model.logit_scale.item() == theirs.logit_scale.item()
-    paper = erclip.ERCLIP(copy.deepcopy(model0), common.parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"]))
+    paper = erclip.ERCLIP(copy.deepcopy(model0), parse_config(erclip.ERCLIPConfig, ["--loss", "siglip"]))
     assert paper.model.logit_bias.item() == -10.0 and paper.model.logit_scale.item() == pytest.approx(math.log(10))
 
 
@@ -186,9 +188,9 @@ def test_siglip_init_values_are_checked_when_the_flags_are_parsed(capsys):
                             (m2mix.M2MixConfig, ["--siglip-init", "open_clip"], "add --loss siglip"),
                             (dns.DNSConfig, ["--loss", "siglip", "--siglip-init", "open_clip"], "invalid choice")):
         with pytest.raises(SystemExit):
-            common.parse_config(cls, argv)
+            parse_config(cls, argv)
         assert said in capsys.readouterr().err
-    assert common.parse_config(dns.DNSConfig, ["--loss", "siglip"]).siglip_init == "paper"
+    assert parse_config(dns.DNSConfig, ["--loss", "siglip"]).siglip_init == "paper"
     with pytest.raises(ValueError, match="'paper' or 'open_clip'"):
         models.pair_bias(torch.nn.Module(), "siglip", "zero")
 
@@ -233,20 +235,20 @@ def test_a_siglip_backbone_keeps_its_own_bias_and_scale():
 
 def test_siglip_backbones_offline_and_hub_names_are_one_message(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(common.RunError, match="ViT-B-16-SigLIP weights 'webli'"):  # its one tag, by default
+    with pytest.raises(RunError, match="ViT-B-16-SigLIP weights 'webli'"):  # its one tag, by default
         models.load_model("ViT-B-16-SigLIP", "")
-    with pytest.raises(common.RunError, match="tokenizer is the Hugging Face hub's timm/ViT-B-16-SigLIP"):
+    with pytest.raises(RunError, match="tokenizer is the Hugging Face hub's timm/ViT-B-16-SigLIP"):
         models.load_model("ViT-B-16-SigLIP", "random")
-    with pytest.raises(common.UsageError, match="--pretrained local-dir:DIR"):
+    with pytest.raises(UsageError, match="--pretrained local-dir:DIR"):
         models.load_model("hf-hub:timm/ViT-B-16-SigLIP", "")
 
 
 def test_gmc_refuses_siglip_and_lora():
     for flag in (["--loss", "siglip"], ["--lora", "4"]):
-        with pytest.raises(common.UsageError, match="GMC trains its encoders from scratch"):
+        with pytest.raises(UsageError, match="GMC trains its encoders from scratch"):
             gmc.main(["--data", "nowhere.pkl", *flag])
     with pytest.raises(SystemExit):
-        common.parse_config(erclip.ERCLIPConfig, ["--loss", "sigmoid"])
+        parse_config(erclip.ERCLIPConfig, ["--loss", "sigmoid"])
 
 
 @pytest.mark.parametrize("name", ["longclip", "m2mix", "cclip"])

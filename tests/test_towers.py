@@ -10,10 +10,13 @@ import timm
 import torch
 
 import common
+from plumbing.base import RunError, UsageError
+from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 import m2mix
-from plumbing import m2mix_analysis, models, towers
+from plumbing import models, towers
+from protocols import m2mix_analysis
 from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
 torch.set_num_threads(1)
@@ -146,15 +149,15 @@ def run_args(tmp_path, *extra):
 
 def test_bert_resnet50_stops_with_one_message_naming_what_is_missing(tmp_path, bert, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    with pytest.raises(common.RunError, match=r"text tower .*bert-base-uncased.*--text-weights"):
+    with pytest.raises(RunError, match=r"text tower .*bert-base-uncased.*--text-weights"):
         m2mix.main(run_args(tmp_path, "--cache-dir", str(tmp_path / "empty")))
     cache = hf_cache(tmp_path / "hf", "google-bert/bert-base-uncased", bert)
-    with pytest.raises(common.RunError, match=r"image trunk.*resnet50-0676ba61\.pth.*--image-weights") as e:
+    with pytest.raises(RunError, match=r"image trunk.*resnet50-0676ba61\.pth.*--image-weights") as e:
         m2mix.main(run_args(tmp_path, "--cache-dir", str(cache)))
     assert "timm/resnet50.tv_in1k" in str(e.value) and not (tmp_path / "run" / "metrics.jsonl").exists()
-    with pytest.raises(common.RunError, match="--text-weights"):
+    with pytest.raises(RunError, match="--text-weights"):
         m2mix.main(run_args(tmp_path, "--text-weights", str(tmp_path / "nowhere")))
-    with pytest.raises(common.UsageError, match="--export is not for towers"):
+    with pytest.raises(UsageError, match="--export is not for towers"):
         m2mix.main(run_args(tmp_path, "--export", str(tmp_path / "hub")))
 
 
@@ -189,7 +192,7 @@ def PIL_image(i: int):
 
 def test_a_trunk_file_of_another_network_is_refused_by_name(tmp_path, bert):
     torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "r18.pth")
-    with pytest.raises(common.RunError, match=r"is not a resnet50 trunk: missing \['.*other shapes \['layer1"):
+    with pytest.raises(RunError, match=r"is not a resnet50 trunk: missing \['.*other shapes \['layer1"):
         models.load_model("bert-resnet50", text_weights=str(bert), image_weights=str(tmp_path / "r18.pth"))
 
 
@@ -304,7 +307,7 @@ def _plant_remote_code(folder: Path, marker: Path, drop_model_type: bool):
 def test_a_text_folder_that_asks_to_run_its_code_is_refused_through_text_weights(tmp_path, drop_model_type):
     folder, marker = write_bert(tmp_path / "bert"), tmp_path / "marker"
     _plant_remote_code(folder, marker, drop_model_type)
-    with pytest.raises(common.RunError, match=r"config\.json asks to run Python code from its folder.*refused"):
+    with pytest.raises(RunError, match=r"config\.json asks to run Python code from its folder.*refused"):
         m2mix.main(run_args(tmp_path, "--text-weights", str(folder), "--random-init", "--method", "ft"))
     assert not marker.exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -315,15 +318,15 @@ def test_a_saved_run_whose_text_folder_asks_to_run_code_is_refused(small_towers,
     marker = tmp_path / "marker"
     models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))  # the untouched folder loads
     _plant_remote_code(tmp_path / "run" / "model-text", marker, drop_model_type=True)
-    with pytest.raises(common.RunError, match=r"model-text/config\.json asks to run Python code"):
+    with pytest.raises(RunError, match=r"model-text/config\.json asks to run Python code"):
         models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     (tmp_path / "run" / "model-text" / "config.json").write_text('{"model_type": "evil-net"}')
-    with pytest.raises(common.RunError, match=r"model_type 'evil-net' is not one transformers ships"):
+    with pytest.raises(RunError, match=r"model_type 'evil-net' is not one transformers ships"):
         models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     tok = tmp_path / "run" / "model-text" / "tokenizer_config.json"
     (tmp_path / "run" / "model-text" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     tok.write_text(json.dumps({**json.loads(tok.read_text()), "auto_map": {"AutoTokenizer": ["evil.T", None]}}))
-    with pytest.raises(common.RunError, match=r"tokenizer_config\.json asks to run Python code"):
+    with pytest.raises(RunError, match=r"tokenizer_config\.json asks to run Python code"):
         models.load_model(small_towers, str(tmp_path / "run" / "model.pt"))
     assert not marker.exists()
 
@@ -355,7 +358,7 @@ def test_the_unimodal_demo_takes_the_labs_own_flags():
 def test_caption_cleaning_none_hands_bert_the_captions_as_given(small_towers):
     """Issue 40.4, T7: open_clip's HFTokenizer runs ftfy and unescapes HTML entities before BERT ('&amp;' becomes
     '&'); the released code hands the raw caption to BertTokenizer: --caption-cleaning none."""
-    cfg = common.parse_config(m2mix.M2MixConfig, ["--backbone", small_towers, "--caption-cleaning", "none"])
+    cfg = parse_config(m2mix.M2MixConfig, ["--backbone", small_towers, "--caption-cleaning", "none"])
     assert towers.tower_settings(cfg)["clean"] == "none"
     cleaned = models.load_model(small_towers)[3]
     raw = models.load_model(small_towers, **towers.tower_settings(cfg))[3]

@@ -9,6 +9,8 @@ import torch
 
 from plumbing import base, models
 import common
+from plumbing.base import RunError, atomic_write
+from plumbing.flags import Config, parse_config
 import lab
 from _processes import spawn_two  # tests/_processes.py: two gloo processes, forked
 
@@ -17,7 +19,7 @@ def _cfg(tmp_path, **kw):
     base = dict(epochs=1, steps=6, batch_size=8, lr=1e-3, wd=0.1, warmup=2, workers=0, precision="fp32",
                 out=str(tmp_path / "run"), save_every=0, log_every=1, device="cpu", seed=0)
     base.update(kw)
-    return common.Config(**base)
+    return Config(**base)
 
 
 def _data(tmp_path, pre, n=32):
@@ -80,11 +82,11 @@ def test_each_methods_default_precision_on_cuda(method, on_cuda):
     module = __import__(method)
     config = next(v for v in vars(module).values() if isinstance(v, type) and v.__module__ == method
                   and v.__name__.endswith("Config"))
-    default = common.parse_config(config, []).precision
+    default = parse_config(config, []).precision
     assert common.resolve_precision(default, "cuda") == on_cuda
     assert common.resolve_precision(default, "cpu") == "fp32"
-    assert common.parse_config(config, ["--precision", "auto"]).precision == "auto"
-    assert common.parse_config(config, ["--precision", "amp"]).precision == "fp16"  # open_clip's name too
+    assert parse_config(config, ["--precision", "auto"]).precision == "auto"
+    assert parse_config(config, ["--precision", "amp"]).precision == "fp16"  # open_clip's name too
 
 
 class _Exploding(lab.ClipFineTune):
@@ -124,7 +126,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 def test_resume_without_checkpoint_fails(tmp_path):
     model, pre, _, tok = _fresh_tiny()
-    with pytest.raises(common.RunError, match="no checkpoint"):
+    with pytest.raises(RunError, match="no checkpoint"):
         common.train(_cfg(tmp_path, resume="latest"), lab.ClipFineTune(model), _data(tmp_path, pre),
                      common.Collate(tok))
 
@@ -193,17 +195,17 @@ def test_ddp_two_processes_match_one(tmp_path):
 
 def test_atomic_write_text_bytes_callable_and_failure(tmp_path):
     p = tmp_path / "sub" / "f.json"
-    assert common.atomic_write(p, "ünïcode") == p and p.read_text(encoding="utf-8") == "ünïcode"
-    common.atomic_write(p, b"\x00\x01")
+    assert atomic_write(p, "ünïcode") == p and p.read_text(encoding="utf-8") == "ünïcode"
+    atomic_write(p, b"\x00\x01")
     assert p.read_bytes() == b"\x00\x01"
-    common.atomic_write(p, lambda tmp: torch.save({"x": 1}, tmp))
+    atomic_write(p, lambda tmp: torch.save({"x": 1}, tmp))
     assert torch.load(p) == {"x": 1}
 
     def half_written(tmp):
         tmp.write_text("partial")
         raise OSError("disk full")
     with pytest.raises(OSError, match="disk full"):
-        common.atomic_write(p, half_written)
+        atomic_write(p, half_written)
     assert torch.load(p) == {"x": 1}  # the old file is intact
     assert sorted(x.name for x in p.parent.iterdir()) == ["f.json"]  # no temporary file left
 
@@ -222,7 +224,7 @@ def test_a_dependencys_warning_is_shown_once_per_run_not_every_step(tmp_path):
 
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
+    cfg = Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), log_every=1,
                         device="cpu")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")

@@ -19,6 +19,10 @@ from plumbing import models, runfolder
 import socket
 from plumbing import base
 import common
+from plumbing.base import RunError, UsageError, atomic_write
+from plumbing.cli import StopSignals, cli
+from plumbing.flags import Config, parse_config
+from plumbing.manifests import read_manifest
 import dns
 import erclip
 import lab
@@ -47,7 +51,7 @@ def _erclip(root, out, *extra):
 def _cli(capsys, main, argv):
     """common.cli as a script's __main__ runs it: (exit code, stderr)."""
     with pytest.raises(SystemExit) as e:
-        common.cli(main, argv)
+        cli(main, argv)
     return e.value.code, capsys.readouterr().err
 
 
@@ -85,20 +89,20 @@ def test_the_researchers_command_without_weights_or_data_prints_one_paragraph(tm
                                        (m2mix.M2MixConfig, "train_data"), (cclip.CClipConfig, "tasks"),
                                        (dns.DNSConfig, "tasks")])
 def test_every_script_defaults_to_auto(cls, name):
-    assert getattr(common.parse_config(cls, []), name) == "auto"
+    assert getattr(parse_config(cls, []), name) == "auto"
 
 
 def test_auto_picks_the_papers_data_then_synthetic_for_tiny_else_refuses(tmp_path):
     need = tmp_path / "paper.json"
-    tiny = common.Config(train_data="auto", backbone="tiny", data_root=str(tmp_path))
-    real = common.Config(train_data="auto", backbone="ViT-B/16", data_root=str(tmp_path))
+    tiny = Config(train_data="auto", backbone="tiny", data_root=str(tmp_path))
+    real = Config(train_data="auto", backbone="ViT-B/16", data_root=str(tmp_path))
     assert common.resolve_auto(tiny, "train_data", "paper", [need], "x").train_data == "synthetic"
-    with pytest.raises(common.RunError, match=f"missing: {need}.*--train-data synthetic"):
+    with pytest.raises(RunError, match=f"missing: {need}.*--train-data synthetic"):
         common.resolve_auto(real, "train_data", "paper", [need], "x")
     need.write_text("{}")
     assert common.resolve_auto(real, "train_data", "paper", [need], "x").train_data == "paper"
     assert common.resolve_auto(tiny, "train_data", "paper", [need], "x").train_data == "paper"
-    mine = common.Config(train_data="mine.jsonl", backbone="ViT-B/16")
+    mine = Config(train_data="mine.jsonl", backbone="ViT-B/16")
     assert common.resolve_auto(mine, "train_data", "paper", [need], "x") is mine
 
 
@@ -124,8 +128,8 @@ def test_a_bad_flag_is_one_message_and_exit_2(capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path, root):
-    with pytest.raises(common.UsageError, match="no CUDA"):
-        common.cli(erclip.main, ["--device", "cuda:7", "--debug", "--data-root", str(root), "--train-pairs", "16",
+    with pytest.raises(UsageError, match="no CUDA"):
+        cli(erclip.main, ["--device", "cuda:7", "--debug", "--data-root", str(root), "--train-pairs", "16",
                                  "--batch-size", "8"])
 
 
@@ -137,7 +141,7 @@ def test_cuda_without_a_gpu_is_refused_before_the_model(tmp_path, root, capsys, 
 
 
 def test_fp16_on_cpu_is_still_allowed_with_a_warning(capsys):
-    assert common.check_device(common.Config(device="cpu", precision="fp16")) == "fp16"
+    assert common.check_device(Config(device="cpu", precision="fp16")) == "fp16"
 
 
 def test_unwritable_out_is_found_before_the_model(tmp_path, root, capsys, no_model):
@@ -155,7 +159,7 @@ def test_batch_larger_than_the_data_is_found_before_the_model(tmp_path, root, ca
 
 
 def _bad_row_manifest(tmp_path, root):
-    rows = common.read_manifest(lab.synthetic_manifest("train", root, n=16))
+    rows = read_manifest(lab.synthetic_manifest("train", root, n=16))
     rows[5]["caption"] = ""
     path = lab.synthetic_manifest("train", root, n=16).with_name("train-16-bad.jsonl")  # images stay relative
     path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "_line"}) + "\n" for r in rows))
@@ -178,7 +182,7 @@ def test_full_disk_is_named_and_leaves_no_temporary_file(tmp_path, monkeypatch, 
         Path(tmp).write_bytes(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file")
     with pytest.raises(OSError) as e:
-        common.atomic_write(tmp_path / "last.pt", torch_save_fails)
+        atomic_write(tmp_path / "last.pt", torch_save_fails)
     assert e.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
 
     def main(argv):
@@ -215,7 +219,7 @@ def test_stop_at_records_the_checkpoint_it_saved(stopped):
 def test_resume_with_a_changed_setting_is_refused_and_writes_nothing(root, stopped, flags, field):
     out, _ = stopped
     config = (out / "config.json").read_bytes()
-    with pytest.raises(common.RunError, match=f"--{field.replace('_', '-')} .* \\(run\\) -> .* \\(now\\)"):
+    with pytest.raises(RunError, match=f"--{field.replace('_', '-')} .* \\(run\\) -> .* \\(now\\)"):
         _erclip(root, out, "--resume", "latest", *flags)
     assert (out / "config.json").read_bytes() == config and not (out / "model.pt").exists()
 
@@ -238,9 +242,9 @@ def test_resume_accepts_execution_flags(tmp_path, root, stopped):
 
 def test_a_new_run_into_an_occupied_out_is_refused_unless_overwrite(tmp_path, root, stopped):
     out = _copy_run(stopped[0], tmp_path / "run")
-    with pytest.raises(common.RunError, match="holds a run already.*--overwrite"):
+    with pytest.raises(RunError, match="holds a run already.*--overwrite"):
         _erclip(root, out)
-    with pytest.raises(common.UsageError, match="pass one of them"):
+    with pytest.raises(UsageError, match="pass one of them"):
         _erclip(root, out, "--overwrite", "--resume", "latest")
     _erclip(root, out, "--overwrite")
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -251,7 +255,7 @@ def test_one_run_per_out_and_a_stale_lock_is_taken_over(tmp_path, capsys):
     out = tmp_path / "o"
     out.mkdir()
     (out / runfolder.LOCK).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
-    with pytest.raises(common.RunError, match=f"another run \\(PID {os.getppid()}\\) is writing"):
+    with pytest.raises(RunError, match=f"another run \\(PID {os.getppid()}\\) is writing"):
         runfolder.lock_out(out)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -268,7 +272,7 @@ def test_one_run_per_out_and_a_stale_lock_is_taken_over(tmp_path, capsys):
                                          ("--epochs", "-1")])
 def test_non_positive_numbers_are_refused_at_parse_time(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
-        common.parse_config(erclip.ERCLIPConfig, [f"{flag}={value}"])
+        parse_config(erclip.ERCLIPConfig, [f"{flag}={value}"])
     assert e.value.code == 2 and f"argument {flag}: must be" in capsys.readouterr().err
 
 
@@ -292,17 +296,17 @@ def test_sigterm_saves_after_the_step_in_flight_and_prints_the_resume_command(tm
     signum = signal.SIGTERM
     model, pre, _, tok = tiny_random
     monkeypatch.setattr(runfolder, "COMMAND", ["erclip.py", "--out", str(tmp_path), "--overwrite"])
-    cfg = common.Config(steps=8, batch_size=8, lr=1e-5, workers=0, precision="fp32", device="cpu", log_every=1,
+    cfg = Config(steps=8, batch_size=8, lr=1e-5, workers=0, precision="fp32", device="cpu", log_every=1,
                         out=str(tmp_path), save_every=0)
     data = common.ManifestDataset(lab.synthetic_manifest("train", root, n=16), pre)
-    with pytest.raises(common.RunError) as e:
+    with pytest.raises(RunError) as e:
         common.train(cfg, _SignalAtStep(model, 2, signum), data, common.Collate(tok), export=False)
     assert e.value.code == 128 + signum
     assert f"python erclip.py --out {tmp_path} --resume latest" in str(e.value)
     ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
     assert ck["step"] == 3  # the step the signal arrived in was finished, then saved
     assert signal.getsignal(signum) is not None and not isinstance(getattr(signal.getsignal(signum), "__self__", None),
-                                                                   common.StopSignals)
+                                                                   StopSignals)
     err = capsys.readouterr().err
     assert "step 1/8" in err and "step 3/8" in err  # stderr is no terminal here: progress lines
 
@@ -319,7 +323,7 @@ def test_signal_handlers_go_back_when_training_fails(tmp_path, root, tiny_random
     process's SIGINT / SIGTERM handlers as they were before train."""
     model, pre, _, tok = tiny_random
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", device="cpu", out=str(tmp_path),
+    cfg = Config(steps=4, batch_size=8, workers=0, precision="fp32", device="cpu", out=str(tmp_path),
                         save_every=0)
     data = common.ManifestDataset(lab.synthetic_manifest("train", root, n=16), pre)
     with pytest.raises(ValueError, match="broken step"):
@@ -335,7 +339,7 @@ def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"x")
     live.write_bytes(b"x")
-    runfolder.start_run(common.Config(out=str(tmp_path)), tmp_path)
+    runfolder.start_run(Config(out=str(tmp_path)), tmp_path)
     assert not stale.exists() and live.exists()
 
 
@@ -397,7 +401,7 @@ def test_a_folder_as_m2mix_training_data_is_not_blamed_on_a_flag_never_passed(tm
     import m2mix
     (tmp_path / "imgs").mkdir()
     with pytest.raises(SystemExit):
-        common.cli(m2mix.main, ["--backbone", "tiny", "--train-data", str(tmp_path / "imgs"), "--out",
+        cli(m2mix.main, ["--backbone", "tiny", "--train-data", str(tmp_path / "imgs"), "--out",
                                 str(tmp_path / "run"), "--data-root", str(tmp_path)])
     err = capsys.readouterr().err
     assert f"--train-data {tmp_path / 'imgs'}: a folder of no layout read here" in err  # issue 72.4: not an
@@ -412,13 +416,13 @@ def test_messages_name_the_cause(tmp_path, capsys):
     import eval as evaluation
     import lab
     with pytest.raises(SystemExit):
-        common.cli(erclip.main, ["--backbone", "tiny", "--train-data", "synthetic", "--out", "/proc/clipft-x",
+        cli(erclip.main, ["--backbone", "tiny", "--train-data", "synthetic", "--out", "/proc/clipft-x",
                                  "--data-root", str(tmp_path / "data")])
     err = capsys.readouterr().err
     assert "--out /proc/clipft-x: cannot be created or written" in err and "Traceback" not in err
     data = lab.synthetic_manifest("train", tmp_path / "data", n=16)
     model, train_tf, _, tok = models.load_model("tiny", "random")
-    cfg = common.Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), warmup=200,
+    cfg = Config(steps=4, batch_size=8, workers=0, precision="fp32", out=str(tmp_path / "run"), warmup=200,
                         device="cpu", log_every=1)
     common.train(cfg, lab.ClipFineTune(model), common.ManifestDataset(data, train_tf), common.Collate(tok),
                  export=False)

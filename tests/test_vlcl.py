@@ -9,6 +9,8 @@ from PIL import Image
 
 import cclip
 import common
+from plumbing.cli import cli
+from plumbing.flags import Config
 import datasets
 from commands import vlcl
 
@@ -157,7 +159,7 @@ def test_koyoimai_setting_reproduces_its_splits_and_sources(sources):
 
 def test_missing_sources_are_one_message_listing_each(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        common.cli(vlcl.main, ["--data-root", str(tmp_path), "--hf-cache", str(tmp_path / "cache")])
+        cli(vlcl.main, ["--data-root", str(tmp_path), "--hf-cache", str(tmp_path / "cache")])
     err = capsys.readouterr().err
     assert "9 of 9 C-CLIP source(s) missing" in err and "Traceback" not in err
     for task in (*vlcl.TASKS, "havg"):
@@ -193,7 +195,7 @@ def test_a_training_row_with_several_captions_draws_one_per_sample_the_same_on_r
     _png(tmp_path / "a.png", 1)
     manifest = tmp_path / "train.jsonl"
     manifest.write_text(json.dumps({"image": "a.png", "captions": [f"caption {k}" for k in range(5)]}) + "\n")
-    ds = common.SeededSamples(common.training_set(common.Config(check_images="none"), manifest), seed=0)
+    ds = common.SeededSamples(common.training_set(Config(check_images="none"), manifest), seed=0)
     draws = [ds[(epoch, 0)]["caption"] for epoch in range(12)]
     assert draws == [ds[(epoch, 0)]["caption"] for epoch in range(12)]  # a function of (seed, epoch, row)
     assert len(set(draws)) > 1 and set(draws) <= {f"caption {k}" for k in range(5)}
@@ -262,7 +264,7 @@ def test_a_source_that_yields_no_rows_leaves_no_old_manifest_and_no_ready_line(s
     empty = tmp_path / "lexica-empty"
     _hf(empty, {"train": 4, "test": 2}, caption_col="prompt", captions=lambda i: "  ")
     with pytest.raises(SystemExit) as ended:
-        common.cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
+        cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
                                *[x for a in _swap(args, "lexica", empty) for x in ("--task-path", a)]])
     out = capsys.readouterr()
     assert ended.value.code == 1 and "python cclip.py" not in out.out
@@ -285,7 +287,7 @@ def test_a_malformed_source_is_one_message_before_anything_is_written(sources, t
                                                              "caption_enriched": ["a", "b", "c"]})
                               for s in ("train", "test")}).save_to_disk(str(bad))
     with pytest.raises(SystemExit):
-        common.cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
+        cli(vlcl.main, ["--data-root", str(data), "--hf-cache", str(data / "no-cache"),
                                *[x for a in _swap(args, "pets", bad) for x in ("--task-path", a)]])
     err = capsys.readouterr().err
     assert "1 of 9 C-CLIP source(s) missing or unreadable" in err and "Traceback" not in err

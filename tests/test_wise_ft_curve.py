@@ -9,11 +9,12 @@ import struct
 import pytest
 import torch
 
-import common
+from plumbing.base import UsageError
 import erclip
 import eval as ev
 import lab
-from plumbing import cli, models, runfolder, wise_ft
+from plumbing import cli, models, runfolder
+from protocols import wise_ft
 
 TASK = ["--backbone", "tiny", "--tasks", "synthetic-short", "--synthetic-n", "16", "--device", "cpu",
         "--cache-dir", ""]
@@ -36,7 +37,7 @@ def runs(tmp_path_factory):
 def _cli(capsys, argv):
     """eval.py through the command line's wrapper: (exit code or 0, stderr)."""
     try:
-        common.cli(lambda args: ev.main(args, world=lab.WORLD), argv)
+        cli.cli(lambda args: ev.main(args, world=lab.WORLD), argv)
         code = 0
     except SystemExit as e:
         code = e.code
@@ -78,12 +79,12 @@ def test_resume_refuses_alphas_of_other_settings_before_any_model(runs, tmp_path
     out, argv = tmp_path / "w", [*TASK, "--wise-ft", str(runs / "plain" / "model.pt"), "--alphas", "0,1"]
     ev.main([*argv, "--out", str(out)], world=lab.WORLD)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    with pytest.raises(common.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         ev.main([*argv, "--out", str(out), "--resume", "--text-mode", "sentence-mean"], world=lab.WORLD)
     msg = str(e.value)
     assert "--resume:" in msg and "differing: text_mode" in msg and "was truncate, now sentence-mean" in msg
     assert "rerun without --resume" in msg and "choose another --out" in msg
-    with pytest.raises(common.UsageError, match="--resume belongs to a WiSE-FT curve: add --wise-ft"):
+    with pytest.raises(UsageError, match="--resume belongs to a WiSE-FT curve: add --wise-ft"):
         ev.main([*TASK, "--out", str(out), "--resume"], world=lab.WORLD)
 
 
@@ -136,7 +137,7 @@ def _lie(src, dst, how):
 
 def _refused_before_the_model(monkeypatch, tmp_path, wise, *extra):
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    with pytest.raises(common.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         ev.main([*TASK, "--wise-ft", str(wise), "--out", str(tmp_path / "w"), *extra], world=lab.WORLD)
     return str(e.value)
 
@@ -157,7 +158,7 @@ def test_another_architecture_without_a_sidecar_is_one_message(runs, tmp_path, m
     wide = {k: torch.zeros(*[2 * s for s in v.shape]) if k.startswith("visual.") and v.dim() else v
             for k, v in sd.items()}
     torch.save(wide, tmp_path / "wide.pt")
-    with pytest.raises(common.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         ev.main([*TASK, "--wise-ft", str(tmp_path / "wide.pt"), "--out", str(tmp_path / "w")], world=lab.WORLD)
     msg = str(e.value)
     assert msg.startswith(f"--wise-ft {tmp_path / 'wide.pt'}: not weights of --backbone's architecture")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from papers.cclip_tasks import resolve_eval_sets, resolve_tasks
 import cclip
-import common
+from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 from lab import calibrate, registry
@@ -311,4 +311,4 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
     argv, processes = lab.take_processes_flag(argv)  # --processes N: sequences at once (same numbers)
-    return run_demo(common.parse_config(cclip.CClipConfig, argv, **DEMO), processes)
+    return run_demo(parse_config(cclip.CClipConfig, argv, **DEMO), processes)

@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from papers.erclip_sweeps import drop_weights
+from plumbing.runfolder import drop_weights
 import common
+from plumbing.flags import parse_config
 import dns
 import lab
 from baselines import maps
@@ -323,7 +324,7 @@ def main(argv=None):
     """`python dns.py --demo` / `--demo-cmcl` (dns.main dispatches here)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
-    cfg = common.parse_config(dns.DNSConfig, argv, **DEMO)
+    cfg = parse_config(dns.DNSConfig, argv, **DEMO)
     if cfg.demo_cmcl:
         return run_cmcl_demo(cfg)
     return run_demo(cmcl.resolve(cfg))

@@ -17,7 +17,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import numpy as np
 import torch
 
-import common
+from plumbing.flags import parse_config
 import erclip
 import lab
 from lab import calibrate, registry
@@ -268,7 +268,7 @@ def main(argv):
     """python erclip.py --demo [--sweep NAME]: the method's Config with the demo's defaults."""
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
     argv, processes = lab.take_processes_flag(argv)  # --processes N: runs at once (the same numbers)
-    cfg = common.parse_config(erclip.ERCLIPConfig, argv, **DEMO)
+    cfg = parse_config(erclip.ERCLIPConfig, argv, **DEMO)
     if cfg.sweep:  # Sec. 4.3-4.4 on the lab
         from lab.demos import erclip_sweeps
         return erclip_sweeps.run_demo_sweep(cfg, processes=processes)

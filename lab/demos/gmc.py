@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-import common
+from plumbing.flags import parse_config
 import gmc
 import lab
 from lab import calibrate, registry
@@ -200,4 +200,4 @@ def run_demo(cfg: gmc.GMCConfig) -> dict:
 def main(argv=None):
     """`python gmc.py --demo [flags]`: gmc.py's Config with the DEMO defaults."""
     argv = lab.take_seeds_flag(list(sys.argv[1:] if argv is None else argv))
-    return run_demo(common.parse_config(gmc.GMCConfig, argv, **DEMO))
+    return run_demo(parse_config(gmc.GMCConfig, argv, **DEMO))

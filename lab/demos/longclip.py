@@ -35,7 +35,7 @@ import torch
 
 from plumbing import models
 from papers import longclip_data
-import common
+from plumbing.flags import parse_config
 import lab
 from lab import calibrate, registry
 import longclip
@@ -270,4 +270,4 @@ def run_demo(cfg: longclip.LongCLIPConfig):
 def main(argv):
     """python longclip.py --demo: the erclip-budget recipe with the demo's defaults."""
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
-    return run_demo(common.parse_config(longclip.LongCLIPConfig, argv, **{**longclip.RECIPES["erclip-budget"], **DEMO}))
+    return run_demo(parse_config(longclip.LongCLIPConfig, argv, **{**longclip.RECIPES["erclip-budget"], **DEMO}))

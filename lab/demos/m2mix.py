@@ -22,12 +22,15 @@ import numpy as np
 import torch
 
 import common
+from plumbing.base import atomic_write
+from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 import m2mix
 from baselines import imix, unmix
 from lab import registry
-from plumbing import m2mix_analysis, models, published
+from plumbing import models, published
+from protocols import m2mix_analysis
 
 # Demo settings (ours, NOT the paper's), fixed before lab.SEEDS were run. The
 # task: the fine-tuning pool's LONG captions (cut at 24 tokens; the backbone
@@ -77,7 +80,7 @@ def demo_manifest(data_root, out_dir) -> Path:
     src = common.ManifestDataset(lab.synthetic_manifest("train", data_root), need_long=True, check_images=False)
     rows = [{"image": str(src.image_file(r).resolve()), "caption": r["long_caption"]} for r in src.rows]
     text = "".join(json.dumps(r) + "\n" for r in rows)
-    return common.atomic_write(Path(out_dir) / "synthetic-train-long.jsonl", text)
+    return atomic_write(Path(out_dir) / "synthetic-train-long.jsonl", text)
 
 
 @torch.no_grad()
@@ -290,4 +293,4 @@ def main(argv=None):
     """`python m2mix.py --demo [flags]`: the method's Config with the DEMO defaults."""
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
-    return run_demo(common.parse_config(m2mix.M2MixConfig, argv, **DEMO))
+    return run_demo(parse_config(m2mix.M2MixConfig, argv, **DEMO))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import common
+from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 import lab.towers
@@ -180,4 +181,4 @@ def run_demo(cfg: m2mix.M2MixConfig) -> dict:
 def main(argv=None):
     """`python m2mix.py --demo-unimodal [flags]`: the method's Config with the DEMO defaults."""
     argv = lab.take_seeds_flag(list(sys.argv[1:] if argv is None else argv))
-    return run_demo(common.parse_config(m2mix.M2MixConfig, argv, **DEMO))
+    return run_demo(parse_config(m2mix.M2MixConfig, argv, **DEMO))

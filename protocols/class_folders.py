@@ -10,7 +10,7 @@ same draw on --resume). FLYP (Goyal et al., "Finetune like you pretrain: Improve
 models", CVPR 2023, arXiv:2212.00638; github.com/locuslab/FLYP, datacreation_scripts/imagenet_csv_creator.py)
 writes one row per (image, template) instead: every image appears with all 80 prompts in an epoch, an epoch 80
 times as long. Ours keeps an epoch one pass over the images (the same steps per epoch as any manifest); the
-manifest itself is written by plumbing/mtil.py's training_manifest (every_template=True), in CLIPFT_CACHE.
+manifest itself is written by protocols/mtil.py's training_manifest (every_template=True), in CLIPFT_CACHE.
 
 Class names: DIR/classnames.txt (one per line, in sorted-folder order; eval.py's imagefolder: reads the same file);
 else 1,000 folders named as ImageNet's wnids (n########) are ImageNet's classes, OpenAI's names in sorted-wnid
@@ -57,7 +57,7 @@ def training_manifest(train_data, flag: str = "--train-data", cache=None) -> Pat
     missing or holds no class folder with images."""
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
-    from plumbing import mtil
+    from protocols import mtil
     folder = folder_of(train_data) or Path(train_data)
     if not folder.is_dir():
         raise DataError(f"{flag} {train_data}: {folder} is not a folder; class folders are DIR/<class>/<image> "

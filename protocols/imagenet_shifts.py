@@ -12,7 +12,7 @@ src/models/eval.py), read from each release's own layout under the data root; FL
                    it maps to (project_logits)
 
 The class subsets (imagenet_a.py / imagenet_r.py's CLASS_SUBLIST) and ObjectNet's map (objectnet.py's get_metadata
-over objectnet_metadata/) are data, in plumbing/imagenet_shifts.json. Masking a zero-shot head's logits to a
+over objectnet_metadata/) are data, in protocols/imagenet_shifts.json. Masking a zero-shot head's logits to a
 subset equals a head built from the subset's class names alone (the same rows of img @ W), so imagenet-r / -a are
 read as 200-class sets; ObjectNet's max over groups is not a linear head and keeps its groups.
 Class names and templates: ImageNet's (OpenAI's names, the 80 templates), as WiSE-FT's get_classnames('openai').

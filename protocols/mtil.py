@@ -3,7 +3,7 @@ Continual Learning of Vision-Language Models" (ZSCL), ICCV 2023, arXiv:2303.0662
 github.com/Thunderbeee/ZSCL, mtil/): the 11 datasets read from torchvision's folder layouts, ZSCL's splits, class
 names and templates, its two orders, the task sequence as training manifests, and its Transfer / Average / Last.
 
-Facts taken from ZSCL's code (they live in plumbing/mtil.json, not here): the orders (scripts/ZSCL.sh: Order I,
+Facts taken from ZSCL's code (they live in protocols/mtil.json, not here): the orders (scripts/ZSCL.sh: Order I,
 ZSCL_minus.sh: Order II), each dataset's templates and the class names it fixes (src/datasets/collections.py:
 Caltech101, EuroSAT, Flowers; the others are torchvision's, read from the layout with "_" -> " " as its
 process_labels does), the ViT-B/16 zero-shot row of results.ipynb. Splits as collections.py builds them:
@@ -360,7 +360,7 @@ def order_of(spec: str) -> list[str] | None:
 def training_manifest(listing: Listing, cache=None, every_template: bool = False) -> Path:
     """A training manifest of the split: one row per image {image (absolute path), caption = templates[0] of its
     class (deviation 3), label}; every_template: `captions`, the class's prompt in every template, of which
-    training draws one per image per epoch (seeded; plumbing/class_folders.py). In-memory images (CIFAR, MNIST)
+    training draws one per image per epoch (seeded; protocols/class_folders.py). In-memory images (CIFAR, MNIST)
     are written out as PNG files once, beside it in CLIPFT_CACHE/mtil/<dataset>-<fingerprint>/, as
     plumbing.datafolders does for Hugging Face folders."""
     paths = None if isinstance(listing.images, ArrayImages) else list(listing.images)

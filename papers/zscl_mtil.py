@@ -2,7 +2,7 @@
 Continual Learning of Vision-Language Models", ICCV 2023, arXiv:2303.06628, Sec. 4.1 and Tab. 1; the authors' code
 github.com/Thunderbeee/ZSCL, mtil/results.ipynb for the three metrics).
 
-`--tasks mtil-order1 | mtil-order2` reaches every continual driver through common.parse_tasks (plumbing/mtil.py:
+`--tasks mtil-order1 | mtil-order2` reaches every continual driver through common.parse_tasks (protocols/mtil.py:
 the 11 datasets, ZSCL's splits, names, templates and orders, each task's training manifest, its test set as the
 eval.py name mtil:<Dataset>); common.summarize_continual adds ZSCL's Transfer / Average / Last of the top-1 matrix
 as the summary's 'mtil' (results.json: continual.mtil). This module prints it (report) beside ZSCL's published
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import common
 import eval as evaluation
-from plumbing import mtil
+from protocols import mtil
 
 
 def report(method: str, summary: dict, tasks, backbone: str = "") -> dict:

@@ -99,8 +99,8 @@ def wise_ft_table(curve, metrics=("i2t_R@1", "t2i_R@1", "top1")) -> str:
 
 def robustness_points(curve) -> list[dict]:
     """Per alpha: ImageNet top-1, each shift's and their mean ('avg shifts', WiSE-FT Tab. 1's column); [] unless
-    the curve evaluated ImageNet and all five shifts (plumbing/imagenet_shifts.py)."""
-    from plumbing.imagenet_shifts import SHIFTS, shift_average
+    the curve evaluated ImageNet and all five shifts (protocols/imagenet_shifts.py)."""
+    from protocols.imagenet_shifts import SHIFTS, shift_average
     points = []
     for point in curve:
         top1 = {r["task"]: r["value"] for r in point["records"] if r["metric"] == "top1"}

@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from plumbing import class_folders, models
+from plumbing import models
+from protocols import class_folders
 from plumbing.datafolders import kind
 from plumbing.manifests import LAYOUTS
 from plumbing.base import DataError, UsageError, atomic_write
