@@ -96,3 +96,24 @@ def gate(spec: dict, values: Sequence[float], measured: str) -> dict:
     met = True if lo >= spec["threshold"] else False if hi < spec["threshold"] else None
     return {"needs": spec["needs"], "measured": measured, "met": met, "value": mean, "se": se,
             "threshold": spec["threshold"], "pilots": [float(v) for v in values], "source": spec["source"]}
+
+
+def judge(demo: str, runs: dict, base: dict, paper: Callable[[str, str], list[float]],
+          read_gate: Callable[[dict], dict]) -> Callable[[str], dict]:
+    """judged(claim id) -> what lab.claim takes from registry `demo` for that claim: its margin by the registry's rule
+    with the numbers it came from (margin, margin_source), its gate (read_gate(the gate's spec): registry.gate's dict,
+    from the calibration record the spec names), its range rule, and its id (registry_id)."""
+    reg = load(demo)
+    spec = {c["id"]: c for c in reg["claims"]}
+    gates = {name: read_gate(g) for name, g in reg["gates"].items()}
+
+    def judged(key: str) -> dict:
+        c, out = spec[key], {}
+        if "margin" in c:
+            out["margin"], out["margin_source"] = margin(c["margin"], runs, base, paper)
+        if "gate" in c:
+            out["gate"] = gates[c["gate"]]
+        if "range_rule" in c:
+            out |= {"interval": tuple(c["interval"]), "range_rule": c["range_rule"]}
+        return {**out, "registry_id": key}
+    return judged

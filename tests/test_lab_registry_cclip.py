@@ -31,13 +31,9 @@ def test_the_papers_numbers_the_margin_reads():
 
 @pytest.mark.parametrize("name", SEED_SETS)
 def test_every_margin_records_its_source_and_stays_within_half_the_scaled_paper_effect(name):
-    record = load(name)
-    ids = [c["id"] for c in registry.load("cclip")["claims"]]
-    again = cclip.demo_claims(record["per_seed"], record["base"])
-    assert [c["registry_id"] for c in again] == ids == [c["registry_id"] for c in record["claims"]]
+    record = load(name)  # ids, verdicts and margins against the file: tests/test_lab_registry.py
     full = record["per_seed"]["full FT"]
-    for c, saved in zip(again, record["claims"]):
-        assert c["margin"] == pytest.approx(saved["margin"]) and c["verdict"] == saved["verdict"], c["claim"]
+    for c in cclip.demo_claims(record["per_seed"], record["base"]):
         src = c["margin_source"]
         assert c["margin"] > 0, c["claim"]
         if src["rule"] == "scaled-effect":  # the zero-shot claim: 40.1 / 42.73 of full FT's PD, halved

@@ -32,13 +32,9 @@ def test_the_papers_numbers_the_margins_read():
 
 @pytest.mark.parametrize("name", SEED_SETS)
 def test_every_margin_records_its_source_and_stays_within_half_the_scaled_paper_effect(name):
-    record = load(name)
-    ids = [c["id"] for c in registry.load("longclip")["claims"]]
-    again = longclip.demo_claims(record["base"], record["per_seed"], SHORT, FULL)
-    assert [c["registry_id"] for c in again] == ids == [c["registry_id"] for c in record["claims"]]
+    record = load(name)  # ids, verdicts and margins against the file: tests/test_lab_registry.py
     mp = record["per_seed"][longclip.ERCLIP_NAME]
-    for c, saved in zip(again, record["claims"]):
-        assert c["margin"] == pytest.approx(saved["margin"]) and c["verdict"] == saved["verdict"], c["claim"]
+    for c in longclip.demo_claims(record["base"], record["per_seed"], SHORT, FULL):
         src, key = c["margin_source"], c["margin_source"]["lab_baseline"][2]
         lab_gain = sum(r[key] for r in mp) / len(mp) - record["base"][key]
         assert src["lab_baseline"][:2] == [longclip.ERCLIP_NAME, "CLIP"] and c["margin"] > 0, c["claim"]

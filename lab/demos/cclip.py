@@ -123,15 +123,7 @@ def demo_claims(runs: dict, base: dict) -> list[dict]:
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
 
-    reg = registry.load(REGISTRY)
-    spec = {c["id"]: c for c in reg["claims"]}
-    gates = {name: forgetting_gate(g) for name, g in reg["gates"].items()}
-
-    def judged(key):  # the registry's margin (and its source) and gate for claim `key`
-        c = spec[key]
-        margin, source = registry.margin(c["margin"], runs, base, paper_number)
-        return {"margin": margin, "margin_source": source, "registry_id": key,
-                **({"gate": gates[c["gate"]]} if "gate" in c else {})}
+    judged = registry.judge(REGISTRY, runs, base, paper_number, forgetting_gate)  # claim id -> margin, gate
     zs = published.CCLIP_IMAGENET_AFTER_2_TASKS
     claims = [
         lab.claim("C-CLIP beats full FT: last R@1 (mean over tasks)", "higher (Sec. 5.2.1)",

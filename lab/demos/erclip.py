@@ -120,19 +120,7 @@ def demo_claims(base: dict, runs: dict) -> list[dict]:
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    reg = registry.load(REGISTRY)
-    spec = {c["id"]: c for c in reg["claims"]}
-    gates = {name: long_gate(g) for name, g in reg["gates"].items()}
-
-    def judged(key):  # the registry's margin (and its source) and gate for claim `key`
-        c, out = spec[key], {}
-        if "margin" in c:
-            out["margin"], out["margin_source"] = registry.margin(c["margin"], runs, base, paper_number)
-        if "gate" in c:
-            out["gate"] = gates[c["gate"]]
-        if "range_rule" in c:
-            out |= {"interval": tuple(c["interval"]), "range_rule": c["range_rule"]}
-        return {**out, "registry_id": key}
+    judged = registry.judge(REGISTRY, runs, base, paper_number, long_gate)  # claim id -> margin, gate, range rule
 
     erosion, back = d("M", "CLIP", "background"), d("M+P", "M", "background")
     share = [100 * b / -e if e < 0 else float("nan") for b, e in zip(back, erosion)]  # % of M's loss recovered

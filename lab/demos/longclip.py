@@ -125,15 +125,7 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
     def d(a, b, key):  # per seed, a - b ("CLIP": the pretrained model, the same for every seed)
         return lab.paired(runs, a, b, key, base)
 
-    reg = registry.load(REGISTRY)
-    spec = {c["id"]: c for c in reg["claims"]}
-    gates = {name: learns_gate(g) for name, g in reg["gates"].items()}
-
-    def judged(key):  # the registry's margin (and its source) and gate for claim `key`
-        c = spec[key]
-        margin, source = registry.margin(c["margin"], runs, base, paper_number)
-        return {"margin": margin, "margin_source": source, "registry_id": key,
-                **({"gate": gates[c["gate"]]} if "gate" in c else {})}
+    judged = registry.judge(REGISTRY, runs, base, paper_number, learns_gate)  # claim id -> margin, gate
     paper = demo_paper_numbers()
     gap = f"- (same budget not run; Tab. 1 at ~1M vs 20k pairs: {paper['M+P']})"
     claims = [
@@ -151,7 +143,7 @@ def demo_claims(base: dict, runs: dict, short: str, full: str) -> list[dict]:
         lab.claim(f"held-out zero-shot about equal ({ERCLIP_NAME} - Long-CLIP, background top-1; within the "
                   f"registry's margin)", "-", d(ERCLIP_NAME, short, "background"), "=", **judged("zero-shot-equal")),
     ]
-    record, gate = calibrate.record("longclip"), gates["learns-long"]  # the diagnosis's grid
+    record, gate = calibrate.record("longclip"), judged("beats-clip")["gate"]  # the diagnosis's grid
 
     def gain(name, key):  # mean over seeds, over CLIP
         return float(np.mean([r[key] for r in runs[name]])) - base[key]
