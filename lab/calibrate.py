@@ -211,6 +211,7 @@ from plumbing.flags import parse_config
 from plumbing import models
 from plumbing.results import to_json
 import lab
+from lab import registry
 
 PILOT_SEED = 99  # not in lab.SEEDS
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -804,18 +805,14 @@ def _cclip_baseline_row(name: str, data_root: str, out: str):
 
 
 def calibrate_cclip_gates(data_root="data", out="runs/calibration/cclip-gates") -> dict:
-    """C-CLIP's forgetting gate (module docstring, cclip-gates): full FT at the demo's setting, val, each pilot."""
-    pilots = {}
-    for seed in GATE_PILOTS:
-        setting = record("cclip-long-2")["chosen"]  # the demo's: 30 steps, image 3e-4 / text 6e-4
-        row = _cclip_long_rows(data_root, f"{out}/seed{seed}", [setting], "full", "cclip-gates", seed)[0]
-        gain = float(np.mean(row["check"]["learned per task"]))
-        pilots[seed] = {**row, "-BWT": -row["check"]["BWT"], "gain": gain, "ratio": -row["check"]["BWT"] / gain}
+    """C-CLIP's forgetting gate (module docstring, cclip-gates): full FT at the demo's setting, val, each pilot
+    (today's world: _forgetting_pilots at conflict 0)."""
+    pilots = _forgetting_pilots(data_root, out, 0.0, "cclip-gates")["pilots"]
     return {"pilot_seed": list(GATE_PILOTS), "pilots": pilots, "needs": "full FT's -BWT / its mean per-task gain"}
 
 
 CONFLICT_GRID = tuple(k / 6 for k in range(1, 7))  # continual-world: every strength of the knob, ascending
-FORGETTING_SHARE, LEARNS = 0.5, 5.0  # continual-world: lab/claims/cclip.json's gate threshold; the plasticity floor
+LEARNS = 5.0  # continual-world: the plasticity floor (its forgetting threshold: lab/claims/cclip.json's gate)
 
 
 def _forgetting_pilots(data_root, out, conflict: float, name: str) -> dict:
@@ -829,10 +826,11 @@ def _forgetting_pilots(data_root, out, conflict: float, name: str) -> dict:
         pilots[seed] = {**row, "-BWT": -row["check"]["BWT"], "gain": gain,
                         "ratio": -row["check"]["BWT"] / gain if gain > 0 else None}
     ratios = [p["ratio"] for p in pilots.values()]
-    mean, _, se = lab.paired_stats(ratios) if None not in ratios else (None, None, None)
+    gate = registry.gate(registry.load("cclip")["gates"]["forgetting"], ratios, name) if None not in ratios else {}
+    mean, se = gate.get("value"), gate.get("se")
     min_gain = min(g for p in pilots.values() for g in p["check"]["learned per task"])
     learns = min_gain >= LEARNS
-    passes = learns and mean is not None and mean - 2 * se >= FORGETTING_SHARE
+    passes = learns and gate.get("met") is True  # the forgetting gate met: mean - 2 se >= its threshold
     print(f"[calibrate {name}] strength {conflict:.3g}: ratios {ratios}, mean {mean}, se {se}, min gain "
           f"{min_gain:.2f}, passes {passes}", file=sys.stderr)
     return {"strength": conflict, "words renamed per domain": round(conflict * 6),

@@ -82,13 +82,9 @@ def demo_paper_numbers() -> dict:
     """Long avg R@1 differences printed in ERCLIP's Table 1 (B/16 / L/14):
     published Long-CLIP (~1M ShareGPT4V pairs, 248 tokens) minus CLIP, and
     minus ERCLIP M+P (20k pairs; not the same budget)."""
-    out = {}
-    for other in ("CLIP", "M+P"):
-        out[other] = " / ".join(
-            f"""{_paper_long_avg(published.PUBLISHED_LONGCLIP[models.openai_name(f'ViT-{v}')])
-                 - _paper_long_avg(published.ERCLIP_TABLE1[(v, other)]):+.1f}"""
-            for v in ("B/16", "L/14"))
-    return out
+    return {other: " / ".join(f"{a - b:+.1f}" for a, b in zip(paper_number("Long-CLIP", "long"),
+                                                                 paper_number(other, "long")))
+            for other in ("CLIP", "M+P")}
 
 
 # Issue 70: every claim's margin, the learns-long gate and the tuning rule are declared in the claims registry,
