@@ -1049,7 +1049,8 @@ def calibrate_cclip_floor_2(data_root="data", out="runs/calibration/cclip-floor-
             fallback[variant] = pick is None
             pick = pick or max(done, key=lambda r: min(r["check"]["learned per task"]))  # ties: the earlier
             rows[variant] = done
-            chosen[variant] = pick["setting"] if variant == "lora" else _baseline_knob(variant, pick["weight"])
+            chosen[variant] = ({k: v for k, v in pick["setting"].items() if k != "steps"} if variant == "lora"
+                               else _baseline_knob(variant, pick["weight"]))
             print(f"[calibrate cclip-floor-2] {variant}: {chosen[variant]} (fallback: {fallback[variant]})",
                   file=sys.stderr)
     return {"world": world[0], "strength": strength, "steps": steps, "pilot_seed": PILOT_SEED, "grid": rows,
