@@ -213,7 +213,14 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       learns every task by 5 (the conflict world's last task is the hardest
       to learn; full FT's own pilots learned it by 1-6): the setting whose
       smallest per-task gain is largest, ties to the earlier in the order.
-      It reads per-task gains only, never last R@1, BWT or PD.
+      It reads per-task gains only, never last R@1, BWT or PD. Rerun once
+      after its first run (committed) showed a float defect: ZSCL's 0.3 row
+      learned its last task by exactly 5.00 R@1 (R@1 moves in steps of 0.25
+      on 200 pairs), stored as 4.9999997 in float32, and continual_passes
+      compared gains with 5 and BWT with -3 exactly; since then it allows
+      TOL (1e-4), as dns-2's rule has since issue 39. The records written
+      before (cclip-long*, cclip-lora*, cclip-zscl, cclip-floor) keep their
+      checks; cclip-floor's ZSCL 0.3 (4.9999993) failed by this defect.
   cclip, dns: full fine-tuning (vanilla) must learn each task (its own R@1,
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
@@ -340,8 +347,8 @@ def continual_passes(R: list[list[float]]) -> dict:
     n = len(R[0])
     learned = [R[i + 1][i] - R[0][i] for i in range(n)]
     bwt = sum(R[n][j] - R[j + 1][j] for j in range(n - 1)) / (n - 1)
-    return {"learned per task": learned, "BWT": bwt, "learns": min(learned) >= 5, "forgets": bwt <= -3,
-            "passes": min(learned) >= 5 and bwt <= -3}
+    learns, forgets = min(learned) >= 5 - TOL, bwt <= -3 + TOL  # a gain of 5.00 is stored as 4.9999997 (float32)
+    return {"learned per task": learned, "BWT": bwt, "learns": learns, "forgets": forgets, "passes": learns and forgets}
 
 
 def record(name: str) -> dict:
@@ -907,7 +914,7 @@ def _forgetting_pilots(data_root, out, conflict: float, name: str, pilots=GATE_P
     task_mean = gains.mean(0)
     task_se = gains.std(0, ddof=1) / math.sqrt(len(gains)) if len(gains) > 1 else np.zeros_like(task_mean)
     min_gain = float(gains.min())
-    learns = (min_gain if floor == "every pilot" else float(task_mean.min())) >= LEARNS
+    learns = (min_gain if floor == "every pilot" else float(task_mean.min())) >= LEARNS - TOL
     passes = learns and gate.get("met") is True  # the forgetting gate met: mean - 2 se >= its threshold
     at = f"strength {conflict:.3g}" + (f", {steps} steps" if steps else "")
     print(f"[calibrate {name}] {at}: ratios {ratios}, mean {mean}, se {se}, task gains "

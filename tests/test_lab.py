@@ -342,6 +342,9 @@ def test_calibration_rules_by_hand():
     assert check["learned per task"] == [10, 10, 11] and check["BWT"] == -6.5 and check["passes"]
     assert cal.cclip_long_passes(R, 5.0)["passes"] and not cal.cclip_long_passes(R, 4.9)["passes"]
     assert cal.cclip_long_passes(R, 4.9)["learns and forgets"]
+    # a gain of exactly 5 and a BWT of exactly -3 as float32 stores them (issue 71.1: cclip-floor-2's ZSCL 0.3 row)
+    edge = cal.continual_passes([[10, 10], [14.9999997, 12], [7.0000003, 15]])
+    assert edge["learns"] and edge["forgets"] and not cal.continual_passes([[10, 10], [14.99, 12], [7, 15]])["learns"]
     rows = [{"setting": "a", "check": {"passes": False, "in band": False}},
             {"setting": "b", "check": {"passes": False, "in band": True}},
             {"setting": "c", "check": {"passes": True, "in band": True}}]
