@@ -78,10 +78,25 @@ def margins_markdown(path) -> str:
     return "\n".join(rows)
 
 
+def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
+    """Issue 71.1: what the continual world does to `method`'s R@1 matrix: its per-seed matrices from two results
+    files of C-CLIP's demo (the shared world's, the conflict world's) side by side, on one colour scale."""
+    runs = [from_json(Path(p).read_text(), restore=True, strict=False) for p in (shared, conflict)]
+    label = {r.get("world", {}).get("name", "shared"): r for r in runs}
+    matrices = {f"{method}, {name} world": [s["R"] for s in r["per_seed"][method]] for name, r in label.items()}
+    steps = " / ".join(f"{name} {r['config']['steps']}" for name, r in label.items())
+    return lab.matrix_figure(matrices, list(lab.TASK_DOMAINS), path,
+                             f"python -m lab.report {shared} {conflict} --world-figure {path}; R[i][j] = R@1 on task j "
+                             f"after tasks 1..i; steps per task: {steps}; seeds {runs[0]['seeds']}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
-        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND' | OTHER_SEEDS_RESULTS.json ... | --margins")
-    if sys.argv[2] == "--margins":
+        sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND' | OTHER_SEEDS_RESULTS.json ... | --margins | "
+                 "CONFLICT_RESULTS.json --world-figure OUT.png")
+    if len(sys.argv) == 5 and sys.argv[3] == "--world-figure":
+        print(world_figure(*sys.argv[1:3], sys.argv[4]))
+    elif sys.argv[2] == "--margins":
         print(margins_markdown(sys.argv[1]))
     elif sys.argv[2].endswith(".json"):
         print(heldout_markdown(*sys.argv[1:]))

@@ -427,12 +427,16 @@ def test_a_step_of_each_wrapper_has_gradients_where_it_trains(tmp_path, precisio
 
 
 def test_the_c_clip_demo_runs_the_baselines_at_their_calibrated_knob():
-    """Issue 70.5: lab/demos/cclip.py's CHOSEN_BASELINES is what docs/calibration-cclip-floor.json chose by the demo's
-    one tuning rule (issue 60's records, by the highest val last R@1, keep their own choices)."""
+    """Issue 70.5: lab/demos/cclip.py's knobs are what the demo's one tuning rule chose: in the shared world
+    docs/calibration-cclip-floor.json, in the conflict world -cclip-floor-2.json (issue 71.1; issue 60's records, by
+    the highest val last R@1, keep their own choices)."""
     from lab import calibrate
     from lab.demos import cclip as demo
     for name in ("zscl", "lwf", "ewc"):
-        assert demo.CHOSEN_BASELINES[name] == calibrate.record("cclip-floor")["chosen"][name], name
+        assert demo.SHARED_BASELINES[name] == calibrate.record("cclip-floor")["chosen"][name], name
+        assert demo.CHOSEN_BASELINES[name] == calibrate.record("cclip-floor-2")["chosen"][name], name
+        assert demo.baseline_config(demo.CClipConfig(), name, "shared").__dict__.items() >= \
+            demo.SHARED_BASELINES[name].items()
     assert calibrate.record("cclip-zscl")["chosen"] == {"image_weight": 0.3, "text_weight": 0.3}
 
 

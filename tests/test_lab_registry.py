@@ -35,7 +35,8 @@ DEMOS = {
                                                     "old-pair score", reg=dns.CMCL_REGISTRY)),
     "cclip": ("cclip-demo", "cclip.md", ("-2threads",),
               ("cclip-long-2", "cclip-lora", "cclip-lora-edge", "cclip-zscl", "cclip-lwf", "cclip-ewc", "cclip-gates",
-               "cclip-floor"), lambda base, runs: cclip.demo_claims(runs, base)),
+               "cclip-floor", "continual-world", "continual-world-2", "continual-world-3", "cclip-floor-2"),
+              lambda base, runs: cclip.demo_claims(runs, base)),
     "longclip": ("longclip-demo", "longclip.md", ("-1thread",), ("erclip", "longclip", "longclip-gates"),
                  lambda base, runs: longclip.demo_claims(base, runs, "Long-CLIP, window 24", "Long-CLIP, window 78")),
 }
@@ -87,8 +88,9 @@ def test_the_fresh_seeds_are_new_and_ran_after_the_registry(demo):
     assert fresh == registry.load(demo).get("fresh_seeds", FRESH_SEEDS) == FRESH_SEEDS
     used = {s for kind in ("", "-heldout") + reruns for s in record(f"{prefix}{kind}-results.json")["seeds"]}
     for name in calibrations:  # the pilots: one seed, or several
-        pilots = json.loads((DOCS / f"calibration-{name}.json").read_text())["pilot_seed"]
-        used |= set(pilots) if isinstance(pilots, list) else {pilots}
+        rec = json.loads((DOCS / f"calibration-{name}.json").read_text())
+        for pilots in (rec["pilot_seed"], rec.get("pilot_seeds", [])):
+            used |= set(pilots) if isinstance(pilots, list) else {pilots}
     assert not used & set(fresh)
 
 

@@ -13,6 +13,9 @@ from lab.demos import cclip
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SEED_SETS = ("cclip-demo-results.json", "cclip-demo-heldout-results.json", "cclip-demo-fresh-results.json")
+# issue 71.1: the domains as drawn (--world shared), judged under this registry as it stood at 0f8532c
+SHARED = ("cclip-demo-shared-results.json", "cclip-demo-shared-heldout-results.json",
+          "cclip-demo-shared-fresh-results.json", "cclip-demo-shared-2threads-results.json")
 
 
 def load(name: str) -> dict:
@@ -48,15 +51,23 @@ def test_every_margin_records_its_source_and_stays_within_half_the_scaled_paper_
             assert c["margin"] == pytest.approx(0.2 * abs(effect))
 
 
-def test_the_gate_has_three_pilots_its_se_its_source_and_the_ungated_verdict_beside():
+@pytest.mark.parametrize("world, record, pilot_seeds, names", [
+    ("conflict", "continual-world-3", ["91", "92", "93"], SEED_SETS),
+    ("shared", "cclip-gates", ["97", "98", "99"], SHARED)])
+def test_the_gate_has_three_pilots_its_se_its_source_and_the_ungated_verdict_beside(world, record, pilot_seeds,
+                                                                                     names):
     spec = registry.load("cclip")["gates"]["forgetting"]
-    pilots = calibrate.record("cclip-gates")["pilots"]
-    assert sorted(pilots) == ["97", "98", "99"]
+    assert spec[cclip.WORLDS[world]["gate"]] == record
+    pilots = calibrate.record(record)["pilots"]
+    assert sorted(pilots) == pilot_seeds
     for p in pilots.values():  # -BWT over the mean per-task gain, as the record's rows give them
         assert p["ratio"] == pytest.approx(-p["check"]["BWT"] / (sum(p["check"]["learned per task"]) / 4))
-    # pilot 99 is the world's calibration run again (cclip-long-2's chosen row): the same numbers
-    assert pilots["99"]["R@1"] == calibrate.chosen_row(calibrate.record("cclip-long-2"))["R@1"]
-    for name in SEED_SETS:
+    if world == "shared":  # pilot 99 is the world's calibration run again (cclip-long-2's chosen row)
+        assert pilots["99"]["R@1"] == calibrate.chosen_row(calibrate.record("cclip-long-2"))["R@1"]
+    else:  # the chosen strength's row of the world's grid
+        rec = calibrate.record(record)
+        assert pilots == next(r["pilots"] for r in rec["grid"] if r["strength"] == rec["chosen"])
+    for name in names:
         gated = {c["registry_id"]: c for c in load(name)["claims"] if "gate" in c}
         assert sorted(gated) == sorted(spec["applies_to"])
         for c in gated.values():
@@ -67,18 +78,31 @@ def test_the_gate_has_three_pilots_its_se_its_source_and_the_ungated_verdict_bes
 
 
 def test_every_variant_with_a_knob_took_it_by_the_one_rule():
-    """Issue 70.5: LoRA only (and C-CLIP, which takes its setting) and the three baselines, each the first setting
-    from the least-changing one that learns every task by >= 5 R@1 on val; the demo runs what the record chose."""
+    """Issue 70.5 (the shared world; the conflict world's: tests/test_lab_continual_world.py): LoRA only (and C-CLIP,
+    which takes its setting) and the three baselines, each the first setting from the least-changing one that learns
+    every task by >= 5 R@1 on val; the demo runs what the record chose."""
     rec = calibrate.record("cclip-floor")
-    assert rec["chosen"]["lora"] == cclip.DEMO_LORA
+    assert rec["chosen"]["lora"] == cclip.SHARED_LORA
     for name in ("zscl", "lwf", "ewc"):
-        assert rec["chosen"][name] == cclip.CHOSEN_BASELINES[name], name
+        assert rec["chosen"][name] == cclip.SHARED_BASELINES[name], name
         rows = rec["grid"][name]
         weights = [r["weight"] for r in rows]
         assert weights == sorted(weights, reverse=True), name  # the strongest regulariser first
         first = next(r for r in rows if r["check"]["learns"])  # every task's gain >= 5 (calibrate.continual_passes)
-        assert cclip.CHOSEN_BASELINES[name] == calibrate._baseline_knob(name, first["weight"])
+        assert cclip.SHARED_BASELINES[name] == calibrate._baseline_knob(name, first["weight"])
     lora = rec["grid"]["lora"]
     first = next(r for r in lora if r["check"]["learns"])
-    assert first["setting"] == cclip.DEMO_LORA
+    assert first["setting"] == cclip.SHARED_LORA
     assert all(not r["check"]["learns"] for r in lora[:lora.index(first)])
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_shared_worlds_files_keep_their_verdicts_under_todays_rules(name):
+    """Issue 71.1 changed the world, not a rule: the shared world's results, judged at 0f8532c, give the same verdicts
+    and margins from their own numbers today with that world's gate (cclip-gates)."""
+    r = load(name)
+    assert r["registry"]["declared_in"].startswith("0f8532c") and "world" not in r
+    again = cclip.demo_claims(r["per_seed"], r["base"], world="shared")
+    assert [c["claim"] for c in again] == [c["claim"] for c in r["claims"]]
+    for new, old in zip(again, r["claims"]):
+        assert (new["verdict"], new.get("margin")) == (old["verdict"], pytest.approx(old.get("margin"))), new["claim"]

@@ -2,8 +2,9 @@
 
 Full fine-tuning, LoRA only, CKC only and C-CLIP (the Sec. 5.2.1 ablation),
 and the baselines of issue 60 (ZSCL, LwF, EWC: baselines/, on C-CLIP's protocol)
-over the lab's four continual domains (cfg.tasks: their long captions), an unseen
-domain and the held-out background family for zero-shot, on the tiny
+over the lab's four continual domains (cfg.tasks: their long captions; by default
+the conflict world of issue 71.1, `--world shared` the domains as drawn: WORLDS),
+an unseen domain and the held-out background family for zero-shot, on the tiny
 backbone, every method once per seed in lab.seeds() from the same pretrained
 weights; the claims are paired per-seed differences (lab.stats). Writes
 runs/cclip-demo/ (results.json, cclip-demo.png, one folder per method and
@@ -23,6 +24,7 @@ from plumbing.flags import parse_config
 import eval as evaluation
 import lab
 from lab import calibrate, registry
+from lab.stats import take_flag
 from cclip import CClipConfig, run
 from plumbing import published
 from baselines import ewc, lwf, sequence, zscl
@@ -44,8 +46,8 @@ DEMO = dict(backbone="tiny", tasks="synthetic-long", eval_n=100, epochs=1, steps
 # (issue 58.1: `python -m lab.calibrate cclip-lora` and `cclip-lora-edge`, docs/calibration-cclip-lora*.json;
 # declared before they ran: docs/lab.md). No setting forgets (BWT >= -0.4), so none passes; the first that learns
 # every task by >= 5 R@1: rank 4 at 15x full FT's rates. C-CLIP inherits it; CKC only keeps full FT's. Before
-# issue 58: rank 16 at 5x, not tuned.
-DEMO_LORA = dict(lora_rank=4, lr_image=4.5e-3, lr_text=9e-3)
+# issue 58: rank 16 at 5x, not tuned. The shared world's since issue 71.1 (WORLDS below).
+SHARED_LORA = dict(lora_rank=4, lr_image=4.5e-3, lr_text=9e-3)
 # threads=1: each sequence on one torch thread, --processes of them at once
 # (lab.run_jobs; on 2 cores two 1-thread sequences give 1.5x the throughput of
 # one on 2 threads); the numbers do not depend on --processes.
@@ -57,7 +59,8 @@ DEMO_NAMES = {"full": "full FT", "lora": "LoRA only", "ckc": "CKC only", "cclip"
 # records: docs/calibration-cclip-{zscl,lwf,ewc}.json). Demo-only costs: ZSCL 16 reference images and texts a
 # step, EWC's Fisher from 5 batches.
 # ZSCL's weight ensemble: every 3 steps, the code's ratio (a merge every 100 of its 1000 iterations: 11 a task) at
-# the demo's 30 steps; its reference set the lab's default (the world's 'train' split, ERCLIP's pool).
+# the shared world's 30 steps (15 a task at the conflict world's 45, as cclip-floor-2 ran it); its reference set the
+# lab's default (the world's 'train' split, ERCLIP's pool; the same in both worlds).
 BASELINE_NAMES = {"zscl": "ZSCL", "lwf": "LwF", "ewc": "EWC"}
 BASELINES = {"zscl": (zscl.ZSCLConfig, lambda cfg: zscl.ZSCLBaseline(cfg, lab.WORLD)),
              "lwf": (lwf.LwFConfig, lambda cfg: lwf.LwFBaseline()),
@@ -70,8 +73,32 @@ DEMO_BASELINES = {"zscl": dict(we_every=3, ref_batch=16, ref_texts_per_step=16),
 # took. Issue 60's knobs, by the highest val last R@1, were ZSCL 0.3, LwF 0.3, EWC 1e4.
 # On val: ZSCL learns every task first at 0.1 (3, 1, 0.3 do not: 0.3's second task +3.5), LwF at 0.3, EWC at 1e5
 # (the edge run at 1e6 learns +3.5 on two tasks).
-CHOSEN_BASELINES = {"zscl": dict(image_weight=0.1, text_weight=0.1), "lwf": dict(lwf_weight=0.3),
+SHARED_BASELINES = {"zscl": dict(image_weight=0.1, text_weight=0.1), "lwf": dict(lwf_weight=0.3),
                     "ewc": dict(ewc_lambda=1e5)}
+# Issue 71.1: the demo's two worlds. "shared" (the knobs above): the lab's four domains as drawn. They share
+# concepts (photo and sketch: square, triangle, red, blue; every domain's captions name the pixels alike), so each
+# later task re-teaches the earlier ones and full FT forgets a third of what a task taught it (-BWT / gain 0.33 +-
+# 0.05, python -m lab.calibrate cclip-gates): the forgetting gate of the last / avg R@1 claims is not met there.
+# "conflict", the default: each domain calls a share of its colour and shape words by other words of their family
+# (lab.conflict_world: the supervision of one domain contradicts another's), the strength and the steps per task
+# chosen on full FT alone (python -m lab.calibrate continual-world-3, after -2 and -1 chose none: docs/lab.md), every
+# variant's knob again by the one tuning rule in that world (python -m lab.calibrate cclip-floor-2).
+CONFLICT, CONFLICT_STEPS = 1 / 3, 45  # docs/calibration-continual-world-3.json: pilots 91-93, the first that passed
+# cclip-floor-2 (docs/calibration-cclip-floor-2.json, pilot 99 at 45 steps): no LoRA setting learns the last domain by
+# 5 (its best: +2.25), so the declared fallback, the setting whose worst task learned most: rank 16 at 15x full FT's
+# rates. ZSCL 0.3 (its last task +5.00), LwF 0.3, EWC 1e5: each the first, from the strongest, that learns every task.
+DEMO_LORA = dict(lora_rank=16, lr_image=4.5e-3, lr_text=9e-3)
+CHOSEN_BASELINES = {"zscl": dict(image_weight=0.3, text_weight=0.3), "lwf": dict(lwf_weight=0.3),
+                    "ewc": dict(ewc_lambda=1e5)}
+WORLDS = {"conflict": dict(conflict=CONFLICT, steps=CONFLICT_STEPS, lora=DEMO_LORA, baselines=CHOSEN_BASELINES,
+                           gate="record"),
+          "shared": dict(conflict=0.0, steps=30, lora=SHARED_LORA, baselines=SHARED_BASELINES,
+                         gate="shared_world_record")}
+
+
+def demo_world(world: str):
+    """The lab's world with the continual tasks of `world` (WORLDS): lab.WORLD itself for "shared"."""
+    return lab.conflict_world(WORLDS[world]["conflict"])
 ALL_NAMES = {**DEMO_NAMES, **BASELINE_NAMES}
 DEMO_COLS = ["last R@1", "avg R@1", "BWT", "forgetting", "learned", "unseen I2T R@1", "background", "background PD"]
 BACKGROUND = "synthetic-background/top1"  # the held-out family: only pretraining names backgrounds
@@ -108,22 +135,24 @@ def paper_number(variant: str, measure: str) -> list[float]:
     return [0.0 if variant == "CLIP" else pretrained - published.CCLIP_IMAGENET_AFTER_2_TASKS[variant]]
 
 
-def forgetting_gate(spec: dict) -> dict:
-    """The last / avg R@1 claims' regime, as `python -m lab.calibrate cclip-gates` measured it on val at its pilot
-    seeds (full FT's -BWT over its mean per-task gain), judged by the registry's gate rule (lab.registry.gate)."""
-    pilots = calibrate.record(spec["record"])["pilots"].values()
+def forgetting_gate(spec: dict, world: str = "conflict") -> dict:
+    """The last / avg R@1 claims' regime in `world`, as its calibration measured it on val at its pilot seeds (full
+    FT's -BWT over its mean per-task gain; the conflict world: continual-world-3 at its choice, the shared one:
+    cclip-gates), judged by the registry's gate rule (lab.registry.gate)."""
+    pilots = calibrate.record(spec[WORLDS[world]["gate"]])["pilots"].values()
     measured = ", ".join(f"-BWT {p['-BWT']:.1f} vs gain {p['gain']:.1f}" for p in pilots)
     return registry.gate(spec, [p["ratio"] for p in pilots], f"{measured} (pilots)")
 
 
-def demo_claims(runs: dict, base: dict) -> list[dict]:
+def demo_claims(runs: dict, base: dict, world: str = "conflict") -> list[dict]:
     """The paper's ablation (Sec. 5.2.1) and issue 60's baseline relations as paired per-seed differences; each
     margin and gate from the claims registry (lab/claims/cclip.json), the numbers a margin came from kept with its
-    claim. base: the pretrained model's row (learned, BWT, forgetting, PD 0)."""
+    claim. base: the pretrained model's row (learned, BWT, forgetting, PD 0); world: whose forgetting gate."""
     def d(a, b, key):  # per seed, a - b
         return lab.paired(runs, a, b, key)
 
-    judged = registry.judge(REGISTRY, runs, base, paper_number, forgetting_gate)  # claim id -> margin, gate
+    gate = functools.partial(forgetting_gate, world=world)
+    judged = registry.judge(REGISTRY, runs, base, paper_number, gate)  # claim id -> margin, gate
     zs = published.CCLIP_IMAGENET_AFTER_2_TASKS
     claims = [
         lab.claim("C-CLIP beats full FT: last R@1 (mean over tasks)", "higher (Sec. 5.2.1)",
@@ -150,7 +179,7 @@ def demo_claims(runs: dict, base: dict) -> list[dict]:
     ]
     if all(n in runs for n in BASELINE_NAMES.values()):  # issue 60's rows (older results files have none)
         claims += baseline_claims(d, judged)
-    return lab.diagnosed(claims, diagnoses(runs))
+    return lab.diagnosed(claims, diagnoses(runs, WORLDS[world]["lora"]))
 
 
 def baseline_claims(d, judged) -> list[dict]:
@@ -178,13 +207,13 @@ def baseline_claims(d, judged) -> list[dict]:
     ]
 
 
-def diagnoses(runs: dict) -> dict:
+def diagnoses(runs: dict, lora: dict) -> dict:
     """Issue 58.7, written before the seeds ran: one measured line for each claim that may go against the paper
-    (by its position in demo_claims)."""
+    (by its position in demo_claims). lora: LoRA only's knob in the run's world."""
     mean = functools.partial(lab.mean_over_seeds, runs)  # mean(name, key): over the seeds
     learned = {n: mean(n, "learned") for n in DEMO_NAMES.values()}
     plastic = (f"per-task gain: full FT {learned['full FT']:+.1f}, LoRA only {learned['LoRA only']:+.1f} (rank "
-               f"{DEMO_LORA['lora_rank']}, its tuned rates), CKC only {learned['CKC only']:+.1f}, C-CLIP "
+               f"{lora['lora_rank']}, its tuned rates), CKC only {learned['CKC only']:+.1f}, C-CLIP "
                f"{learned['C-CLIP']:+.1f}")
     return {
         2: f"BWT: C-CLIP {mean('C-CLIP', 'BWT'):+.1f}, full FT {mean('full FT', 'BWT'):+.1f}",
@@ -227,48 +256,49 @@ def first_row(summary) -> dict:
     return {"per_task": {m: R[0] for m, R in summary["matrices"].items()}, "scalars": summary["scalars"][0]}
 
 
-def baseline_config(cfg: CClipConfig, name: str, **over):
+def baseline_config(cfg: CClipConfig, name: str, world: str = "conflict", **over):
     """A baseline's settings: the demo's (cfg, the fields its config has), its own (DEMO_BASELINES), its
-    calibrated knob (CHOSEN_BASELINES), then `over`."""
+    calibrated knob in `world` (WORLDS: CHOSEN_BASELINES in the conflict world), then `over`."""
     config_class = BASELINES[name][0]
     own = {f.name for f in dataclasses.fields(config_class)}
     values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in own}
-    return config_class(**{**values, **DEMO_BASELINES[name], **CHOSEN_BASELINES[name], **over})
+    return config_class(**{**values, **DEMO_BASELINES[name], **WORLDS[world]["baselines"][name], **over})
 
 
-def run_baseline(cfg: CClipConfig, name: str, first_row: dict | None = None, **over) -> dict:
-    """A baseline's task sequence (baselines.sequence.run) at the demo's settings: its summary."""
-    bcfg = baseline_config(cfg, name, **over)
-    return sequence.run(bcfg, BASELINES[name][1](bcfg), world=lab.WORLD, first_row=first_row)
+def run_baseline(cfg: CClipConfig, name: str, first_row: dict | None = None, world: str = "conflict",
+                 **over) -> dict:
+    """A baseline's task sequence (baselines.sequence.run) at the demo's settings in `world`: its summary."""
+    bcfg = baseline_config(cfg, name, world, **over)
+    return sequence.run(bcfg, BASELINES[name][1](bcfg), world=demo_world(world), first_row=first_row)
 
 
-def one_sequence(cfg: CClipConfig, method: str, seed: int, row0: dict | None) -> dict:
-    """One method's task sequence for one seed, in a scratch folder (a run_jobs job): its summary."""
+def one_sequence(cfg: CClipConfig, method: str, seed: int, row0: dict | None, world: str = "conflict") -> dict:
+    """One method's task sequence for one seed in `world`, in a scratch folder (a run_jobs job): its summary."""
     with lab.scratch_run(Path(cfg.out) / f"{method}-seed{seed}") as run_out:
         if method in BASELINES:
-            return run_baseline(cfg, method, row0, seed=seed, out=str(run_out))
+            return run_baseline(cfg, method, row0, world, seed=seed, out=str(run_out))
         return run(dataclasses.replace(cfg, method=method, seed=seed, out=str(run_out),
-                                       **(DEMO_LORA if method in ("lora", "cclip") else {})), first_row=row0,
-                   world=lab.WORLD)
+                                       **(WORLDS[world]["lora"] if method in ("lora", "cclip") else {})),
+                   first_row=row0, world=demo_world(world))
 
 
-def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
+def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES, world: str = "conflict") -> dict:
     """Full FT, LoRA only, CKC only, C-CLIP, ZSCL, LwF and EWC over the four domains, each
     sequence once per seed in lab.seeds() from the same pretrained weights
     (same seed, same data order across methods), `processes` at a time
     (lab.run_jobs: one torch thread each, the same numbers for any count);
     claims from paired differences. Every sequence starts from the same
     weights, so row 0 is evaluated by each method on the first seed (checked
-    equal: LoRA's B starts at 0) and passed in after: 7 evaluations, not 7 x seeds."""
+    equal: LoRA's B starts at 0) and passed in after: 7 evaluations, not 7 x seeds. world: WORLDS' key."""
     t0, out = time.time(), lab.hold_out(cfg.out)
     unseen, _ = resolve_eval_sets(cfg)
-    tasks = [t.name for t in resolve_tasks(cfg, lab.WORLD)]
+    tasks = [t.name for t in resolve_tasks(cfg, demo_world(world))]
     seeds, names = lab.seeds(), list(ALL_NAMES)
 
     def progress(jobs):
         return lambda i, _: print(f"[cclip demo] seed {jobs[i][2]} {ALL_NAMES[jobs[i][1]]}: {time.time() - t0:.0f}s "
                                   f"so far", file=sys.stderr)
-    first = [(cfg, m, seeds[0], None) for m in names]
+    first = [(cfg, m, seeds[0], None, world) for m in names]
     with lab.job_pool(processes) as pool:  # one set of workers for both batches
         summaries = lab.run_jobs(one_sequence, first, processes, progress(first), pool)
         row0 = first_row(summaries[0])
@@ -276,31 +306,41 @@ def run_demo(cfg: CClipConfig, processes: int = lab.PROCESSES) -> dict:
             if first_row(summary) != row0:
                 raise RuntimeError(f"{ALL_NAMES[m]} evaluated the pretrained weights differently: "
                                    f"{first_row(summary)} against {row0}")
-        rest = [(cfg, m, seed, row0) for seed in seeds[1:] for m in names]
+        rest = [(cfg, m, seed, row0, world) for seed in seeds[1:] for m in names]
         summaries += lab.run_jobs(one_sequence, rest, processes, progress(rest), pool)
     base = demo_base(summaries[0], unseen)
     runs = {name: [] for name in ALL_NAMES.values()}
-    for (_, m, seed, _), summary in zip(first + rest, summaries):
+    for (_, m, seed, _, _), summary in zip(first + rest, summaries):
         runs[ALL_NAMES[m]].append({**demo_row(summary, unseen), "seed": seed})
     captions = "long" if cfg.tasks == "synthetic-long" else "short"
-    head = (f"C-CLIP demo: lab world, tiny backbone, tasks {' -> '.join(tasks)} ({captions} captions), seeds "
+    renamed = WORLDS[world]["conflict"]
+    named = (f"the {world} world ({round(renamed * 6)} of each domain's 6 colour and shape words renamed)"
+             if renamed else f"the {world} world (the domains as drawn, sharing concepts)")
+    head = (f"C-CLIP demo: lab world, {named}, tiny backbone, tasks {' -> '.join(tasks)} ({captions} captions), seeds "
             f"{list(lab.seeds())}, {cfg.steps} steps x batch {cfg.batch_size} per task (demo settings, not the "
             f"paper's). R@1 % = mean of I2T, T2I on each task's test split; learned = mean over tasks of what a "
             f"task gains while it is trained; unseen = the grainy domain no task trains on; background = held-out "
             f"zero-shot family (8 classes, chance 12.5 %), PD = pretrained - final. Mean ± std over seeds.")
-    claims = demo_claims(runs, base)
+    claims = demo_claims(runs, base, world)
     lab.report_demo(out, head, base, runs, claims, DEMO_COLS, t0, lambda o: lab.matrix_figure(
         {k: [r["R"] for r in v] for k, v in runs.items()}, tasks, o / "cclip-demo.png",
         f"python cclip.py --demo; R[i][j] = R@1 on task j's test split after training tasks 1..i; seeds "
-        f"{list(lab.seeds())}"), config=dataclasses.asdict(cfg), demo_lora_lrs=DEMO_LORA, processes=processes,
-        demo_baselines={n: {**DEMO_BASELINES[n], **CHOSEN_BASELINES[n]} for n in BASELINES},
+        f"{list(lab.seeds())}; {world} world"), config=dataclasses.asdict(cfg), demo_lora_lrs=WORLDS[world]["lora"],
+        processes=processes, world={"name": world, "conflict": renamed},
+        demo_baselines={n: {**DEMO_BASELINES[n], **WORLDS[world]["baselines"][n]} for n in BASELINES},
         registry=registry.fingerprint(REGISTRY))
     return {"base": base, "per_seed": runs, "claims": claims}
 
 
 def main(argv=None):
-    """`python cclip.py --demo [flags]`: the method's Config with the DEMO defaults."""
+    """`python cclip.py --demo [flags]`: the method's Config with the DEMO defaults (--world shared: the domains as
+    drawn, with that world's steps and knobs)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = lab.take_seeds_flag(argv)  # --seeds a,b,...: the claims on other seeds
     argv, processes = lab.take_processes_flag(argv)  # --processes N: sequences at once (same numbers)
-    return run_demo(parse_config(cclip.CClipConfig, argv, **DEMO), processes)
+    argv, world = take_flag(argv, "--world")
+    world = world or "conflict"
+    if world not in WORLDS:
+        sys.exit(f"--world {world!r}: one of {', '.join(WORLDS)}")
+    return run_demo(parse_config(cclip.CClipConfig, argv, **{**DEMO, "steps": WORLDS[world]["steps"]}), processes,
+                    world)
