@@ -78,6 +78,24 @@ def margins_markdown(path) -> str:
     return "\n".join(rows)
 
 
+def worlds_markdown(prefix: str, docs="docs") -> str:
+    """Issue 71.1: each claim's mean and verdict in the shared world (docs/PREFIX-shared*-results.json) beside the
+    conflict world (docs/PREFIX*-results.json), at seeds 0-4, 10-14 and 30-34."""
+    kinds = ("", "-heldout", "-fresh")
+    files = {w: [from_json((Path(docs) / f"{prefix}{w}{k}-results.json").read_text(), restore=True, strict=False)
+                 for k in kinds] for w in ("-shared", "")}
+    head = "| claim | " + " | ".join(f"seeds {r['seeds'][0]}-{r['seeds'][-1]}: shared -> conflict"
+                                     for r in files[""]) + " |"
+    rows = []
+    for i, c in enumerate(files[""][0]["claims"]):
+        cells = []
+        for old, new in zip(files["-shared"], files[""]):
+            o, n = old["claims"][i], new["claims"][i]
+            cells.append(f"{o['mean']:+.2f} {o['verdict']} -> {n['mean']:+.2f} {n['verdict']}")
+        rows.append(f"| {c['claim']} | " + " | ".join(cells) + " |")
+    return "\n".join([head, "|---|" + "---|" * len(kinds), *rows])
+
+
 def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
     """Issue 71.1: what the continual world does to `method`'s R@1 matrix: its per-seed matrices from two results
     files of C-CLIP's demo (the shared world's, the conflict world's) side by side, on one colour scale."""
@@ -93,8 +111,10 @@ def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND' | OTHER_SEEDS_RESULTS.json ... | --margins | "
-                 "CONFLICT_RESULTS.json --world-figure OUT.png")
-    if len(sys.argv) == 5 and sys.argv[3] == "--world-figure":
+                 "CONFLICT_RESULTS.json --world-figure OUT.png | --worlds PREFIX")
+    if sys.argv[1] == "--worlds":
+        print(worlds_markdown(sys.argv[2]))
+    elif len(sys.argv) == 5 and sys.argv[3] == "--world-figure":
         print(world_figure(*sys.argv[1:3], sys.argv[4]))
     elif sys.argv[2] == "--margins":
         print(margins_markdown(sys.argv[1]))
