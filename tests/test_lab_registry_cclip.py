@@ -106,3 +106,13 @@ def test_the_shared_worlds_files_keep_their_verdicts_under_todays_rules(name):
     assert [c["claim"] for c in again] == [c["claim"] for c in r["claims"]]
     for new, old in zip(again, r["claims"]):
         assert (new["verdict"], new.get("margin")) == (old["verdict"], pytest.approx(old.get("margin"))), new["claim"]
+
+
+def test_the_docs_print_what_the_world_changed_and_its_figure(tmp_path):
+    """Issue 71.1: docs/cclip.md holds every claim, shared world -> conflict world, at the three seed sets, printed by
+    lab.report from the six committed files; docs/lab.md shows full FT's R@1 matrix in both worlds."""
+    from lab import report
+    assert report.worlds_markdown("cclip-demo", DOCS) in (DOCS / "cclip.md").read_text()
+    assert "(continual-world.png)" in (DOCS / "lab.md").read_text() and (DOCS / "continual-world.png").is_file()
+    png = report.world_figure(DOCS / SHARED[0], DOCS / SEED_SETS[0], tmp_path / "w.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
