@@ -945,24 +945,6 @@ def calibrate_continual_world(data_root="data", out="runs/calibration/continual-
                      "every pilot", "fallback": None if chosen is not None else "none passes: no strength chosen"}
 
 
-def calibrate_continual_world_2(data_root="data", out="runs/calibration/continual-world-2",
-                                processes: int = 3) -> dict:
-    """continual-world's grid at WORLD_PILOTS with the floor on the pilot mean (module docstring, continual-world-2),
-    ascending, stopping at the first strength that passes."""
-    grid = []
-    for k, strength in enumerate(CONFLICT_GRID, 1):
-        grid.append(_forgetting_pilots(data_root, f"{out}/{k}of6", strength, "continual-world-2", WORLD_PILOTS,
-                                       "pilot mean", processes))
-        if grid[-1]["passes"]:
-            break
-    chosen = grid[-1] if grid[-1]["passes"] else None
-    return {"pilot_seeds": list(WORLD_PILOTS), "grid": grid, "chosen": chosen and chosen["strength"],
-            "chosen words renamed per domain": chosen and chosen["words renamed per domain"],
-            "pilots": chosen and chosen["pilots"],
-            "needs": "full FT's -BWT / its mean per-task gain: mean - 2 se >= 0.5; every task's gain, mean over the "
-                     "pilots, >= 5 R@1", "fallback": None if chosen else "none passes: no strength chosen"}
-
-
 FLOOR_EDGE = 10.0  # cclip-floor: a regulariser chosen at its largest weight extends the grid once by this factor
 
 
@@ -993,26 +975,40 @@ def calibrate_cclip_floor(data_root="data", out="runs/calibration/cclip-floor") 
     return {"grid": rows, "chosen": chosen}
 
 
-def calibrate_continual_world_3(data_root="data", out="runs/calibration/continual-world-3",
-                                processes: int = 3) -> dict:
-    """continual-world-2's rule over (steps, strength) at WORLD_PILOTS_3 (module docstring, continual-world-3): steps
-    45 then 60, strengths ascending, stopping at the first that passes."""
+def _world_grid(data_root, out, name: str, pilots, steps_grid, processes: int) -> dict:
+    """continual-world-2's and -3's grid: for each steps of `steps_grid` (None: the demo's), the strengths ascending at
+    `pilots` with the floor on the pilot mean, stopping at the first (steps, strength) that passes."""
     grid = []
-    for steps in WORLD_STEPS_3:
+    for steps in steps_grid:
         for k, strength in enumerate(CONFLICT_GRID, 1):
-            grid.append(_forgetting_pilots(data_root, f"{out}/{steps}steps-{k}of6", strength, "continual-world-3",
-                                           WORLD_PILOTS_3, "pilot mean", processes, steps))
+            where = f"{out}/{f'{steps}steps-' if steps else ''}{k}of6"
+            grid.append(_forgetting_pilots(data_root, where, strength, name, pilots, "pilot mean", processes, steps))
             if grid[-1]["passes"]:
                 break
         if grid[-1]["passes"]:
             break
     chosen = grid[-1] if grid[-1]["passes"] else None
-    return {"pilot_seeds": list(WORLD_PILOTS_3), "grid": grid, "chosen": chosen and chosen["strength"],
-            "steps": chosen and chosen["steps"],
+    knobs = "strength" if steps_grid == (None,) else "(steps, strength)"
+    return {"pilot_seeds": list(pilots), "grid": grid, "chosen": chosen and chosen["strength"],
+            **({"steps": chosen and chosen["steps"]} if steps_grid != (None,) else {}),
             "chosen words renamed per domain": chosen and chosen["words renamed per domain"],
             "pilots": chosen and chosen["pilots"],
             "needs": "full FT's -BWT / its mean per-task gain: mean - 2 se >= 0.5; every task's gain, mean over the "
-                     "pilots, >= 5 R@1", "fallback": None if chosen else "none passes: no (steps, strength) chosen"}
+                     "pilots, >= 5 R@1", "fallback": None if chosen else f"none passes: no {knobs} chosen"}
+
+
+def calibrate_continual_world_2(data_root="data", out="runs/calibration/continual-world-2",
+                                processes: int = 3) -> dict:
+    """continual-world's grid at WORLD_PILOTS with the floor on the pilot mean (module docstring, continual-world-2),
+    ascending, stopping at the first strength that passes."""
+    return _world_grid(data_root, out, "continual-world-2", WORLD_PILOTS, (None,), processes)
+
+
+def calibrate_continual_world_3(data_root="data", out="runs/calibration/continual-world-3",
+                                processes: int = 3) -> dict:
+    """continual-world-2's rule over (steps, strength) at WORLD_PILOTS_3 (module docstring, continual-world-3): steps
+    45 then 60, strengths ascending, stopping at the first that passes."""
+    return _world_grid(data_root, out, "continual-world-3", WORLD_PILOTS_3, WORLD_STEPS_3, processes)
 
 
 def conflict_world_record() -> tuple[str, dict] | None:

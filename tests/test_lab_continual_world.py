@@ -94,3 +94,20 @@ def test_cclip_floor_2_took_each_knob_by_the_one_rule(variant):
 def test_a_bad_world_is_one_clear_message(capsys):
     with pytest.raises(SystemExit, match="--world 'mixed': one of conflict, shared"):
         cclip.main(["--world", "mixed"])
+
+
+@pytest.mark.parametrize("name", ["continual-world-2", "continual-world-3"])
+def test_the_grid_code_replays_its_committed_record(monkeypatch, name):
+    """calibrate_continual_world_2 / _3 fed their records' own rows (no training) ask for them in the recorded order,
+    stop where the record stops and return the record's every field but main()'s."""
+    rec = calibrate.record(name)
+    rows, asked = iter(rec["grid"]), []
+
+    def row(data_root, out, strength, *args):
+        asked.append(strength)
+        return next(rows)
+    monkeypatch.setattr(calibrate, "_forgetting_pilots", row)
+    out = calibrate.CALIBRATIONS[name]()
+    assert asked == [r["strength"] for r in rec["grid"]]
+    assert set(rec) - set(out) == {"demo", "machine", "pilot_seed", "rule", "seconds"}
+    assert all(out[k] == rec[k] for k in out if k != "grid") and len(out["grid"]) == len(rec["grid"])

@@ -48,11 +48,17 @@ def test_an_effect_margin_is_a_share_of_the_baselines_effect_and_only_unsettled_
 
 
 def test_the_regime_gates_read_their_calibration_records():
-    """C-CLIP's last / avg R@1 need full FT to forget half of what it learns; the three pilots: -BWT 5.1 / 4.4 / 4.0
-    against gains 12.1 / 14.6 / 14.7. Long-CLIP's claims need it to learn long captions (>= 3): -2.5, -1.4, -1.4."""
+    """C-CLIP's last / avg R@1 need full FT to forget half of what it learns: in the shared world the three pilots
+    give -BWT 5.1 / 4.4 / 4.0 against gains 12.1 / 14.6 / 14.7 (not met), in the conflict world (issue 71.1) -BWT
+    16.0 / 16.0 / 17.4 against 26.9 / 25.7 / 21.2 (met). Long-CLIP's claims need it to learn long captions (>= 3):
+    -2.5, -1.4, -1.4."""
     from lab import registry
-    gate = cclip.forgetting_gate(registry.load("cclip")["gates"]["forgetting"])
+    spec = registry.load("cclip")["gates"]["forgetting"]
+    gate = cclip.forgetting_gate(spec, world="shared")
     assert gate["met"] is False and gate["measured"].startswith("-BWT 5.1 vs gain 12.1, -BWT 4.4 vs gain 14.6")
     assert gate["value"] + 2 * gate["se"] < 0.5
+    gate = cclip.forgetting_gate(spec)
+    assert gate["met"] is True and gate["measured"].startswith("-BWT 16.0 vs gain 26.9, -BWT 16.0 vs gain 25.7")
+    assert gate["value"] - 2 * gate["se"] >= 0.5
     gate = longclip.learns_gate(registry.load("longclip")["gates"]["learns-long"])
     assert gate["met"] is False and gate["measured"] == "-2.5, -1.4, -1.4 (pilots)"
