@@ -13,6 +13,19 @@ from plumbing import base, published, towers
 from plumbing.published import m2mix_table1  # noqa: F401  (torch-free; tests and callers read it here)
 
 
+def _sphere_d2(a, b, chunk: int):
+    """Row chunks of `a`, each (its row indices, the squared distances on the unit sphere from those rows to every
+    row of `b`: (c, N)), so that the geometry below holds O(chunk x N) at a time."""
+    for s in range(0, len(a), chunk):
+        yield torch.arange(s, min(s + chunk, len(a))), (2 - 2 * a[s:s + chunk] @ b.t()).clamp(min=0)
+
+
+def _off_diagonal(rows, d2):
+    """d2 (a chunk of _sphere_d2 over paired rows) with each row's own pair at +inf (excluded from a min, exp 0)."""
+    d2[rows - rows[0], rows] = float("inf")
+    return d2
+
+
 @torch.no_grad()
 def geometry(img, txt, chunk: int = 1024) -> dict:
     """Embedding geometry of N paired, L2-normalised features img, txt (N, D), in row chunks (memory O(chunk x N)).
@@ -29,22 +42,14 @@ def geometry(img, txt, chunk: int = 1024) -> dict:
         raise ValueError(f"geometry needs N >= 2 paired rows, got {tuple(img.shape)} and {tuple(txt.shape)}")
     pos = (img - txt).square().sum(1)  # (N,)
     hardest, lse = torch.empty(n), []
-    for s in range(0, n, chunk):
-        d2 = (2 - 2 * img[s:s + chunk] @ txt.t()).clamp(min=0)  # (c, N) squared distances on the sphere
-        rows = torch.arange(s, min(s + chunk, n))
+    for rows, d2 in _sphere_d2(img, txt, chunk):  # image i to text k
         lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
-        d2[rows - s, rows] = float("inf")  # k != i
-        hardest[s:s + chunk] = d2.min(1).values
+        hardest[rows] = _off_diagonal(rows, d2).min(1).values  # k != i
     out = {"align": -(pos - hardest).mean().item(),
            "unif": -(torch.logsumexp(torch.stack(lse), 0) - math.log(n * n)).item(),
            "wi_align": pos.mean().item()}
-    for name, x in (("img", img), ("txt", txt)):
-        lse = []
-        for s in range(0, n, chunk):
-            d2 = (2 - 2 * x[s:s + chunk] @ x.t()).clamp(min=0)
-            rows = torch.arange(s, min(s + chunk, n))
-            d2[rows - s, rows] = float("inf")  # i != j: exp(-inf) = 0
-            lse.append(torch.logsumexp(-2 * d2.flatten(), 0))
+    for name, x in (("img", img), ("txt", txt)):  # i != j: exp(-inf) = 0
+        lse = [torch.logsumexp(-2 * _off_diagonal(rows, d2).flatten(), 0) for rows, d2 in _sphere_d2(x, x, chunk)]
         out[f"wi_unif_{name}"] = (torch.logsumexp(torch.stack(lse), 0) - math.log(n * (n - 1))).item()
     out["gap"] = (img.mean(0) - txt.mean(0)).norm().item()
     return out
@@ -62,14 +67,10 @@ def released_code_geometry(img, txt, chunk: int = 1024) -> dict:
     if n < 2 or txt.shape != img.shape:
         raise ValueError(f"released_code_geometry needs N >= 2 paired rows, got {tuple(img.shape)}, {tuple(txt.shape)}")
     pos = (txt - img).square().sum(1)  # (N,)
-    hardest, lse = torch.empty(n), []
-    for s in range(0, n, chunk):
-        rows = torch.arange(s, min(s + chunk, n))
-        d2 = (2 - 2 * txt[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): text i to image k
-        d2[rows - s, rows] = float("inf")  # k != i
-        hardest[s:s + chunk] = d2.min(1).values
-        dv = (2 - 2 * img[s:s + chunk] @ img.t()).clamp(min=0)  # (c, N): image to image, diagonal 0
-        lse.append(torch.logsumexp(-2 * dv.flatten(), 0))
+    hardest = torch.empty(n)
+    for rows, d2 in _sphere_d2(txt, img, chunk):  # text i to image k
+        hardest[rows] = _off_diagonal(rows, d2).min(1).values  # k != i
+    lse = [torch.logsumexp(-2 * dv.flatten(), 0) for _, dv in _sphere_d2(img, img, chunk)]  # diagonal 0 kept
     log_s = torch.logsumexp(torch.stack(lse), 0).double()  # log S
     # sum over the pairs a < b of [v; v]: 2 S - N; their number: N (2N - 1)
     unif = torch.log(2 * torch.exp(log_s) - n) - math.log(n * (2 * n - 1))
