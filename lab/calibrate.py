@@ -328,6 +328,7 @@ DNS_GRID = [dict(epochs=e, lr=lr) for e in (5, 10) for lr in (1e-4, 1e-3, 1e-2)]
 DNS_GRID_2 = [dict(task_classes=c, long=long, epochs=e, lr=lr) for c in ("position", "count")
               for long in (False, True) for e, lr in ((5, 1e-3), (10, 1e-3), (5, 1e-2), (10, 1e-2))]
 ACC_CEILING, TOL = 90.0, 1e-4
+LEARNS = 5.0  # the plasticity floor of every continual rule: each task gains >= 5 points (R@1, or the task's own)
 # Issue 39, declared before it ran (docs/lab.md, "Calibration"): `dns.py --demo-cmcl`, where vanilla did not forget
 # (BWT of Acc +0.4, of R@10 +0.2: every dataset's modalities were mixed by the same matrices, so a map fitted to one
 # step fitted all). The world's lever: `conflict`, a mixing part of each dataset's own (world.synthetic_multimodal).
@@ -346,13 +347,23 @@ def erclip_passes(base: dict, m: dict) -> dict:
     return {"held-out loss %": loss, "long gain": gain, "in band": in_band, "passes": in_band and gain >= 3}
 
 
+def learns_every_task(learned) -> bool:
+    """Every task gained >= LEARNS points, at TOL (a gain of exactly 5.00 is stored as 4.9999997 in float32)."""
+    return min(learned) >= LEARNS - TOL
+
+
+def forgets(bwt: float) -> bool:
+    """BWT <= -3 points, at TOL."""
+    return bwt <= -3 + TOL
+
+
 def continual_passes(R: list[list[float]]) -> dict:
     """R[i][j]: R@1 on task j after tasks 1..i (row 0: pretrained)."""
     n = len(R[0])
     learned = [R[i + 1][i] - R[0][i] for i in range(n)]
     bwt = sum(R[n][j] - R[j + 1][j] for j in range(n - 1)) / (n - 1)
-    learns, forgets = min(learned) >= 5 - TOL, bwt <= -3 + TOL  # a gain of 5.00 is stored as 4.9999997 (float32)
-    return {"learned per task": learned, "BWT": bwt, "learns": learns, "forgets": forgets, "passes": learns and forgets}
+    learns, forgot = learns_every_task(learned), forgets(bwt)
+    return {"learned per task": learned, "BWT": bwt, "learns": learns, "forgets": forgot, "passes": learns and forgot}
 
 
 def record(name: str) -> dict:
@@ -626,7 +637,7 @@ def calibrate_dns(data_root="data", out="runs/calibration/dns") -> dict:
 def dns_targets(learned: list[float], bwt_r1: float, bwt_acc: float, identity_acc: float) -> dict:
     """Both DNS calibrations' targets, at a rounding tolerance (TOL: C-CLIP's calibration lost a setting to
     +4.9999997 against 5): every task learned >= 5 R@1, BWT of R@1 and of Acc <= -3, identity Acc <= ACC_CEILING."""
-    return {"learns": min(learned) >= 5 - TOL, "forgets": bwt_r1 <= -3 + TOL, "forgets Acc": bwt_acc <= -3 + TOL,
+    return {"learns": learns_every_task(learned), "forgets": forgets(bwt_r1), "forgets Acc": forgets(bwt_acc),
             "Acc unsaturated": identity_acc <= ACC_CEILING + TOL}
 
 
@@ -884,7 +895,6 @@ def calibrate_cclip_gates(data_root="data", out="runs/calibration/cclip-gates") 
 
 
 CONFLICT_GRID = tuple(k / 6 for k in range(1, 7))  # continual-world: every strength of the knob, ascending
-LEARNS = 5.0  # continual-world: the plasticity floor (its forgetting threshold: lab/claims/cclip.json's gate)
 
 
 WORLD_PILOTS = (94, 95, 96)  # continual-world-2: never run before (not in 0-4, 10-14, 30-34 or GATE_PILOTS)
@@ -915,10 +925,9 @@ def _forgetting_pilots(data_root, out, conflict: float, name: str, pilots=GATE_P
     gate = registry.gate(registry.load("cclip")["gates"]["forgetting"], ratios, name) if None not in ratios else {}
     mean, se = gate.get("value"), gate.get("se")
     gains = np.array([p["check"]["learned per task"] for p in pilots.values()])  # pilot x task
-    task_mean = gains.mean(0)
-    task_se = gains.std(0, ddof=1) / math.sqrt(len(gains)) if len(gains) > 1 else np.zeros_like(task_mean)
+    task_mean, _, task_se = zip(*(lab.paired_stats(task) for task in gains.T))  # each task over the pilots
     min_gain = float(gains.min())
-    learns = (min_gain if floor == "every pilot" else float(task_mean.min())) >= LEARNS - TOL
+    learns = learns_every_task(gains.min(0) if floor == "every pilot" else task_mean)
     passes = learns and gate.get("met") is True  # the forgetting gate met: mean - 2 se >= its threshold
     at = f"strength {conflict:.3g}" + (f", {steps} steps" if steps else "")
     print(f"[calibrate {name}] {at}: ratios {ratios}, mean {mean}, se {se}, task gains "
@@ -927,7 +936,7 @@ def _forgetting_pilots(data_root, out, conflict: float, name: str, pilots=GATE_P
             "words renamed per domain": round(conflict * 6),
             "names": {d: lab.conflict_names(d, conflict) for d in lab.TASK_DOMAINS}, "pilots": pilots,
             "ratio mean": mean, "ratio se": se, "ratio mean - 2 se": None if mean is None else mean - 2 * se,
-            "min gain": min_gain, "task gain mean": task_mean.tolist(), "task gain se": task_se.tolist(),
+            "min gain": min_gain, "task gain mean": list(task_mean), "task gain se": list(task_se),
             "floor": floor, "learns": learns, "passes": passes}
 
 
@@ -1014,8 +1023,9 @@ def calibrate_continual_world_3(data_root="data", out="runs/calibration/continua
 def conflict_world_record() -> tuple[str, dict] | None:
     """The continual world's calibration that chose (continual-world-3, else -2): (its name, its record), or None."""
     for name in ("continual-world-3", "continual-world-2"):
-        if (DOCS / f"calibration-{name}.json").exists() and record(name)["chosen"] is not None:
-            return name, record(name)
+        rec = record(name) if (DOCS / f"calibration-{name}.json").exists() else {"chosen": None}
+        if rec["chosen"] is not None:
+            return name, rec
     return None
 
 
