@@ -16,6 +16,11 @@ from plumbing.results import from_json
 import lab
 
 
+def load(path) -> dict:
+    """A results file as a demo wrote it (NaN and infinities restored)."""
+    return from_json(Path(path).read_text(), restore=True, strict=False)
+
+
 def threads(r: dict) -> str:
     """How a results file's runs were executed: lab.run_jobs' one-thread workers, or the process's threads."""
     if "processes" in r:
@@ -25,7 +30,7 @@ def threads(r: dict) -> str:
 
 def demo_markdown(path, command: str) -> str:
     path = Path(path)
-    r = from_json(path.read_text(), restore=True, strict=False)
+    r = load(path)
     m = r["machine"]
     figure = Path(r["figure"]).name
     head = (f"Run: `{command}` on {m['cores']} CPU cores ({m['cpu']}), torch {m['torch']}, {threads(r)}; wall time "
@@ -39,9 +44,8 @@ def demo_markdown(path, command: str) -> str:
 def claims_lines(path, fresh=None) -> str:
     """The README's one line per claim: verdict, claim, our mean, the paper; with `fresh` (issue 70: the seeds run
     once after the claims registry) that file's verdict too."""
-    r = from_json(Path(path).read_text(), restore=True, strict=False)
-    again = {c["claim"]: c for c in from_json(Path(fresh).read_text(), restore=True, strict=False)["claims"]} \
-        if fresh else {}
+    r = load(path)
+    again = {c["claim"]: c for c in load(fresh)["claims"]} if fresh else {}
     return "\n".join(f"- {c['verdict']}" + (f" (fresh seeds: {again[c['claim']]['verdict']})" if again else "")
                      + f": {c['claim']}: {c['mean']:+.2f} (paper {c['paper']})" for c in r["claims"])
 
@@ -49,7 +53,7 @@ def claims_lines(path, fresh=None) -> str:
 def heldout_markdown(path, *others) -> str:
     """Each claim at the demo's seeds beside the same claim at held-out seeds (issue 39: a verdict reproduced at
     seeds 0-4 must repeat at 10-14), and at fresh seeds run once after the claims registry (issue 70: 30-34)."""
-    a, *rest = (from_json(Path(p).read_text(), restore=True, strict=False) for p in (path, *others))
+    a, *rest = (load(p) for p in (path, *others))
     others = [{c["claim"]: c for c in b["claims"]} for b in rest]
     head = "| claim | " + " | ".join(f"seeds {r['seeds'][0]}-{r['seeds'][-1]} | verdict" for r in (a, *rest)) + " |"
     rows = [f"| {c['claim']} | " + " | ".join(f"{o['mean']:+.2f} ± {o['std']:.2f} | {o['verdict']}"
@@ -60,7 +64,7 @@ def heldout_markdown(path, *others) -> str:
 
 def margins_markdown(path) -> str:
     """Issue 70.3: each claim's margin and the numbers it came from (a results file written under a registry)."""
-    r = from_json(Path(path).read_text(), restore=True, strict=False)
+    r = load(path)
     rows = ["| claim | rule | from | margin |", "|---|---|---|---|"]
     for c in r["claims"]:
         src = c.get("margin_source")
@@ -82,8 +86,7 @@ def worlds_markdown(prefix: str, docs="docs") -> str:
     """Issue 71.1: each claim's mean and verdict in the shared world (docs/PREFIX-shared*-results.json) beside the
     conflict world (docs/PREFIX*-results.json), at seeds 0-4, 10-14 and 30-34."""
     kinds = ("", "-heldout", "-fresh")
-    files = {w: [from_json((Path(docs) / f"{prefix}{w}{k}-results.json").read_text(), restore=True, strict=False)
-                 for k in kinds] for w in ("-shared", "")}
+    files = {w: [load(Path(docs) / f"{prefix}{w}{k}-results.json") for k in kinds] for w in ("-shared", "")}
     head = "| claim | " + " | ".join(f"seeds {r['seeds'][0]}-{r['seeds'][-1]}: shared -> conflict"
                                      for r in files[""]) + " |"
     rows = []
@@ -99,7 +102,7 @@ def worlds_markdown(prefix: str, docs="docs") -> str:
 def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
     """Issue 71.1: what the continual world does to `method`'s R@1 matrix: its per-seed matrices from two results
     files of C-CLIP's demo (the shared world's, the conflict world's) side by side, on one colour scale."""
-    runs = [from_json(Path(p).read_text(), restore=True, strict=False) for p in (shared, conflict)]
+    runs = [load(p) for p in (shared, conflict)]
     label = {r.get("world", {}).get("name", "shared"): r for r in runs}
     matrices = {f"{method}, {name} world": [s["R"] for s in r["per_seed"][method]] for name, r in label.items()}
     steps = " / ".join(f"{name} {r['config']['steps']}" for name, r in label.items())

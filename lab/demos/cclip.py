@@ -92,7 +92,7 @@ CHOSEN_BASELINES = {"zscl": dict(image_weight=0.3, text_weight=0.3), "lwf": dict
                     "ewc": dict(ewc_lambda=1e5)}
 WORLDS = {"conflict": dict(conflict=CONFLICT, steps=CONFLICT_STEPS, lora=DEMO_LORA, baselines=CHOSEN_BASELINES,
                            gate="record"),
-          "shared": dict(conflict=0.0, steps=30, lora=SHARED_LORA, baselines=SHARED_BASELINES,
+          "shared": dict(conflict=0.0, steps=DEMO["steps"], lora=SHARED_LORA, baselines=SHARED_BASELINES,
                          gate="shared_world_record")}
 
 
