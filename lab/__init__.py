@@ -71,15 +71,24 @@ from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pret
 from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
                        POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
                        Domain, classification_tasks, conflict_manifest, conflict_names, finetune_classes, label_sets,
-                       long_caption_manifest, long_task_manifests, low_rank_tasks, render, retrieval_tasks, scene,
-                       scene_label_sets, scene_labelled_tasks, scene_labels_manifest, synthetic_manifest,
-                       world_fingerprint, synthetic_multimodal, task_manifests, world_split)
+                       lead_manifest, long_caption_manifest, long_task_manifests, low_rank_tasks, render,
+                       retrieval_tasks, scene, scene_label_sets, scene_labelled_tasks, scene_labels_manifest,
+                       summary_first, summary_first_manifest, synthetic_manifest, world_fingerprint,
+                       synthetic_multimodal, task_manifests, world_split)
 
 models.register_tiny(TINY_CFG)  # the tiny backbone, known to open_clip (open_clip.add_model_config)
 WORLD = models.LabWorld(  # the synthetic world, handed as `world=` to what the lab runs (models.LabWorld)
     tiny_weights=pretrain_tiny, synthetic_manifest=synthetic_manifest, task_manifests=task_manifests,
     long_task_manifests=long_task_manifests, label_sets=lambda: label_sets() | scene_label_sets())
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
+
+
+def long_world(lead: int) -> models.LabWorld:
+    """WORLD with the fine-tuning pool's long captions (--train-data synthetic, the 'val' / 'test' splits) in
+    summary-first order at `lead` (issue 71.2: world.summary_first; the value: python -m lab.calibrate long-world);
+    0: WORLD itself."""
+    import dataclasses
+    return dataclasses.replace(WORLD, synthetic_manifest=lead_manifest(lead)) if lead else WORLD
 
 
 def conflict_world(conflict: float) -> models.LabWorld:

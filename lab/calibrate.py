@@ -229,6 +229,52 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
 
+  long-world (issue 71.2, declared and committed before it ran): the
+      long-caption world's knob, chosen on CLIP AND M ALONE (no other
+      variant is run or read). The knob: lead (lab/world.py summary_first),
+      how many of a long caption's whole-scene sentences (the count, the
+      pairwise relations, the sizes, the style; in that order) open it ahead
+      of its object sentences, as ShareGPT4V's captions open with a sentence
+      about the whole image (Long-CLIP's training code takes a caption's
+      first sentence as its short caption: beichenzbc/Long-CLIP,
+      train/sharegpt4v.py). Only the order moves: the window (24 tokens),
+      every sentence, the short captions, the pictures and the pretrained
+      weights are the shared world's, so nothing is pretrained again. The
+      window's share of a long caption (val: 22 content tokens of 70.6 on
+      average, 0.34) is near the paper data's: ShareGPT4V's GPT4-Vision
+      captions average 942 characters (Chen et al., arXiv 2311.12793), about
+      207 CLIP BPE tokens at the 4.55 characters a token the same tokenizer
+      gives the lab's captions, of which the 77-token window reads 75 (0.36);
+      Long-CLIP (Zhang et al., arXiv 2403.15378, Sec. 1) finds that CLIP
+      uses fewer than 20 of its tokens effectively, so what matters is what
+      the window's first tokens carry. The record prints the share at every
+      setting (the order cannot move it). Grid, ascending: lead 1, 2, 3 (the
+      window, 22 content tokens, reads about two sentences: at lead 1 the
+      count and the first object sentence and most of the second, at 2 the
+      count and a relation (an object sentence begun in 35 % of val's
+      captions), at 3 no object sentence; val's tokens, counted before). At
+      each lead and each of LONG_PILOTS (88, 89, 90, never run before): M (mean
+      pooling, lambda_p 0) at ERCLIP's demo settings, trained and measured
+      on the world at that lead (train, val); CLIP measured on val at that
+      lead. share = M's truncated long gain over CLIP / its sentence-mean
+      long gain (erclip-gates' measure: the window carries the training's
+      gain); its mean and se over the pilots (lab/claims/erclip.json's gate
+      rule). Rule: the first lead at which the gate is met (mean - 2 se >=
+      1/3) AND M's truncated long gain >= 3 on the pilot mean (the erclip
+      rule's floor); none passes: the record says so and chooses none, and
+      the claims stay 'outside the lab's regime' with these numbers.
+      Declared with it, for the chosen world, before any of its runs:
+      erclip and longclip run again there (erclip-long-world,
+      longclip-long-world: their rules, grids and pilot 99 unchanged); each
+      demo takes their choice in that world. The long-window gate of
+      ERCLIP's truncated claim reads long-world's pilots at the chosen lead.
+      Long-CLIP's three gated claims (beats CLIP, ahead of ERCLIP truncated
+      and through its window) take the same world gate, long-window, in
+      place of learns-long, which read Long-CLIP's own long gain: a method's
+      own result gated its claims, where issue 71 asks for worlds chosen on
+      the baselines alone (lab/claims/longclip.json, 'world'); Long-CLIP's
+      long gain stays in its results as a diagnosis.
+
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first
 setting whose erosion is in the band (its long-gain target then reported as
@@ -258,7 +304,7 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "cclip-long-2", "dns", "dns-2", "dns-cmcl", "m2mix-mix", "m2mix-baselines", "towers-mix", "gmc-mix",
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
-         "continual-world-3", "cclip-floor-2")
+         "continual-world-3", "cclip-floor-2", "long-world")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -340,11 +386,15 @@ DNS_CMCL_GRID = [dict(conflict=c, epochs=e, lr=lr) for c in (0.0, 0.5, 1.0)
                  for e, lr in ((5, 1e-3), (10, 1e-3), (5, 1e-2), (10, 1e-2))]
 
 
+ERCLIP_LONG_GAIN = 3.0  # the erclip rule's floor on M's truncated long gain (points)
+
+
 def erclip_passes(base: dict, m: dict) -> dict:
     loss = 100 * (base["background"] - m["background"]) / base["background"]
     gain = m["long"] - base["long"]
     in_band = 3 <= loss <= 25
-    return {"held-out loss %": loss, "long gain": gain, "in band": in_band, "passes": in_band and gain >= 3}
+    return {"held-out loss %": loss, "long gain": gain, "in band": in_band,
+            "passes": in_band and gain >= ERCLIP_LONG_GAIN}
 
 
 def learns_every_task(learned) -> bool:
@@ -435,6 +485,67 @@ def calibrate_erclip_gates(data_root="data", out="runs/calibration/erclip-gates"
               f"sentence-mean {sentence:+.2f}", file=sys.stderr)
     return {"base": base, "pilot_seed": list(GATE_PILOTS), "pilots": pilots,
             "needs": f"truncated gain >= {ERCLIP_GATE_SHARE:.2f} x sentence-mean gain"}
+
+
+LEAD_GRID = (1, 2, 3)  # long-world: ascending (module docstring)
+LONG_PILOTS = (88, 89, 90)  # long-world: never run before (not in 0-4, 10-14, 30-34, 91-99)
+
+
+def _long_world_pilot(cfg, lead: int, seed: int, out: str) -> dict:
+    """M (mean pooling, no preservation) at ERCLIP's demo settings in the world at `lead`, one pilot seed, measured
+    on val at that lead (a run_jobs job)."""
+    from lab.demos import erclip as demo
+    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0, out=f"{out}/lead{lead}/M-seed{seed}")
+    return demo.train_and_measure(vcfg, "val", lead)
+
+
+def window_share(data_root="data", split="val") -> dict:
+    """How much of a long caption the tiny window reads (long-world's stated measure): content tokens (CLIP's BPE,
+    the tiny model's tokenizer) per caption, the window's content tokens, their share (mean over the split)."""
+    import open_clip
+    from plumbing.manifests import read_manifest
+    bpe = open_clip.tokenizer.SimpleTokenizer()
+    rows = read_manifest(lab.synthetic_manifest(split, data_root))
+    n = np.array([len(bpe.encode(r["long_caption"])) for r in rows])
+    chars = np.array([len(r["long_caption"]) for r in rows])
+    window = lab.TINY_CFG["text_cfg"]["context_length"] - 2  # the start and end tokens take two slots
+    return {"tokens mean": float(n.mean()), "characters mean": float(chars.mean()),
+            "characters per token": float(chars.sum() / n.sum()), "window tokens": window,
+            "window share": float(np.mean(np.minimum(1.0, window / n)))}
+
+
+def calibrate_long_world(data_root="data", out="runs/calibration/long-world", processes: int = 2) -> dict:
+    """The long-caption world's lead (module docstring, long-world): CLIP and M alone, val, LONG_PILOTS, each lead
+    of LEAD_GRID ascending; the first at which M's truncated / sentence-mean long gain has mean - 2 se >= 1/3 and
+    its truncated gain >= 3 on the pilot mean."""
+    import erclip
+    from lab.demos import erclip as demo
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
+    lab.synthetic_manifest("train", data_root)  # written once, before the workers read it
+    spec = registry.load("erclip")["gates"]["long-window"]
+    job = importlib.import_module("lab.calibrate")._long_world_pilot  # picklable also when this runs as __main__
+    rows, chosen = [], None
+    for lead in LEAD_GRID:
+        base = demo.measure_pretrained(cfg, "val", lead)
+        measured = lab.run_jobs(job, [(cfg, lead, seed, out) for seed in LONG_PILOTS], processes)
+        pilots = {}
+        for seed, m in zip(LONG_PILOTS, measured):
+            truncated, sentence = m["long"] - base["long"], m["long sent"] - base["long sent"]
+            pilots[seed] = {"M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
+                            "share": truncated / sentence if sentence else float("nan")}
+        gate = registry.gate(spec, [p["share"] for p in pilots.values()], f"long-world lead {lead}")
+        truncated = float(np.mean([p["truncated gain"] for p in pilots.values()]))
+        passes = gate["met"] is True and truncated >= ERCLIP_LONG_GAIN - TOL
+        rows.append({"lead": lead, "base": base, "pilots": pilots, "share mean": gate["value"], "share se": gate["se"],
+                     "share mean - 2 se": gate["value"] - 2 * gate["se"], "truncated gain mean": truncated,
+                     "passes": passes})
+        print(f"[calibrate long-world] lead {lead}: share {gate['value']:.3f} +- {gate['se']:.3f}, truncated gain "
+              f"{truncated:+.2f}, passes {passes}", file=sys.stderr)
+        if passes:
+            chosen = {"lead": lead}
+            break
+    return {"pilot_seed": list(LONG_PILOTS), "window": window_share(data_root), "grid": rows, "chosen": chosen,
+            "needs": f"share mean - 2 se >= {spec['threshold']:.3f} and truncated gain >= {ERCLIP_LONG_GAIN:g}"}
 
 
 LONGCLIP_LRS = (1e-5, 3e-5, 1e-4, 1.5e-4)  # longclip: ascending; the low edge extends once (LONGCLIP_EDGE)
@@ -1154,7 +1265,8 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "cclip-gates": calibrate_cclip_gates, "cclip-floor": calibrate_cclip_floor,
                 "longclip-gates": calibrate_longclip_gates, "continual-world": calibrate_continual_world,
                 "continual-world-2": calibrate_continual_world_2,
-                "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2}
+                "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2,
+                "long-world": calibrate_long_world}
 
 
 def main(argv=None):

@@ -443,6 +443,51 @@ def task_manifests(data_root="data", n_train=None, n_test=None, conflict: float 
             for d in TASK_DOMAINS]
 
 
+# Where the window reads (issue 71, item 2). The long captions open with their object sentences, in cell order
+# ("There is a large red circle at the top left."), so the 24-token window reads the first one or two objects: what
+# the short caption and pretraining's descriptive alt-texts already say. What a long caption adds over its short one
+# (the count, the pairwise relations, the sizes, the style) lies past the window, so ERCLIP's truncated test cannot
+# see what its sentence-level training adds (docs/calibration-erclip-gates.json). ShareGPT4V's captions open with a
+# sentence about the whole image (Long-CLIP's training code takes a caption's first sentence as its short caption:
+# beichenzbc/Long-CLIP, train/sharegpt4v.py). The knob, `lead` (an integer >= 0): the first `lead` whole-scene
+# sentences, in the order the caption has them, open the caption ahead of the object sentences. Only the order moves:
+# every sentence, every short caption, picture and the tiny model's window are the shared world's (lead 0, the
+# manifests themselves: summary_first_manifest returns them). Its value: python -m lab.calibrate long-world.
+OBJECT_SENTENCE = "There is a "  # how every object sentence of a long caption opens (scene(): one per object)
+
+
+def summary_first(long_caption: str, lead: int) -> str:
+    """A long caption with its first `lead` whole-scene sentences (every sentence that does not open with
+    OBJECT_SENTENCE) moved, in their order, ahead of its object sentences; the others keep their order. The same
+    sentences, each as often as before."""
+    if lead < 0:
+        raise ValueError(f"lead {lead} is not >= 0")
+    sentences = [x if x.endswith(".") else x + "." for x in long_caption.split(". ")]
+    moved = [i for i, x in enumerate(sentences) if not x.startswith(OBJECT_SENTENCE)][:lead]
+    return " ".join(sentences[i] for i in moved + [i for i in range(len(sentences)) if i not in moved])
+
+
+def summary_first_manifest(path, lead: int = 0) -> Path:
+    """A copy of a synthetic split's manifest whose long captions are summary_first(., lead) (written once, next to
+    the original, so image paths still hold); lead 0: `path` itself."""
+    path = Path(path)
+    if not lead:
+        return path
+    target = path.with_name(f"{path.stem}-lead{lead}.jsonl")
+    if not target.exists():
+        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "long_caption": summary_first(r["long_caption"], lead)}
+                for r in read_manifest(path)]
+        atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+    return target
+
+
+def lead_manifest(lead: int):
+    """synthetic_manifest with the long captions at `lead` (summary_first_manifest): a LabWorld's synthetic_manifest."""
+    def manifest(split: str, data_root="data", n: int | None = None) -> Path:
+        return summary_first_manifest(synthetic_manifest(split, data_root, n), lead)
+    return manifest
+
+
 def long_caption_manifest(path) -> Path:
     """A copy of a synthetic manifest whose 'caption' is the row's long
     caption (written once, next to the original, so image paths still hold)."""
