@@ -68,12 +68,12 @@ from lab.stats import (EFFECT_SHARE, EQUAL_SHARE, FIELD_MARGIN, SEEDS, claim, cl
 import lab.towers  # noqa: F401  registers the 'lab-towers' backbone (towers.SPECS)
 from lab.tiny import (TINY_CFG, TINY_PRETRAIN, ClipFineTune, domain_report, pretrain_tiny, retrieval_report,
                       zero_shot_report)
-from lab.world import (BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE, NUMBERS,
-                       POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN, ZS_DOMAIN,
-                       Domain, classification_tasks, conflict_manifest, conflict_names, finetune_classes, label_sets,
-                       lead_manifest, long_caption_manifest, long_task_manifests, low_rank_tasks, render,
-                       retrieval_tasks, scene, scene_label_sets, scene_labelled_tasks, scene_labels_manifest,
-                       summary_first, summary_first_manifest, synthetic_manifest, world_fingerprint,
+from lab.world import (AS_DRAWN, BACKGROUND_TEMPLATES, BACKGROUNDS, COLOR_TEMPLATES, COLORS, FINETUNE, IMAGE_SIZE,
+                       NUMBERS, POSITIONS, PRETRAIN, SHAPE_TEMPLATES, SHAPES, SIZES, SPLITS, TASK_DOMAINS, UNSEEN,
+                       ZS_DOMAIN, Domain, LongCaptions, classification_tasks, conflict_manifest, conflict_names,
+                       finetune_classes, label_sets, long_caption_manifest, long_register, long_task_manifests,
+                       low_rank_tasks, render, retrieval_tasks, scene, scene_label_sets, scene_labelled_tasks,
+                       scene_labels_manifest, summary_first, synthetic_manifest, world_fingerprint,
                        synthetic_multimodal, task_manifests, world_split)
 
 models.register_tiny(TINY_CFG)  # the tiny backbone, known to open_clip (open_clip.add_model_config)
@@ -83,12 +83,12 @@ WORLD = models.LabWorld(  # the synthetic world, handed as `world=` to what the 
 evaluation.register_synthetic(retrieval_tasks(), classification_tasks())
 
 
-def long_world(lead: int) -> models.LabWorld:
-    """WORLD with the fine-tuning pool's long captions (--train-data synthetic, the 'val' / 'test' splits) in
-    summary-first order at `lead` (issue 71.2: world.summary_first; the value: python -m lab.calibrate long-world);
-    0: WORLD itself."""
+def long_world(captions: LongCaptions) -> models.LabWorld:
+    """WORLD with the fine-tuning pool's long captions (--train-data synthetic, the 'val' / 'test' splits) written as
+    `captions` says (issue 71.2: world.LongCaptions; the knobs: python -m lab.calibrate long-world, long-world-2);
+    AS_DRAWN: WORLD itself."""
     import dataclasses
-    return dataclasses.replace(WORLD, synthetic_manifest=lead_manifest(lead)) if lead else WORLD
+    return WORLD if captions == AS_DRAWN else dataclasses.replace(WORLD, synthetic_manifest=captions.synthetic_manifest)
 
 
 def conflict_world(conflict: float) -> models.LabWorld:

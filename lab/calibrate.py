@@ -275,6 +275,34 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       the baselines alone (lab/claims/longclip.json, 'world'); Long-CLIP's
       long gain stays in its results as a diagnosis.
 
+  long-world-2 (issue 71.2, declared after seeing long-world's pilots
+      88-90, committed before it ran): long-world chose no lead. Summary-first
+      order moved CLIP's truncated long R@1 on val from 23.1 (lead 0) to 5.3
+      / 7.4 / 8.3, and M's training, sentence by sentence and mean-pooled,
+      does not see the order (its sentence-mean gain is +12.7 at every lead):
+      its truncated gain was -0.9 / -0.8 / -1.2. What the window reads at
+      lead 0 is pretraining's own register: ALT_DESCRIPTIVE (30 %) of the
+      tiny CLIP's alt-texts open "there is a large red circle at the top
+      left and ...", the long captions' object sentences' words, so CLIP
+      already reads the window (23.1, above its sentence-mean 13.9) and
+      training has little to add there. ShareGPT4V's captions, written by a
+      captioning model, are not CLIP's alt-text. The knob: register
+      (lab/world.py long_register), the share of a long caption's object
+      sentences written "The top left holds a large red circle." (REGISTER;
+      'holds' is in no text of the world), each sentence drawn once per
+      caption, a higher share rewriting the same sentences and more; the
+      same facts, one sentence for one, so only how the window's words read
+      changes (the window, the order, the short captions, the pictures and
+      the weights are the shared world's; no pretraining again). The rule is
+      long-world's, unchanged (CLIP and M alone, val, the demo's settings;
+      the share's mean - 2 se >= 1/3 and M's truncated gain >= 3 on the
+      pilot mean), at LONG_PILOTS_2 (85, 86, 87, never run before), over
+      register 1/3, 2/3, 1 ascending, the first that passes; none: the
+      record says so and the claims stay outside the regime. Every
+      follow-up declared with long-world (erclip-long-world,
+      longclip-long-world, the demos' world, the gates) applies to the
+      world this chooses.
+
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first
 setting whose erosion is in the band (its long-gain target then reported as
@@ -304,7 +332,8 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "cclip-long-2", "dns", "dns-2", "dns-cmcl", "m2mix-mix", "m2mix-baselines", "towers-mix", "gmc-mix",
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
-         "continual-world-3", "cclip-floor-2", "long-world")
+         "continual-world-3", "cclip-floor-2", "long-world", "long-world-2", "erclip-long-world",
+         "longclip-long-world")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -433,17 +462,20 @@ def _pick(rows: list[dict], fallback: str = ""):
         next((r["setting"] for r in rows if fallback and r["check"][fallback]), None)
 
 
-def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
+def calibrate_erclip(data_root="data", out="runs/calibration/erclip", captions=None) -> dict:
+    """ERCLIP's demo settings by M's regime rule (module docstring, erclip); captions: in the world whose long
+    captions are written so (lab.LongCaptions; erclip-long-world: the long-caption world's)."""
+    captions = captions or lab.AS_DRAWN
     import erclip
     from lab.demos import erclip as demo
     cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
-    base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
+    base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val", captions=captions)
     rows = []
     for setting in ERCLIP_GRID + ERCLIP_GRID_2:
         vcfg = dataclasses.replace(cfg, fusion="mean", lambda_p=0.0, out=f"{out}/M-{len(rows)}",
                                    warmup=max(1, setting["steps"] // 10), **setting)
-        m = demo.train_and_measure(vcfg, split="val")
+        m = demo.train_and_measure(vcfg, split="val", captions=captions)
         rows.append({"setting": setting, "M": m, "check": erclip_passes(base, m)})
         print(f"[calibrate erclip] {setting}: {rows[-1]['check']}", file=sys.stderr)
     chosen = _pick(rows[:len(ERCLIP_GRID)], "in band") or _pick(rows, "in band")  # the first grid first
@@ -452,13 +484,14 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip") -> dict:
         for flr in FUSION_LRS:
             vcfg = dataclasses.replace(cfg, fusion="rt", lambda_p=1.0, fusion_lr=flr, out=f"{out}/RT-{flr:g}",
                                        warmup=max(1, chosen["steps"] // 10), **chosen)
-            m = demo.train_and_measure(vcfg, split="val")
+            m = demo.train_and_measure(vcfg, split="val", captions=captions)
             fusion.append({"fusion_lr": flr, "gamma": m["gamma"], "passes": abs(m["gamma"]) >= 0.1})
             print(f"[calibrate erclip] fusion lr {flr:g}: gamma {m['gamma']:+.3f}", file=sys.stderr)
     # the fallback, declared after the fusion grid ran (no value reached 0.1): the value that moved the gate most
     moved = max(fusion, key=lambda f: abs(f["gamma"]))["fusion_lr"] if fusion else None
     return {"base": base, "grid": rows, "chosen": chosen, "fusion_grid": fusion,
-            "fusion_lr": next((f["fusion_lr"] for f in fusion if f["passes"]), moved)}
+            "fusion_lr": next((f["fusion_lr"] for f in fusion if f["passes"]), moved),
+            "captions": dataclasses.asdict(captions)}
 
 
 ERCLIP_GATE_SHARE = 1 / 3  # erclip-gates: M's truncated long gain / its sentence-mean long gain, at least
@@ -489,23 +522,26 @@ def calibrate_erclip_gates(data_root="data", out="runs/calibration/erclip-gates"
 
 LEAD_GRID = (1, 2, 3)  # long-world: ascending (module docstring)
 LONG_PILOTS = (88, 89, 90)  # long-world: never run before (not in 0-4, 10-14, 30-34, 91-99)
+REGISTER_GRID = (1 / 3, 2 / 3, 1.0)  # long-world-2: ascending (module docstring)
+LONG_PILOTS_2 = (85, 86, 87)  # long-world-2: never run before (not in 0-4, 10-14, 30-34, 88-99)
 
 
-def _long_world_pilot(cfg, lead: int, seed: int, out: str) -> dict:
-    """M (mean pooling, no preservation) at ERCLIP's demo settings in the world at `lead`, one pilot seed, measured
-    on val at that lead (a run_jobs job)."""
+def _long_world_pilot(cfg, captions, seed: int, out: str) -> dict:
+    """M (mean pooling, no preservation) at ERCLIP's demo settings in the world whose long captions are `captions`
+    (lab.LongCaptions), one pilot seed, measured on val in that world (a run_jobs job)."""
     from lab.demos import erclip as demo
-    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0, out=f"{out}/lead{lead}/M-seed{seed}")
-    return demo.train_and_measure(vcfg, "val", lead)
+    tag = f"lead{captions.lead}" + (f"-register{captions.register:.3g}" if captions.register else "")
+    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0, out=f"{out}/{tag}/M-seed{seed}")
+    return demo.train_and_measure(vcfg, "val", captions)
 
 
-def window_share(data_root="data", split="val") -> dict:
+def window_share(data_root="data", split="val", captions=None) -> dict:
     """How much of a long caption the tiny window reads (long-world's stated measure): content tokens (CLIP's BPE,
     the tiny model's tokenizer) per caption, the window's content tokens, their share (mean over the split)."""
     import open_clip
     from plumbing.manifests import read_manifest
     bpe = open_clip.tokenizer.SimpleTokenizer()
-    rows = read_manifest(lab.synthetic_manifest(split, data_root))
+    rows = read_manifest((captions or lab.AS_DRAWN).synthetic_manifest(split, data_root))
     n = np.array([len(bpe.encode(r["long_caption"])) for r in rows])
     chars = np.array([len(r["long_caption"]) for r in rows])
     window = lab.TINY_CFG["text_cfg"]["context_length"] - 2  # the start and end tokens take two slots
@@ -514,10 +550,10 @@ def window_share(data_root="data", split="val") -> dict:
             "window share": float(np.mean(np.minimum(1.0, window / n)))}
 
 
-def calibrate_long_world(data_root="data", out="runs/calibration/long-world", processes: int = 2) -> dict:
-    """The long-caption world's lead (module docstring, long-world): CLIP and M alone, val, LONG_PILOTS, each lead
-    of LEAD_GRID ascending; the first at which M's truncated / sentence-mean long gain has mean - 2 se >= 1/3 and
-    its truncated gain >= 3 on the pilot mean."""
+def _long_world_grid(name: str, grid: list, pilots, data_root: str, out: str, processes: int) -> dict:
+    """long-world's rule over `grid` (lab.LongCaptions, ascending) at `pilots`: CLIP and M alone, val; the first
+    world at which M's truncated / sentence-mean long gain has mean - 2 se >= 1/3 and its truncated gain >= 3 on
+    the pilot mean. The window's share of a long caption is printed per world."""
     import erclip
     from lab.demos import erclip as demo
     cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
@@ -525,27 +561,51 @@ def calibrate_long_world(data_root="data", out="runs/calibration/long-world", pr
     spec = registry.load("erclip")["gates"]["long-window"]
     job = importlib.import_module("lab.calibrate")._long_world_pilot  # picklable also when this runs as __main__
     rows, chosen = [], None
-    for lead in LEAD_GRID:
-        base = demo.measure_pretrained(cfg, "val", lead)
-        measured = lab.run_jobs(job, [(cfg, lead, seed, out) for seed in LONG_PILOTS], processes)
-        pilots = {}
-        for seed, m in zip(LONG_PILOTS, measured):
+    for captions in grid:
+        knobs = {k: v for k, v in dataclasses.asdict(captions).items() if v}
+        for split in ("train", "val"):  # written once, before the workers read them
+            captions.synthetic_manifest(split, data_root)
+        base = demo.measure_pretrained(cfg, "val", captions)
+        measured = lab.run_jobs(job, [(cfg, captions, seed, out) for seed in pilots], processes)
+        per = {}
+        for seed, m in zip(pilots, measured):
             truncated, sentence = m["long"] - base["long"], m["long sent"] - base["long sent"]
-            pilots[seed] = {"M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
-                            "share": truncated / sentence if sentence else float("nan")}
-        gate = registry.gate(spec, [p["share"] for p in pilots.values()], f"long-world lead {lead}")
-        truncated = float(np.mean([p["truncated gain"] for p in pilots.values()]))
+            per[seed] = {"M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
+                         "share": truncated / sentence if sentence else float("nan")}
+        gate = registry.gate(spec, [p["share"] for p in per.values()], f"{name} {knobs}")
+        truncated = float(np.mean([p["truncated gain"] for p in per.values()]))
         passes = gate["met"] is True and truncated >= ERCLIP_LONG_GAIN - TOL
-        rows.append({"lead": lead, "base": base, "pilots": pilots, "share mean": gate["value"], "share se": gate["se"],
+        rows.append({**knobs, "base": base, "pilots": per, "share mean": gate["value"], "share se": gate["se"],
                      "share mean - 2 se": gate["value"] - 2 * gate["se"], "truncated gain mean": truncated,
-                     "passes": passes})
-        print(f"[calibrate long-world] lead {lead}: share {gate['value']:.3f} +- {gate['se']:.3f}, truncated gain "
+                     "window": window_share(data_root, captions=captions), "passes": passes})
+        print(f"[calibrate {name}] {knobs}: share {gate['value']:.3f} +- {gate['se']:.3f}, truncated gain "
               f"{truncated:+.2f}, passes {passes}", file=sys.stderr)
         if passes:
-            chosen = {"lead": lead}
+            chosen = knobs
             break
-    return {"pilot_seed": list(LONG_PILOTS), "window": window_share(data_root), "grid": rows, "chosen": chosen,
+    return {"pilot_seed": list(pilots), "window": window_share(data_root), "grid": rows, "chosen": chosen,
             "needs": f"share mean - 2 se >= {spec['threshold']:.3f} and truncated gain >= {ERCLIP_LONG_GAIN:g}"}
+
+
+def calibrate_long_world(data_root="data", out="runs/calibration/long-world", processes: int = 2) -> dict:
+    """The long-caption world's lead (module docstring, long-world)."""
+    return _long_world_grid("long-world", [lab.LongCaptions(lead=k) for k in LEAD_GRID], LONG_PILOTS, data_root, out,
+                            processes)
+
+
+def calibrate_long_world_2(data_root="data", out="runs/calibration/long-world-2", processes: int = 2) -> dict:
+    """The long-caption world's register share (module docstring, long-world-2)."""
+    return _long_world_grid("long-world-2", [lab.LongCaptions(register=r) for r in REGISTER_GRID], LONG_PILOTS_2,
+                            data_root, out, processes)
+
+
+def long_world_captions():
+    """The long-caption world the calibrations chose (long-world-2's, else long-world's): a lab.LongCaptions; one
+    message when neither chose one."""
+    for name in ("long-world-2", "long-world"):
+        if (DOCS / f"calibration-{name}.json").exists() and (chosen := record(name)["chosen"]):
+            return lab.LongCaptions(**chosen)
+    raise SystemExit("long-world and long-world-2 chose no world: the long-caption world does not exist (docs/lab.md)")
 
 
 LONGCLIP_LRS = (1e-5, 3e-5, 1e-4, 1.5e-4)  # longclip: ascending; the low edge extends once (LONGCLIP_EDGE)
@@ -553,8 +613,10 @@ LONGCLIP_EDGE = 3e-6
 LONGCLIP_LRS_2 = (5e-5, 7e-5)  # declared after the first grid ran (module docstring)
 
 
-def calibrate_longclip(data_root="data", out="runs/calibration/longclip") -> dict:
-    """Long-CLIP's own lr at ERCLIP's budget (module docstring): ERCLIP's rule on Long-CLIP's run, on val."""
+def calibrate_longclip(data_root="data", out="runs/calibration/longclip", captions=None) -> dict:
+    """Long-CLIP's own lr at ERCLIP's budget (module docstring): ERCLIP's rule on Long-CLIP's run, on val; captions:
+    in the world whose long captions are written so (longclip-long-world: the long-caption world's)."""
+    captions = captions or lab.AS_DRAWN
     import longclip
     from lab.demos import longclip as demo
     from papers import longclip_data
@@ -562,11 +624,12 @@ def calibrate_longclip(data_root="data", out="runs/calibration/longclip") -> dic
                                                               "data_root": data_root, "seed": PILOT_SEED})
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
     window = longclip.original_context(cfg.backbone)
-    base = demo.demo_measure(model, preprocess, {window: tokenizer}, data_root, split="val")[window]
-    manifest = longclip_data.train_manifest(cfg, lab.WORLD)
+    base = demo.demo_measure(model, preprocess, {window: tokenizer}, data_root, split="val", captions=captions)[window]
+    manifest = longclip_data.train_manifest(cfg, lab.long_world(captions))
 
     def row(lr):
-        measured, _ = demo.train_and_measure(dataclasses.replace(cfg, lr=lr, out=f"{out}/lr-{lr:g}"), manifest, "val")
+        measured, _ = demo.train_and_measure(dataclasses.replace(cfg, lr=lr, out=f"{out}/lr-{lr:g}"), manifest, "val",
+                                             captions)
         full = measured[max(measured)]  # through the stretched window
         r = {"setting": {"lr": lr}, "Long-CLIP": measured, "check": erclip_passes(base, full)}
         print(f"[calibrate longclip] lr {lr:g}: {r['check']}", file=sys.stderr)
@@ -580,7 +643,8 @@ def calibrate_longclip(data_root="data", out="runs/calibration/longclip") -> dic
     if chosen is None:  # the second grid, declared after the first ran: both grids, ascending
         second = [row(lr) for lr in LONGCLIP_LRS_2]
         chosen = _pick(sorted(rows + second, key=lambda r: r["setting"]["lr"]), "in band")
-    return {"base": base, "grid": rows, "grid_2": second, "chosen": chosen, "erclip_lr": cfg.lr}
+    return {"base": base, "grid": rows, "grid_2": second, "chosen": chosen, "erclip_lr": cfg.lr,
+            "captions": dataclasses.asdict(captions)}
 
 
 def _rt_on_val(vcfg, threads: int) -> dict:
@@ -1266,7 +1330,11 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "longclip-gates": calibrate_longclip_gates, "continual-world": calibrate_continual_world,
                 "continual-world-2": calibrate_continual_world_2,
                 "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2,
-                "long-world": calibrate_long_world}
+                "long-world": calibrate_long_world, "long-world-2": calibrate_long_world_2,
+                "erclip-long-world": lambda: calibrate_erclip(out="runs/calibration/erclip-long-world",
+                                                              captions=long_world_captions()),
+                "longclip-long-world": lambda: calibrate_longclip(out="runs/calibration/longclip-long-world",
+                                                                  captions=long_world_captions())}
 
 
 def main(argv=None):

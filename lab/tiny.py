@@ -26,7 +26,7 @@ import common
 from plumbing.base import RunError, UsageError, atomic_write
 from plumbing.flags import Config
 import eval as evaluation
-from lab.world import (IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, finetune_classes, label_sets, lead_manifest, render,
+from lab.world import (AS_DRAWN, IMAGE_SIZE, PRETRAIN, TASK_DOMAINS, LongCaptions, finetune_classes, label_sets, render,
                        synthetic_manifest, world_fingerprint, world_split, world_texts)
 
 # =============================================================================
@@ -306,11 +306,11 @@ def zero_shot_report(model, preprocess, tokenizer, data_root="data", n=None, spl
 
 @torch.no_grad()
 def retrieval_report(model, preprocess, tokenizer, split="test", data_root="data", n=None,
-                     sentence_mean: bool = False, lead: int = 0) -> dict:
+                     sentence_mean: bool = False, captions: LongCaptions = AS_DRAWN) -> dict:
     """R@1 (%) both ways on a split's short and long captions (long truncated
     at the context, as the papers evaluate; optionally also sentence-mean);
-    lead: the long captions' order (world.summary_first; 0: as drawn)."""
-    ds = common.ManifestDataset(lead_manifest(lead)(split, data_root, n), need_long=True, check_images=False)
+    captions: how the long captions are written (world.LongCaptions)."""
+    ds = common.ManifestDataset(captions.synthetic_manifest(split, data_root, n), need_long=True, check_images=False)
     img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
     t2i = torch.arange(len(ds.rows))
     out = {}

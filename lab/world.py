@@ -61,6 +61,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -444,16 +445,29 @@ def task_manifests(data_root="data", n_train=None, n_test=None, conflict: float 
 
 
 # Where the window reads (issue 71, item 2). The long captions open with their object sentences, in cell order
-# ("There is a large red circle at the top left."), so the 24-token window reads the first one or two objects: what
-# the short caption and pretraining's descriptive alt-texts already say. What a long caption adds over its short one
-# (the count, the pairwise relations, the sizes, the style) lies past the window, so ERCLIP's truncated test cannot
-# see what its sentence-level training adds (docs/calibration-erclip-gates.json). ShareGPT4V's captions open with a
-# sentence about the whole image (Long-CLIP's training code takes a caption's first sentence as its short caption:
-# beichenzbc/Long-CLIP, train/sharegpt4v.py). The knob, `lead` (an integer >= 0): the first `lead` whole-scene
-# sentences, in the order the caption has them, open the caption ahead of the object sentences. Only the order moves:
-# every sentence, every short caption, picture and the tiny model's window are the shared world's (lead 0, the
-# manifests themselves: summary_first_manifest returns them). Its value: python -m lab.calibrate long-world.
+# ("There is a large red circle at the top left."), so the 24-token window reads the first one or two objects, in
+# words pretraining already taught: ALT_DESCRIPTIVE of its alt-texts open the same way ("there is a large red circle
+# at the top left and ..."). CLIP reads that window at 23 % truncated long R@1 (val), above its sentence-mean 14 %, and
+# ERCLIP's sentence-level training adds 1-3 points there against 13 read sentence by sentence
+# (docs/calibration-erclip-gates.json). Two knobs of how the fine-tuning pool's long captions are written
+# (LongCaptions; the default is the shared world, whose manifests are returned as they are), chosen by rules on CLIP
+# and M alone (python -m lab.calibrate long-world, long-world-2):
+#   lead      the first `lead` whole-scene sentences (the count, the relations, the sizes, the style) open the caption
+#             ahead of its object sentences, as ShareGPT4V's captions open with a sentence about the whole image
+#             (Long-CLIP's training code takes a caption's first sentence as its short caption: beichenzbc/Long-CLIP,
+#             train/sharegpt4v.py). Only the order moves.
+#   register  that share of the object sentences is written in a register pretraining never used ("The top left
+#             holds a large red circle."; REGISTER), as ShareGPT4V's captions, written by a captioning model, are not
+#             CLIP's web alt-text. The same facts, one sentence for one; which sentences move is drawn per caption
+#             (its own seeded stream), and a higher share rewrites the same sentences and more.
+# Every picture, short caption and the tiny model's window are the shared world's, so nothing is pretrained again.
 OBJECT_SENTENCE = "There is a "  # how every object sentence of a long caption opens (scene(): one per object)
+OBJECT_PATTERN = re.compile(r"There is a (small|large) (\w+ \w+) at the ((?:top|bottom) (?:left|right))\.")
+REGISTER = "The {pos} holds a {size} {name}."
+
+
+def _sentences(long_caption: str) -> list[str]:
+    return [x if x.endswith(".") else x + "." for x in long_caption.split(". ")]
 
 
 def summary_first(long_caption: str, lead: int) -> str:
@@ -462,30 +476,55 @@ def summary_first(long_caption: str, lead: int) -> str:
     sentences, each as often as before."""
     if lead < 0:
         raise ValueError(f"lead {lead} is not >= 0")
-    sentences = [x if x.endswith(".") else x + "." for x in long_caption.split(". ")]
+    sentences = _sentences(long_caption)
     moved = [i for i, x in enumerate(sentences) if not x.startswith(OBJECT_SENTENCE)][:lead]
     return " ".join(sentences[i] for i in moved + [i for i in range(len(sentences)) if i not in moved])
 
 
-def summary_first_manifest(path, lead: int = 0) -> Path:
-    """A copy of a synthetic split's manifest whose long captions are summary_first(., lead) (written once, next to
-    the original, so image paths still hold); lead 0: `path` itself."""
-    path = Path(path)
-    if not lead:
-        return path
-    target = path.with_name(f"{path.stem}-lead{lead}.jsonl")
-    if not target.exists():
-        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "long_caption": summary_first(r["long_caption"], lead)}
-                for r in read_manifest(path)]
-        atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
-    return target
+def long_register(long_caption: str, share: float) -> str:
+    """A long caption with each object sentence rewritten in REGISTER with probability `share` (one draw per object
+    sentence, from a stream seeded by the caption: deterministic, and a higher share rewrites a superset)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"register share {share} is not in [0, 1]")
+    rng = random.Random(f"clipft-lab-register-{long_caption}")
+    out = []
+    for x in _sentences(long_caption):
+        m = OBJECT_PATTERN.fullmatch(x)
+        if m and rng.random() < share:
+            x = REGISTER.format(size=m[1], name=m[2], pos=m[3])
+        out.append(x)
+    return " ".join(out)
 
 
-def lead_manifest(lead: int):
-    """synthetic_manifest with the long captions at `lead` (summary_first_manifest): a LabWorld's synthetic_manifest."""
-    def manifest(split: str, data_root="data", n: int | None = None) -> Path:
-        return summary_first_manifest(synthetic_manifest(split, data_root, n), lead)
-    return manifest
+@dataclasses.dataclass(frozen=True)
+class LongCaptions:
+    """How the fine-tuning pool's long captions are written (the knobs above); the default: as drawn."""
+    lead: int = 0
+    register: float = 0.0
+
+    def rewrite(self, long_caption: str) -> str:
+        return summary_first(long_register(long_caption, self.register), self.lead)
+
+    def manifest(self, path) -> Path:
+        """A copy of a synthetic split's manifest with its long captions rewritten (written once, next to the
+        original, so image paths still hold); the shared world's: `path` itself."""
+        path = Path(path)
+        if self == AS_DRAWN:
+            return path
+        tag = (f"-register{self.register:.3g}" if self.register else "") + (f"-lead{self.lead}" if self.lead else "")
+        target = path.with_name(f"{path.stem}{tag}.jsonl")
+        if not target.exists():
+            rows = [{**{k: v for k, v in r.items() if k != "_line"}, "long_caption": self.rewrite(r["long_caption"])}
+                    for r in read_manifest(path)]
+            atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+        return target
+
+    def synthetic_manifest(self, split: str, data_root="data", n: int | None = None) -> Path:
+        """synthetic_manifest with the long captions rewritten: a LabWorld's synthetic_manifest."""
+        return self.manifest(synthetic_manifest(split, data_root, n))
+
+
+AS_DRAWN = LongCaptions()
 
 
 def long_caption_manifest(path) -> Path:

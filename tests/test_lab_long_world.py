@@ -1,7 +1,9 @@
-"""The long-caption world's knob (issue 71, item 2; lab/world.py: summary_first, summary_first_manifest; lab.long_world):
-lead 0 is the shared world's manifests themselves; a lead > 0 moves only whole-scene sentences, in their order, ahead
-of the object sentences, and changes nothing else of a row."""
+"""The long-caption world's knobs (issue 71, item 2; lab/world.py: LongCaptions, summary_first, long_register;
+lab.long_world): the default is the shared world's manifests themselves; `lead` moves only whole-scene sentences,
+in their order, ahead of the object sentences; `register` rewrites only object sentences, fact for fact; neither
+changes anything else of a row."""
 import collections
+import re
 
 import pytest
 
@@ -10,29 +12,32 @@ import lab
 from lab import world
 
 LEADS = (1, 2, 3)
+SHARES = (1 / 3, 2 / 3, 1.0)
 
 
 def _sentences(caption: str) -> list[str]:
     return [x if x.endswith(".") else x + "." for x in caption.split(". ")]
 
 
-def test_lead_zero_is_the_shared_world(tmp_path):
+def _others(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("long_caption", "_line")}
+
+
+def test_the_default_is_the_shared_world(tmp_path):
     path = world.synthetic_manifest("val", tmp_path, 8)
-    assert world.summary_first_manifest(path, 0) == path
-    assert world.lead_manifest(0)("val", tmp_path, 8) == path
-    assert lab.long_world(0) is lab.WORLD
+    assert world.AS_DRAWN.manifest(path) == path == world.AS_DRAWN.synthetic_manifest("val", tmp_path, 8)
+    assert lab.long_world(world.AS_DRAWN) is lab.WORLD
     caption = read_manifest(path)[0]["long_caption"]
-    assert world.summary_first(caption, 0) == caption
+    assert world.summary_first(caption, 0) == caption == world.long_register(caption, 0.0)
 
 
 @pytest.mark.parametrize("lead", LEADS)
 def test_lead_moves_only_whole_scene_sentences_to_the_front(tmp_path, lead):
     path = world.synthetic_manifest("val", tmp_path, 40)
-    moved = read_manifest(world.summary_first_manifest(path, lead))
-    assert world.summary_first_manifest(path, lead).name == f"val-40-lead{lead}.jsonl"
-    for before, after in zip(read_manifest(path), moved, strict=True):
-        assert {k: v for k, v in after.items() if k not in ("long_caption", "_line")} == \
-            {k: v for k, v in before.items() if k not in ("long_caption", "_line")}  # pictures, short captions, labels
+    captions = world.LongCaptions(lead=lead)
+    assert captions.manifest(path).name == f"val-40-lead{lead}.jsonl"
+    for before, after in zip(read_manifest(path), read_manifest(captions.manifest(path)), strict=True):
+        assert _others(after) == _others(before)  # pictures, short captions, labels
         old, new = _sentences(before["long_caption"]), _sentences(after["long_caption"])
         assert collections.Counter(old) == collections.Counter(new)  # the same sentences, as often
         scene_wide = [x for x in old if not x.startswith(world.OBJECT_SENTENCE)]
@@ -45,22 +50,59 @@ def test_lead_moves_only_whole_scene_sentences_to_the_front(tmp_path, lead):
         assert old[0].startswith(world.OBJECT_SENTENCE) and not new[0].startswith(world.OBJECT_SENTENCE)
 
 
-def test_long_world_trains_and_tests_on_the_same_order(tmp_path):
-    w = lab.long_world(2)
+@pytest.mark.parametrize("share", SHARES)
+def test_register_rewrites_object_sentences_fact_for_fact(tmp_path, share):
+    path = world.synthetic_manifest("val", tmp_path, 60)
+    captions = world.LongCaptions(register=share)
+    moved = total = 0
+    for before, after in zip(read_manifest(path), read_manifest(captions.manifest(path)), strict=True):
+        assert _others(after) == _others(before)
+        old, new = _sentences(before["long_caption"]), _sentences(after["long_caption"])
+        assert len(old) == len(new)
+        for x, y in zip(old, new):
+            if x.startswith(world.OBJECT_SENTENCE):
+                total += 1
+                size, name, pos = world.OBJECT_PATTERN.fullmatch(x).groups()
+                if x != y:
+                    moved += 1
+                    assert y == f"The {pos} holds a {size} {name}."  # the same facts, the new register
+            else:
+                assert x == y  # the whole-scene sentences are not this knob's
+    assert (moved == total) if share == 1.0 else 0.5 * share < moved / total < 1.5 * share
+
+
+def test_a_higher_register_share_rewrites_the_same_sentences_and_more(tmp_path):
+    rows = read_manifest(world.synthetic_manifest("val", tmp_path, 30))
+    for r in rows:
+        low, high = (_sentences(world.long_register(r["long_caption"], s)) for s in (1 / 3, 2 / 3))
+        base = _sentences(r["long_caption"])
+        assert all(h != b for lo, h, b in zip(low, high, base) if lo != b)
+
+
+def test_holds_is_in_no_text_of_the_world():
+    assert not any(re.search(r"\bholds\b", t) for t in world.world_texts())
+
+
+def test_long_world_trains_and_tests_on_the_same_captions(tmp_path):
+    captions = world.LongCaptions(register=2 / 3)
+    w = lab.long_world(captions)
+    domain, _, seed = world.SPLITS["train"]
     train = read_manifest(w.synthetic_manifest("train", tmp_path, 6))
-    assert all(r["long_caption"] == world.summary_first(s["long_caption"], 2)
-               for r, s in zip(train, world.world_split(*world.SPLITS["train"][:1], 6, world.SPLITS["train"][2])))
+    assert [r["long_caption"] for r in train] == [captions.rewrite(s["long_caption"])
+                                                  for s in world.world_split(domain, 6, seed)]
     assert w.task_manifests is lab.WORLD.task_manifests  # the continual tasks are not this knob's
 
 
-def test_a_negative_lead_is_refused():
+def test_out_of_range_knobs_are_refused():
     with pytest.raises(ValueError, match="lead -1"):
-        world.summary_first("There is a red circle at the top left.", -1)
+        world.summary_first("There is a large red circle at the top left.", -1)
+    with pytest.raises(ValueError, match="register share 1.5"):
+        world.long_register("There is a large red circle at the top left.", 1.5)
 
 
 def test_the_window_reads_a_third_of_a_long_caption():
     """The measure long-world states (lab.calibrate.window_share): the tiny window's share of val's long captions is
-    the paper data's order (ShareGPT4V's 77 of ~207 tokens: 0.36), and no order can change it."""
+    the paper data's order (ShareGPT4V's 77 of ~207 tokens: 0.36)."""
     from lab import calibrate
     share = calibrate.window_share()
     assert 0.25 < share["window share"] < 0.45 and share["window tokens"] == 22

@@ -55,14 +55,14 @@ BACKBONES = ("B/32", "B/16", "L/14")
 TABLE2_MEASURES = {"long": (0, 1), "coco": (2, 3), "cifar10": (4,), "cifar100": (5,), "imagenet": (6,)}
 
 
-def demo_measure(model, preprocess, tokenizer, data_root, split="test", lead: int = 0) -> dict:
+def demo_measure(model, preprocess, tokenizer, data_root, split="test", captions=lab.AS_DRAWN) -> dict:
     """Every number of the demo for one model: R@1 on the fine-tuning
     domain's test split (long captions truncated, the paper's protocol; both
     directions and their mean; 'long sent': sentence-mean, the text ERCLIP
     trains on, beside it) and zero-shot top-1 on the zs-test split
-    (split='val': 'val' and 'zs-val', the calibration's); lead: the long
-    captions' order (lab.long_world; 0: the shared world's)."""
-    m = {**lab.retrieval_report(model, preprocess, tokenizer, split, data_root, sentence_mean=True, lead=lead),
+    (split='val': 'val' and 'zs-val', the calibration's); captions: how the
+    long captions are written (lab.LongCaptions; AS_DRAWN: the shared world)."""
+    m = {**lab.retrieval_report(model, preprocess, tokenizer, split, data_root, sentence_mean=True, captions=captions),
          **lab.zero_shot_report(model, preprocess, tokenizer, data_root, split=f"zs-{split}")}
     m["long"] = (m["long I2T"] + m["long T2I"]) / 2
     m["long sent"] = (m["long-sent I2T"] + m["long-sent T2I"]) / 2
@@ -200,23 +200,23 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     return lab.save_figure(fig, path)
 
 
-def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test", lead: int = 0) -> dict:
+def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test", captions=lab.AS_DRAWN) -> dict:
     """One variant from the pretrained weights: the fusion module initialised
     from the run's seed, trained, measured on `split` (demo_measure), in the
-    world whose long captions are at `lead`; its folder is scratch
+    world whose long captions are written as `captions` says; its folder is scratch
     (lab.scratch_run). The demo's runs and the calibration's."""
     with lab.scratch_run(vcfg.out):
         model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
         torch.manual_seed(vcfg.seed)  # the fusion module's initialisation
-        model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.long_world(lead))
-        return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split, lead), "seed": vcfg.seed,
+        model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.long_world(captions))
+        return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split, captions), "seed": vcfg.seed,
                 "train_seconds": summary["train_seconds"], "gamma": summary.get("gamma", 0.0)}
 
 
-def measure_pretrained(cfg: erclip.ERCLIPConfig, split: str = "test", lead: int = 0) -> dict:
+def measure_pretrained(cfg: erclip.ERCLIPConfig, split: str = "test", captions=lab.AS_DRAWN) -> dict:
     """demo_measure of the pretrained weights (a run_jobs job, so on one torch thread as every run)."""
     model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
-    return demo_measure(model, preprocess, tokenizer, cfg.data_root, split, lead)
+    return demo_measure(model, preprocess, tokenizer, cfg.data_root, split, captions)
 
 
 def run_demo(cfg: erclip.ERCLIPConfig, processes: int = lab.PROCESSES):

@@ -57,16 +57,18 @@ ERCLIP_NAME = "ERCLIP M+P"
 LONGCLIP_LR = 7e-5
 
 
-def demo_measure(model, preprocess, tokenizers: dict, data_root, split: str = "test") -> dict:
+def demo_measure(model, preprocess, tokenizers: dict, data_root, split: str = "test", captions=lab.AS_DRAWN) -> dict:
     """Every number of the demo for one model, per text window
     ({window: tokenizer}): R@1 on the fine-tuning domain's test split (long
     captions cut at the window; both directions and their mean) and zero-shot
     top-1 on zs-test (once, with the longest window: the prompts fit any).
-    split='val': 'val' and 'zs-val', the calibration's. Returns {window: measurements}."""
+    split='val': 'val' and 'zs-val', the calibration's; captions: how the long
+    captions are written (lab.LongCaptions). Returns {window: measurements}."""
     zs = lab.zero_shot_report(model, preprocess, tokenizers[max(tokenizers)], data_root, split=f"zs-{split}")
     out = {}
     for window, tok in sorted(tokenizers.items()):
-        m = {**lab.retrieval_report(model, preprocess, tok, split, data_root), **zs, "window": window}
+        m = {**lab.retrieval_report(model, preprocess, tok, split, data_root, captions=captions), **zs,
+             "window": window}
         m["long"] = (m["long I2T"] + m["long T2I"]) / 2
         m["short"] = (m["short I2T"] + m["short T2I"]) / 2
         out[window] = m
@@ -197,7 +199,8 @@ def erclip_command(cfg: longclip.LongCLIPConfig, seed: int, out) -> list[str]:
     return args + ["--no-eval-base"]
 
 
-def train_and_measure(vcfg: longclip.LongCLIPConfig, manifest, split: str = "test") -> tuple[dict, float]:
+def train_and_measure(vcfg: longclip.LongCLIPConfig, manifest, split: str = "test",
+                      captions=lab.AS_DRAWN) -> tuple[dict, float]:
     """One same-budget Long-CLIP run from the pretrained weights (seeded by vcfg.seed), measured on `split`
     through the original and the stretched window: ({window: measurements}, train seconds). The demo's runs
     and the calibration's (lab/calibrate.py longclip)."""
@@ -208,7 +211,7 @@ def train_and_measure(vcfg: longclip.LongCLIPConfig, manifest, split: str = "tes
         short_window = longclip.original_context(vcfg.backbone)
         tokenizers = {summary["context_length"]: long_tok,
                       short_window: models.get_tokenizer(vcfg.backbone, short_window)}
-        return demo_measure(model, preprocess, tokenizers, vcfg.data_root, split), summary["train_seconds"]
+        return demo_measure(model, preprocess, tokenizers, vcfg.data_root, split, captions), summary["train_seconds"]
 
 
 def run_demo(cfg: longclip.LongCLIPConfig):
