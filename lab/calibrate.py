@@ -229,6 +229,23 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       mean of I2T and T2I, >= 5 points over the pretrained model's right after
       its task) and forget (BWT of R@1 <= -3 points over the sequence).
 
+  dns-conflict (issue 71.1, declared and committed before it ran): DNS's
+      demo (`dns.py --demo`) moves to the conflict world C-CLIP's demo runs
+      in (continual-world-3's choice on full FT: strength 1/3, 2 of each
+      domain's 6 colour and shape words renamed; its 45 steps a task do not
+      apply: DNS trains its maps by epochs). dns-2's grid and rule,
+      unchanged, on the domains' val tasks renamed at that strength
+      (lab.scene_labelled_tasks(conflict=...)), pilot seed 99: vanilla's
+      first setting with identity Acc <= 90, every task learned by >= 5 R@1,
+      BWT of R@1 and of Acc <= -3; the same fallback. Then
+      dns-conflict-zscl, -lwf, -ewc: dns-zscl's / -lwf's / -ewc's rule
+      (grids, edges, defaults, criterion unchanged) in that world at the
+      chosen setting. The record prints vanilla's -BWT / mean gain (issue
+      71's forgetting measure), which no rule reads. `dns.py --demo-cmcl`
+      stays on its own feature world (CMCL's setting: other modalities'
+      features, which caption renaming cannot reach), whose mixing knob its
+      own forgetting rule chose (dns-cmcl).
+
   long-world (issue 71.2, declared and committed before it ran): the
       long-caption world's knob, chosen on CLIP AND M ALONE (no other
       variant is run or read). The knob: lead (lab/world.py summary_first),
@@ -333,7 +350,7 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
          "continual-world-3", "cclip-floor-2", "long-world", "long-world-2", "erclip-long-world",
-         "longclip-long-world")
+         "longclip-long-world", "dns-conflict", "dns-conflict-zscl", "dns-conflict-lwf", "dns-conflict-ewc")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -599,6 +616,12 @@ def calibrate_long_world_2(data_root="data", out="runs/calibration/long-world-2"
                             data_root, out, processes)
 
 
+def _conflict() -> float:
+    """The conflict world's strength, as C-CLIP's demo runs it (lab/demos/cclip.py WORLDS, continual-world-3's)."""
+    from lab.demos import cclip
+    return cclip.WORLDS["conflict"]["conflict"]
+
+
 def long_world_captions():
     """The long-caption world the calibrations chose (long-world-2's, else long-world's): a lab.LongCaptions; one
     message when neither chose one."""
@@ -826,22 +849,27 @@ def dns_2_passes(R: list[list[float]], A: list[list[float]]) -> dict:
             "learns and forgets": t["learns"] and t["forgets"], "passes": all(t.values())}
 
 
-def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2") -> dict:
+def calibrate_dns_2(data_root="data", out="runs/calibration/dns-2", conflict: float = 0.0) -> dict:
+    """vanilla's regime on DNS's val tasks (module docstring, dns-2); conflict: their captions renamed at that
+    strength (dns-conflict: the conflict world's)."""
     import dns
     from lab.demos import dns as demo
     from papers import cmcl
     cfg = parse_config(dns.DNSConfig, [], **{**demo.DEMO, "data_root": data_root, "seed": PILOT_SEED})
     rows = []
     for setting in DNS_GRID_2:
-        tasks = lab.scene_labelled_tasks(data_root, long=setting["long"], test="val")
+        tasks = lab.scene_labelled_tasks(data_root, long=setting["long"], test="val", conflict=conflict)
         vcfg = dataclasses.replace(cmcl.resolve(cfg), mode="vanilla", tasks=tasks, out=f"{out}/vanilla-{len(rows)}",
                                    feature_cache=f"{out}/features", demo=False,
                                    **{k: v for k, v in setting.items() if k != "long"})
         m = dns.run(vcfg, show=False, world=lab.WORLD)["continual"]["matrices"]
         R = _r_at_1(m)
-        rows.append({"setting": setting, "R@1": R, "Acc": m["acc"], "check": dns_2_passes(R, m["acc"])})
+        check = dns_2_passes(R, m["acc"])
+        gain = float(np.mean(check["learned per task"]))
+        rows.append({"setting": setting, "R@1": R, "Acc": m["acc"], "check": check,
+                     "-BWT / gain": -check["BWT"] / gain if gain > 0 else None})
         print(f"[calibrate dns-2] {setting}: {rows[-1]['check']}", file=sys.stderr)
-    return {"grid": rows, "chosen": _pick(rows, "learns and forgets")}
+    return {"grid": rows, "chosen": _pick(rows, "learns and forgets"), "conflict": conflict}
 
 
 def calibrate_dns_cmcl(out="runs/calibration/dns-cmcl") -> dict:
@@ -1271,17 +1299,24 @@ def calibrate_longclip_gates(data_root="data", out="runs/calibration/longclip-ga
             "needs": "Long-CLIP's long-R@1 gain over CLIP through its stretched window"}
 
 
-def calibrate_dns_baseline(name: str, data_root="data", out=None) -> dict:
-    """A continual baseline on DNS's maps, its own knob (module docstring: dns-zscl, -lwf, -ewc) on val, pilot seed."""
+def calibrate_dns_baseline(name: str, data_root="data", out=None, world: str | None = None) -> dict:
+    """A continual baseline on DNS's maps, its own knob (module docstring: dns-zscl, -lwf, -ewc) on val, pilot seed;
+    world "conflict": in the conflict world at dns-conflict's setting (dns-conflict-zscl, -lwf, -ewc)."""
     from baselines import maps
     from lab.demos import dns as demo
     from papers import cmcl
-    out = out or f"runs/calibration/dns-{name}"
+    out = out or f"runs/calibration/dns-{name}" + (f"-{world}" if world else "")
+    conflict, long, setting = 0.0, False, {}
+    if world == "conflict":
+        rec = record("dns-conflict")
+        conflict, long = rec["conflict"], rec["chosen"]["long"]
+        setting = {k: v for k, v in rec["chosen"].items() if k != "long"}
     cfg = cmcl.resolve(parse_config(maps.MapsConfig, [], **{**demo.DEMO, "data_root": data_root,
-                                                                   "seed": PILOT_SEED}))
+                                                                   "seed": PILOT_SEED, **setting}))
 
     def score(w):
-        vcfg = dataclasses.replace(cfg, mode=name, tasks=lab.scene_labelled_tasks(data_root, test="val"),
+        vcfg = dataclasses.replace(cfg, mode=name, tasks=lab.scene_labelled_tasks(data_root, long=long, test="val",
+                                                                                  conflict=conflict),
                                    out=f"{out}/{w:g}", feature_cache=f"{out}/features",
                                    **demo.BASELINE_COSTS[name], **_baseline_knob(name, w))
         m = maps.run(vcfg, show=False, world=lab.WORLD)["continual"]["matrices"]
@@ -1331,6 +1366,9 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "continual-world-2": calibrate_continual_world_2,
                 "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2,
                 "long-world": calibrate_long_world, "long-world-2": calibrate_long_world_2,
+                "dns-conflict": lambda: calibrate_dns_2(out="runs/calibration/dns-conflict", conflict=_conflict()),
+                **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
+                   for b in ("zscl", "lwf", "ewc")},
                 "erclip-long-world": lambda: calibrate_erclip(out="runs/calibration/erclip-long-world",
                                                               captions=long_world_captions()),
                 "longclip-long-world": lambda: calibrate_longclip(out="runs/calibration/longclip-long-world",
