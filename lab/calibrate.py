@@ -320,6 +320,15 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       longclip-long-world, the demos' world, the gates) applies to the
       world this chooses.
 
+  long-reach (issue 71.2, a diagnosis written after long-world-2 ran; no
+      rule reads it): how far into a long caption the tiny CLIP and M read.
+      On val, the long captions cut at k content tokens (REACH_TOKENS, up to
+      the window's 22), R@1 (mean of I2T and T2I) of CLIP and of M at
+      LONG_PILOTS_2 (ERCLIP's demo settings), in the shared world and in
+      long-world-2's best (register 2/3), beside their sentence-mean R@1:
+      Long-CLIP's measure of CLIP's effective length (arXiv 2403.15378,
+      Sec. 1: R@1 stops rising past about 20 of 77 tokens).
+
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first
 setting whose erosion is in the band (its long-gain target then reported as
@@ -350,7 +359,8 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "gmc-gate", "cclip-zscl", "cclip-lwf", "cclip-ewc", "dns-zscl", "dns-lwf", "dns-ewc", "dns-cmcl-lwf",
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
          "continual-world-3", "cclip-floor-2", "long-world", "long-world-2", "erclip-long-world",
-         "longclip-long-world", "dns-conflict", "dns-conflict-zscl", "dns-conflict-lwf", "dns-conflict-ewc")
+         "longclip-long-world", "dns-conflict", "dns-conflict-zscl", "dns-conflict-lwf", "dns-conflict-ewc",
+         "long-reach")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -614,6 +624,61 @@ def calibrate_long_world_2(data_root="data", out="runs/calibration/long-world-2"
     """The long-caption world's register share (module docstring, long-world-2)."""
     return _long_world_grid("long-world-2", [lab.LongCaptions(register=r) for r in REGISTER_GRID], LONG_PILOTS_2,
                             data_root, out, processes)
+
+
+REACH_TOKENS = (4, 7, 10, 13, 16, 19, 22)  # long-reach: content tokens read (22: the whole window)
+REACH_WORLDS = (0.0, 2 / 3)  # long-reach: register shares (0: the shared world; 2/3: long-world-2's best share)
+
+
+def _reach(model, preprocess, tokenizer, captions, data_root) -> dict:
+    """R@1 (%, mean of I2T and T2I) on val's long captions cut at each of REACH_TOKENS content tokens (CLIP's BPE,
+    decoded back to text and read through the window), and sentence-mean."""
+    import open_clip
+    import torch
+    import common
+    import eval as evaluation
+    bpe = open_clip.tokenizer.SimpleTokenizer()
+    ds = common.ManifestDataset(captions.synthetic_manifest("val", data_root), need_long=True, check_images=False)
+    img = evaluation.image_features(model, preprocess, [str(ds.image_file(r)) for r in ds.rows])
+    t2i = torch.arange(len(ds.rows))
+
+    def r1(texts, mode="truncate"):
+        m = common.retrieval_metrics(img, evaluation.text_features(model, tokenizer, texts, mode), t2i, ks=(1,))
+        return (m["i2t_R@1"] + m["t2i_R@1"]) / 2
+    out = {str(k): r1([bpe.decode(bpe.encode(r["long_caption"])[:k]) for r in ds.rows]) for k in REACH_TOKENS}
+    return {"tokens": out, "sentence-mean": r1([r["long_caption"] for r in ds.rows], "sentence-mean")}
+
+
+def _reach_pilot(cfg, captions, seed: int, out: str) -> dict:
+    """M at one pilot seed in the world `captions`, its reach (a run_jobs job)."""
+    import erclip
+    import torch
+    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0,
+                               out=f"{out}/register{captions.register:.3g}/M-seed{seed}")
+    with lab.scratch_run(vcfg.out):
+        model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
+        torch.manual_seed(vcfg.seed)
+        model, _ = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.long_world(captions))
+        return _reach(model, preprocess, tokenizer, captions, vcfg.data_root)
+
+
+def calibrate_long_reach(data_root="data", out="runs/calibration/long-reach", processes: int = 2) -> dict:
+    """The diagnosis long-reach (module docstring): CLIP's and M's R@1 against the tokens read, two worlds."""
+    import erclip
+    from lab.demos import erclip as demo
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
+    job = importlib.import_module("lab.calibrate")._reach_pilot  # picklable also when this runs as __main__
+    worlds = {}
+    for share in REACH_WORLDS:
+        captions = lab.LongCaptions(register=share)
+        for split in ("train", "val"):
+            captions.synthetic_manifest(split, data_root)
+        model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
+        clip = _reach(model, preprocess, tokenizer, captions, data_root)
+        m = lab.run_jobs(job, [(cfg, captions, seed, out) for seed in LONG_PILOTS_2], processes)
+        worlds[f"{share:.3g}"] = {"register": share, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_2), m))}
+        print(f"[calibrate long-reach] register {share:.3g}: CLIP {clip}", file=sys.stderr)
+    return {"pilot_seed": list(LONG_PILOTS_2), "tokens": list(REACH_TOKENS), "worlds": worlds}
 
 
 def _conflict() -> float:
@@ -1366,6 +1431,7 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "continual-world-2": calibrate_continual_world_2,
                 "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2,
                 "long-world": calibrate_long_world, "long-world-2": calibrate_long_world_2,
+                "long-reach": calibrate_long_reach,
                 "dns-conflict": lambda: calibrate_dns_2(out="runs/calibration/dns-conflict", conflict=_conflict()),
                 **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
                    for b in ("zscl", "lwf", "ewc")},

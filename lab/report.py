@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from plumbing.results import from_json
 
 import lab
@@ -111,11 +113,52 @@ def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
                              f"after tasks 1..i; steps per task: {steps}; seeds {runs[0]['seeds']}")
 
 
+def long_world_figure(path, docs="docs") -> Path:
+    """Issue 71.2: what the window reads of a long caption. Left: R@1 against the content tokens read (long-reach),
+    CLIP and M in the shared world and at register 2/3, their sentence-mean R@1 dashed, the window at 22. Right: M's
+    truncated / sentence-mean long gain (mean +- 2 se over the pilots) in every world the rules tried; the gate."""
+    from lab import stats
+    rec = lambda name: load(Path(docs) / f"calibration-{name}.json")  # noqa: E731
+    reach = rec("long-reach")
+    plt = lab.pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ks = reach["tokens"]
+    for (key, w), color in zip(reach["worlds"].items(), ("tab:blue", "tab:red")):
+        name = "shared world" if not w["register"] else f"register {w['register']:.2g}"
+        ax.plot(ks, [w["CLIP"]["tokens"][str(k)] for k in ks], "s--", color=color, alpha=0.6, label=f"CLIP, {name}")
+        m = np.array([[p["tokens"][str(k)] for k in ks] for p in w["M"].values()])
+        ax.errorbar(ks, m.mean(0), yerr=m.std(0, ddof=1), fmt="o-", color=color, capsize=3,
+                    label=f"M ({len(m)} pilots), {name}")
+        ax.axhline(np.mean([p["sentence-mean"] for p in w["M"].values()]), color=color, ls=":", lw=1)
+        ax.axhline(w["CLIP"]["sentence-mean"], color=color, ls="--", lw=0.7, alpha=0.5)
+    ax.axvline(22, color="black", lw=0.8)
+    ax.set(xlabel="content tokens of a long caption read (the window: 22)", ylabel="long-caption R@1 (%), val",
+           title="how far CLIP and M read (dotted: M sentence-mean; dashed: CLIP's)")
+    ax.legend(fontsize=7)
+    worlds = [("shared", [p["share"] for p in rec("erclip-gates")["pilots"].values()])]
+    worlds += [(f"lead {r['lead']}", [p["share"] for p in r["pilots"].values()]) for r in rec("long-world")["grid"]]
+    worlds += [(f"register {r['register']:.2g}", [p["share"] for p in r["pilots"].values()])
+               for r in rec("long-world-2")["grid"]]
+    for i, (name, shares) in enumerate(worlds):
+        mean, _, se = stats.paired_stats(shares)
+        bx.errorbar(i, mean, yerr=2 * se, fmt="o", color="black", capsize=4)
+        bx.scatter([i] * len(shares), shares, s=10, color="tab:gray")
+    bx.axhline(1 / 3, color="tab:red", ls="--", label="gate: mean - 2 se >= 1/3")
+    bx.set_xticks(range(len(worlds)), [n for n, _ in worlds], fontsize=8, rotation=20)
+    bx.set(ylabel="M's truncated / sentence-mean long gain", title="the window's share of M's gain (+- 2 se)")
+    bx.legend(fontsize=8)
+    fig.suptitle(f"python -m lab.report --long-world-figure {path}; val; docs/calibration-long-reach, -erclip-gates, "
+                 f"-long-world, -long-world-2.json", fontsize=8)
+    return lab.save_figure(fig, path)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: python -m lab.report RESULTS.json 'COMMAND' | OTHER_SEEDS_RESULTS.json ... | --margins | "
-                 "CONFLICT_RESULTS.json --world-figure OUT.png | --worlds PREFIX")
-    if sys.argv[1] == "--worlds":
+                 "CONFLICT_RESULTS.json --world-figure OUT.png | --worlds PREFIX | --long-world-figure OUT.png")
+    if sys.argv[1] == "--long-world-figure":
+        print(long_world_figure(sys.argv[2]))
+    elif sys.argv[1] == "--worlds":
         print(worlds_markdown(sys.argv[2]))
     elif len(sys.argv) == 5 and sys.argv[3] == "--world-figure":
         print(world_figure(*sys.argv[1:3], sys.argv[4]))
