@@ -107,3 +107,32 @@ def test_the_window_reads_a_third_of_a_long_caption():
     share = calibrate.window_share()
     assert 0.25 < share["window share"] < 0.45 and share["window tokens"] == 22
     assert 4.0 < share["characters per token"] < 5.5
+
+
+@pytest.mark.parametrize("name, knob, grid, pilots", [("long-world", "lead", (1, 2, 3), ["88", "89", "90"]),
+                                                       ("long-world-2", "register", (1 / 3, 2 / 3, 1.0),
+                                                        ["85", "86", "87"])])
+def test_the_records_follow_their_declared_rule(name, knob, grid, pilots):
+    """Issue 71.2: each record's rows in the declared order at new pilots, every row judged by the rule the module
+    docstring declared (the gate on M's truncated / sentence-mean share met, M's truncated gain >= 3 on the pilot mean),
+    from its own numbers; CLIP and M alone (no other variant's number in the record); neither chose a world."""
+    from lab import calibrate, registry
+    rec = calibrate.record(name)
+    assert [r[knob] for r in rec["grid"]] == pytest.approx(list(grid)) and rec["chosen"] is None
+    assert rec["pilot_seed"] == [int(p) for p in pilots]
+    assert not set(rec["pilot_seed"]) & {*range(5), *range(10, 15), *range(30, 35), *range(91, 100)}
+    spec = registry.load("erclip")["gates"]["long-window"]
+    for row in rec["grid"]:
+        assert sorted(row["pilots"]) == pilots
+        for p in row["pilots"].values():
+            assert p["truncated gain"] == pytest.approx(p["M"]["long"] - row["base"]["long"])
+            assert p["sentence-mean gain"] == pytest.approx(p["M"]["long sent"] - row["base"]["long sent"])
+            assert p["share"] == pytest.approx(p["truncated gain"] / p["sentence-mean gain"])
+        gate = registry.gate(spec, [p["share"] for p in row["pilots"].values()], name)
+        truncated = sum(p["truncated gain"] for p in row["pilots"].values()) / 3
+        passes = gate["met"] is True and truncated >= 3 - 1e-4
+        assert row["passes"] is passes is False
+        assert row["share mean"] == pytest.approx(gate["value"])
+        assert row["truncated gain mean"] == pytest.approx(truncated)
+    with pytest.raises(SystemExit, match="chose no world"):
+        calibrate.long_world_captions()

@@ -45,3 +45,57 @@ def test_every_margin_records_its_source_and_stays_within_half_the_scaled_paper_
         else:  # no paper number on R@1, the drift, or the baselines: 20 % of vanilla's own, and it says why
             assert src["rule"] == "baseline-share" and src["why"], c["claim"]
             assert c["margin"] == pytest.approx(0.2 * abs(lab_base))
+
+
+# issue 71.1: the domains as drawn (dns.py --demo --world shared), judged under this registry as it stood at f10b241
+SHARED = tuple(f"dns-demo-shared{kind}-results.json" for kind in ("", "-heldout", "-fresh", "-1thread"))
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_shared_worlds_files_keep_their_verdicts_under_todays_rules(name):
+    """Issue 71.1 changed DNS's world, not a rule: the shared world's results give the same verdicts and margins from
+    their own numbers today."""
+    r = record(name)
+    assert r["registry"]["declared_in"].startswith("f10b241") and "world" not in r
+    again = dns.demo_claims(r["per_seed"], (dns._paper_gain(3), dns._paper_gain(2)), reg=dns.REGISTRY)
+    assert [c["claim"] for c in again] == [c["claim"] for c in r["claims"]]
+    for new, old in zip(again, r["claims"]):
+        assert (new["verdict"], new.get("margin")) == (old["verdict"], pytest.approx(old.get("margin"))), new["claim"]
+
+
+def test_the_conflict_world_is_cclips_with_dns_own_settings_from_its_records():
+    """Issue 71.1: DNS's demo runs in C-CLIP's conflict world (the same strength), at the setting dns-2's rule chose
+    there (dns-conflict: the first passing row of the unchanged grid) and the baselines' knobs their rules chose
+    (dns-conflict-zscl / -lwf / -ewc); every results file in that world says so."""
+    from lab import calibrate
+    from lab.demos import cclip
+    world = dns.WORLDS["conflict"]
+    assert world["conflict"] == cclip.WORLDS["conflict"]["conflict"]
+    rec = calibrate.record("dns-conflict")
+    assert rec["conflict"] == world["conflict"] and [r["setting"] for r in rec["grid"]] == calibrate.DNS_GRID_2
+    first = next(r for r in rec["grid"] if r["check"]["passes"])
+    assert rec["chosen"] == first["setting"] == {**world["settings"], "long": world["long"]}
+    for name, (label, knob) in world["baselines"].items():
+        chosen = calibrate.record(f"dns-conflict-{name}")["chosen"]
+        assert {k: v for k, v in knob.items() if k in chosen} == chosen and label == dns.DEMO_BASELINES[name][0]
+        assert {k: v for k, v in knob.items() if k not in chosen} == dns.BASELINE_COSTS[name]
+    for kind in ("", "-heldout", "-fresh", "-1thread"):
+        r = record(f"dns-demo{kind}-results.json")
+        assert r["world"] == {"name": "conflict", "conflict": world["conflict"]}
+        assert all(r["config"][k] == v for k, v in world["settings"].items())
+        assert "-conflict0.333-long-as-caption.jsonl" in r["config"]["tasks"]
+
+
+def test_a_bad_world_is_one_message():
+    from plumbing.base import UsageError
+    with pytest.raises(UsageError, match="--world 'mixed': one of conflict, shared"):
+        dns.main(["--demo", "--world", "mixed"])
+    with pytest.raises(UsageError, match="--demo-cmcl runs on its own feature world"):
+        dns.main(["--demo-cmcl", "--world", "shared"])
+
+
+def test_the_docs_print_what_the_world_changed():
+    """Issue 71.1: docs/dns.md holds every claim, shared world -> conflict world, at the three seed sets, printed by
+    lab.report from the six committed files."""
+    from lab import report
+    assert report.worlds_markdown("dns-demo", DOCS) in (DOCS / "dns.md").read_text()
