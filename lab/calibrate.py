@@ -262,7 +262,7 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       captions average 942 characters (Chen et al., arXiv 2311.12793), about
       207 CLIP BPE tokens at the 4.55 characters a token the same tokenizer
       gives the lab's captions, of which the 77-token window reads 75 (0.36);
-      Long-CLIP (Zhang et al., arXiv 2403.15378, Sec. 1) finds that CLIP
+      Long-CLIP (Zhang et al., arXiv 2403.15378, abstract) finds that CLIP
       uses fewer than 20 of its tokens effectively, so what matters is what
       the window's first tokens carry. The record prints the share at every
       setting (the order cannot move it). Grid, ascending: lead 1, 2, 3 (the
@@ -327,7 +327,7 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       LONG_PILOTS_2 (ERCLIP's demo settings), in the shared world and in
       long-world-2's best (register 2/3), beside their sentence-mean R@1:
       Long-CLIP's measure of CLIP's effective length (arXiv 2403.15378,
-      Sec. 1: R@1 stops rising past about 20 of 77 tokens).
+      abstract: under 20 of 77 tokens).
 
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first

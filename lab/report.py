@@ -133,7 +133,7 @@ def long_world_figure(path, docs="docs") -> Path:
         ax.axhline(w["CLIP"]["sentence-mean"], color=color, ls="--", lw=0.7, alpha=0.5)
     ax.axvline(22, color="black", lw=0.8)
     ax.set(xlabel="content tokens of a long caption read (the window: 22)", ylabel="long-caption R@1 (%), val",
-           title="how far CLIP and M read (dotted: M sentence-mean; dashed: CLIP's)")
+           title="R@1 by tokens read (dotted / dashed: M's / CLIP's sentence-mean)")
     ax.legend(fontsize=7)
     worlds = [("shared", [p["share"] for p in rec("erclip-gates")["pilots"].values()])]
     worlds += [(f"lead {r['lead']}", [p["share"] for p in r["pilots"].values()]) for r in rec("long-world")["grid"]]
@@ -145,7 +145,7 @@ def long_world_figure(path, docs="docs") -> Path:
         bx.scatter([i] * len(shares), shares, s=10, color="tab:gray")
     bx.axhline(1 / 3, color="tab:red", ls="--", label="gate: mean - 2 se >= 1/3")
     bx.set_xticks(range(len(worlds)), [n for n, _ in worlds], fontsize=8, rotation=20)
-    bx.set(ylabel="M's truncated / sentence-mean long gain", title="the window's share of M's gain (+- 2 se)")
+    bx.set(ylabel="M's truncated / sentence-mean long gain", title="the window's share of M's gain, +- 2 se")
     bx.legend(fontsize=8)
     fig.suptitle(f"python -m lab.report --long-world-figure {path}; val; docs/calibration-long-reach, -erclip-gates, "
                  f"-long-world, -long-world-2.json", fontsize=8)

@@ -136,3 +136,24 @@ def test_the_records_follow_their_declared_rule(name, knob, grid, pilots):
         assert row["truncated gain mean"] == pytest.approx(truncated)
     with pytest.raises(SystemExit, match="chose no world"):
         calibrate.long_world_captions()
+
+
+def test_the_reach_diagnosis_and_the_figure_read_the_committed_records(tmp_path):
+    """docs/lab.md's statements on long-reach, from its record: R@1 at every cut up to the window, CLIP and M (pilots
+    85-87) in the world as drawn and at register 2/3; M within 3 points of CLIP at every cut, its sentence-mean 11 or
+    more above CLIP's; the figure draws from the records alone and docs/lab.md shows it."""
+    from lab import calibrate, report
+    rec = calibrate.record("long-reach")
+    assert rec["tokens"] == list(calibrate.REACH_TOKENS) and rec["tokens"][-1] == 22
+    assert rec["pilot_seed"] == [85, 86, 87]
+    assert [w["register"] for w in rec["worlds"].values()] == pytest.approx(list(calibrate.REACH_WORLDS))
+    for w in rec["worlds"].values():
+        assert sorted(w["M"]) == ["85", "86", "87"]
+        for k in map(str, rec["tokens"]):
+            m = sum(p["tokens"][k] for p in w["M"].values()) / 3
+            assert abs(m - w["CLIP"]["tokens"][k]) <= 3.05, k
+        assert sum(p["sentence-mean"] for p in w["M"].values()) / 3 - w["CLIP"]["sentence-mean"] >= 11
+    png = report.long_world_figure(tmp_path / "l.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(long-world.png)" in (calibrate.DOCS / "lab.md").read_text()
+    assert (calibrate.DOCS / "long-world.png").is_file()
