@@ -1431,14 +1431,14 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "continual-world-2": calibrate_continual_world_2,
                 "continual-world-3": calibrate_continual_world_3, "cclip-floor-2": calibrate_cclip_floor_2,
                 "long-world": calibrate_long_world, "long-world-2": calibrate_long_world_2,
-                "long-reach": calibrate_long_reach,
-                "dns-conflict": lambda: calibrate_dns_2(out="runs/calibration/dns-conflict", conflict=_conflict()),
-                **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
-                   for b in ("zscl", "lwf", "ewc")},
                 "erclip-long-world": lambda: calibrate_erclip(out="runs/calibration/erclip-long-world",
                                                               captions=long_world_captions()),
                 "longclip-long-world": lambda: calibrate_longclip(out="runs/calibration/longclip-long-world",
-                                                                  captions=long_world_captions())}
+                                                                  captions=long_world_captions()),
+                "dns-conflict": lambda: calibrate_dns_2(out="runs/calibration/dns-conflict", conflict=_conflict()),
+                **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
+                   for b in ("zscl", "lwf", "ewc")},
+                "long-reach": calibrate_long_reach}
 
 
 def main(argv=None):
