@@ -100,3 +100,13 @@ def test_a_short_run_keeps_the_full_runs_records_file():
     assert bench.default_out(False, "") == str(bench.ROOT / "benchmarks" / "results.json")
     for quick, only in ((True, ""), (False, "dns"), (True, "dns")):
         assert bench.default_out(quick, only) == str(bench.ROOT / "benchmarks" / "results-partial.json")
+
+
+def test_the_data_path_benchmark_splits_a_sample_into_its_parts(tmp_path):
+    """benchmarks/data_path.py (issue 71.4's premise): a sample's seeding, decoding and transform, each timed alone,
+    are each a part of the whole sample's time, measured on the lab's split."""
+    import data_path
+    out = data_path.measure(data_root=str(tmp_path), n=24, repeats=1)
+    us, share = out["us per sample"], out["share of the whole"]
+    assert out["samples"] == 24 and us["whole"] > 0
+    assert all(0 < share[k] < 1 and us[k] > 0 for k in ("seeding", "decoding", "transform"))
