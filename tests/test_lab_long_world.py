@@ -100,11 +100,11 @@ def test_out_of_range_knobs_are_refused():
         world.long_register("There is a large red circle at the top left.", 1.5)
 
 
-def test_the_window_reads_a_third_of_a_long_caption():
+def test_the_window_reads_a_third_of_a_long_caption(tmp_path):
     """The measure long-world states (lab.calibrate.window_share): the tiny window's share of val's long captions is
     the paper data's order (ShareGPT4V's 77 of ~207 tokens: 0.36)."""
     from lab import calibrate
-    share = calibrate.window_share()
+    share = calibrate.window_share(data_root=tmp_path)
     assert 0.25 < share["window share"] < 0.45 and share["window tokens"] == 22
     assert 4.0 < share["characters per token"] < 5.5
 
