@@ -329,6 +329,14 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       Long-CLIP's measure of CLIP's effective length (arXiv 2403.15378,
       abstract: under 20 of 77 tokens).
 
+  long-budget (issue 71.2, a diagnosis written after long-reach; no rule
+      reads it): does the window's share of M's gain grow with the training
+      budget? M on val in the world as drawn at ERCLIP's demo lr and 40, 80
+      and 160 steps (BUDGET_STEPS), seed 80 (outside every seed set and
+      pilot; first run by an exploratory script of the same content):
+      truncated and sentence-mean long gains over CLIP, their share, and the
+      held-out family's change.
+
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first
 setting whose erosion is in the band (its long-gain target then reported as
@@ -360,7 +368,7 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
          "continual-world-3", "cclip-floor-2", "long-world", "long-world-2", "erclip-long-world",
          "longclip-long-world", "dns-conflict", "dns-conflict-zscl", "dns-conflict-lwf", "dns-conflict-ewc",
-         "long-reach")
+         "long-reach", "long-budget")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -679,6 +687,28 @@ def calibrate_long_reach(data_root="data", out="runs/calibration/long-reach", pr
         worlds[f"{share:.3g}"] = {"register": share, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_2), m))}
         print(f"[calibrate long-reach] register {share:.3g}: CLIP {clip}", file=sys.stderr)
     return {"pilot_seed": list(LONG_PILOTS_2), "tokens": list(REACH_TOKENS), "worlds": worlds}
+
+
+BUDGET_STEPS, BUDGET_SEED = (40, 80, 160), 80  # long-budget
+
+
+def calibrate_long_budget(data_root="data", out="runs/calibration/long-budget") -> dict:
+    """The diagnosis long-budget (module docstring): M's truncated / sentence-mean gain at three budgets."""
+    import erclip
+    from lab.demos import erclip as demo
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
+    base = demo.measure_pretrained(cfg, "val")
+    rows = []
+    for steps in BUDGET_STEPS:
+        m = demo.train_and_measure(dataclasses.replace(cfg, seed=BUDGET_SEED, steps=steps, fusion="mean",
+                                                       lambda_p=0.0, out=f"{out}/M-{steps}"), "val")
+        truncated, sentence = m["long"] - base["long"], m["long sent"] - base["long sent"]
+        rows.append({"steps": steps, "M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
+                     "share": truncated / sentence if sentence else float("nan"),
+                     "background change": m["background"] - base["background"]})
+        print(f"[calibrate long-budget] {steps} steps: truncated {truncated:+.2f}, sentence-mean {sentence:+.2f}",
+              file=sys.stderr)
+    return {"pilot_seed": BUDGET_SEED, "base": base, "grid": rows}
 
 
 def _conflict() -> float:
@@ -1438,7 +1468,7 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 "dns-conflict": lambda: calibrate_dns_2(out="runs/calibration/dns-conflict", conflict=_conflict()),
                 **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
                    for b in ("zscl", "lwf", "ewc")},
-                "long-reach": calibrate_long_reach}
+                "long-reach": calibrate_long_reach, "long-budget": calibrate_long_budget}
 
 
 def main(argv=None):
