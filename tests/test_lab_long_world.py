@@ -157,3 +157,18 @@ def test_the_reach_diagnosis_and_the_figure_read_the_committed_records(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "(long-world.png)" in (calibrate.DOCS / "lab.md").read_text()
     assert (calibrate.DOCS / "long-world.png").is_file()
+
+
+def test_the_budget_diagnosis_is_what_the_docs_say():
+    """docs/lab.md on long-budget, from its record: at 40 / 80 / 160 steps (seed 80, outside every seed set and pilot)
+    the share stays under the gate's 1/3 while both gains grow and the held-out family falls further."""
+    from lab import calibrate
+    rec = calibrate.record("long-budget")
+    assert [r["steps"] for r in rec["grid"]] == list(calibrate.BUDGET_STEPS) and rec["pilot_seed"] == 80
+    rows = rec["grid"]
+    for r in rows:
+        assert r["share"] == pytest.approx(r["truncated gain"] / r["sentence-mean gain"]) and r["share"] < 1 / 3
+        assert r["truncated gain"] == pytest.approx(r["M"]["long"] - rec["base"]["long"])
+    for a, b in zip(rows, rows[1:]):
+        assert b["truncated gain"] > a["truncated gain"] and b["sentence-mean gain"] > a["sentence-mean gain"]
+        assert b["background change"] < a["background change"]
