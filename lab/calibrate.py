@@ -451,6 +451,7 @@ DNS_CMCL_GRID = [dict(conflict=c, epochs=e, lr=lr) for c in (0.0, 0.5, 1.0)
 
 
 ERCLIP_LONG_GAIN = 3.0  # the erclip rule's floor on M's truncated long gain (points)
+M_VARIANT = dict(fusion="mean", lambda_p=0.0)  # ERCLIP's baseline M: mean pooling, no preservation loss
 
 
 def erclip_passes(base: dict, m: dict) -> dict:
@@ -508,7 +509,7 @@ def calibrate_erclip(data_root="data", out="runs/calibration/erclip", captions=N
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val", captions=captions)
     rows = []
     for setting in ERCLIP_GRID + ERCLIP_GRID_2:
-        vcfg = dataclasses.replace(cfg, fusion="mean", lambda_p=0.0, out=f"{out}/M-{len(rows)}",
+        vcfg = dataclasses.replace(cfg, **M_VARIANT, out=f"{out}/M-{len(rows)}",
                                    warmup=max(1, setting["steps"] // 10), **setting)
         m = demo.train_and_measure(vcfg, split="val", captions=captions)
         rows.append({"setting": setting, "M": m, "check": erclip_passes(base, m)})
@@ -544,7 +545,7 @@ def calibrate_erclip_gates(data_root="data", out="runs/calibration/erclip-gates"
     base = demo.demo_measure(model, preprocess, tokenizer, data_root, split="val")
     pilots = {}
     for seed in GATE_PILOTS:
-        m = demo.train_and_measure(dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0,
+        m = demo.train_and_measure(dataclasses.replace(cfg, seed=seed, **M_VARIANT,
                                                        out=f"{out}/M-seed{seed}"), split="val")
         truncated, sentence = m["long"] - base["long"], m["long sent"] - base["long sent"]
         pilots[seed] = {"M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
@@ -566,7 +567,7 @@ def _long_world_pilot(cfg, captions, seed: int, out: str) -> dict:
     (lab.LongCaptions), one pilot seed, measured on val in that world (a run_jobs job)."""
     from lab.demos import erclip as demo
     tag = f"lead{captions.lead}" + (f"-register{captions.register:.3g}" if captions.register else "")
-    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0, out=f"{out}/{tag}/M-seed{seed}")
+    vcfg = dataclasses.replace(cfg, seed=seed, **M_VARIANT, out=f"{out}/{tag}/M-seed{seed}")
     return demo.train_and_measure(vcfg, "val", captions)
 
 
@@ -659,14 +660,9 @@ def _reach(model, preprocess, tokenizer, captions, data_root) -> dict:
 
 def _reach_pilot(cfg, captions, seed: int, out: str) -> dict:
     """M at one pilot seed in the world `captions`, its reach (a run_jobs job)."""
-    import erclip
-    import torch
-    vcfg = dataclasses.replace(cfg, seed=seed, fusion="mean", lambda_p=0.0,
-                               out=f"{out}/register{captions.register:.3g}/M-seed{seed}")
-    with lab.scratch_run(vcfg.out):
-        model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
-        torch.manual_seed(vcfg.seed)
-        model, _ = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.long_world(captions))
+    from lab.demos import erclip as demo
+    vcfg = dataclasses.replace(cfg, seed=seed, **M_VARIANT, out=f"{out}/register{captions.register:.3g}/M-seed{seed}")
+    with demo.trained(vcfg, captions) as (model, preprocess, tokenizer, _):
         return _reach(model, preprocess, tokenizer, captions, vcfg.data_root)
 
 
@@ -700,8 +696,8 @@ def calibrate_long_budget(data_root="data", out="runs/calibration/long-budget") 
     base = demo.measure_pretrained(cfg, "val")
     rows = []
     for steps in BUDGET_STEPS:
-        m = demo.train_and_measure(dataclasses.replace(cfg, seed=BUDGET_SEED, steps=steps, fusion="mean",
-                                                       lambda_p=0.0, out=f"{out}/M-{steps}"), "val")
+        m = demo.train_and_measure(dataclasses.replace(cfg, seed=BUDGET_SEED, steps=steps, **M_VARIANT,
+                                                       out=f"{out}/M-{steps}"), "val")
         truncated, sentence = m["long"] - base["long"], m["long sent"] - base["long sent"]
         rows.append({"steps": steps, "M": m, "truncated gain": truncated, "sentence-mean gain": sentence,
                      "share": truncated / sentence if sentence else float("nan"),

@@ -408,6 +408,12 @@ def synthetic_manifest(split: str, data_root="data", n: int | None = None) -> Pa
     return manifest
 
 
+def _write_rows(target: Path, rows: list[dict]) -> None:
+    """A manifest copy's rows (read_manifest's, a column changed or added) written as JSONL at `target` at once
+    (atomic_write), without read_manifest's '_line' (a copy's lines are its own)."""
+    atomic_write(target, "".join(json.dumps({k: v for k, v in r.items() if k != "_line"}) + "\n" for r in rows))
+
+
 def conflict_manifest(path, conflict: float = 0.0) -> Path:
     """A copy of a continual domain's split manifest (`task-D`, `task-D-test`, `task-D-val`, `-n` and its
     scene_labels_manifest copy too) whose 'caption' and 'long_caption' are its scenes' captions drawn again with the
@@ -430,9 +436,8 @@ def conflict_manifest(path, conflict: float = 0.0) -> Path:
     rows, scenes = read_manifest(path), world_split(dom, n or size, seed)
     if len(rows) != len(scenes) or any(r["caption"] != s["caption"] for r, s in zip(rows, scenes)):
         raise ValueError(f"{path}: its rows are not the world's {split!r} scenes (a stale copy?)")
-    out = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": s["caption"], "long_caption": s["long_caption"]}
-           for r, s in zip(rows, world_split(renamed, n or size, seed))]
-    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+    _write_rows(target, [{**r, "caption": s["caption"], "long_caption": s["long_caption"]}
+                         for r, s in zip(rows, world_split(renamed, n or size, seed))])
     return target
 
 
@@ -466,17 +471,13 @@ OBJECT_PATTERN = re.compile(r"There is a (small|large) (\w+ \w+) at the ((?:top|
 REGISTER = "The {pos} holds a {size} {name}."
 
 
-def _sentences(long_caption: str) -> list[str]:
-    return [x if x.endswith(".") else x + "." for x in long_caption.split(". ")]
-
-
 def summary_first(long_caption: str, lead: int) -> str:
     """A long caption with its first `lead` whole-scene sentences (every sentence that does not open with
     OBJECT_SENTENCE) moved, in their order, ahead of its object sentences; the others keep their order. The same
     sentences, each as often as before."""
     if lead < 0:
         raise ValueError(f"lead {lead} is not >= 0")
-    sentences = _sentences(long_caption)
+    sentences = evaluation.split_sentences(long_caption)
     moved = [i for i, x in enumerate(sentences) if not x.startswith(OBJECT_SENTENCE)][:lead]
     return " ".join(sentences[i] for i in moved + [i for i in range(len(sentences)) if i not in moved])
 
@@ -488,7 +489,7 @@ def long_register(long_caption: str, share: float) -> str:
         raise ValueError(f"register share {share} is not in [0, 1]")
     rng = random.Random(f"clipft-lab-register-{long_caption}")
     out = []
-    for x in _sentences(long_caption):
+    for x in evaluation.split_sentences(long_caption):
         m = OBJECT_PATTERN.fullmatch(x)
         if m and rng.random() < share:
             x = REGISTER.format(size=m[1], name=m[2], pos=m[3])
@@ -514,9 +515,7 @@ class LongCaptions:
         tag = (f"-register{self.register:.3g}" if self.register else "") + (f"-lead{self.lead}" if self.lead else "")
         target = path.with_name(f"{path.stem}{tag}.jsonl")
         if not target.exists():
-            rows = [{**{k: v for k, v in r.items() if k != "_line"}, "long_caption": self.rewrite(r["long_caption"])}
-                    for r in read_manifest(path)]
-            atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+            _write_rows(target, [{**r, "long_caption": self.rewrite(r["long_caption"])} for r in read_manifest(path)])
         return target
 
     def synthetic_manifest(self, split: str, data_root="data", n: int | None = None) -> Path:
@@ -533,9 +532,7 @@ def long_caption_manifest(path) -> Path:
     path = Path(path)
     target = path.with_name(f"{path.stem}-long-as-caption.jsonl")
     if not target.exists():
-        rows = [{**{k: v for k, v in r.items() if k != "_line"}, "caption": r["long_caption"]}
-                for r in read_manifest(path)]
-        atomic_write(target, "".join(json.dumps(r) + "\n" for r in rows))
+        _write_rows(target, [{**r, "caption": r["long_caption"]} for r in read_manifest(path)])
     return target
 
 
@@ -559,9 +556,8 @@ def scene_labels_manifest(path) -> Path:
     out = []
     for r, s in zip(rows, scenes):
         main = next(o for o in s["objects"] if o["size"] == "large")
-        out.append({**{k: v for k, v in r.items() if k != "_line"}, "position": main["cell"],
-                    "count": len(s["objects"]) - 1})
-    atomic_write(target, "".join(json.dumps(r) + "\n" for r in out))
+        out.append({**r, "position": main["cell"], "count": len(s["objects"]) - 1})
+    _write_rows(target, out)
     return target
 
 

@@ -8,6 +8,7 @@ With --sweep NAME the demo runs one of the paper's sweeps instead
 (lab/demos/erclip_sweeps.py)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
@@ -200,15 +201,22 @@ def demo_figure(base: dict, runs: dict, path, caption: str):
     return lab.save_figure(fig, path)
 
 
-def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test", captions=lab.AS_DRAWN) -> dict:
-    """One variant from the pretrained weights: the fusion module initialised
-    from the run's seed, trained, measured on `split` (demo_measure), in the
-    world whose long captions are written as `captions` says; its folder is scratch
-    (lab.scratch_run). The demo's runs and the calibration's."""
+@contextlib.contextmanager
+def trained(vcfg: erclip.ERCLIPConfig, captions=lab.AS_DRAWN):
+    """One variant from the pretrained weights, the fusion module initialised from the run's seed, trained in the
+    world whose long captions are written as `captions` says; inside its scratch folder (lab.scratch_run), yields
+    (model, preprocess, tokenizer, summary). train_and_measure's run, and the calibration's diagnoses'."""
     with lab.scratch_run(vcfg.out):
         model, train_tf, preprocess, tokenizer = models.load_model(vcfg.backbone, vcfg.pretrained, world=lab.WORLD)
         torch.manual_seed(vcfg.seed)  # the fusion module's initialisation
         model, summary = erclip.train_erclip(vcfg, model, train_tf, tokenizer, world=lab.long_world(captions))
+        yield model, preprocess, tokenizer, summary
+
+
+def train_and_measure(vcfg: erclip.ERCLIPConfig, split: str = "test", captions=lab.AS_DRAWN) -> dict:
+    """One variant (trained) measured on `split` (demo_measure) in the world of `captions`. The demo's runs and the
+    calibration's."""
+    with trained(vcfg, captions) as (model, preprocess, tokenizer, summary):
         return {**demo_measure(model, preprocess, tokenizer, vcfg.data_root, split, captions), "seed": vcfg.seed,
                 "train_seconds": summary["train_seconds"], "gamma": summary.get("gamma", 0.0)}
 
