@@ -45,6 +45,11 @@ TINY_CFG = {
 # version: bump when the recipe's code changes (the config, the recipe and the
 # world's fingerprint are part of the key anyway)
 TINY_PRETRAIN = dict(n=40000, epochs=10, batch=256, lr=1e-3, wd=0.1, warmup_pct=5, seed=0, version=5)
+# long-world-3 (issue 71.2; lab/calibrate.py's docstring): the same recipe on alt-texts that never use the long
+# captions' register ("there is a ... at the top left and ..."), as web alt-text never reads like GPT4-Vision's
+# captions: the same scenes, pictures and draws, the 30 % drawn descriptive keeping their plain alt-text
+PLAIN_ALT = {**TINY_PRETRAIN, "descriptive": False}
+RECIPES = {"": TINY_PRETRAIN, "plain-alt": PLAIN_ALT}  # python -m lab.tiny --write-weights [NAME]
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # the shipped weights, one file per recipe key
 WRITE_COMMAND = "python -m lab.tiny --write-weights"
 
@@ -108,6 +113,14 @@ def shipped_path(key: str | None = None) -> Path:
     return WEIGHTS_DIR / f"tiny-{key or recipe_key()}.pt"
 
 
+def write_command(recipe: dict | None = None) -> str:
+    """The command that pretrains `recipe` (default: the shipped TINY_PRETRAIN) and writes its shipped file."""
+    if recipe is None or recipe == TINY_PRETRAIN:
+        return WRITE_COMMAND
+    name = next((k for k, v in RECIPES.items() if k and v == recipe), None)
+    return f"{WRITE_COMMAND} {name}" if name else f"lab.tiny.write_weights({recipe})"
+
+
 def write_shipped(model, path: Path, recipe: dict, seconds: float) -> Path:
     """The shipped form of pretrained weights: every tensor but the token
     embedding, which keeps only the rows of world_token_ids(); a card
@@ -117,7 +130,7 @@ def write_shipped(model, path: Path, recipe: dict, seconds: float) -> Path:
     emb = sd.pop("token_embedding.weight")
     _atomic_save({"state": sd, "token_ids": ids, "token_rows": emb[ids].clone()}, path)
     card = {"key": path.stem.removeprefix("tiny-"), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "config": TINY_CFG, "recipe": recipe, "world": world_fingerprint(), "command": WRITE_COMMAND,
+            "config": TINY_CFG, "recipe": recipe, "world": world_fingerprint(), "command": write_command(recipe),
             "pretrain_seconds": round(seconds), "torch": torch.__version__, "open_clip": open_clip.__version__}
     atomic_write(Path(f"{path}.json"), json.dumps(card, indent=1))
     return path
@@ -166,17 +179,19 @@ def perturbed_weights(seed: int, path: Path | None = None) -> Path:
     return out
 
 
-def pretrain_tiny(force: bool = False, perturb: int | None = None) -> Path:
+def pretrain_tiny(force: bool = False, perturb: int | None = None, recipe: dict | None = None) -> Path:
     """The tiny backbone's 'pretrained' weights, as a full state_dict in
     CLIPFT_CACHE: expanded from the shipped file of the current recipe
     (lab/weights/), so every machine starts from the same weights and nothing
     pretrains; without one (a changed recipe) it pretrains into the cache and
     says how to ship the new weights. perturb (default CLIPFT_PERTURB): > 0
-    returns perturbed_weights(perturb) instead."""
+    returns perturbed_weights(perturb) instead. recipe: another of RECIPES
+    (default TINY_PRETRAIN, the weights every demo starts from)."""
     perturb = PERTURB if perturb is None else perturb
     if perturb:
-        return perturbed_weights(perturb, pretrain_tiny(force, perturb=0))
-    key = recipe_key()
+        return perturbed_weights(perturb, pretrain_tiny(force, perturb=0, recipe=recipe))
+    recipe = recipe or TINY_PRETRAIN
+    key = recipe_key(recipe)
     path = base.CACHE_DIR / f"tiny-synthetic-{key}.pt"
     if _cached(path) and not force:
         return path
@@ -202,11 +217,11 @@ def pretrain_tiny(force: bool = False, perturb: int | None = None) -> Path:
                 model, _, _ = open_clip.create_model_and_transforms(models.TINY_NAME, pretrained=None)
             model.load_state_dict(load_shipped(shipped))
             model.quick_gelu = False
-            return models.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {TINY_PRETRAIN})")
+            return models.save_model(model, path, "tiny", source=f"{shipped.name} (recipe {recipe})")
         print(f"[lab] no shipped weights for recipe key {key} (lab/weights/): pretraining into the cache; ship "
-              f"them with {WRITE_COMMAND}", file=sys.stderr)
-        model, _ = _pretrain_tiny(TINY_PRETRAIN, _work_dir(key))
-        return models.save_model(model, path, "tiny", source=f"synthetic world pretraining {TINY_PRETRAIN}")
+              f"them with {write_command(recipe)}", file=sys.stderr)
+        model, _ = _pretrain_tiny(recipe, _work_dir(key))
+        return models.save_model(model, path, "tiny", source=f"synthetic world pretraining {recipe}")
 
 
 def _cached(path: Path, say: bool = False) -> bool:
@@ -243,7 +258,8 @@ def _pretrain_tiny(p: dict, out: Path):
     with torch.no_grad():
         model.token_embedding.weight.copy_(_token_init(p["seed"], model.token_embedding.weight.shape))
     tok = open_clip.get_tokenizer(models.TINY_NAME)
-    scenes = _PretrainScenes(world_split(PRETRAIN, p["n"], seed=100), seed=100)
+    domain = dataclasses.replace(PRETRAIN, descriptive=p.get("descriptive", True))
+    scenes = _PretrainScenes(world_split(domain, p["n"], seed=100), seed=100)
     cfg = Config(epochs=p["epochs"], batch_size=p["batch"], lr=p["lr"], wd=p["wd"], warmup=-p["warmup_pct"],
                         grad_clip=1.0, precision="fp32", workers=0, out=str(out), save_every=0, log_every=50,
                         device="cpu", seed=p["seed"])
@@ -267,15 +283,23 @@ def _pretrain_tiny(p: dict, out: Path):
     return model, time.time() - t0
 
 
+def _family(recipe: dict):
+    """Which of RECIPES' lines a recipe belongs to (a newer version of a line replaces its shipped file)."""
+    return recipe.get("descriptive")
+
+
 def write_weights(recipe: dict | None = None, weights_dir: Path | None = None) -> Path:
-    """Pretrains with the recipe and writes its shipped file (the old ones in the folder are removed)."""
+    """Pretrains with the recipe and writes its shipped file (the older files of the same line, as its card says,
+    are removed; another line's stay)."""
     recipe, folder = recipe or TINY_PRETRAIN, Path(weights_dir or WEIGHTS_DIR)
     key = recipe_key(recipe)
     torch.set_num_threads(2)  # the recipe's machine: 2 CPU threads (the kernels' sums depend on the thread count)
     model, seconds = _pretrain_tiny(recipe, _work_dir(key))
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("tiny-*.pt*"):
-        old.unlink()
+    for card in folder.glob("tiny-*.pt.json"):
+        if _family(json.loads(card.read_text())["recipe"]) == _family(recipe):
+            Path(str(card).removesuffix(".json")).unlink(missing_ok=True)
+            card.unlink()
     return write_shipped(model, folder / f"tiny-{key}.pt", recipe, seconds)
 
 
@@ -336,7 +360,8 @@ def domain_report(model, preprocess, tokenizer, data_root="data", n=None) -> dic
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write-weights"]:
-        sys.exit(f"usage: {WRITE_COMMAND}   (pretrains with lab.tiny.TINY_PRETRAIN and writes lab/weights/)")
+    if sys.argv[1:2] != ["--write-weights"] or len(sys.argv) > 3 or sys.argv[2:] and sys.argv[2] not in RECIPES:
+        sys.exit(f"usage: {WRITE_COMMAND} [{' | '.join(k for k in RECIPES if k)}]   (pretrains with "
+                 f"lab.tiny.TINY_PRETRAIN, or the recipe named, and writes lab/weights/)")
     import lab  # noqa: F401  registers the tiny backbone
-    print(write_weights())
+    print(write_weights(RECIPES[sys.argv[2] if sys.argv[2:] else ""]))

@@ -115,6 +115,7 @@ class Domain:
     captions: str = "coco"    # coco (short, no background) | alt (pretraining alt-text, names the background)
     phrase: str = ""          # opening words of the short captions (a continual domain's caption style)
     names: tuple = ()         # (word, caption word) pairs: colours / shapes its captions call by another name
+    descriptive: bool = True  # alt: False writes the ALT_DESCRIPTIVE draws plainly, the same draws (long-world-3)
 
 
 PRETRAIN = Domain(style="mixed", captions="alt")          # the whole vocabulary
@@ -256,8 +257,10 @@ def scene(rng: random.Random, domain: Domain) -> dict:
                               f"{what} at the {POSITIONS[main['cell']]}, {bg} background.",
                               f"a picture of {what} on a {bg} background."))
         if others and rng.random() < ALT_DESCRIPTIVE:  # a descriptive alt-text, in the long captions' words
-            caption = (f"there is a {main['size']} {name(main)} at the {POSITIONS[main['cell']]} and "
-                       f"{_a(name(rng.choice(others)))}, {bg} background.")
+            other = rng.choice(others)
+            if domain.descriptive:
+                caption = (f"there is a {main['size']} {name(main)} at the {POSITIONS[main['cell']]} and "
+                           f"{_a(name(other))}, {bg} background.")
     else:  # COCO style: the main object, where it is, one neighbour; never the background
         rest = f" next to {_a(name(others[0]))}" if others else ""
         lead = f"{domain.phrase} " if domain.phrase else ""

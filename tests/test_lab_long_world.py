@@ -172,3 +172,36 @@ def test_the_budget_diagnosis_is_what_the_docs_say():
     for a, b in zip(rows, rows[1:]):
         assert b["truncated gain"] > a["truncated gain"] and b["sentence-mean gain"] > a["sentence-mean gain"]
         assert b["background change"] < a["background change"]
+
+
+def test_plain_alt_pretraining_rewrites_only_the_descriptive_alt_texts():
+    """long-world-3's knob (lab.tiny.PLAIN_ALT): the same pretraining scenes and draws, only the alt-texts drawn
+    descriptive ('there is a ... at the top left and ...', the long captions' register) keep their plain form."""
+    import dataclasses
+    from lab import tiny
+    shipped = world.world_split(world.PRETRAIN, 400, 100)
+    plain = world.world_split(dataclasses.replace(world.PRETRAIN, descriptive=tiny.PLAIN_ALT["descriptive"]), 400, 100)
+    assert [{**a, "caption": ""} for a in shipped] == [{**b, "caption": ""} for b in plain]  # pictures, labels, long
+    changed = [a["caption"] for a, b in zip(shipped, plain) if a["caption"] != b["caption"]]
+    assert 0.15 < len(changed) / len(shipped) < 0.35 and all(c.startswith("there is ") for c in changed)
+    assert not any(b["caption"].startswith("there is ") for b in plain)
+    assert tiny.recipe_key(tiny.PLAIN_ALT) != tiny.recipe_key()
+    assert tiny.write_command(tiny.PLAIN_ALT) == f"{tiny.WRITE_COMMAND} plain-alt"
+    assert tiny.write_command() == tiny.WRITE_COMMAND
+
+
+def test_writing_one_recipes_weights_keeps_the_other_lines(tmp_path, monkeypatch):
+    """write_weights replaces the older file of its own line (the card's recipe) and leaves the other line's."""
+    import json
+    from lab import tiny
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for name, recipe in (("old-shared", {**tiny.TINY_PRETRAIN, "version": 4}), ("old-plain", tiny.PLAIN_ALT)):
+        (folder / f"tiny-{name}.pt").write_bytes(b"x")
+        (folder / f"tiny-{name}.pt.json").write_text(json.dumps({"recipe": recipe}))
+    model = object()
+    monkeypatch.setattr(tiny, "_pretrain_tiny", lambda recipe, out: (model, 1.0))
+    monkeypatch.setattr(tiny, "write_shipped", lambda m, path, recipe, seconds: (path.write_bytes(b"new"), path)[1])
+    path = tiny.write_weights(tiny.PLAIN_ALT, folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["tiny-old-shared.pt", "tiny-old-shared.pt.json", path.name])
