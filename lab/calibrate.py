@@ -788,7 +788,8 @@ def long_world_captions():
     for name in ("long-world-2", "long-world"):
         if (DOCS / f"calibration-{name}.json").exists() and (chosen := record(name)["chosen"]):
             return lab.LongCaptions(**chosen)
-    raise SystemExit("long-world and long-world-2 chose no world: the long-caption world does not exist (docs/lab.md)")
+    raise SystemExit("long-world, long-world-2 and long-world-3 chose no world: the long-caption world does not exist "
+                     "(docs/lab.md)")
 
 
 LONGCLIP_LRS = (1e-5, 3e-5, 1e-4, 1.5e-4)  # longclip: ascending; the low edge extends once (LONGCLIP_EDGE)

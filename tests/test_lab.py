@@ -78,17 +78,24 @@ def test_continual_domains_differ(tmp_path):
 
 def test_shipped_weights_are_the_current_recipes():
     """The repository ships the tiny backbone's weights for exactly today's
-    config, recipe and world; change any of them without rewriting the file
-    (python -m lab.tiny --write-weights) and this fails."""
+    config, recipes (lab.tiny.RECIPES: the shipped one every demo starts from,
+    long-world-3's plain-alt) and world, and nothing else; change any of them
+    without rewriting the file (python -m lab.tiny --write-weights [NAME]) and
+    this fails."""
     from lab import tiny
-    path = tiny.shipped_path()
-    assert path.exists(), f"no weights for recipe key {tiny.recipe_key()}: run {tiny.WRITE_COMMAND}"
-    card = json.loads(path.with_name(path.name + ".json").read_text())
-    assert card["key"] == tiny.recipe_key() and card["world"] == lab.world_fingerprint()
-    assert card["recipe"] == tiny.TINY_PRETRAIN and card["config"] == tiny.TINY_CFG
-    assert card["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert path.stat().st_size <= 10 * 2 ** 20
-    assert sorted(p.name for p in tiny.WEIGHTS_DIR.glob("tiny-*")) == [path.name, path.name + ".json"]
+    names = []
+    for recipe in tiny.RECIPES.values():
+        key = tiny.recipe_key(recipe)
+        path = tiny.shipped_path(key)
+        assert path.exists(), f"no weights for recipe key {key}: run {tiny.write_command(recipe)}"
+        card = json.loads(path.with_name(path.name + ".json").read_text())
+        assert card["key"] == key and card["world"] == lab.world_fingerprint()
+        assert card["recipe"] == recipe and card["config"] == tiny.TINY_CFG
+        assert card["command"] == tiny.write_command(recipe)
+        assert card["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert path.stat().st_size <= 10 * 2 ** 20
+        names += [path.name, path.name + ".json"]
+    assert sorted(p.name for p in tiny.WEIGHTS_DIR.glob("tiny-*")) == sorted(names)
 
 
 def test_world_token_ids_cover_texts_nobody_sampled():
