@@ -110,3 +110,19 @@ def test_the_data_path_benchmark_splits_a_sample_into_its_parts(tmp_path):
     us, share = out["us per sample"], out["share of the whole"]
     assert out["samples"] == 24 and us["whole"] > 0
     assert all(0 < share[k] < 1 and us[k] > 0 for k in ("seeding", "decoding", "transform"))
+
+
+def test_the_cclip_demo_time_benchmark_times_each_part_once(tmp_path):
+    """benchmarks/cclip_demo_time.py (issue 71.4): a row's optimisation steps, evaluations and loading are parts of
+    its time, each counted once (a second row in the same process is timed by its own clocks, not the first's)."""
+    import cclip_demo_time
+    import common
+    step = common.train_step
+    out = cclip_demo_time.measure(str(tmp_path / "runs"), processes=1, methods=("full", "full"), steps=2,
+                                  data_root=str(tmp_path))
+    assert common.train_step is step  # put back
+    a, b = out["rows"]["full FT"], out["cpu seconds a seed"]
+    for part in cclip_demo_time.PARTS:
+        assert 0 < a[part] < a["total"]
+    assert sum(a[p] for p in cclip_demo_time.PARTS) < a["total"]
+    assert b["total"] == pytest.approx(2 * a["total"], rel=0.5)  # two rows of the same work, neither counted twice
