@@ -371,6 +371,13 @@ methods' claims are never looked at: only the baseline's numbers enter a rule.
       gives. The record also prints CLIP's reach in the new weights
       (long-reach's cut points), a diagnosis no rule reads.
 
+  long-reach-2 (issue 71.2, a diagnosis written after long-world-3 ran; no
+      rule reads it): long-reach's measure in long-world-3's world (the
+      plain-alt weights, the captions as drawn), M at LONG_PILOTS_3 (ERCLIP's
+      demo settings): whether M reads more than CLIP at cuts inside the
+      window that the full window's cut (its end token at a position no
+      alt-text reached) hides.
+
 The rule picks the first setting of the grid that passes (grids are ordered
 by cost, then by lr). When none passes, ERCLIP's falls back to the first
 setting whose erosion is in the band (its long-gain target then reported as
@@ -402,7 +409,7 @@ NAMES = ("erclip", "erclip-rt", "erclip-gates", "longclip", "cclip-lora", "cclip
          "dns-cmcl-ewc", "cclip-gates", "cclip-floor", "longclip-gates", "continual-world", "continual-world-2",
          "continual-world-3", "cclip-floor-2", "long-world", "long-world-2", "erclip-long-world",
          "longclip-long-world", "dns-conflict", "dns-conflict-zscl", "dns-conflict-lwf", "dns-conflict-ewc",
-         "long-reach", "long-budget", "long-world-3")
+         "long-reach", "long-budget", "long-world-3", "long-reach-2")
 
 
 def command_line() -> argparse.ArgumentParser:
@@ -752,6 +759,23 @@ def calibrate_long_reach(data_root="data", out="runs/calibration/long-reach", pr
         worlds[f"{share:.3g}"] = {"register": share, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_2), m))}
         print(f"[calibrate long-reach] register {share:.3g}: CLIP {clip}", file=sys.stderr)
     return {"pilot_seed": list(LONG_PILOTS_2), "tokens": list(REACH_TOKENS), "worlds": worlds}
+
+
+def calibrate_long_reach_2(data_root="data", out="runs/calibration/long-reach-2", processes: int = 2) -> dict:
+    """The diagnosis long-reach-2 (module docstring): CLIP's and M's R@1 against the tokens read, from the plain-alt
+    weights (long-world-3's world), M at LONG_PILOTS_3."""
+    import erclip
+    from lab import tiny
+    from lab.demos import erclip as demo
+    pretrained = str(tiny.pretrain_tiny(recipe=tiny.PLAIN_ALT))
+    cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "pretrained": pretrained})
+    lab.synthetic_manifest("train", data_root)  # written once, before the workers read it
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, pretrained, world=lab.WORLD)
+    clip = _reach(model, preprocess, tokenizer, lab.AS_DRAWN, data_root)
+    job = importlib.import_module("lab.calibrate")._reach_pilot  # picklable also when this runs as __main__
+    m = lab.run_jobs(job, [(cfg, lab.AS_DRAWN, seed, out) for seed in LONG_PILOTS_3], processes)
+    return {"pilot_seed": list(LONG_PILOTS_3), "tokens": list(REACH_TOKENS), "weights": Path(pretrained).name,
+            "worlds": {"plain-alt": {"register": 0.0, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_3), m))}}}
 
 
 BUDGET_STEPS, BUDGET_SEED = (40, 80, 160), 80  # long-budget
@@ -1535,7 +1559,7 @@ CALIBRATIONS = {"erclip": calibrate_erclip, "erclip-rt": calibrate_erclip_rt, "e
                 **{f"dns-conflict-{b}": (lambda b=b: calibrate_dns_baseline(b, world="conflict"))
                    for b in ("zscl", "lwf", "ewc")},
                 "long-reach": calibrate_long_reach, "long-budget": calibrate_long_budget,
-                "long-world-3": calibrate_long_world_3}
+                "long-world-3": calibrate_long_world_3, "long-reach-2": calibrate_long_reach_2}
 
 
 def main(argv=None):
