@@ -115,8 +115,8 @@ def world_figure(shared, conflict, path, method: str = "full FT") -> Path:
 
 def long_world_figure(path, docs="docs") -> Path:
     """Issue 71.2: what the window reads of a long caption. Left: R@1 against the content tokens read (long-reach),
-    CLIP and M in the shared world and at register 2/3, their sentence-mean R@1 dashed, CLIP pretrained on plain
-    alt-text (long-world-3), the window at 22. Right: M's
+    CLIP and M in the shared world and at register 2/3, their sentence-mean R@1 dashed, CLIP and M from the plain-alt
+    weights (long-reach-2, long-world-3's world), the window at 22. Right: M's
     truncated / sentence-mean long gain (mean +- 2 se over the pilots) in every world the rules tried; the gate."""
     from lab import stats
     rec = lambda name: load(Path(docs) / f"calibration-{name}.json")  # noqa: E731
@@ -132,9 +132,13 @@ def long_world_figure(path, docs="docs") -> Path:
                     label=f"M ({len(m)} pilots), {name}")
         ax.axhline(np.mean([p["sentence-mean"] for p in w["M"].values()]), color=color, ls=":", lw=1)
         ax.axhline(w["CLIP"]["sentence-mean"], color=color, ls="--", lw=0.7, alpha=0.5)
-    plain = rec("long-world-3")  # CLIP pretrained on plain alt-text: its reach (M's is not measured by cut)
-    ax.plot(ks, [plain["CLIP reach"]["tokens"][str(k)] for k in ks], "^--", color="tab:green", alpha=0.8,
-            label="CLIP, plain-alt pretraining")
+    plain = rec("long-world-3")
+    for w in rec("long-reach-2")["worlds"].values():  # CLIP pretrained on plain alt-text, and M from it
+        ax.plot(ks, [w["CLIP"]["tokens"][str(k)] for k in ks], "^--", color="tab:green", alpha=0.6,
+                label="CLIP, plain-alt pretraining")
+        m = np.array([[p["tokens"][str(k)] for k in ks] for p in w["M"].values()])
+        ax.errorbar(ks, m.mean(0), yerr=m.std(0, ddof=1), fmt="^-", color="tab:green", capsize=3,
+                    label=f"M ({len(m)} pilots), plain-alt pretraining")
     ax.axvline(22, color="black", lw=0.8)
     ax.set(xlabel="content tokens of a long caption read (the window: 22)", ylabel="long-caption R@1 (%), val",
            title="R@1 by tokens read (dotted / dashed: M's / CLIP's sentence-mean)")
@@ -153,7 +157,7 @@ def long_world_figure(path, docs="docs") -> Path:
     bx.set(ylabel="M's truncated / sentence-mean long gain", title="the window's share of M's gain, +- 2 se")
     bx.legend(fontsize=8)
     fig.suptitle(f"python -m lab.report --long-world-figure {path}; val; docs/calibration-long-reach, -erclip-gates, "
-                 f"-long-world, -long-world-2, -long-world-3.json", fontsize=8)
+                 f"-long-world, -long-world-2, -long-world-3, -long-reach-2.json", fontsize=8)
     return lab.save_figure(fig, path)
 
 

@@ -203,6 +203,24 @@ def test_long_world_3_follows_its_declared_rule_and_the_docs_say_what_it_found()
     assert f"reaches {reach['19']:.1f} at 19 tokens and falls to {reach['22']:.1f} at the full 22" in text
 
 
+def test_long_reach_2_is_what_the_docs_say():
+    """docs/lab.md on long-reach-2, from its record: from the plain-alt weights M (pilots 82-84) reads every cut within
+    2.2 points of CLIP, and both read the full window's cut worse than the 19-token one."""
+    import numpy as np
+    from lab import calibrate, tiny
+    rec = calibrate.record("long-reach-2")
+    assert rec["pilot_seed"] == [82, 83, 84] and rec["tokens"] == list(calibrate.REACH_TOKENS)
+    assert rec["weights"] == f"tiny-synthetic-{tiny.recipe_key(tiny.PLAIN_ALT)}.pt"
+    (w,) = rec["worlds"].values()
+    assert w["CLIP"]["tokens"] == pytest.approx(calibrate.record("long-world-3")["CLIP reach"]["tokens"])
+    ks = list(map(str, rec["tokens"]))
+    clip = np.array([w["CLIP"]["tokens"][k] for k in ks])
+    m = np.array([[p["tokens"][k] for k in ks] for p in w["M"].values()]).mean(0)
+    assert np.all(np.abs(m - clip) <= 2.25) and m[-1] < m[-2] - 5 and clip[-1] < clip[-2] - 5
+    text = " ".join((calibrate.DOCS / "lab.md").read_text().split())
+    assert f"within +{max(m - clip):.1f} points ({m[4]:.1f} against {clip[4]:.1f} at 16 tokens" in text
+
+
 def test_plain_alt_pretraining_rewrites_only_the_descriptive_alt_texts():
     """long-world-3's knob (lab.tiny.PLAIN_ALT): the same pretraining scenes and draws, only the alt-texts drawn
     descriptive ('there is a ... at the top left and ...', the long captions' register) keep their plain form."""
