@@ -241,7 +241,8 @@ def test_another_models_checkpoint_under_override_resume_is_one_message(stopped,
 ])
 def test_eval_py_bad_input_is_one_message_before_any_model(argv, says, capsys, no_model, tmp_path):
     import eval as evaluation
-    code, err = _cli(capsys, evaluation.main, [*argv, "--out", str(tmp_path / "e"), "--synthetic-n", "8"])
+    code, err = _cli(capsys, evaluation.main, [*argv, "--out", str(tmp_path / "e"), "--synthetic-n", "8",
+                                               "--data-root", str(tmp_path / "data")])
     assert code == 2 and says in err and "Traceback" not in err
 
 

@@ -20,6 +20,12 @@ TASK = ["--backbone", "tiny", "--tasks", "synthetic-short", "--synthetic-n", "16
         "--cache-dir", ""]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """TASK's default --data-root ('data') resolves inside the test's folder, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Three two-step ERCLIP runs on the tiny backbone: plain, --loss siglip (a logit_bias), --lora 2."""
