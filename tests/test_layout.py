@@ -401,3 +401,33 @@ def test_adamw_settings_are_read_where_the_optimizer_is_made():
         re.search(r"and eps ([\de.-]+) unless set", doc).group(1)
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     assert (float(betas[0]), float(betas[1]), float(eps)) == (defaults["beta1"], defaults["beta2"], defaults["eps"])
+
+
+def _heading_anchors(md: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation but '-' and '_' dropped, spaces
+    to '-', a repeated one suffixed -1, -2, ...; headings inside code fences are not headings."""
+    import re
+    found, seen, fence = set(), {}, False
+    for line in md.read_text().splitlines():
+        fence ^= line.startswith("```")
+        heading = None if fence else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_link_to_a_section_names_a_heading_that_exists():
+    """A README or docs link 'file.md#section' (or '#section') lands on a heading of that file: a renamed heading
+    (docs/lab.md's long-caption world, three times) leaves no link pointing at its old name."""
+    import re
+    broken = []
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", md.read_text()):
+            if target.startswith(("http:", "https:")):
+                continue
+            path = md.parent / target if target else md
+            if not path.is_file() or anchor not in _heading_anchors(path):
+                broken.append(f"{md.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, broken
