@@ -682,11 +682,9 @@ LONG_PILOTS_3 = (82, 83, 84)  # long-world-3: never run before (not in 0-4, 10-1
 TINY_FLOORS = {"short R@1": 25.0, "long R@1": 15.0, "zero-shot family": 60.0, "background": 80.0}  # test_lab's
 
 
-def tiny_floors(pretrained: str, data_root="data") -> dict:
+def tiny_floors(model, preprocess, tokenizer, data_root="data") -> dict:
     """The shipped tiny weights' floors (tests/test_lab.py) measured on other tiny weights: test R@1 (mean of I2T
     and T2I) on short and truncated long captions, zero-shot top-1 per family; 'met' when every floor holds."""
-    model, _, preprocess, tokenizer = models.load_model("tiny", pretrained, world=lab.WORLD)
-    model.eval()
     zs = lab.zero_shot_report(model, preprocess, tokenizer, data_root)
     r = lab.retrieval_report(model, preprocess, tokenizer, "test", data_root)
     got = {"short R@1": (r["short I2T"] + r["short T2I"]) / 2, "long R@1": (r["long I2T"] + r["long T2I"]) / 2,
@@ -700,10 +698,11 @@ def calibrate_long_world_3(data_root="data", out="runs/calibration/long-world-3"
     weights, then long-world's rule from them at LONG_PILOTS_3, and CLIP's reach (a diagnosis)."""
     from lab import tiny
     pretrained = str(tiny.pretrain_tiny(recipe=tiny.PLAIN_ALT))
-    floors = tiny_floors(pretrained, data_root)
+    model, _, preprocess, tokenizer = models.load_model("tiny", pretrained, world=lab.WORLD)
+    model.eval()
+    floors = tiny_floors(model, preprocess, tokenizer, data_root)
     print(f"[calibrate long-world-3] floors: {floors['measured']}, met {floors['met']}", file=sys.stderr)
     world = _long_world_grid("long-world-3", [lab.AS_DRAWN], LONG_PILOTS_3, data_root, out, processes, pretrained)
-    model, _, preprocess, tokenizer = models.load_model("tiny", pretrained, world=lab.WORLD)
     reach = _reach(model, preprocess, tokenizer, lab.AS_DRAWN, data_root)
     chosen = {"pretraining": "plain-alt"} if floors["met"] and world["chosen"] is not None else None
     return {**world, "recipe": tiny.PLAIN_ALT, "weights": Path(pretrained).name, "floors": floors,
@@ -742,22 +741,28 @@ def _reach_pilot(cfg, captions, seed: int, out: str) -> dict:
         return _reach(model, preprocess, tokenizer, captions, vcfg.data_root)
 
 
+def _reach_world(cfg, captions, pilots, out: str, processes: int) -> dict:
+    """long-reach's measure in one world: CLIP's reach (cfg's pretrained weights) and M's at each pilot seed (ERCLIP's
+    demo settings, trained in the world of `captions`)."""
+    for split in ("train", "val"):  # written once, before the workers read them
+        captions.synthetic_manifest(split, cfg.data_root)
+    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
+    clip = _reach(model, preprocess, tokenizer, captions, cfg.data_root)
+    job = importlib.import_module("lab.calibrate")._reach_pilot  # picklable also when this runs as __main__
+    m = lab.run_jobs(job, [(cfg, captions, seed, out) for seed in pilots], processes)
+    return {"CLIP": clip, "M": dict(zip(map(str, pilots), m))}
+
+
 def calibrate_long_reach(data_root="data", out="runs/calibration/long-reach", processes: int = 2) -> dict:
     """The diagnosis long-reach (module docstring): CLIP's and M's R@1 against the tokens read, two worlds."""
     import erclip
     from lab.demos import erclip as demo
     cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root})
-    job = importlib.import_module("lab.calibrate")._reach_pilot  # picklable also when this runs as __main__
     worlds = {}
     for share in REACH_WORLDS:
-        captions = lab.LongCaptions(register=share)
-        for split in ("train", "val"):
-            captions.synthetic_manifest(split, data_root)
-        model, _, preprocess, tokenizer = models.load_model(cfg.backbone, cfg.pretrained, world=lab.WORLD)
-        clip = _reach(model, preprocess, tokenizer, captions, data_root)
-        m = lab.run_jobs(job, [(cfg, captions, seed, out) for seed in LONG_PILOTS_2], processes)
-        worlds[f"{share:.3g}"] = {"register": share, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_2), m))}
-        print(f"[calibrate long-reach] register {share:.3g}: CLIP {clip}", file=sys.stderr)
+        w = _reach_world(cfg, lab.LongCaptions(register=share), LONG_PILOTS_2, out, processes)
+        worlds[f"{share:.3g}"] = {"register": share, **w}
+        print(f"[calibrate long-reach] register {share:.3g}: CLIP {w['CLIP']}", file=sys.stderr)
     return {"pilot_seed": list(LONG_PILOTS_2), "tokens": list(REACH_TOKENS), "worlds": worlds}
 
 
@@ -769,13 +774,9 @@ def calibrate_long_reach_2(data_root="data", out="runs/calibration/long-reach-2"
     from lab.demos import erclip as demo
     pretrained = str(tiny.pretrain_tiny(recipe=tiny.PLAIN_ALT))
     cfg = parse_config(erclip.ERCLIPConfig, [], **{**demo.DEMO, "data_root": data_root, "pretrained": pretrained})
-    lab.synthetic_manifest("train", data_root)  # written once, before the workers read it
-    model, _, preprocess, tokenizer = models.load_model(cfg.backbone, pretrained, world=lab.WORLD)
-    clip = _reach(model, preprocess, tokenizer, lab.AS_DRAWN, data_root)
-    job = importlib.import_module("lab.calibrate")._reach_pilot  # picklable also when this runs as __main__
-    m = lab.run_jobs(job, [(cfg, lab.AS_DRAWN, seed, out) for seed in LONG_PILOTS_3], processes)
     return {"pilot_seed": list(LONG_PILOTS_3), "tokens": list(REACH_TOKENS), "weights": Path(pretrained).name,
-            "worlds": {"plain-alt": {"register": 0.0, "CLIP": clip, "M": dict(zip(map(str, LONG_PILOTS_3), m))}}}
+            "worlds": {"plain-alt": {"register": 0.0, **_reach_world(cfg, lab.AS_DRAWN, LONG_PILOTS_3, out,
+                                                                     processes)}}}
 
 
 BUDGET_STEPS, BUDGET_SEED = (40, 80, 160), 80  # long-budget

@@ -360,8 +360,9 @@ def domain_report(model, preprocess, tokenizer, data_root="data", n=None) -> dic
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--write-weights"] or len(sys.argv) > 3 or sys.argv[2:] and sys.argv[2] not in RECIPES:
+    flag, name = (sys.argv[1:] + ["", ""])[:2] if len(sys.argv) <= 3 else ("", "")
+    if flag != "--write-weights" or name not in RECIPES:
         sys.exit(f"usage: {WRITE_COMMAND} [{' | '.join(k for k in RECIPES if k)}]   (pretrains with "
                  f"lab.tiny.TINY_PRETRAIN, or the recipe named, and writes lab/weights/)")
     import lab  # noqa: F401  registers the tiny backbone
-    print(write_weights(RECIPES[sys.argv[2] if sys.argv[2:] else ""]))
+    print(write_weights(RECIPES[name]))
